@@ -1,0 +1,141 @@
+/* SPDX-License-Identifier: MIT */
+/**
+ * @file alternative.h
+ * @brief Mark instruction sites that altpatch_apply() may rewrite.
+ *
+ * A *site* is a sequence of original instructions ("oldinstr") that is always
+ * correct, padded with one-byte NOPs up to the length of its longest
+ * replacement. Each replacement ("newinstr") lives in the section
+ * `altinstr_replacement`, and each (site, replacement, feature) triple is
+ * described by one 14-byte record in the section `altinstructions`. The
+ * layout is the Linux kernel's `struct alt_instr`; see docs/format.md.
+ *
+ *     asm volatile(ALTERNATIVE("movq %%fs:0, %0", "rdfsbase %0",
+ *                              X86_FEATURE_FSGSBASE) : "=r"(v));
+ *
+ * The kernel-compatible names `ALTERNATIVE`, `ALTERNATIVE_2`, `ALTERNATIVE_3`,
+ * `ALT_NOT`, `alternative()` and `alternative_io()` are the documented
+ * exception to the `altpatch_` prefix rule.
+ *
+ * Nomenclature (as in the kernel):
+ *   771  start of the site (original instructions)
+ *   772  end of the original instructions, start of the NOP padding
+ *   773  end of the site
+ *   774  start of the replacement (in altinstr_replacement)
+ *   775  end of the replacement
+ *
+ * Every expansion also emits, once per object file and once per linked module
+ * (a COMDAT group), the ELF note `.note.altpatch` that tells the runtime and
+ * the tools where the tables of this module are and which format version they
+ * use. The note holds only self-relative offsets: no dynamic relocation.
+ */
+#ifndef ALTPATCH_ALTERNATIVE_H
+#define ALTPATCH_ALTERNATIVE_H
+
+#include <altpatch/cpufeatures.h>
+
+/** Format version of the record tables (see docs/format.md). */
+#define ALTPATCH_FORMAT_VERSION 1
+/** Size in bytes of one record (`struct altpatch_record`). */
+#define ALTPATCH_RECORD_SIZE 14
+/** ELF note owner name and type of the table note. */
+#define ALTPATCH_NOTE_NAME "altpatch"
+#define ALTPATCH_NOTE_TYPE 0x41505431 /* 'APT1' */
+
+/** Flags live in the upper 16 bits of the record's ft_flags word. */
+#define ALT_FLAGS_SHIFT 16
+/** Patch when the feature is *absent*. */
+#define ALT_FLAG_NOT (1 << 0)
+/** Replacement is taken when @p feature is NOT usable. */
+#define ALT_NOT(feature) ((ALT_FLAG_NOT << ALT_FLAGS_SHIFT) | (feature))
+
+#define ALTPATCH_STR_(x) #x
+#define ALTPATCH_STR(x) ALTPATCH_STR_(x)
+
+/* One note per module: the .ifndef keeps it to one per object file, the COMDAT
+ * group to one per linked module. */
+#define ALTPATCH_NOTE_                                                                     \
+    ".ifndef .Laltpatch_note_emitted\n"                                                    \
+    ".set .Laltpatch_note_emitted, 1\n"                                                    \
+    ".hidden __start_altinstructions, __stop_altinstructions\n"                            \
+    ".hidden __start_altinstr_replacement, __stop_altinstr_replacement\n"                  \
+    ".pushsection .note.altpatch,\"aGR\",@note,.note.altpatch,comdat\n"                     \
+    ".balign 4\n"                                                                          \
+    ".long 9\n"                             /* namesz: "altpatch\0" */                     \
+    ".long 24\n"                            /* descsz */                                   \
+    ".long " ALTPATCH_STR(ALTPATCH_NOTE_TYPE) "\n"                                         \
+    ".asciz \"altpatch\"\n"                                                                \
+    ".balign 4\n"                                                                          \
+    ".long " ALTPATCH_STR(ALTPATCH_FORMAT_VERSION) "\n"                                    \
+    ".long " ALTPATCH_STR(ALTPATCH_RECORD_SIZE) "\n"                                       \
+    ".long __start_altinstructions - .\n"                                                  \
+    ".long __stop_altinstructions - .\n"                                                   \
+    ".long __start_altinstr_replacement - .\n"                                             \
+    ".long __stop_altinstr_replacement - .\n"                                              \
+    ".popsection\n"                                                                        \
+    ".endif\n"
+
+#define ALTPATCH_ALT_SLEN_ "772b-771b"
+#define ALTPATCH_ALT_TOTAL_SLEN_ "773b-771b"
+#define ALTPATCH_ALT_RLEN_ "775f-774f"
+
+/* The original, padded with 0x90 up to the replacement's length. The
+ * comparison yields -1 when true in GNU as and LLVM's assembler alike. */
+#define ALTPATCH_OLDINSTR_(oldinstr)                                                       \
+    "771:\n\t" oldinstr "\n772:\n"                                                         \
+    ".skip -(((" ALTPATCH_ALT_RLEN_ ")-(" ALTPATCH_ALT_SLEN_ ")) > 0) * "                   \
+    "((" ALTPATCH_ALT_RLEN_ ")-(" ALTPATCH_ALT_SLEN_ ")),0x90\n"                            \
+    "773:\n"
+
+#define ALTPATCH_ENTRY_(ft_flags)                                                          \
+    ".pushsection altinstructions,\"aR\"\n"                                                \
+    " .long 771b - .\n"                                                                    \
+    " .long 774f - .\n"                                                                    \
+    " .4byte " ALTPATCH_STR(ft_flags) "\n"                                                 \
+    " .byte " ALTPATCH_ALT_TOTAL_SLEN_ "\n"                                                \
+    " .byte " ALTPATCH_ALT_RLEN_ "\n"                                                      \
+    ".popsection\n"
+
+#define ALTPATCH_REPLACEMENT_(newinstr)                                                    \
+    ".pushsection altinstr_replacement,\"axR\"\n"                                          \
+    "774:\n\t" newinstr "\n775:\n"                                                         \
+    ".popsection\n"
+
+/**
+ * Asm string of a site: run @p oldinstr, or @p newinstr where @p ft_flags holds
+ * (a feature id, optionally wrapped in ALT_NOT()).
+ */
+#define ALTERNATIVE(oldinstr, newinstr, ft_flags)                                          \
+    ALTPATCH_NOTE_                                                                         \
+    ALTPATCH_OLDINSTR_(oldinstr)                                                           \
+    ALTPATCH_ENTRY_(ft_flags)                                                              \
+    ALTPATCH_REPLACEMENT_(newinstr)
+
+/**
+ * Two replacements; nested like the kernel's (6.11+): the entries are
+ * consecutive, the longest instrlen is the site, and the last entry whose
+ * feature condition holds wins (so @p newinstr2 beats @p newinstr1).
+ */
+#define ALTERNATIVE_2(oldinstr, newinstr1, ft_flags1, newinstr2, ft_flags2)                \
+    ALTERNATIVE(ALTERNATIVE(oldinstr, newinstr1, ft_flags1), newinstr2, ft_flags2)
+
+/** Three replacements; see ALTERNATIVE_2(). */
+#define ALTERNATIVE_3(oldinstr, newinstr1, ft_flags1, newinstr2, ft_flags2, newinstr3,     \
+                      ft_flags3)                                                           \
+    ALTERNATIVE(ALTERNATIVE_2(oldinstr, newinstr1, ft_flags1, newinstr2, ft_flags2),       \
+                newinstr3, ft_flags3)
+
+/** A site with no operands: asm volatile, clobbers memory. */
+#define alternative(oldinstr, newinstr, ft_flags)                                          \
+    __asm__ __volatile__(ALTERNATIVE(oldinstr, newinstr, ft_flags) : : : "memory")
+
+/**
+ * A site with operands: @p output is one output operand, the rest are inputs.
+ * As in the kernel, the input list starts with operand number 1.
+ */
+#define alternative_io(oldinstr, newinstr, ft_flags, output, ...)                          \
+    __asm__ __volatile__(ALTERNATIVE(oldinstr, newinstr, ft_flags)                         \
+                         : output                                                          \
+                         : __VA_ARGS__)
+
+#endif /* ALTPATCH_ALTERNATIVE_H */

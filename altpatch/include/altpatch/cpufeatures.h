@@ -1,0 +1,9 @@
+/* placeholder, replaced by the cpu helper */
+#ifndef ALTPATCH_CPUFEATURES_H
+#define ALTPATCH_CPUFEATURES_H
+#define X86_FEATURE_ALWAYS (3*32+21)
+#define X86_FEATURE_FSGSBASE (9*32+0)
+#define X86_FEATURE_RDTSCP (1*32+27)
+#define X86_FEATURE_LFENCE_RDTSC (20*32+2)
+#define X86_FEATURE_APIC_MSRS_FENCE (11*32+27)
+#endif
