@@ -1,0 +1,22 @@
+# Packaging tests (see altpatch/install.cmake):
+#   exports_only_altpatch  the shared library's dynamic symbols are altpatch_* only
+#   install_consumer       cmake --install into a temp prefix, then build and run
+#                          tests/consumer via find_package and via pkg-config
+find_program(ALTPATCH_NM NAMES nm REQUIRED)
+add_test(NAME exports_only_altpatch
+         COMMAND ${CMAKE_COMMAND} -DNM=${ALTPATCH_NM} -DLIB=$<TARGET_FILE:altpatch>
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/consumer/check_exports.cmake)
+set_tests_properties(exports_only_altpatch PROPERTIES LABELS "install" TIMEOUT 60)
+
+# Consumers are built with the same compiler, and under ALTPATCH_SANITIZE with
+# the same sanitizers (an instrumented library needs an instrumented program).
+set(_ap_consumer_cflags "")
+if(ALTPATCH_SANITIZE)
+  set(_ap_consumer_cflags -fsanitize=address,undefined -fno-omit-frame-pointer)
+endif()
+add_test(NAME install_consumer
+         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/consumer/run.sh
+                 ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}
+                 ${CMAKE_CURRENT_BINARY_DIR}/install_consumer
+                 ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER} ${_ap_consumer_cflags})
+set_tests_properties(install_consumer PROPERTIES LABELS "install" TIMEOUT 300)
