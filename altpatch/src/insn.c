@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * insn.c - the library's only window onto x86 instruction encoding.
+ *
+ * Every decision about instruction boundaries, NOPs and relative operands is
+ * made here by Zydis 4; no other file includes <Zydis/Zydis.h> and none keeps
+ * a byte table of opcodes. The decoder and formatter are plain structs that
+ * are initialised on the stack at every call: no global state, thread-safe.
+ *
+ * Facts verified against Zydis 4.0.0 (64-bit mode):
+ *   90, 66 90, 48 90, 2e/3e 90, 66 66 90  -> NOP
+ *   f3 90                                 -> PAUSE  (not a NOP for us)
+ *   41 90                                 -> XCHG eax, r8d (writes rax/r8)
+ *   0f 1f /0 (any prefixes, any form)     -> NOP
+ *   0f 19..0f 1e, 0f 1f /1..7             -> also NOP in Zydis: reserved
+ *                                           hint space, not NOP for us
+ *   f3 0f 1e fa                           -> ENDBR64 (never a NOP for us)
+ *   66 e9 rel                             -> Intel: rel32 (6 bytes);
+ *                                           AMD: rel16 (4 bytes)
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <Zydis/Zydis.h>
+
+#include "internal.h"
+
+/* Decode with Intel (default) or AMD semantics for near branches. */
+static ZyanStatus decode_full(const uint8_t *buf, size_t avail, bool amd_branches,
+                              ZydisDecodedInstruction *in, ZydisDecodedOperand *ops)
+{
+    ZydisDecoder dec;
+    ZyanStatus st = ZydisDecoderInit(&dec, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
+
+    if (!ZYAN_SUCCESS(st))
+        return st;
+    if (amd_branches) {
+        st = ZydisDecoderEnableMode(&dec, ZYDIS_DECODER_MODE_AMD_BRANCHES, ZYAN_TRUE);
+        if (!ZYAN_SUCCESS(st))
+            return st;
+    }
+    return ZydisDecoderDecodeFull(&dec, buf, avail, in, ops);
+}
+
+static int status_to_errno(ZyanStatus st)
+{
+    return st == ZYDIS_STATUS_NO_MORE_DATA ? -ENODATA : -EILSEQ;
+}
+
+/* Only the two architectural NOP opcodes: 90 (not f3 90, not 41 90, which
+ * Zydis already names PAUSE / XCHG) and 0f 1f /0 (NOPL). */
+static bool insn_is_nop(const ZydisDecodedInstruction *in)
+{
+    if (in->mnemonic != ZYDIS_MNEMONIC_NOP)
+        return false;
+    if (in->opcode_map == ZYDIS_OPCODE_MAP_DEFAULT && in->opcode == 0x90)
+        return true;
+    return in->opcode_map == ZYDIS_OPCODE_MAP_0F && in->opcode == 0x1f &&
+           (in->attributes & ZYDIS_ATTRIB_HAS_MODRM) && in->raw.modrm.reg == 0;
+}
+
+/* Relative branch immediate (jmp/call/jcc/loop/jrcxz/xbegin). 1: found. */
+static int find_rel_imm(const ZydisDecodedInstruction *in, struct ap_insn *out)
+{
+    for (int i = 0; i < 2; i++) {
+        if (!in->raw.imm[i].is_relative)
+            continue;
+        out->has_rel = true;
+        out->rel_is_branch = true;
+        out->rel_off = in->raw.imm[i].offset;
+        out->rel_size = (uint8_t)(in->raw.imm[i].size / 8);
+        out->rel_value = in->raw.imm[i].value.s;
+        return 1;
+    }
+    return 0;
+}
+
+/* RIP-relative memory operand. 1: found; -EILSEQ: EIP-relative (67 prefix),
+ * whose target wraps at 4 GiB and cannot be moved safely. */
+static int find_rip_disp(const ZydisDecodedInstruction *in, const ZydisDecodedOperand *ops,
+                         struct ap_insn *out)
+{
+    for (unsigned i = 0; i < in->operand_count; i++) {
+        if (ops[i].type != ZYDIS_OPERAND_TYPE_MEMORY)
+            continue;
+        if (ops[i].mem.base == ZYDIS_REGISTER_EIP)
+            return -EILSEQ;
+        if (ops[i].mem.base != ZYDIS_REGISTER_RIP)
+            continue;
+        if (in->raw.disp.size == 0)
+            return -EILSEQ;
+        out->has_rel = true;
+        out->rel_is_branch = false;
+        out->rel_off = in->raw.disp.offset;
+        out->rel_size = (uint8_t)(in->raw.disp.size / 8);
+        out->rel_value = in->raw.disp.value;
+        return 1;
+    }
+    return 0;
+}
+
+/* A relative branch whose length differs between Intel and AMD (66-prefixed
+ * near branches) means different things on different CPUs: refuse it. */
+static int check_vendor_neutral(const uint8_t *buf, size_t avail,
+                                const ZydisDecodedInstruction *in)
+{
+    ZydisDecodedInstruction amd;
+    ZydisDecodedOperand ops[ZYDIS_MAX_OPERAND_COUNT];
+    ZyanStatus st = decode_full(buf, avail, true, &amd, ops);
+
+    if (!ZYAN_SUCCESS(st) || amd.length != in->length)
+        return -EILSEQ;
+    return 0;
+}
+
+int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out)
+{
+    ZydisDecodedInstruction in;
+    ZydisDecodedOperand ops[ZYDIS_MAX_OPERAND_COUNT];
+    ZyanStatus st;
+    int r;
+
+    memset(out, 0, sizeof(*out));
+    if (!buf || avail == 0)
+        return -ENODATA;
+    st = decode_full(buf, avail, false, &in, ops);
+    if (!ZYAN_SUCCESS(st))
+        return status_to_errno(st);
+    out->len = in.length;
+    out->is_nop = insn_is_nop(&in);
+    out->is_int3 = in.mnemonic == ZYDIS_MNEMONIC_INT3;
+    if (!(in.attributes & ZYDIS_ATTRIB_IS_RELATIVE))
+        return 0;
+    if (find_rel_imm(&in, out)) {
+        r = check_vendor_neutral(buf, avail, &in);
+        if (r == 0 && find_rip_disp(&in, ops, &(struct ap_insn){0}) != 0)
+            r = -EILSEQ; /* two relative fields: not representable */
+    } else {
+        r = find_rip_disp(&in, ops, out);
+        r = r < 0 ? r : 0;
+    }
+    if (r < 0) {
+        memset(out, 0, sizeof(*out));
+        return r;
+    }
+    return 0;
+}
+
+int ap_insn_format(const uint8_t *buf, size_t avail, uint64_t addr, bool intel, char *out,
+                   size_t outsz)
+{
+    ZydisDecodedInstruction in;
+    ZydisDecodedOperand ops[ZYDIS_MAX_OPERAND_COUNT];
+    ZydisFormatter fmt;
+    ZyanStatus st;
+    struct ap_insn chk;
+    int r;
+
+    if (!out || outsz == 0)
+        return -EINVAL;
+    r = ap_insn_decode(buf, avail, &chk);
+    if (r < 0)
+        goto bad;
+    st = decode_full(buf, avail, false, &in, ops);
+    if (ZYAN_SUCCESS(st))
+        st = ZydisFormatterInit(&fmt, intel ? ZYDIS_FORMATTER_STYLE_INTEL
+                                            : ZYDIS_FORMATTER_STYLE_ATT);
+    if (ZYAN_SUCCESS(st))
+        st = ZydisFormatterFormatInstruction(&fmt, &in, ops, in.operand_count_visible, out,
+                                             outsz, addr, NULL);
+    if (!ZYAN_SUCCESS(st)) {
+        r = st == ZYAN_STATUS_INSUFFICIENT_BUFFER_SIZE ? -ENOSPC : status_to_errno(st);
+        goto bad;
+    }
+    return in.length;
+bad:
+    snprintf(out, outsz, "(bad)");
+    return r;
+}

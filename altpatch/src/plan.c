@@ -1,0 +1,247 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * plan.c - decide the final bytes of one site. PURE: no syscalls, no globals,
+ * no allocation; the same code runs on live memory (apply.c) and on an ELF
+ * file (altdump).
+ *
+ * Order of work for a site:
+ *   1. refusals known before planning (SITE_OVERLAP, EMPTY_SITE);
+ *   2. the site lies in one text region (SITE_BOUNDS);
+ *   3. the original decodes, instruction by instruction, to exactly the site
+ *      length (ORIG_UNDECODABLE / ORIG_CROSSES_END);
+ *   4. EVERY entry, eligible or not: feature known (UNKNOWN_FEATURE),
+ *      replacement no longer than the site (REPL_TOO_LONG), inside
+ *      altinstr_replacement (REPL_BOUNDS), decodes to exactly its length
+ *      (REPL_UNDECODABLE / REPL_CROSSES_END), relocates to the site address
+ *      (RELOC_OVERFLOW). So whether a site is refused never depends on the CPU;
+ *   5. select the last eligible entry (nested ALTERNATIVE_n: later wins);
+ *      none: final = original, byte for byte (nothing will be written);
+ *   6. final = relocated replacement + NOP padding to the site length, then
+ *      NOP runs folded, never across a branch target inside the site.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+bool ap_entry_eligible(const struct ap_entry *e, const struct altpatch_features *fs)
+{
+    bool has = fs && ap_features_test(fs, e->feature);
+
+    return has != !!(e->flags & ALT_FLAG_NOT);
+}
+
+/* [addr, addr+len) within @r? (no wrap-around) */
+static bool region_holds(const struct ap_region *r, uint64_t addr, uint64_t len)
+{
+    return addr >= r->addr && len <= r->size && addr - r->addr <= r->size - len;
+}
+
+/* The text region holding [addr, addr+len), or NULL. */
+static const struct ap_region *find_text(const struct ap_view *v, uint64_t addr, uint64_t len)
+{
+    size_t n = v->ntext < AP_MAX_TEXT ? v->ntext : AP_MAX_TEXT;
+
+    for (size_t i = 0; i < n; i++)
+        if (region_holds(&v->text[i], addr, len))
+            return &v->text[i];
+    return NULL;
+}
+
+const uint8_t *ap_view_text(const struct ap_view *v, uint64_t addr, uint64_t len)
+{
+    const struct ap_region *r = find_text(v, addr, len);
+
+    return r && r->data ? r->data + (addr - r->addr) : NULL;
+}
+
+static int refuse(struct ap_plan *out, int reason, int entry, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Record a refusal; final goes back to the original. */
+static int refuse(struct ap_plan *out, int reason, int entry, const char *fmt, ...)
+{
+    va_list ap;
+
+    out->reason = reason;
+    out->bad_entry = entry;
+    out->chosen = -1;
+    memcpy(out->final, out->orig, out->len);
+    va_start(ap, fmt);
+    vsnprintf(out->detail, sizeof(out->detail), fmt, ap);
+    va_end(ap);
+    return reason;
+}
+
+/*
+ * Decode @buf instruction by instruction; it must end exactly at @len.
+ * Returns NONE or one of the two given reasons, with *bad_off set.
+ */
+static int decode_exact(const uint8_t *buf, size_t len, int undecodable, int crosses,
+                        size_t *bad_off)
+{
+    struct ap_insn in;
+    size_t off = 0;
+
+    while (off < len) {
+        int r = ap_insn_decode(buf + off, len - off, &in);
+
+        if (r < 0) {
+            *bad_off = off;
+            return r == -ENODATA ? crosses : undecodable;
+        }
+        off += in.len;
+    }
+    return ALTPATCH_REASON_NONE;
+}
+
+/* Steps 2-3: bounds of the site, its original bytes, their decoding. */
+static int check_site(const struct ap_view *v, const struct ap_site *s, const uint8_t *orig,
+                      struct ap_plan *out)
+{
+    const struct ap_region *r = find_text(v, s->addr, s->len);
+    size_t off = 0;
+    int reason;
+
+    if (!r)
+        return refuse(out, ALTPATCH_REASON_SITE_BOUNDS, -1,
+                      "site 0x%" PRIx64 " len %u outside the text sections", s->addr, s->len);
+    if (!orig)
+        orig = r->data ? r->data + (s->addr - r->addr) : NULL;
+    if (!orig)
+        return refuse(out, ALTPATCH_REASON_SITE_BOUNDS, -1,
+                      "site 0x%" PRIx64 ": no bytes available", s->addr);
+    memcpy(out->orig, orig, s->len);
+    memcpy(out->final, orig, s->len);
+    reason = decode_exact(out->orig, s->len, ALTPATCH_REASON_ORIG_UNDECODABLE,
+                          ALTPATCH_REASON_ORIG_CROSSES_END, &off);
+    if (reason)
+        return refuse(out, reason, -1, "original insn +%zu %s", off,
+                      reason == ALTPATCH_REASON_ORIG_CROSSES_END ? "runs past the site end"
+                                                                 : "does not decode");
+    return ALTPATCH_REASON_NONE;
+}
+
+/*
+ * Step 4 for entry @k: validate it and leave its relocated replacement in
+ * @buf (repllen bytes). Returns NONE or the refusal (already recorded).
+ */
+static int check_entry(const struct ap_view *v, const struct ap_site *s,
+                       const struct ap_entry *e, int k, uint8_t *buf, struct ap_plan *out)
+{
+    char why[sizeof(out->detail) - 32];
+    size_t off = 0;
+    int reason;
+
+    if (!ap_feature_known(e->feature))
+        return refuse(out, ALTPATCH_REASON_UNKNOWN_FEATURE, k, "entry %d: feature %u unknown",
+                      k, e->feature);
+    if (e->repllen > s->len)
+        return refuse(out, ALTPATCH_REASON_REPL_TOO_LONG, k,
+                      "entry %d: replacement %u bytes, site %u", k, e->repllen, s->len);
+    if (!region_holds(&v->repl, e->repl, e->repllen) || (!v->repl.data && e->repllen))
+        return refuse(out, ALTPATCH_REASON_REPL_BOUNDS, k,
+                      "entry %d: replacement 0x%" PRIx64 " len %u outside altinstr_replacement",
+                      k, e->repl, e->repllen);
+    if (e->repllen)
+        memcpy(buf, v->repl.data + (e->repl - v->repl.addr), e->repllen);
+    reason = decode_exact(buf, e->repllen, ALTPATCH_REASON_REPL_UNDECODABLE,
+                          ALTPATCH_REASON_REPL_CROSSES_END, &off);
+    if (reason)
+        return refuse(out, reason, k, "entry %d: replacement insn +%zu %s", k, off,
+                      reason == ALTPATCH_REASON_REPL_CROSSES_END ? "runs past its end"
+                                                                 : "does not decode");
+    reason = ap_reloc(buf, e->repllen, e->repl, s->addr, why, sizeof(why));
+    if (reason)
+        return refuse(out, reason, k, "entry %d: %s", k, why);
+    return ALTPATCH_REASON_NONE;
+}
+
+/*
+ * Fold NOP runs of the final bytes, but never across an offset that a
+ * relative branch or RIP-relative operand of the site points to: merging
+ * NOPs around a branch target would land the branch inside a longer NOP.
+ * If a target is not an instruction boundary, nothing is folded.
+ */
+static void fold_site(uint8_t *buf, size_t len)
+{
+    bool boundary[AP_MAX_SITE + 1] = {false};
+    bool cut[AP_MAX_SITE + 1] = {false};
+    struct ap_insn in;
+    size_t off = 0, start = 0;
+
+    while (off < len) {
+        if (ap_insn_decode(buf + off, len - off, &in) < 0)
+            return; /* cannot happen: every part decoded before */
+        boundary[off] = true;
+        if (in.has_rel) {
+            /* target - addr = off + len + rel (mod 2^64) */
+            uint64_t t = (uint64_t)off + in.len + (uint64_t)in.rel_value;
+
+            if (t < len)
+                cut[t] = true;
+        }
+        off += in.len;
+    }
+    for (off = 1; off < len; off++)
+        if (cut[off] && !boundary[off])
+            return;
+    for (off = 1; off <= len; off++) {
+        if (off == len || cut[off]) {
+            ap_nop_fold(buf + start, off - start);
+            start = off;
+        }
+    }
+}
+
+/* Steps 5-6. @best holds the relocated replacement of entry @chosen. */
+static void build_final(const struct ap_site *s, const struct ap_entry *e,
+                        const uint8_t *best, struct ap_plan *out)
+{
+    memcpy(out->final, best, e->repllen);
+    ap_nop_fill(out->final + e->repllen, s->len - e->repllen);
+    fold_site(out->final, s->len);
+}
+
+void ap_plan_site(const struct ap_view *v, const struct ap_site *s,
+                  const struct ap_entry *entries, const uint8_t *orig,
+                  const struct altpatch_features *fs, struct ap_plan *out)
+{
+    uint8_t buf[AP_MAX_SITE], best[AP_MAX_SITE];
+    int chosen = -1;
+
+    memset(out, 0, sizeof(*out));
+    out->bad_entry = -1;
+    out->chosen = -1;
+    out->len = s->len;
+    if (s->reason) {
+        const uint8_t *o = orig ? orig : ap_view_text(v, s->addr, s->len);
+
+        if (o)
+            memcpy(out->orig, o, s->len);
+        refuse(out, s->reason, -1, "site 0x%" PRIx64 " refused by the table checks",
+               s->addr);
+        return;
+    }
+    if (s->len == 0 || s->count == 0) {
+        refuse(out, ALTPATCH_REASON_EMPTY_SITE, -1, "site 0x%" PRIx64 " is empty", s->addr);
+        return;
+    }
+    if (check_site(v, s, orig, out))
+        return;
+    for (uint32_t k = 0; k < s->count; k++) {
+        const struct ap_entry *e = &entries[s->first + k];
+
+        if (check_entry(v, s, e, (int)k, buf, out))
+            return;
+        if (ap_entry_eligible(e, fs)) {
+            chosen = (int)k;
+            memcpy(best, buf, e->repllen);
+        }
+    }
+    out->chosen = chosen;
+    if (chosen >= 0)
+        build_final(s, &entries[s->first + (uint32_t)chosen], best, out);
+}

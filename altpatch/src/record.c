@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * record.c - the on-disk/in-memory record format (docs/format.md).
+ *
+ * Turns the raw bytes of the `.note.altpatch` descriptor and of the
+ * `altinstructions` table into absolute addresses, and groups table entries
+ * into sites. Every offset in the format is self-relative: it is added to the
+ * address of the field that holds it. Nothing here touches memory beyond the
+ * buffers it is given, and the packed records are read with memcpy (no
+ * unaligned dereference).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Offsets of the fields of the note descriptor. */
+#define NOTE_OFF_VERSION 0
+#define NOTE_OFF_RECSIZE 4
+#define NOTE_OFF_TABLE_START 8
+#define NOTE_OFF_TABLE_END 12
+#define NOTE_OFF_REPL_START 16
+#define NOTE_OFF_REPL_END 20
+
+/* Offsets of the fields of a record (struct altpatch_record, packed). */
+#define REC_OFF_INSTR 0
+#define REC_OFF_REPL 4
+
+static uint32_t rd_u32(const uint8_t *p)
+{
+    uint32_t v;
+
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* Absolute address of a self-relative s32 stored at @p (runtime @p at). */
+static uint64_t rd_selfrel(const uint8_t *p, uint64_t at)
+{
+    int32_t off;
+
+    memcpy(&off, p, sizeof(off));
+    return at + (uint64_t)(int64_t)off;
+}
+
+int ap_note_parse(const uint8_t *desc, size_t descsz, uint64_t desc_addr, struct ap_note *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!desc || descsz < NOTE_OFF_RECSIZE + 4)
+        return ALTPATCH_REASON_BAD_VERSION;
+    out->version = rd_u32(desc + NOTE_OFF_VERSION);
+    out->record_size = rd_u32(desc + NOTE_OFF_RECSIZE);
+    /* Version 1 has exactly this descriptor; anything else is another format. */
+    if (out->version != ALTPATCH_FORMAT_VERSION || out->record_size != ALTPATCH_RECORD_SIZE ||
+        descsz != AP_NOTE_DESCSZ)
+        return ALTPATCH_REASON_BAD_VERSION;
+    out->table_start = rd_selfrel(desc + NOTE_OFF_TABLE_START, desc_addr + NOTE_OFF_TABLE_START);
+    out->table_end = rd_selfrel(desc + NOTE_OFF_TABLE_END, desc_addr + NOTE_OFF_TABLE_END);
+    out->repl_start = rd_selfrel(desc + NOTE_OFF_REPL_START, desc_addr + NOTE_OFF_REPL_START);
+    out->repl_end = rd_selfrel(desc + NOTE_OFF_REPL_END, desc_addr + NOTE_OFF_REPL_END);
+    if (out->table_end < out->table_start || out->repl_end < out->repl_start)
+        return ALTPATCH_REASON_BAD_TABLE;
+    return ALTPATCH_REASON_NONE;
+}
+
+/* Decode record @i of @table (first byte at @table_addr) into @e. */
+static void record_decode(const uint8_t *table, uint64_t table_addr, size_t i, struct ap_entry *e)
+{
+    const uint8_t *p = table + i * ALTPATCH_RECORD_SIZE;
+    uint64_t at = table_addr + (uint64_t)i * ALTPATCH_RECORD_SIZE;
+    struct altpatch_record r;
+
+    memcpy(&r, p, sizeof(r));
+    e->site = rd_selfrel(p + REC_OFF_INSTR, at + REC_OFF_INSTR);
+    e->repl = rd_selfrel(p + REC_OFF_REPL, at + REC_OFF_REPL);
+    e->feature = (uint16_t)(r.ft_flags & 0xffffu);
+    e->flags = (uint16_t)(r.ft_flags >> ALT_FLAGS_SHIFT);
+    e->instrlen = r.instrlen;
+    e->repllen = r.replacementlen;
+    e->index = (uint32_t)i;
+}
+
+int ap_records_parse(const uint8_t *table, size_t size, uint64_t table_addr,
+                     struct ap_entry **out, size_t *n)
+{
+    size_t count = size / ALTPATCH_RECORD_SIZE;
+    struct ap_entry *e;
+
+    *out = NULL;
+    *n = 0;
+    if (size % ALTPATCH_RECORD_SIZE != 0 || (size && !table) || count > UINT32_MAX)
+        return ALTPATCH_REASON_BAD_TABLE;
+    if (count == 0)
+        return ALTPATCH_REASON_NONE;
+    e = calloc(count, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    for (size_t i = 0; i < count; i++)
+        record_decode(table, table_addr, i, &e[i]);
+    *out = e;
+    *n = count;
+    return ALTPATCH_REASON_NONE;
+}
+
+/* End of a site, saturating instead of wrapping past 2^64. */
+static uint64_t site_end(const struct ap_site *s)
+{
+    uint64_t end = s->addr + s->len;
+
+    return end < s->addr ? UINT64_MAX : end;
+}
+
+/* Sort key of one non-empty site (no global comparator state: thread-safe). */
+struct site_key {
+    uint64_t addr, end;
+    size_t idx;
+};
+
+static int cmp_key(const void *a, const void *b)
+{
+    const struct site_key *x = a, *y = b;
+
+    if (x->addr != y->addr)
+        return x->addr < y->addr ? -1 : 1;
+    return x->idx < y->idx ? -1 : (x->idx > y->idx);
+}
+
+/*
+ * In address order, site k overlaps another iff it starts before the largest
+ * end seen so far, or ends after the start of the next one. Empty sites take
+ * no part: they cover no byte.
+ */
+static int mark_overlaps(struct ap_site *s, size_t n)
+{
+    struct site_key *key = malloc((n ? n : 1) * sizeof(*key));
+    size_t m = 0;
+    uint64_t maxend = 0;
+
+    if (!key)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (s[i].len)
+            key[m++] = (struct site_key){s[i].addr, site_end(&s[i]), i};
+    qsort(key, m, sizeof(*key), cmp_key);
+    for (size_t k = 0; k < m; k++) {
+        bool before = k > 0 && key[k].addr < maxend;
+        bool after = k + 1 < m && key[k].end > key[k + 1].addr;
+
+        if (before || after)
+            s[key[k].idx].reason = ALTPATCH_REASON_SITE_OVERLAP;
+        if (key[k].end > maxend)
+            maxend = key[k].end;
+    }
+    free(key);
+    return 0;
+}
+
+int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out, size_t *nsites)
+{
+    struct ap_site *s;
+    size_t m = 0;
+
+    *out = NULL;
+    *nsites = 0;
+    if (n == 0)
+        return 0;
+    s = calloc(n, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        if (m == 0 || e[i].site != s[m - 1].addr) {
+            s[m].addr = e[i].site;
+            s[m].first = (uint32_t)i;
+            m++;
+        }
+        s[m - 1].count++;
+        if (e[i].instrlen > s[m - 1].len)
+            s[m - 1].len = e[i].instrlen;
+    }
+    for (size_t k = 0; k < m; k++)
+        if (s[k].len == 0)
+            s[k].reason = ALTPATCH_REASON_EMPTY_SITE;
+    if (mark_overlaps(s, m) < 0) {
+        free(s);
+        return -ENOMEM;
+    }
+    *out = s;
+    *nsites = m;
+    return 0;
+}
