@@ -54,3 +54,9 @@ configure_file(${CMAKE_CURRENT_SOURCE_DIR}/altpatch.pc.in
                ${CMAKE_CURRENT_BINARY_DIR}/altpatch.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/altpatch.pc
         DESTINATION ${ALTPATCH_PC_DIR} COMPONENT devel)
+
+# Man pages, one per call group (docs/man/*.3).
+file(GLOB ALTPATCH_MAN3 ${PROJECT_SOURCE_DIR}/docs/man/*.3)
+if(ALTPATCH_MAN3)
+  install(FILES ${ALTPATCH_MAN3} DESTINATION ${CMAKE_INSTALL_MANDIR}/man3 COMPONENT devel)
+endif()
