@@ -13,7 +13,10 @@
  *   - the AVX family unless XCR0 enables SSE and YMM state; AVX-512 unless
  *     it also enables opmask, ZMM_Hi256 and Hi16_ZMM; AMX unless XCR0 enables
  *     XTILECFG and XTILEDATA *and* the process holds the XTILEDATA permission
- *     (arch_prctl(ARCH_REQ_XCOMP_PERM) must come before the first query).
+ *     (arch_prctl(ARCH_REQ_XCOMP_PERM) must come before the first query);
+ *   - PKU unless OSPKE (CR4.PKE); SHSTK unless the shadow stack is enabled
+ *     (arch_prctl(ARCH_SHSTK_STATUS), as seen by the detecting thread).
+ * System features (vmx, monitor, xsaves, ...) keep their CPUID meaning.
  * Synthetic bits follow the kernel's rules (arch/x86/kernel/cpu/):
  *   - ALWAYS: in every set;
  *   - APIC_MSRS_FENCE: set by common.c identify_cpu() for every vendor, then
@@ -26,7 +29,8 @@
  *     init_centaur() and init_zhaoxin() set it on 64-bit. Unknown vendors get
  *     only the CPUID bit.
  *   - CONSTANT_TSC and NONSTOP_TSC: CPUID 0x80000007 EDX bit 8 (invariant
- *     TSC), as early_init_amd() / early_init_intel() do.
+ *     TSC), as early_init_amd() / early_init_intel() do;
+ *   - 3DNOWPREFETCH (PREFETCHW) on AMD/Hygon with LM, as init_amd() does.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -45,6 +49,10 @@
 #ifndef ARCH_GET_XCOMP_PERM
 #define ARCH_GET_XCOMP_PERM 0x1022
 #endif
+#ifndef ARCH_SHSTK_STATUS
+#define ARCH_SHSTK_STATUS 0x5005
+#endif
+#define AP_ARCH_SHSTK_SHSTK 1ul /* ARCH_SHSTK_SHSTK: shadow stack enabled */
 
 /* XCR0 state components. */
 #define AP_XCR0_SSE (1ull << 1)
@@ -486,7 +494,7 @@ static bool ap_vendor_lfence_rule(const struct altpatch_features *f)
     return false;
 }
 
-/* Derive ALWAYS, APIC_MSRS_FENCE and LFENCE_RDTSC from vendor and CPUID bits. */
+/* Derive ALWAYS, APIC_MSRS_FENCE, LFENCE_RDTSC, 3DNOWPREFETCH from vendor and CPUID bits. */
 static void ap_derive_synthetic(struct altpatch_features *f)
 {
     ap_bit_set(f, X86_FEATURE_ALWAYS);
@@ -496,6 +504,8 @@ static void ap_derive_synthetic(struct altpatch_features *f)
         ap_bit_set(f, X86_FEATURE_APIC_MSRS_FENCE);
     if (ap_vendor_lfence_rule(f) && ap_features_test(f, X86_FEATURE_XMM2))
         ap_bit_set(f, X86_FEATURE_LFENCE_RDTSC);
+    if (ap_vendor_amd_like(f) && ap_features_test(f, X86_FEATURE_LM))
+        ap_bit_set(f, X86_FEATURE_3DNOWPREFETCH);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -624,6 +634,14 @@ static bool ap_amx_permitted(void)
     return (perm >> AP_XFEATURE_XTILEDATA) & 1u;
 }
 
+static bool ap_shstk_enabled(void)
+{
+    unsigned long st = 0;
+    if (syscall(SYS_arch_prctl, ARCH_SHSTK_STATUS, &st) != 0)
+        return false;
+    return st & AP_ARCH_SHSTK_SHSTK;
+}
+
 /* Remove what CPUID reports but the OS does not let this process use. */
 static void ap_apply_os_enablement(struct altpatch_features *f)
 {
@@ -641,6 +659,10 @@ static void ap_apply_os_enablement(struct altpatch_features *f)
         AP_CLEAR_ALL(f, ap_avx512_family);
     if ((xcr0 & AP_XCR0_AMX) != AP_XCR0_AMX || !ap_amx_permitted())
         AP_CLEAR_ALL(f, ap_amx_family);
+    if (!ap_features_test(f, X86_FEATURE_OSPKE))
+        ap_bit_clear(f, X86_FEATURE_PKU); /* RDPKRU/WRPKRU need CR4.PKE */
+    if (!ap_shstk_enabled())
+        ap_bit_clear(f, X86_FEATURE_SHSTK);
 }
 
 static struct altpatch_features ap_host;

@@ -23,7 +23,9 @@
  * A feature in a set means *usable by this process*, not merely reported by
  * CPUID: FSGSBASE needs the kernel's permission (AT_HWCAP2 bit 1), the AVX and
  * AVX-512 families need OSXSAVE and the matching XCR0 state components, AMX
- * additionally the process's XCOMP permission. See altpatch_features_host().
+ * additionally the process's XCOMP permission, PKU needs OSPKE and SHSTK an
+ * enabled shadow stack. System features (vmx, monitor, xsaves, ...) keep
+ * their CPUID meaning. See altpatch_features_host().
  *
  * The values are plain integer expressions because ALTERNATIVE() stringifies
  * them into assembler directives: no casts, no suffixes, no enums.

@@ -1,0 +1,630 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cpu.c: kernel numbering, names, sets and edits, profiles, host detection
+ * (against /proc/cpuinfo, AT_HWCAP2, XCR0, and by executing instructions the
+ * host set claims), ALTPATCH_CLEARCPUID.
+ */
+#include <criterion/criterion.h>
+
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+
+#include "internal.h"
+
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#define AP_HAVE_VALGRIND_H 1
+#endif
+#endif
+
+/* True when running under valgrind (its CPUID is synthetic; FSGSBASE unusable). */
+static bool under_valgrind(void)
+{
+#ifdef AP_HAVE_VALGRIND_H
+    return RUNNING_ON_VALGRIND != 0;
+#else
+    const char *p = getenv("LD_PRELOAD");
+    return p && strstr(p, "vgpreload") != NULL;
+#endif
+}
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+/* The value the assembler computes from the stringified macro (as ALTERNATIVE() uses it). */
+#define ASM_VALUE(macro)                                                                   \
+    ({                                                                                     \
+        unsigned long v_;                                                                  \
+        __asm__("mov $" STR(macro) ", %0" : "=r"(v_));                                    \
+        v_;                                                                                \
+    })
+
+/* ------------------------------------------------------------------------- */
+/* Numbering                                                                 */
+/* ------------------------------------------------------------------------- */
+
+Test(cpu, kernel_numbering)
+{
+    cr_assert_eq(X86_FEATURE_ALWAYS, 3 * 32 + 21);
+    cr_assert_eq(X86_FEATURE_FSGSBASE, 9 * 32 + 0);
+    cr_assert_eq(X86_FEATURE_RDPID, 16 * 32 + 22);
+    cr_assert_eq(X86_FEATURE_RDTSCP, 1 * 32 + 27);
+    cr_assert_eq(X86_FEATURE_LFENCE_RDTSC, 20 * 32 + 2);
+    cr_assert_eq(X86_FEATURE_APIC_MSRS_FENCE, 11 * 32 + 27);
+    cr_assert_eq(X86_FEATURE_CLFLUSHOPT, 9 * 32 + 23);
+    cr_assert_eq(X86_FEATURE_CLWB, 9 * 32 + 24);
+    cr_assert_eq(X86_FEATURE_SERIALIZE, 18 * 32 + 14);
+    cr_assert_eq(X86_FEATURE_POPCNT, 4 * 32 + 23);
+    cr_assert_eq(X86_FEATURE_AVX2, 9 * 32 + 5);
+    cr_assert_eq(X86_FEATURE_AVX512F, 9 * 32 + 16);
+    cr_assert_eq(X86_FEATURE_ERMS, 9 * 32 + 9);
+    cr_assert_eq(X86_FEATURE_FSRM, 18 * 32 + 4);
+    cr_assert_eq(X86_FEATURE_MOVDIR64B, 16 * 32 + 28);
+    cr_assert_eq(X86_FEATURE_XMM2, 0 * 32 + 26);
+    cr_assert_eq(X86_FEATURE_XMM4_2, 4 * 32 + 20);
+    cr_assert_eq(X86_FEATURE_OSXSAVE, 4 * 32 + 27);
+    cr_assert_eq(X86_FEATURE_AVX_VNNI, 12 * 32 + 4);
+    cr_assert_eq(X86_FEATURE_CLZERO, 13 * 32 + 0);
+    cr_assert_eq(X86_FEATURE_HYPERVISOR, 4 * 32 + 31);
+    cr_assert_eq(X86_FEATURE_NONSTOP_TSC, 3 * 32 + 24);
+}
+
+Test(cpu, macros_assemble_to_their_value)
+{
+    cr_assert_eq(ASM_VALUE(X86_FEATURE_FSGSBASE), 288u);
+    cr_assert_eq(ASM_VALUE(X86_FEATURE_RDPID), 534u);
+    cr_assert_eq(ASM_VALUE(X86_FEATURE_ALWAYS), 117u);
+    cr_assert_eq(ASM_VALUE(X86_FEATURE_APIC_MSRS_FENCE), 379u);
+    cr_assert_eq(ASM_VALUE(X86_FEATURE_LFENCE_RDTSC), 642u);
+    cr_assert_eq(ASM_VALUE(X86_FEATURE_AMX_INT8), 18u * 32 + 25);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Names                                                                     */
+/* ------------------------------------------------------------------------- */
+
+Test(cpu, names_round_trip_for_every_known_id)
+{
+    unsigned known = 0;
+    for (unsigned id = 0; id < AP_NCAPWORDS * 32 + 64; id++) {
+        const char *n = altpatch_feature_name(id);
+        cr_assert_eq(n != NULL, ap_feature_known(id), "id %u", id);
+        if (!n)
+            continue;
+        known++;
+        cr_assert(n[0] != '\0', "id %u has an empty name", id);
+        for (const char *p = n; *p; p++)
+            cr_assert(!isupper((unsigned char)*p) && *p != ',' && !isspace((unsigned char)*p),
+                      "name %s", n);
+        cr_assert_eq(altpatch_feature_id(n), (int)id, "%s", n);
+        char up[64];
+        size_t i = 0;
+        for (; n[i] && i < sizeof(up) - 1; i++)
+            up[i] = (char)toupper((unsigned char)n[i]);
+        up[i] = '\0';
+        cr_assert_eq(altpatch_feature_id(up), (int)id, "%s (upper case)", up);
+    }
+    cr_assert_geq(known, 150u);
+}
+
+Test(cpu, names_follow_proc_cpuinfo)
+{
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_XMM), "sse");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_XMM2), "sse2");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_XMM3), "pni");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_XMM4_1), "sse4_1");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_MWAIT), "monitor");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_GBPAGES), "pdpe1gb");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_FSGSBASE), "fsgsbase");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_RDPID), "rdpid");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_AVX512_VNNI), "avx512_vnni");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_AVX512F), "avx512f");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_ALWAYS), "always");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_LFENCE_RDTSC), "lfence_rdtsc");
+    cr_assert_str_eq(altpatch_feature_name(X86_FEATURE_APIC_MSRS_FENCE), "apic_msrs_fence");
+}
+
+Test(cpu, unknown_names_and_ids)
+{
+    cr_assert_null(altpatch_feature_name(9 * 32 + 22)); /* a hole in the kernel's word 9 */
+    cr_assert_null(altpatch_feature_name(AP_NCAPWORDS * 32));
+    cr_assert_null(altpatch_feature_name(65535));
+    cr_assert_eq(altpatch_feature_id("nosuchfeature"), -ENOENT);
+    cr_assert_eq(altpatch_feature_id(""), -ENOENT);
+    cr_assert_eq(altpatch_feature_id("sse2 "), -ENOENT);
+    cr_assert_eq(altpatch_feature_id("288"), -ENOENT); /* names only */
+    cr_assert_eq(altpatch_feature_id(NULL), -EINVAL);
+    cr_assert(!ap_feature_known(9 * 32 + 22));
+    cr_assert(ap_feature_known(X86_FEATURE_ALWAYS));
+}
+
+/* ------------------------------------------------------------------------- */
+/* Sets and edits                                                            */
+/* ------------------------------------------------------------------------- */
+
+static unsigned count_bits(const struct altpatch_features *f)
+{
+    unsigned n = 0;
+    for (unsigned w = 0; w < AP_NCAPWORDS; w++)
+        n += (unsigned)__builtin_popcount(f->word[w]);
+    return n;
+}
+
+Test(cpu, set_clear_has)
+{
+    struct altpatch_features *f = altpatch_features_new();
+    cr_assert_not_null(f);
+    cr_assert_str_eq(altpatch_features_vendor(f), "unknown");
+    cr_assert_eq(count_bits(f), 0u);
+    cr_assert_eq(altpatch_features_set(f, X86_FEATURE_RDPID), 0);
+    cr_assert(altpatch_features_has(f, X86_FEATURE_RDPID));
+    cr_assert_eq(f->word[16], 1u << 22);
+    cr_assert(ap_features_test(f, X86_FEATURE_RDPID));
+    cr_assert_eq(altpatch_features_set(f, 9 * 32 + 22), -EINVAL);
+    cr_assert_eq(altpatch_features_set(f, 100000), -EINVAL);
+    cr_assert_eq(altpatch_features_clear(f, 9 * 32 + 22), -EINVAL);
+    cr_assert_eq(altpatch_features_set(NULL, X86_FEATURE_RDPID), -EINVAL);
+    cr_assert_eq(count_bits(f), 1u);
+    cr_assert(!ap_features_test(f, AP_NCAPWORDS * 32 + 5));
+    cr_assert(!altpatch_features_has(NULL, X86_FEATURE_RDPID));
+
+    struct altpatch_features *d = altpatch_features_dup(f);
+    cr_assert_not_null(d);
+    cr_assert_eq(memcmp(d, f, sizeof(*f)), 0);
+    cr_assert_eq(altpatch_features_clear(d, X86_FEATURE_RDPID), 0);
+    cr_assert(!altpatch_features_has(d, X86_FEATURE_RDPID));
+    cr_assert(altpatch_features_has(f, X86_FEATURE_RDPID));
+    altpatch_features_free(d);
+    altpatch_features_free(f);
+    altpatch_features_free(NULL);
+}
+
+Test(cpu, edit_applies_every_item)
+{
+    struct altpatch_features *f = altpatch_features_new();
+    cr_assert_eq(altpatch_features_set(f, X86_FEATURE_RDPID), 0);
+    cr_assert_eq(altpatch_features_edit(f, "+fsgsbase, -rdpid,AVX2,+288"), 0);
+    cr_assert(altpatch_features_has(f, X86_FEATURE_FSGSBASE));
+    cr_assert(altpatch_features_has(f, X86_FEATURE_AVX2));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_RDPID));
+    cr_assert_eq(count_bits(f), 2u);
+    cr_assert_eq(altpatch_features_edit(f, ""), 0);
+    cr_assert_eq(count_bits(f), 2u);
+    cr_assert_eq(altpatch_features_edit(f, "-fsgsbase,-avx2"), 0);
+    cr_assert_eq(count_bits(f), 0u);
+    altpatch_features_free(f);
+}
+
+Test(cpu, edit_is_all_or_nothing)
+{
+    static const char *const bad_name[] = {
+        "+fsgsbase,-rdpid,bogus", "nosuch", "+avx2,+avx3", "fsgsbase,-9999", "+sse2,-+sse",
+    };
+    static const char *const bad_syntax[] = {
+        "+fsgsbase,,-rdpid", ",avx2", "avx2,", "+", "-", " , ", "avx2,+",
+    };
+    struct altpatch_features *f = altpatch_features_new();
+    cr_assert_eq(altpatch_features_set(f, X86_FEATURE_RDPID), 0);
+    struct altpatch_features before = *f;
+    for (size_t i = 0; i < sizeof(bad_name) / sizeof(bad_name[0]); i++) {
+        cr_assert_eq(altpatch_features_edit(f, bad_name[i]), -ENOENT, "%s", bad_name[i]);
+        cr_assert_eq(memcmp(f, &before, sizeof(before)), 0, "%s changed the set", bad_name[i]);
+    }
+    for (size_t i = 0; i < sizeof(bad_syntax) / sizeof(bad_syntax[0]); i++) {
+        cr_assert_eq(altpatch_features_edit(f, bad_syntax[i]), -EINVAL, "'%s'", bad_syntax[i]);
+        cr_assert_eq(memcmp(f, &before, sizeof(before)), 0, "%s changed the set", bad_syntax[i]);
+    }
+    cr_assert_eq(altpatch_features_edit(f, NULL), -EINVAL);
+    cr_assert_eq(altpatch_features_edit(NULL, "avx2"), -EINVAL);
+    altpatch_features_free(f);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Profiles                                                                  */
+/* ------------------------------------------------------------------------- */
+
+static struct altpatch_features *profile(const char *name)
+{
+    struct altpatch_features *f = altpatch_features_profile(name);
+    cr_assert_not_null(f, "profile %s", name);
+    return f;
+}
+
+Test(cpu, profile_list)
+{
+    const char *const *p = altpatch_features_profiles();
+    static const char *const want[] = {"host", "baseline", "amd-zen4", "intel-spr", "all"};
+    size_t n = 0;
+    for (; p[n]; n++) {
+        cr_assert_lt(n, 5u);
+        cr_assert_str_eq(p[n], want[n]);
+        struct altpatch_features *f = profile(p[n]);
+        cr_assert(altpatch_features_has(f, X86_FEATURE_ALWAYS), "%s lacks always", p[n]);
+        altpatch_features_free(f);
+    }
+    cr_assert_eq(n, 5u);
+    errno = 0;
+    cr_assert_null(altpatch_features_profile("amd-zen5"));
+    cr_assert_eq(errno, ENOENT);
+    errno = 0;
+    cr_assert_null(altpatch_features_profile(NULL));
+    cr_assert_eq(errno, EINVAL);
+}
+
+Test(cpu, profile_amd_zen4)
+{
+    struct altpatch_features *f = profile("amd-zen4");
+    cr_assert_str_eq(altpatch_features_vendor(f), "AuthenticAMD");
+    static const unsigned has[] = {
+        X86_FEATURE_FSGSBASE, X86_FEATURE_RDPID,  X86_FEATURE_RDTSCP,      X86_FEATURE_AVX512F,
+        X86_FEATURE_CLFLUSHOPT, X86_FEATURE_CLWB, X86_FEATURE_ERMS,        X86_FEATURE_FSRM,
+        X86_FEATURE_POPCNT,   X86_FEATURE_AVX2,   X86_FEATURE_LFENCE_RDTSC, X86_FEATURE_ALWAYS,
+        X86_FEATURE_CLZERO,   X86_FEATURE_XMM2,   X86_FEATURE_AVX512_BF16,  X86_FEATURE_VAES,
+    };
+    for (size_t i = 0; i < sizeof(has) / sizeof(has[0]); i++)
+        cr_assert(altpatch_features_has(f, has[i]), "zen4 lacks %s",
+                  altpatch_feature_name(has[i]));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_APIC_MSRS_FENCE));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_SERIALIZE));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_MOVDIR64B));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_AVX_VNNI));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_AMX_TILE));
+    altpatch_features_free(f);
+}
+
+Test(cpu, profile_intel_spr)
+{
+    struct altpatch_features *f = profile("intel-spr");
+    cr_assert_str_eq(altpatch_features_vendor(f), "GenuineIntel");
+    static const unsigned has[] = {
+        X86_FEATURE_APIC_MSRS_FENCE, X86_FEATURE_SERIALIZE, X86_FEATURE_MOVDIR64B,
+        X86_FEATURE_AVX512F,         X86_FEATURE_AVX512_FP16, X86_FEATURE_AMX_TILE,
+        X86_FEATURE_FSGSBASE,        X86_FEATURE_RDPID,     X86_FEATURE_LFENCE_RDTSC,
+        X86_FEATURE_AVX_VNNI,        X86_FEATURE_FSRM,      X86_FEATURE_WAITPKG,
+    };
+    for (size_t i = 0; i < sizeof(has) / sizeof(has[0]); i++)
+        cr_assert(altpatch_features_has(f, has[i]), "spr lacks %s",
+                  altpatch_feature_name(has[i]));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_CLZERO));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_SSE4A));
+    altpatch_features_free(f);
+}
+
+Test(cpu, profile_baseline)
+{
+    struct altpatch_features *f = profile("baseline");
+    cr_assert_str_eq(altpatch_features_vendor(f), "unknown");
+    cr_assert(altpatch_features_has(f, X86_FEATURE_XMM2));
+    cr_assert(altpatch_features_has(f, X86_FEATURE_LM));
+    cr_assert(altpatch_features_has(f, X86_FEATURE_CMOV));
+    cr_assert(altpatch_features_has(f, X86_FEATURE_APIC_MSRS_FENCE)); /* not AMD/Hygon */
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_FSGSBASE));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_RDTSCP));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_LFENCE_RDTSC));
+    cr_assert(!altpatch_features_has(f, X86_FEATURE_POPCNT));
+    cr_assert_eq(count_bits(f), 14u); /* 12 baseline + always + apic_msrs_fence */
+    altpatch_features_free(f);
+}
+
+Test(cpu, profile_all_has_everything)
+{
+    struct altpatch_features *f = profile("all");
+    unsigned known = 0;
+    for (unsigned id = 0; id < AP_NCAPWORDS * 32; id++) {
+        cr_assert_eq(altpatch_features_has(f, id), ap_feature_known(id), "id %u", id);
+        known += ap_feature_known(id);
+    }
+    cr_assert_eq(count_bits(f), known);
+    altpatch_features_free(f);
+}
+
+Test(cpu, profile_host_is_host)
+{
+    struct altpatch_features *a = profile("host");
+    struct altpatch_features *b = altpatch_features_host();
+    cr_assert_not_null(b);
+    cr_assert_eq(memcmp(a, b, sizeof(*a)), 0);
+    cr_assert_eq(memcmp(a, ap_host_features(), sizeof(*a)), 0);
+    altpatch_features_free(a);
+    altpatch_features_free(b);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Host detection                                                            */
+/* ------------------------------------------------------------------------- */
+
+/* The "flags" and "vendor_id" of the first processor in /proc/cpuinfo. */
+static void read_cpuinfo(char *flags, size_t flagsz, char *vendor, size_t vendorsz)
+{
+    FILE *fp = fopen("/proc/cpuinfo", "r");
+    cr_assert_not_null(fp, "/proc/cpuinfo");
+    char *line = NULL;
+    size_t cap = 0;
+    flags[0] = vendor[0] = '\0';
+    while (getline(&line, &cap, fp) > 0 && (!flags[0] || !vendor[0])) {
+        char *colon = strchr(line, ':');
+        if (!colon)
+            continue;
+        char *val = colon + 1 + (colon[1] == ' ');
+        val[strcspn(val, "\n")] = '\0';
+        if (!flags[0] && strncmp(line, "flags", 5) == 0)
+            snprintf(flags, flagsz, " %s ", val);
+        else if (!vendor[0] && strncmp(line, "vendor_id", 9) == 0)
+            snprintf(vendor, vendorsz, "%s", val);
+    }
+    free(line);
+    fclose(fp);
+    cr_assert(flags[0], "no flags line in /proc/cpuinfo");
+}
+
+static bool cpuinfo_has(const char *flags, const char *name)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), " %s ", name);
+    return strstr(flags, pat) != NULL;
+}
+
+/* Names the kernel prints exactly when CPUID (and OS enablement) says so. */
+static const char *const cpuinfo_checked[] = {
+    "fpu",      "tsc",       "cx8",        "cmov",       "clflush",    "mmx",
+    "fxsr",     "sse",       "sse2",       "syscall",    "nx",         "lm",
+    "rdtscp",   "pdpe1gb",   "pni",        "pclmulqdq",  "ssse3",      "fma",
+    "cx16",     "sse4_1",    "sse4_2",     "movbe",      "popcnt",     "aes",
+    "xsave",    "avx",       "f16c",       "rdrand",     "hypervisor", "lahf_lm",
+    "abm",      "sse4a",     "3dnowprefetch", "fsgsbase", "bmi1",      "avx2",
+    "bmi2",     "erms",      "adx",        "rdseed",     "clflushopt", "clwb",
+    "sha_ni",   "avx512f",   "avx512dq",   "avx512cd",   "avx512bw",   "avx512vl",
+    "avx512ifma", "avx512vbmi", "xsaveopt", "xsavec",    "xgetbv1",    "clzero",
+    "wbnoinvd", "gfni",      "vaes",       "vpclmulqdq", "avx512_vnni", "avx512_bitalg",
+    "avx512_vpopcntdq", "rdpid", "movdiri", "movdir64b", "fsrm",       "serialize",
+    "avx_vnni", "avx512_bf16", "avx512_fp16", "waitpkg", "cldemote",
+};
+
+Test(cpu, host_agrees_with_proc_cpuinfo)
+{
+    static char flags[8192];
+    char vendor[64];
+    read_cpuinfo(flags, sizeof(flags), vendor, sizeof(vendor));
+    const struct altpatch_features *h = ap_host_features();
+    bool vg = under_valgrind();
+    if (!vg)
+        cr_assert_str_eq(altpatch_features_vendor(h), vendor);
+    for (size_t i = 0; i < sizeof(cpuinfo_checked) / sizeof(cpuinfo_checked[0]); i++) {
+        const char *n = cpuinfo_checked[i];
+        int id = altpatch_feature_id(n);
+        cr_assert_geq(id, 0, "%s unknown", n);
+        bool host = altpatch_features_has(h, (unsigned)id);
+        bool kern = cpuinfo_has(flags, n);
+        /* valgrind's CPUID is synthetic (it even reports GenuineIntel on AMD), but it
+         * claims none of these names that the machine lacks */
+        if (vg)
+            cr_assert(!host || kern, "host claims %s, /proc/cpuinfo does not", n);
+        else
+            cr_assert_eq(host, kern, "%s: host %d, /proc/cpuinfo %d", n, host, kern);
+    }
+}
+
+Test(cpu, fsgsbase_follows_hwcap2)
+{
+    bool has = altpatch_features_has(ap_host_features(), X86_FEATURE_FSGSBASE);
+    cr_assert_eq(has, (getauxval(AT_HWCAP2) & 2) != 0);
+    if (under_valgrind())
+        cr_assert(!has, "valgrind cannot run rdgsbase: FSGSBASE must read as unusable");
+}
+
+Test(cpu, synthetic_bits_follow_vendor)
+{
+    const struct altpatch_features *h = ap_host_features();
+    const char *v = altpatch_features_vendor(h);
+    bool amd_like = !strcmp(v, "AuthenticAMD") || !strcmp(v, "HygonGenuine");
+    cr_assert(altpatch_features_has(h, X86_FEATURE_ALWAYS));
+    cr_assert_eq(altpatch_features_has(h, X86_FEATURE_APIC_MSRS_FENCE), !amd_like);
+    if (amd_like || !strcmp(v, "GenuineIntel"))
+        cr_assert(altpatch_features_has(h, X86_FEATURE_LFENCE_RDTSC));
+    cr_assert(altpatch_features_has(h, X86_FEATURE_XMM2));
+    cr_assert(altpatch_features_has(h, X86_FEATURE_LM));
+}
+
+/* Nothing but known ids ever lands in the host set. */
+Test(cpu, host_holds_only_known_ids)
+{
+    const struct altpatch_features *h = ap_host_features();
+    for (unsigned id = 0; id < AP_NCAPWORDS * 32; id++)
+        if (ap_features_test(h, id))
+            cr_assert(ap_feature_known(id), "unknown id %u set", id);
+}
+
+static uint64_t xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+Test(cpu, avx_family_needs_xcr0)
+{
+    const struct altpatch_features *h = ap_host_features();
+    if (!altpatch_features_has(h, X86_FEATURE_OSXSAVE)) {
+        cr_assert(!altpatch_features_has(h, X86_FEATURE_AVX));
+        cr_assert(!altpatch_features_has(h, X86_FEATURE_AVX2));
+        cr_assert(!altpatch_features_has(h, X86_FEATURE_AVX512F));
+        return;
+    }
+    uint64_t xcr0 = xgetbv0();
+    if (altpatch_features_has(h, X86_FEATURE_AVX) || altpatch_features_has(h, X86_FEATURE_AVX2))
+        cr_assert_eq(xcr0 & 6, 6u);
+    if (altpatch_features_has(h, X86_FEATURE_AVX512F))
+        cr_assert_eq(xcr0 & 0xe6, 0xe6u);
+    if (altpatch_features_has(h, X86_FEATURE_AMX_TILE))
+        cr_assert_eq(xcr0 & 0x60000, 0x60000u);
+    if (altpatch_features_has(h, X86_FEATURE_PKU))
+        cr_assert(altpatch_features_has(h, X86_FEATURE_OSPKE));
+}
+
+static void *host_ptr(void *arg)
+{
+    (void)arg;
+    return (void *)ap_host_features();
+}
+
+Test(cpu, host_detected_once_across_threads)
+{
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, host_ptr, NULL), 0);
+    const void *mine = ap_host_features();
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        cr_assert_eq(pthread_join(t[i], &r), 0);
+        cr_assert_eq(r, mine);
+    }
+}
+
+/*
+ * "Usable" means usable: execute one instruction of every feature the host
+ * set claims (a SIGILL fails the test). Under valgrind this also checks that
+ * nothing valgrind cannot run is claimed.
+ */
+Test(cpu, claimed_instructions_execute)
+{
+    const struct altpatch_features *h = ap_host_features();
+    uint64_t a = 0x0123456789abcdefull, b = 0;
+    uint32_t aux = 0;
+    static char line[64] __attribute__((aligned(64)));
+
+    if (altpatch_features_has(h, X86_FEATURE_POPCNT)) {
+        __asm__ volatile("popcnt %1, %0" : "=r"(b) : "r"(a));
+        cr_assert_eq(b, 32u);
+    }
+    if (altpatch_features_has(h, X86_FEATURE_ABM)) {
+        __asm__ volatile("lzcnt %1, %0" : "=r"(b) : "r"(a));
+        cr_assert_eq(b, 7u);
+    }
+    if (altpatch_features_has(h, X86_FEATURE_BMI1)) {
+        __asm__ volatile("tzcnt %1, %0" : "=r"(b) : "r"(a));
+        cr_assert_eq(b, 0u);
+    }
+    if (altpatch_features_has(h, X86_FEATURE_MOVBE)) {
+        uint64_t m = a;
+        __asm__ volatile("movbe %1, %0" : "=r"(b) : "m"(m));
+        cr_assert_eq(b, __builtin_bswap64(a));
+    }
+    /* pin, so that rdtscp and rdpid read the same CPU's TSC_AUX */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    bool pinned = sched_setaffinity(0, sizeof(one), &one) == 0;
+    if (altpatch_features_has(h, X86_FEATURE_RDTSCP))
+        __asm__ volatile("rdtscp" : "=a"(a), "=d"(b), "=c"(aux));
+    if (altpatch_features_has(h, X86_FEATURE_RDPID)) {
+        __asm__ volatile("rdpid %0" : "=r"(b));
+        if (pinned && altpatch_features_has(h, X86_FEATURE_RDTSCP))
+            cr_assert_eq((uint32_t)b, aux, "rdpid and rdtscp disagree on TSC_AUX");
+    }
+    if (altpatch_features_has(h, X86_FEATURE_FSGSBASE)) {
+        uint64_t fs = 0;
+        __asm__ volatile("rdfsbase %0" : "=r"(fs));
+        cr_assert_neq(fs, 0u); /* glibc's TCB */
+    }
+    if (altpatch_features_has(h, X86_FEATURE_CLFLUSHOPT))
+        __asm__ volatile("clflushopt %0" : "+m"(line));
+    if (altpatch_features_has(h, X86_FEATURE_CLWB))
+        __asm__ volatile("clwb %0" : "+m"(line));
+    if (altpatch_features_has(h, X86_FEATURE_AVX2))
+        __asm__ volatile("vpaddd %%ymm0, %%ymm0, %%ymm0\n\tvzeroupper" ::: "xmm0");
+    if (altpatch_features_has(h, X86_FEATURE_AVX512F))
+        __asm__ volatile("vpxord %%zmm0, %%zmm0, %%zmm0\n\tvzeroupper" ::: "xmm0");
+    if (altpatch_features_has(h, X86_FEATURE_PKU)) {
+        uint32_t pkru, edx;
+        __asm__ volatile("rdpkru" : "=a"(pkru), "=d"(edx) : "c"(0));
+        (void)pkru;
+    }
+    if (altpatch_features_has(h, X86_FEATURE_SERIALIZE))
+        __asm__ volatile("serialize" ::: "memory");
+    if (altpatch_features_has(h, X86_FEATURE_LFENCE_RDTSC))
+        __asm__ volatile("lfence\n\trdtsc" : "=a"(a), "=d"(b));
+    ap_sync_core();
+}
+
+/* ------------------------------------------------------------------------- */
+/* ALTPATCH_CLEARCPUID (Criterion runs each test in its own process)         */
+/* ------------------------------------------------------------------------- */
+
+static char warn_buf[1024];
+static int warn_count;
+
+static int capture(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    if (level == ALTPATCH_WARN) {
+        size_t used = strlen(warn_buf);
+        vsnprintf(warn_buf + used, sizeof(warn_buf) - used, fmt, ap);
+        warn_count++;
+    }
+    return 0;
+}
+
+Test(cpu, clearcpuid_clears_for_cpu_has)
+{
+    cr_assert_eq(unsetenv("ALTPATCH_CLEARCPUID"), 0);
+    cr_assert(altpatch_cpu_has(X86_FEATURE_XMM2));
+    cr_assert(altpatch_cpu_has(X86_FEATURE_ALWAYS));
+    cr_assert(!altpatch_cpu_has(9 * 32 + 22));
+    cr_assert_eq(setenv("ALTPATCH_CLEARCPUID", "sse2, ALWAYS,288", 1), 0);
+    cr_assert(!altpatch_cpu_has(X86_FEATURE_XMM2));
+    cr_assert(!altpatch_cpu_has(X86_FEATURE_ALWAYS));
+    cr_assert(!altpatch_cpu_has(X86_FEATURE_FSGSBASE));
+    cr_assert(altpatch_cpu_has(X86_FEATURE_LM));
+    /* the host set itself is untouched */
+    cr_assert(altpatch_features_has(ap_host_features(), X86_FEATURE_XMM2));
+    cr_assert_eq(unsetenv("ALTPATCH_CLEARCPUID"), 0);
+    cr_assert(altpatch_cpu_has(X86_FEATURE_XMM2));
+}
+
+Test(cpu, clearcpuid_effective_features)
+{
+    struct altpatch_features eff;
+    cr_assert_eq(setenv("ALTPATCH_CLEARCPUID", "lm,sse", 1), 0);
+    ap_effective_features(&eff);
+    cr_assert(!ap_features_test(&eff, X86_FEATURE_LM));
+    cr_assert(!ap_features_test(&eff, X86_FEATURE_XMM));
+    cr_assert(ap_features_test(&eff, X86_FEATURE_XMM2));
+    struct altpatch_features host = *ap_host_features();
+    cr_assert_eq(altpatch_features_clear(&host, X86_FEATURE_LM), 0);
+    cr_assert_eq(altpatch_features_clear(&host, X86_FEATURE_XMM), 0);
+    cr_assert_eq(memcmp(&eff, &host, sizeof(host)), 0, "only the listed bits differ");
+}
+
+Test(cpu, clearcpuid_warns_on_unknown_names)
+{
+    struct altpatch_features f = *ap_host_features();
+    altpatch_set_print(capture);
+    warn_buf[0] = '\0';
+    warn_count = 0;
+    cr_assert_eq(ap_clearcpuid(&f, "sse2,frobnicate,,rdtscp, nosuch "), 2);
+    cr_assert_eq(warn_count, 2, "%s", warn_buf);
+    cr_assert_not_null(strstr(warn_buf, "'frobnicate'"), "%s", warn_buf);
+    cr_assert_not_null(strstr(warn_buf, "'nosuch'"), "%s", warn_buf);
+    cr_assert(!ap_features_test(&f, X86_FEATURE_XMM2));
+    cr_assert(!ap_features_test(&f, X86_FEATURE_RDTSCP));
+
+    /* through the environment: ap_effective_features() warns, altpatch_cpu_has() stays quiet */
+    warn_buf[0] = '\0';
+    warn_count = 0;
+    cr_assert_eq(setenv("ALTPATCH_CLEARCPUID", "bogus1", 1), 0);
+    cr_assert(altpatch_cpu_has(X86_FEATURE_XMM2));
+    cr_assert_eq(warn_count, 0);
+    struct altpatch_features eff;
+    ap_effective_features(&eff);
+    cr_assert_eq(warn_count, 1);
+    cr_assert_not_null(strstr(warn_buf, "'bogus1'"), "%s", warn_buf);
+    cr_assert_eq(memcmp(&eff, ap_host_features(), sizeof(eff)), 0);
+    altpatch_set_print(NULL);
+}
