@@ -320,10 +320,14 @@ struct ap_module {
     struct ap_site *sites;
     size_t nsites;
     uint8_t *orig;              /* original bytes of all sites, concatenated */
-    size_t *orig_off;           /* per site: offset into orig */
+    size_t *orig_off;           /* per site: offset into orig (and planned), or AP_NO_ORIG */
     struct ap_site_result *res; /* per site */
     bool present;               /* scratch for refresh */
+    uint8_t *planned;           /* per site (at orig_off): the bytes the last apply left */
 };
+
+/** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */
+#define AP_NO_ORIG ((size_t)-1)
 
 /**
  * Bring @p *list up to date with the loaded modules (dl_iterate_phdr): add

@@ -1,0 +1,554 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * altpatch_apply(): orchestration, stats, logging.
+ *
+ *   lock -> ALTPATCH_OFF? -> threads? -> modules (module.c) -> features
+ *     -> per site: plan (plan.c) -> decide against memory -> one batch of
+ *        writes for every module (poke.c) -> per-site results -> stats, log
+ *
+ * Per site, the bytes memory must hold ("target") are the plan's final bytes,
+ * the original when the site is refused, or the original for REVERT. Memory
+ * is then compared:
+ *   equal to target                    -> unchanged, nothing written
+ *   equal to original or to the bytes
+ *   the last apply left there          -> written
+ *   anything else                      -> MEM_MISMATCH: someone else changed
+ *                                         it; refused, nothing written
+ * One global mutex serializes apply, get_stats and site_foreach.
+ */
+#include "internal.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <time.h>
+
+static pthread_mutex_t ap_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ap_module *ap_mods;    /* modules with tables, load order */
+static struct altpatch_stats ap_last; /* stats of the last apply */
+static bool ap_applied;              /* an apply has planned at least once */
+static __thread bool ap_in_foreach;  /* apply from a foreach callback would deadlock */
+
+/* ------------------------------------------------------------------------- */
+/* Small helpers: version, environment, clock, reasons                       */
+/* ------------------------------------------------------------------------- */
+
+#define AP_XSTR(x) #x
+#define AP_VSTR(a, b, c) AP_XSTR(a) "." AP_XSTR(b) "." AP_XSTR(c)
+
+const char *altpatch_version(void)
+{
+    return AP_VSTR(ALTPATCH_VERSION_MAJOR, ALTPATCH_VERSION_MINOR, ALTPATCH_VERSION_PATCH);
+}
+
+const char *ap_getenv(const char *name)
+{
+    if (getauxval(AT_SECURE))
+        return NULL;
+    return getenv(name);
+}
+
+/** An environment switch: set, non-empty and not "0". */
+static bool ap_env_on(const char *name)
+{
+    const char *v = ap_getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+uint64_t ap_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static const char *const ap_reason_text[ALTPATCH_REASON__COUNT] = {
+    [ALTPATCH_REASON_NONE] = "no refusal",
+    [ALTPATCH_REASON_BAD_TABLE] = "bad record table",
+    [ALTPATCH_REASON_BAD_VERSION] = "unknown record format version",
+    [ALTPATCH_REASON_SITE_BOUNDS] = "site outside the module's executable sections",
+    [ALTPATCH_REASON_REPL_BOUNDS] = "replacement outside altinstr_replacement",
+    [ALTPATCH_REASON_REPL_TOO_LONG] = "replacement longer than the site",
+    [ALTPATCH_REASON_EMPTY_SITE] = "empty site",
+    [ALTPATCH_REASON_SITE_OVERLAP] = "site overlaps another site",
+    [ALTPATCH_REASON_ORIG_UNDECODABLE] = "original instruction does not decode",
+    [ALTPATCH_REASON_ORIG_CROSSES_END] = "original instruction runs past the site end",
+    [ALTPATCH_REASON_REPL_UNDECODABLE] = "replacement instruction does not decode",
+    [ALTPATCH_REASON_REPL_CROSSES_END] = "replacement instruction runs past its end",
+    [ALTPATCH_REASON_UNKNOWN_FEATURE] = "unknown feature id",
+    [ALTPATCH_REASON_RELOC_OVERFLOW] = "relative operand does not fit after relocation",
+    [ALTPATCH_REASON_MEM_MISMATCH] = "memory holds neither the original nor the planned bytes",
+    [ALTPATCH_REASON_WRITE_DENIED] = "write denied (mprotect and /proc/self/mem)",
+};
+
+const char *altpatch_strreason(int reason)
+{
+    if (reason < 0 || reason >= ALTPATCH_REASON__COUNT || !ap_reason_text[reason])
+        return "unknown reason";
+    return ap_reason_text[reason];
+}
+
+/* ------------------------------------------------------------------------- */
+/* Logging                                                                   */
+/* ------------------------------------------------------------------------- */
+
+static int ap_default_print(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    if (level != ALTPATCH_WARN && !ap_env_on("ALTPATCH_DEBUG"))
+        return 0;
+    return vfprintf(stderr, fmt, ap);
+}
+
+static altpatch_print_fn ap_print = ap_default_print;
+
+altpatch_print_fn altpatch_set_print(altpatch_print_fn fn)
+{
+    return __atomic_exchange_n(&ap_print, fn, __ATOMIC_ACQ_REL);
+}
+
+void ap_log(enum altpatch_print_level level, const char *fmt, ...)
+{
+    altpatch_print_fn fn = __atomic_load_n(&ap_print, __ATOMIC_ACQUIRE);
+    if (!fn)
+        return;
+    /* Every message starts with "altpatch: ", whatever the callback. */
+    char prefixed[256];
+    const char *f = fmt;
+    if (snprintf(prefixed, sizeof(prefixed), "altpatch: %s", fmt) < (int)sizeof(prefixed))
+        f = prefixed;
+    va_list ap;
+    va_start(ap, fmt);
+    fn(level, f, ap);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Threads                                                                   */
+/* ------------------------------------------------------------------------- */
+
+/** Threads of this process (/proc/self/task entries), or -1 when unknown. */
+static long ap_count_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    long n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Deciding one site                                                         */
+/* ------------------------------------------------------------------------- */
+
+enum ap_action { AP_ACT_UNCHANGED, AP_ACT_WRITE, AP_ACT_REFUSED };
+
+/** One site of one apply. */
+struct ap_work {
+    struct ap_module *m;
+    size_t idx;
+    struct ap_plan plan;
+    const uint8_t *orig;    /* saved original, NULL when outside the text */
+    const uint8_t *cur;     /* live memory, NULL when outside the text */
+    const uint8_t *old;     /* what memory holds, for the writer */
+    uint8_t target[AP_MAX_SITE];
+    int chosen;             /* entry memory will hold; -1 = original */
+    int reason;             /* refusal, or NONE */
+    enum ap_action action;
+};
+
+static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs, unsigned flags)
+{
+    struct ap_module *m = wk->m;
+    const struct ap_site *s = &m->sites[wk->idx];
+    size_t off = m->orig_off[wk->idx];
+    wk->orig = off != AP_NO_ORIG ? m->orig + off : NULL;
+    wk->cur = s->len ? ap_view_text(&m->view, s->addr, s->len) : NULL;
+    ap_plan_site(&m->view, s, m->entries, wk->orig, fs, &wk->plan);
+    wk->reason = m->reason ? m->reason : wk->plan.reason;
+    wk->chosen = wk->reason || (flags & ALTPATCH_APPLY_REVERT) ? -1 : wk->plan.chosen;
+    if (!wk->orig || !wk->cur) {
+        if (!wk->reason)
+            wk->reason = ALTPATCH_REASON_SITE_BOUNDS;
+        wk->chosen = -1;
+        wk->action = AP_ACT_REFUSED;
+        return;
+    }
+    memcpy(wk->target, wk->chosen >= 0 ? wk->plan.final : wk->orig, s->len);
+    const uint8_t *planned = m->planned + off;
+    if (memcmp(wk->cur, wk->target, s->len) == 0) {
+        wk->action = wk->reason ? AP_ACT_REFUSED : AP_ACT_UNCHANGED;
+    } else if (memcmp(wk->cur, wk->orig, s->len) == 0 ||
+               memcmp(wk->cur, planned, s->len) == 0) {
+        wk->old = memcmp(wk->cur, wk->orig, s->len) == 0 ? wk->orig : planned;
+        wk->action = AP_ACT_WRITE;
+    } else {
+        wk->reason = ALTPATCH_REASON_MEM_MISMATCH;
+        wk->chosen = -1;
+        wk->action = AP_ACT_REFUSED;
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Debug output                                                              */
+/* ------------------------------------------------------------------------- */
+
+static void ap_hex(char *out, size_t outsz, const uint8_t *p, size_t len)
+{
+    size_t o = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < len && o + 4 < outsz; i++)
+        o += (size_t)snprintf(out + o, outsz - o, i ? " %02x" : "%02x", p[i]);
+}
+
+/** "symbol+0xoff" (dladdr), else "module+0xoff". */
+static void ap_symbolize(char *out, size_t outsz, const struct ap_module *m, uint64_t addr)
+{
+    Dl_info di;
+    if (dladdr((void *)(uintptr_t)addr, &di) && di.dli_sname && di.dli_saddr) {
+        snprintf(out, outsz, "%s+0x%lx", di.dli_sname,
+                 (unsigned long)(addr - (uintptr_t)di.dli_saddr));
+        return;
+    }
+    const char *name = m->path[0] ? m->path : program_invocation_short_name;
+    const char *slash = strrchr(name, '/');
+    snprintf(out, outsz, "%s+0x%lx", slash ? slash + 1 : name, (unsigned long)(addr - m->base));
+}
+
+static void ap_debug_entry(const struct ap_work *wk, const struct ap_entry *e, const char *sym)
+{
+    const char *name = altpatch_feature_name(e->feature);
+    ap_log(ALTPATCH_DEBUG,
+           "feat: %s%u*32+%u (%s), old: (%s (0x%lx) len: %u), repl: (0x%lx, len: %u) "
+           "flags: 0x%x\n",
+           (e->flags & ALT_FLAG_NOT) ? "!" : "", e->feature / 32, e->feature % 32,
+           name ? name : "?", sym, (unsigned long)wk->m->sites[wk->idx].addr,
+           wk->m->sites[wk->idx].len, (unsigned long)e->repl, e->repllen, e->flags);
+}
+
+/** One block per site, in the style of the kernel's debug-alternative. */
+static void ap_debug_site(const struct ap_work *wk)
+{
+    const struct ap_site *s = &wk->m->sites[wk->idx];
+    char sym[192], hex[AP_MAX_SITE * 3 + 1];
+    unsigned long a = (unsigned long)s->addr;
+    ap_symbolize(sym, sizeof(sym), wk->m, s->addr);
+    for (uint32_t k = 0; k < s->count; k++)
+        ap_debug_entry(wk, &wk->m->entries[s->first + k], sym);
+    if (s->count > 1) {
+        if (wk->chosen >= 0)
+            ap_log(ALTPATCH_DEBUG, "0x%lx: chosen: entry %d of %u\n", a, wk->chosen, s->count);
+        else
+            ap_log(ALTPATCH_DEBUG, "0x%lx: chosen: original\n", a);
+    }
+    if (wk->reason)
+        ap_log(ALTPATCH_DEBUG, "0x%lx: refused: %s%s%s\n", a, altpatch_strreason(wk->reason),
+               wk->plan.detail[0] ? ": " : "", wk->plan.detail);
+    if (!wk->orig)
+        return;
+    ap_hex(hex, sizeof(hex), wk->orig, s->len);
+    ap_log(ALTPATCH_DEBUG, "0x%lx:   old_insn: %s\n", a, hex);
+    ap_hex(hex, sizeof(hex), wk->action == AP_ACT_REFUSED ? wk->cur : wk->target, s->len);
+    ap_log(ALTPATCH_DEBUG, "0x%lx: final_insn: %s\n", a, hex);
+}
+
+/* ------------------------------------------------------------------------- */
+/* One apply                                                                 */
+/* ------------------------------------------------------------------------- */
+
+struct ap_run {
+    struct ap_work *work;
+    size_t nwork;
+    struct ap_write *writes;
+    size_t *wmap; /* writes[i] belongs to work[wmap[i]] */
+    size_t nwrites;
+    struct ap_poke_stats pst;
+};
+
+static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
+{
+    size_t n = 0;
+    for (struct ap_module *m = ap_mods; m; m = m->next)
+        n += m->nsites;
+    r->work = calloc(n ? n : 1, sizeof(*r->work));
+    if (!r->work)
+        return -ENOMEM;
+    for (struct ap_module *m = ap_mods; m; m = m->next) {
+        if (m->reason && !m->nsites)
+            ap_log(ALTPATCH_WARN, "%s: tables refused: %s\n", m->path[0] ? m->path : "main",
+                   altpatch_strreason(m->reason));
+        for (size_t i = 0; i < m->nsites; i++) {
+            struct ap_work *wk = &r->work[r->nwork++];
+            wk->m = m;
+            wk->idx = i;
+            ap_decide(wk, fs, flags);
+        }
+    }
+    return 0;
+}
+
+static int ap_cmp_write(const void *a, const void *b)
+{
+    const struct ap_write *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/** Build the batch (sorted by address; work order is per module, modules interleave). */
+static int ap_batch(struct ap_run *r)
+{
+    r->writes = calloc(r->nwork ? r->nwork : 1, sizeof(*r->writes));
+    r->wmap = calloc(r->nwork ? r->nwork : 1, sizeof(*r->wmap));
+    if (!r->writes || !r->wmap)
+        return -ENOMEM;
+    for (size_t i = 0; i < r->nwork; i++) {
+        struct ap_work *wk = &r->work[i];
+        if (wk->action != AP_ACT_WRITE)
+            continue;
+        /* result carries the work index through qsort */
+        r->writes[r->nwrites++] = (struct ap_write){
+            .addr = (uintptr_t)wk->m->sites[wk->idx].addr, .old = wk->old,
+            .new = wk->target, .len = wk->m->sites[wk->idx].len, .result = (int)i};
+    }
+    qsort(r->writes, r->nwrites, sizeof(*r->writes), ap_cmp_write);
+    for (size_t i = 0; i < r->nwrites; i++)
+        r->wmap[i] = (size_t)r->writes[i].result;
+    return 0;
+}
+
+/** Fold the writer's per-write results back into the work items. */
+static void ap_results_from_writes(struct ap_run *r)
+{
+    for (size_t i = 0; i < r->nwrites; i++) {
+        struct ap_work *wk = &r->work[r->wmap[i]];
+        if (r->writes[i].result != ALTPATCH_REASON_NONE) {
+            wk->reason = r->writes[i].result;
+            wk->chosen = -1;
+            wk->action = AP_ACT_REFUSED;
+        }
+    }
+}
+
+/** Record per-site results and stats; remember written bytes unless a dry run. */
+static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *st)
+{
+    bool debug = ap_env_on("ALTPATCH_DEBUG");
+    for (size_t i = 0; i < r->nwork; i++) {
+        struct ap_work *wk = &r->work[i];
+        struct ap_module *m = wk->m;
+        struct ap_site_result *res = &m->res[wk->idx];
+        bool refused = wk->action == AP_ACT_REFUSED || wk->reason;
+        res->chosen = (int8_t)(refused ? -1 : wk->chosen);
+        res->reason = (int16_t)wk->reason;
+        res->state = refused            ? ALTPATCH_SITE_REFUSED
+                     : wk->chosen >= 0 ? ALTPATCH_SITE_PATCHED
+                                       : ALTPATCH_SITE_ORIGINAL;
+        st->sites_seen++;
+        st->sites_refused += refused;
+        st->sites_patched += res->state == ALTPATCH_SITE_PATCHED;
+        st->sites_unchanged += !refused && wk->action == AP_ACT_UNCHANGED;
+        if (!(flags & ALTPATCH_APPLY_DRY_RUN) && wk->action == AP_ACT_WRITE && !refused)
+            memcpy(m->planned + m->orig_off[wk->idx], wk->target, m->sites[wk->idx].len);
+        if (debug)
+            ap_debug_site(wk);
+        if (wk->reason && !debug)
+            ap_log(ALTPATCH_INFO, "0x%lx: refused: %s\n",
+                   (unsigned long)m->sites[wk->idx].addr, altpatch_strreason(wk->reason));
+    }
+    for (struct ap_module *m = ap_mods; m; m = m->next)
+        st->modules++;
+    st->bytes_written = r->pst.bytes;
+    st->pages_written = r->pst.pages;
+    st->syscalls = r->pst.syscalls;
+}
+
+static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
+                         struct altpatch_stats *st)
+{
+    struct ap_run r = {0};
+    int err = ap_modules_refresh(&ap_mods);
+    if (!err)
+        err = ap_collect(&r, fs, flags);
+    if (!err)
+        err = ap_batch(&r);
+    if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
+        unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
+                      ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0);
+        err = ap_poke(r.writes, r.nwrites, pf, &r.pst);
+        ap_results_from_writes(&r);
+        if (err)
+            ap_log(ALTPATCH_WARN, "writer stopped: %s\n", strerror(-err));
+    }
+    if (r.work && (!err || r.nwrites)) {
+        ap_record(&r, flags, st);
+        ap_applied = true;
+    }
+    free(r.work);
+    free(r.writes);
+    free(r.wmap);
+    return err;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Public entry points                                                       */
+/* ------------------------------------------------------------------------- */
+
+#define AP_APPLY_FLAGS                                                                     \
+    (ALTPATCH_APPLY_DRY_RUN | ALTPATCH_APPLY_REVERT | ALTPATCH_APPLY_PROCMEM_ONLY |        \
+     ALTPATCH_APPLY_NO_PROCMEM)
+
+/** libbpf-style check: sz covers at least the sz field; unknown tail bytes are zero. */
+static bool ap_opts_valid(const void *opts, size_t sz, size_t known)
+{
+    if (sz < sizeof(size_t))
+        return false;
+    for (size_t i = known; i < sz; i++)
+        if (((const uint8_t *)opts)[i])
+            return false;
+    return true;
+}
+
+/** Copy the fields the caller's struct has; the rest stay defaults (zero). */
+static int ap_read_opts(const struct altpatch_apply_opts *in, struct altpatch_apply_opts *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!in)
+        return 0;
+    if (!ap_opts_valid(in, in->sz, sizeof(*in)))
+        return -EINVAL;
+    memcpy(out, in, in->sz < sizeof(*out) ? in->sz : sizeof(*out));
+    if (out->flags & ~(unsigned)AP_APPLY_FLAGS)
+        return -EINVAL;
+    if ((out->flags & ALTPATCH_APPLY_PROCMEM_ONLY) && (out->flags & ALTPATCH_APPLY_NO_PROCMEM))
+        return -EINVAL;
+    return 0;
+}
+
+/** Refuse to write while other threads run; 0 when single-threaded (or unknown). */
+static int ap_check_threads(unsigned flags)
+{
+    if (flags & ALTPATCH_APPLY_DRY_RUN)
+        return 0;
+    long n = ap_count_threads();
+    if (n <= 1)
+        return 0; /* unknown (no /proc): the writer needs /proc too and will refuse */
+    ap_log(ALTPATCH_WARN, "%ld threads running: call altpatch_apply() before starting threads\n",
+           n);
+    return -EBUSY;
+}
+
+int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
+{
+    struct altpatch_apply_opts o;
+    int err = ap_read_opts(opts, &o);
+    if (err)
+        return err;
+    if (ap_in_foreach)
+        return -EDEADLK;
+    pthread_mutex_lock(&ap_lock);
+    uint64_t t0 = ap_now_ns();
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    if (ap_env_on("ALTPATCH_OFF")) {
+        ap_log(ALTPATCH_INFO, "ALTPATCH_OFF is set: nothing patched\n");
+    } else if (!(err = ap_check_threads(o.flags))) {
+        struct altpatch_features host;
+        if (!o.features)
+            ap_effective_features(&host);
+        err = ap_run_locked(o.features ? o.features : &host, o.flags, &st);
+    }
+    if (err != -EBUSY) {
+        st.ns = ap_now_ns() - t0;
+        ap_last = st;
+        ap_log(ALTPATCH_INFO,
+               "%lu modules, %lu sites: %lu patched, %lu unchanged, %lu refused; %lu bytes in "
+               "%lu pages, %lu syscalls, %lu ns%s\n",
+               (unsigned long)st.modules, (unsigned long)st.sites_seen,
+               (unsigned long)st.sites_patched, (unsigned long)st.sites_unchanged,
+               (unsigned long)st.sites_refused, (unsigned long)st.bytes_written,
+               (unsigned long)st.pages_written, (unsigned long)st.syscalls,
+               (unsigned long)st.ns, (o.flags & ALTPATCH_APPLY_DRY_RUN) ? " (dry run)" : "");
+    }
+    pthread_mutex_unlock(&ap_lock);
+    return err;
+}
+
+int altpatch_apply(void)
+{
+    return altpatch_apply_opts(NULL);
+}
+
+void *altpatch_dlopen(const char *path, int flags)
+{
+    void *h = dlopen(path, flags);
+    if (!h)
+        return NULL;
+    int err = altpatch_apply();
+    if (err)
+        ap_log(ALTPATCH_WARN, "%s: loaded, not patched: %s\n", path ? path : "(main)",
+               strerror(-err));
+    return h;
+}
+
+int altpatch_get_stats(struct altpatch_stats *st)
+{
+    if (!st || st->sz < sizeof(size_t))
+        return -EINVAL;
+    size_t sz = st->sz;
+    pthread_mutex_lock(&ap_lock);
+    struct altpatch_stats cp = ap_last;
+    pthread_mutex_unlock(&ap_lock);
+    cp.sz = sz;
+    memcpy(st, &cp, sz < sizeof(cp) ? sz : sizeof(cp));
+    if (sz > sizeof(cp))
+        memset((uint8_t *)st + sizeof(cp), 0, sz - sizeof(cp));
+    return 0;
+}
+
+/** Fill @p info for site @p i of @p m. */
+static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_site_info *info)
+{
+    const struct ap_site *s = &m->sites[i];
+    const struct ap_site_result *res = &m->res[i];
+    const struct ap_entry *e = &m->entries[s->first + (res->chosen >= 0 ? res->chosen : 0)];
+    size_t off = m->orig_off[i];
+    *info = (struct altpatch_site_info){
+        .module = m->path,
+        .addr = (uintptr_t)s->addr,
+        .len = s->len,
+        .entries = s->count,
+        .chosen = res->chosen,
+        .feature = e->feature,
+        .flags = e->flags,
+        .state = (enum altpatch_site_state)res->state,
+        .reason = res->reason,
+        .original = off != AP_NO_ORIG ? m->orig + off : NULL,
+        .current = off != AP_NO_ORIG ? (const uint8_t *)(uintptr_t)s->addr : NULL,
+    };
+}
+
+int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
+{
+    if (!fn)
+        return -EINVAL;
+    pthread_mutex_lock(&ap_lock);
+    /* Drop modules dlclose'd since the last apply (their memory is gone); a
+     * module loaded since is listed with its original bytes, as memory holds. */
+    int ret = ap_applied ? ap_modules_refresh(&ap_mods) : -ENODATA;
+    ap_in_foreach = true;
+    for (struct ap_module *m = ap_mods; m && !ret; m = m->next) {
+        for (size_t i = 0; i < m->nsites && !ret; i++) {
+            struct altpatch_site_info info;
+            ap_site_info(m, i, &info);
+            ret = fn(&info, ctx);
+        }
+    }
+    ap_in_foreach = false;
+    pthread_mutex_unlock(&ap_lock);
+    return ret;
+}

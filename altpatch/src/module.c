@@ -1,0 +1,349 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Modules: finding every loaded object's altpatch tables.
+ *
+ * dl_iterate_phdr() lists the executable, its libraries, the vDSO and
+ * libraries dlopen'ed since. A module takes part when one of its PT_NOTE
+ * segments holds the note (owner "altpatch", type ALTPATCH_NOTE_TYPE) that
+ * <altpatch/alternative.h> emits; the note's self-relative offsets give the
+ * table and the replacement range. Others (vDSO, libc) are ignored.
+ *
+ * Everything is checked against the module's own program headers before a
+ * byte is read: the table and the replacement range must lie inside one of
+ * its PT_LOAD segments (else the module is refused with BAD_TABLE), and site
+ * bytes are only read when the site lies inside an executable segment (sites
+ * outside are refused by the planner with SITE_BOUNDS).
+ *
+ * A module is identified by (path, base, phdr). The list is kept across calls:
+ *   - unchanged dlpi_adds/dlpi_subs counters: nothing was loaded or unloaded,
+ *     the walk is skipped;
+ *   - a module no longer listed (dlclose) is freed: nothing dangles;
+ *   - a listed module whose table bytes differ from the copy taken when it was
+ *     first seen (another library at the same address) is read again.
+ * Original site bytes are saved when a module is first seen: later applies
+ * plan from them even when memory already holds a replacement.
+ */
+#include "internal.h"
+
+#include <elf.h>
+#include <errno.h>
+#include <link.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------- */
+/* Program headers                                                           */
+/* ------------------------------------------------------------------------- */
+
+/** True when [start, end) lies inside one PT_LOAD segment (with PF_R when @p need_r). */
+static bool ap_in_load(const struct dl_phdr_info *info, uint64_t start, uint64_t end)
+{
+    if (end < start)
+        return false;
+    for (size_t i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_R))
+            continue;
+        uint64_t s = info->dlpi_addr + ph->p_vaddr;
+        if (start >= s && end <= s + ph->p_memsz)
+            return true;
+    }
+    return false;
+}
+
+/** Add [s, e) to the text regions (nothing if empty or the table is full). */
+static void ap_text_add(struct ap_view *v, uint64_t s, uint64_t e)
+{
+    if (e <= s || v->ntext >= AP_MAX_TEXT)
+        return;
+    v->text[v->ntext++] = (struct ap_region){s, e - s, (const uint8_t *)(uintptr_t)s};
+}
+
+/** Text regions: every PT_LOAD with PF_X (and PF_R), minus the replacement range. */
+static void ap_text_regions(const struct dl_phdr_info *info, struct ap_view *v)
+{
+    uint64_t rs = v->repl.addr, re = v->repl.addr + v->repl.size;
+    for (size_t i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X) || !(ph->p_flags & PF_R))
+            continue;
+        uint64_t s = info->dlpi_addr + ph->p_vaddr, e = s + ph->p_memsz;
+        if (re <= s || rs >= e || rs == re) {
+            ap_text_add(v, s, e);
+            continue;
+        }
+        ap_text_add(v, s, rs > s ? rs : s);
+        ap_text_add(v, re < e ? re : e, e);
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Notes                                                                     */
+/* ------------------------------------------------------------------------- */
+
+static size_t ap_align(size_t x, size_t a)
+{
+    return (x + a - 1) & ~(a - 1);
+}
+
+/**
+ * Find the altpatch note in one PT_NOTE segment. Returns a pointer to its
+ * descriptor (and its size in *descsz) or NULL.
+ */
+static const uint8_t *ap_note_in_segment(const uint8_t *p, size_t size, size_t align,
+                                         uint32_t *descsz)
+{
+    size_t off = 0;
+    while (size - off >= sizeof(ElfW(Nhdr))) {
+        const ElfW(Nhdr) *nh = (const ElfW(Nhdr) *)(const void *)(p + off);
+        size_t name = off + sizeof(*nh);
+        size_t desc = ap_align(name + nh->n_namesz, align);
+        size_t next = ap_align(desc + nh->n_descsz, align);
+        if (nh->n_namesz > size || nh->n_descsz > size || desc > size ||
+            next > ap_align(size, align) || next <= off)
+            return NULL; /* malformed: stop, never read past the segment */
+        if (nh->n_type == ALTPATCH_NOTE_TYPE && nh->n_namesz == sizeof(ALTPATCH_NOTE_NAME) &&
+            memcmp(p + name, ALTPATCH_NOTE_NAME, sizeof(ALTPATCH_NOTE_NAME)) == 0 &&
+            desc + nh->n_descsz <= size) {
+            *descsz = nh->n_descsz;
+            return p + desc;
+        }
+        off = next;
+    }
+    return NULL;
+}
+
+/** The module's altpatch note descriptor, or NULL. */
+static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *descsz)
+{
+    for (size_t i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_NOTE)
+            continue;
+        size_t align = ph->p_align == 8 ? 8 : 4;
+        const uint8_t *p = (const uint8_t *)(uintptr_t)(info->dlpi_addr + ph->p_vaddr);
+        const uint8_t *d = ap_note_in_segment(p, ph->p_filesz, align, descsz);
+        if (d)
+            return d;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Building and freeing one module                                           */
+/* ------------------------------------------------------------------------- */
+
+static void ap_module_free(struct ap_module *m)
+{
+    if (!m)
+        return;
+    free(m->path);
+    free(m->table_copy);
+    free(m->entries);
+    free(m->sites);
+    free(m->orig);
+    free(m->orig_off);
+    free(m->res);
+    free(m->planned);
+    free(m);
+}
+
+/** Save the original bytes of every site that lies inside the module's text. */
+static int ap_save_originals(struct ap_module *m)
+{
+    size_t total = 0;
+    m->orig_off = calloc(m->nsites ? m->nsites : 1, sizeof(*m->orig_off));
+    m->res = calloc(m->nsites ? m->nsites : 1, sizeof(*m->res));
+    if (!m->orig_off || !m->res)
+        return -ENOMEM;
+    for (size_t i = 0; i < m->nsites; i++)
+        total += m->sites[i].len;
+    m->orig = malloc(total ? total : 1);
+    m->planned = malloc(total ? total : 1);
+    if (!m->orig || !m->planned)
+        return -ENOMEM;
+    size_t off = 0;
+    for (size_t i = 0; i < m->nsites; i++) {
+        const struct ap_site *s = &m->sites[i];
+        const uint8_t *live = s->len ? ap_view_text(&m->view, s->addr, s->len) : NULL;
+        m->orig_off[i] = live ? off : AP_NO_ORIG;
+        if (live) {
+            memcpy(m->orig + off, live, s->len);
+            memcpy(m->planned + off, live, s->len);
+            off += s->len;
+        }
+        m->res[i] = (struct ap_site_result){ALTPATCH_SITE_ORIGINAL, -1, 0};
+    }
+    return 0;
+}
+
+/** Decode the table and group it into sites (the module is refused on a bad table). */
+static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info)
+{
+    const struct ap_note *n = &m->note;
+    if (n->table_end < n->table_start || n->repl_end < n->repl_start ||
+        !ap_in_load(info, n->table_start, n->table_end) ||
+        !ap_in_load(info, n->repl_start, n->repl_end)) {
+        m->reason = ALTPATCH_REASON_BAD_TABLE;
+        return 0;
+    }
+    m->view.repl = (struct ap_region){n->repl_start, n->repl_end - n->repl_start,
+                                      (const uint8_t *)(uintptr_t)n->repl_start};
+    ap_text_regions(info, &m->view);
+    const uint8_t *table = (const uint8_t *)(uintptr_t)n->table_start;
+    m->table_size = n->table_end - n->table_start;
+    m->table_copy = malloc(m->table_size ? m->table_size : 1);
+    if (!m->table_copy)
+        return -ENOMEM;
+    memcpy(m->table_copy, table, m->table_size);
+    int r = ap_records_parse(table, m->table_size, n->table_start, &m->entries, &m->nentries);
+    if (r < 0)
+        return r;
+    if (r != ALTPATCH_REASON_NONE) {
+        m->reason = r;
+        return 0;
+    }
+    r = ap_sites_group(m->entries, m->nentries, &m->sites, &m->nsites);
+    if (r < 0)
+        return r;
+    return ap_save_originals(m);
+}
+
+/** Build the module for @p info (which carries the note descriptor @p desc). */
+static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, uint32_t descsz,
+                         struct ap_module **out)
+{
+    struct ap_module *m = calloc(1, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    m->path = strdup(info->dlpi_name ? info->dlpi_name : "");
+    m->base = info->dlpi_addr;
+    m->phdr = info->dlpi_phdr;
+    m->present = true;
+    int err = m->path ? 0 : -ENOMEM;
+    if (!err) {
+        m->reason = ap_note_parse(desc, descsz, (uint64_t)(uintptr_t)desc, &m->note);
+        if (m->reason == ALTPATCH_REASON_NONE)
+            err = ap_module_tables(m, info);
+    }
+    if (err) {
+        ap_module_free(m);
+        return err;
+    }
+    *out = m;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Refresh                                                                   */
+/* ------------------------------------------------------------------------- */
+
+struct ap_walk {
+    struct ap_module **list;
+    int err;
+    bool skip;      /* counters unchanged: nothing to do */
+    bool first;     /* first callback of this walk */
+};
+
+/* Loader counters at the last complete walk, and the list they describe. */
+static unsigned long long ap_last_adds, ap_last_subs;
+static struct ap_module **ap_last_list;
+
+static bool ap_same_identity(const struct ap_module *m, const struct dl_phdr_info *info)
+{
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    return m->base == info->dlpi_addr && m->phdr == (const void *)info->dlpi_phdr &&
+           strcmp(m->path, name) == 0;
+}
+
+/** True when the module's table in memory still matches the copy taken at first sight. */
+static bool ap_table_unchanged(const struct ap_module *m, const struct dl_phdr_info *info)
+{
+    if (!m->table_copy)
+        return true; /* refused before the table was read: nothing to compare */
+    if (!ap_in_load(info, m->note.table_start, m->note.table_end))
+        return false;
+    return memcmp((const void *)(uintptr_t)m->note.table_start, m->table_copy,
+                  m->table_size) == 0;
+}
+
+/** Put @p nm in the place of @p old (or at the end when @p old is NULL). */
+static void ap_list_put(struct ap_module **list, struct ap_module *old, struct ap_module *nm)
+{
+    struct ap_module **pp = list;
+    while (*pp && *pp != old)
+        pp = &(*pp)->next;
+    nm->next = old ? old->next : NULL;
+    *pp = nm;
+    ap_module_free(old);
+}
+
+static int ap_walk_one(struct dl_phdr_info *info, size_t size, void *data)
+{
+    struct ap_walk *w = data;
+    if (w->first) {
+        w->first = false;
+        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs) &&
+            ap_last_list == w->list && *w->list && info->dlpi_adds == ap_last_adds &&
+            info->dlpi_subs == ap_last_subs) {
+            w->skip = true;
+            return 1;
+        }
+        ap_last_adds = info->dlpi_adds;
+        ap_last_subs = info->dlpi_subs;
+    }
+    struct ap_module *m = *w->list;
+    while (m && !ap_same_identity(m, info))
+        m = m->next;
+    if (m && ap_table_unchanged(m, info)) {
+        m->present = true;
+        return 0;
+    }
+    uint32_t descsz = 0;
+    const uint8_t *desc = ap_find_note(info, &descsz);
+    if (!desc)
+        return 0;
+    struct ap_module *nm;
+    w->err = ap_module_new(info, desc, descsz, &nm);
+    if (w->err)
+        return 1;
+    ap_list_put(w->list, m, nm);
+    return 0;
+}
+
+int ap_modules_refresh(struct ap_module **list)
+{
+    for (struct ap_module *m = *list; m; m = m->next)
+        m->present = false;
+    struct ap_walk w = {.list = list, .first = true};
+    dl_iterate_phdr(ap_walk_one, &w);
+    if (w.skip) {
+        for (struct ap_module *m = *list; m; m = m->next)
+            m->present = true;
+        return 0;
+    }
+    if (w.err) {
+        ap_last_list = NULL; /* walk again next time */
+        return w.err;        /* keep every module: the marks are incomplete */
+    }
+    for (struct ap_module **pp = list; *pp;) {
+        struct ap_module *m = *pp;
+        if (m->present) {
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        ap_module_free(m);
+    }
+    ap_last_list = list;
+    return 0;
+}
+
+void ap_modules_free(struct ap_module *list)
+{
+    while (list) {
+        struct ap_module *next = list->next;
+        ap_module_free(list);
+        list = next;
+    }
+}

@@ -1,0 +1,532 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The writer: makes text hold new bytes. Knows nothing of x86 beyond
+ * ap_sync_core() and the system call ABI.
+ *
+ * A batch of (address, old, new) writes is handled in four steps:
+ *
+ *   1. check  every write against memory: already new -> skipped; neither old
+ *             nor new -> MEM_MISMATCH; else pending. Nothing pending: done,
+ *             no system call at all (an idempotent apply costs nothing).
+ *   2. learn  each page's protection from /proc/self/maps (once per batch).
+ *   3. group  pending writes into windows: runs of adjacent pages with the
+ *             same original protection.
+ *   4. write  each window: mprotect(RW) -> copy -> mprotect(original), all
+ *             inside ap_window_write(), which lives in its own section so
+ *             that the code running while a page is not executable is never on
+ *             a page being written. A window that would contain that section,
+ *             or that the process may not make executable again (PR_SET_MDWE),
+ *             or whose mprotect is denied, is written with pwrite() on
+ *             /proc/self/mem instead (unless AP_POKE_NO_PROCMEM); when that
+ *             fails too, its writes are WRITE_DENIED and memory is untouched.
+ *
+ * A page is never writable and executable at once. Signals are blocked while
+ * windows are open: a handler could live on a page that is briefly not
+ * executable. The caller guarantees a single thread (see apply.c); the live
+ * int3 + membarrier protocol for running threads would be another writer
+ * next to ap_write_window() / ap_write_procmem().
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef PR_GET_MDWE
+#define PR_GET_MDWE 66
+#endif
+#ifndef PR_MDWE_REFUSE_EXEC_GAIN
+#define PR_MDWE_REFUSE_EXEC_GAIN (1UL << 0)
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* The window routine: its own section, no calls, raw system calls           */
+/* ------------------------------------------------------------------------- */
+
+#if defined(__clang__)
+#define AP_WINDOW_ATTRS                                                                    \
+    __attribute__((section("altpatch_poke_text"), noinline, used,                         \
+                   no_sanitize("address", "undefined"), no_stack_protector,                \
+                   no_instrument_function))
+#else
+#define AP_WINDOW_ATTRS                                                                    \
+    __attribute__((section("altpatch_poke_text"), noipa, used, no_sanitize_address,       \
+                   no_sanitize_undefined, no_stack_protector, no_instrument_function))
+#endif
+
+/* Bounds of the window routine's section (the linker defines them). */
+extern const char __start_altpatch_poke_text[] AP_HIDDEN;
+extern const char __stop_altpatch_poke_text[] AP_HIDDEN;
+
+/* Macros, not functions: inlining across sanitizer attributes is refused. */
+#define AP_SYSCALL3(nr, a, b, c)                                                           \
+    ({                                                                                     \
+        long ret_;                                                                         \
+        __asm__ __volatile__("syscall"                                                     \
+                             : "=a"(ret_)                                                  \
+                             : "0"((long)(nr)), "D"((long)(a)), "S"((long)(b)),             \
+                               "d"((long)(c))                                              \
+                             : "rcx", "r11", "memory");                                    \
+        ret_;                                                                              \
+    })
+
+/** One pending write as the window routine sees it. */
+struct ap_copy {
+    uintptr_t addr;
+    const uint8_t *src;
+    size_t len;
+};
+
+/**
+ * mprotect(RW) the window, copy every write with volatile byte stores (so the
+ * compiler cannot turn the loop into a memcpy call), mprotect back to @p prot.
+ * Returns 0; -errno when the first mprotect failed (nothing written); +errno
+ * when the restoring mprotect failed even once retried (bytes written, the
+ * window keeps PROT_READ|PROT_WRITE: the process is in trouble, the caller
+ * reports it).
+ */
+static AP_WINDOW_ATTRS long ap_window_write(uintptr_t start, size_t len, long prot,
+                                            const struct ap_copy *c, size_t n,
+                                            unsigned *calls)
+{
+    *calls = 1;
+    long r = AP_SYSCALL3(SYS_mprotect, start, len, PROT_READ | PROT_WRITE);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < n; i++) {
+        volatile uint8_t *dst = (volatile uint8_t *)c[i].addr;
+        for (size_t k = 0; k < c[i].len; k++)
+            dst[k] = c[i].src[k];
+    }
+    *calls = 2;
+    r = AP_SYSCALL3(SYS_mprotect, start, len, prot);
+    if (r < 0) {
+        *calls = 3;
+        r = AP_SYSCALL3(SYS_mprotect, start, len, prot);
+    }
+    return -r;
+}
+
+/* ------------------------------------------------------------------------- */
+/* /proc/self/maps                                                           */
+/* ------------------------------------------------------------------------- */
+
+struct ap_map {
+    uintptr_t start, end;
+    int prot;
+    bool shared;
+};
+
+struct ap_maps {
+    struct ap_map *v;
+    size_t n, cap;
+};
+
+static int ap_read_file(const char *path, char **out, size_t *outlen, uint64_t *syscalls)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    (*syscalls)++;
+    if (fd < 0)
+        return -errno;
+    size_t cap = 16384, len = 0;
+    char *buf = malloc(cap);
+    int err = buf ? 0 : -ENOMEM;
+    while (!err) {
+        if (cap - len < 4096) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                err = -ENOMEM;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + len, cap - len - 1);
+        (*syscalls)++;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            err = -errno;
+        else if (r == 0)
+            break;
+        else
+            len += (size_t)r;
+    }
+    close(fd);
+    (*syscalls)++;
+    if (err) {
+        free(buf);
+        return err;
+    }
+    buf[len] = '\0';
+    *out = buf;
+    *outlen = len;
+    return 0;
+}
+
+static int ap_maps_add(struct ap_maps *m, const struct ap_map *e)
+{
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        struct ap_map *v = realloc(m->v, cap * sizeof(*v));
+        if (!v)
+            return -ENOMEM;
+        m->v = v;
+        m->cap = cap;
+    }
+    m->v[m->n++] = *e;
+    return 0;
+}
+
+/** Parse one "start-end perms ..." line; false if malformed. */
+static bool ap_maps_line(const char *line, struct ap_map *e)
+{
+    char *end;
+    e->start = (uintptr_t)strtoull(line, &end, 16);
+    if (*end != '-')
+        return false;
+    e->end = (uintptr_t)strtoull(end + 1, &end, 16);
+    if (*end != ' ' || strlen(end) < 5)
+        return false;
+    const char *p = end + 1;
+    e->prot = (p[0] == 'r' ? PROT_READ : 0) | (p[1] == 'w' ? PROT_WRITE : 0) |
+              (p[2] == 'x' ? PROT_EXEC : 0);
+    e->shared = p[3] == 's';
+    return e->end > e->start;
+}
+
+static int ap_maps_load(struct ap_maps *m, uint64_t *syscalls)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int err = ap_read_file("/proc/self/maps", &buf, &len, syscalls);
+    if (err)
+        return err;
+    for (char *line = buf; !err && line < buf + len;) {
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        struct ap_map e;
+        if (ap_maps_line(line, &e))
+            err = ap_maps_add(m, &e);
+        line = nl ? nl + 1 : buf + len;
+    }
+    free(buf);
+    return err;
+}
+
+/** The mapping containing @p addr, or NULL (maps lines are sorted by address). */
+static const struct ap_map *ap_maps_find(const struct ap_maps *m, uintptr_t addr)
+{
+    size_t lo = 0, hi = m->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (addr < m->v[mid].start)
+            hi = mid;
+        else if (addr >= m->v[mid].end)
+            lo = mid + 1;
+        else
+            return &m->v[mid];
+    }
+    return NULL;
+}
+
+/**
+ * Protection of every page of [start, end) if they are all mapped privately
+ * with one protection, else -1.
+ */
+static int ap_maps_prot(const struct ap_maps *m, uintptr_t start, uintptr_t end)
+{
+    int prot = -1;
+    for (uintptr_t a = start; a < end;) {
+        const struct ap_map *e = ap_maps_find(m, a);
+        if (!e || e->shared || (prot >= 0 && e->prot != prot))
+            return -1;
+        prot = e->prot;
+        a = e->end;
+    }
+    return prot;
+}
+
+/* ------------------------------------------------------------------------- */
+/* The batch                                                                 */
+/* ------------------------------------------------------------------------- */
+
+struct ap_batch {
+    struct ap_write *w;
+    size_t n;
+    unsigned flags;
+    struct ap_poke_stats *st;
+    uintptr_t pgsz;
+    struct ap_maps maps;
+    bool maps_ok;
+    bool mdwe;        /* this process may not make a page executable again */
+    int memfd;        /* /proc/self/mem, opened on first use; -1 / -errno */
+    bool memfd_tried;
+    bool wrote_any;
+};
+
+static uintptr_t ap_pg_down(const struct ap_batch *b, uintptr_t a)
+{
+    return a & ~(b->pgsz - 1);
+}
+
+static uintptr_t ap_pg_up(const struct ap_batch *b, uintptr_t a)
+{
+    return (a + b->pgsz - 1) & ~(b->pgsz - 1);
+}
+
+/** Step 1: sets result/wrote of writes that need no system call; true if pending. */
+static bool ap_check(struct ap_write *w)
+{
+    w->wrote = false;
+    w->result = ALTPATCH_REASON_NONE;
+    if (w->len == 0 || memcmp((const void *)w->addr, w->new, w->len) == 0)
+        return false;
+    if (memcmp((const void *)w->addr, w->old, w->len) != 0) {
+        w->result = ALTPATCH_REASON_MEM_MISMATCH;
+        return false;
+    }
+    return true;
+}
+
+static int ap_memfd(struct ap_batch *b)
+{
+    if (!b->memfd_tried) {
+        b->memfd_tried = true;
+        b->memfd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+        b->st->syscalls++;
+        if (b->memfd < 0)
+            b->memfd = -errno;
+    }
+    return b->memfd;
+}
+
+/** Write one pending write through /proc/self/mem; sets its result. */
+static void ap_write_procmem(struct ap_batch *b, struct ap_write *w)
+{
+    int fd = (b->flags & AP_POKE_NO_PROCMEM) ? -EPERM : ap_memfd(b);
+    ssize_t r = -1;
+    if (fd >= 0) {
+        do {
+            r = pwrite(fd, w->new, w->len, (off_t)w->addr);
+            b->st->syscalls++;
+        } while (r < 0 && errno == EINTR);
+    }
+    if (r != (ssize_t)w->len) {
+        w->result = ALTPATCH_REASON_WRITE_DENIED;
+        return;
+    }
+    w->wrote = true;
+    b->wrote_any = true;
+    b->st->procmem_writes++;
+    b->st->bytes += w->len;
+}
+
+/** True when [start, end) shares a page with the window routine's section. */
+static bool ap_overlaps_self(const struct ap_batch *b, uintptr_t start, uintptr_t end)
+{
+    uintptr_t s = ap_pg_down(b, (uintptr_t)__start_altpatch_poke_text);
+    uintptr_t e = ap_pg_up(b, (uintptr_t)__stop_altpatch_poke_text);
+    return start < e && s < end;
+}
+
+/** Pages of [start, end) that were written by at least one of w[first..last). */
+static uint64_t ap_count_pages(const struct ap_batch *b, size_t first, size_t last)
+{
+    uint64_t pages = 0;
+    uintptr_t done = 0; /* end of the last page counted */
+    for (size_t i = first; i < last; i++) {
+        const struct ap_write *w = &b->w[i];
+        if (!w->wrote)
+            continue;
+        uintptr_t s = ap_pg_down(b, w->addr), e = ap_pg_up(b, w->addr + w->len);
+        if (s < done)
+            s = done;
+        if (e > s)
+            pages += (e - s) / b->pgsz;
+        if (e > done)
+            done = e;
+    }
+    return pages;
+}
+
+/** Mark the pending writes of w[first..last) written; returns their count. */
+static size_t ap_mark_written(struct ap_batch *b, size_t first, size_t last)
+{
+    size_t n = 0;
+    for (size_t i = first; i < last; i++) {
+        struct ap_write *w = &b->w[i];
+        if (w->result == ALTPATCH_REASON_NONE && !w->wrote && w->len) {
+            w->wrote = true;
+            b->st->bytes += w->len;
+            n++;
+        }
+    }
+    b->wrote_any |= n > 0;
+    return n;
+}
+
+/**
+ * Write the pending writes of w[first..last) through one mprotect window over
+ * [start, end). Returns 0 (written), -errno when mprotect was denied (nothing
+ * written: the caller may fall back), or -ENOTRECOVERABLE when the original
+ * protection could not be restored (written, window left RW).
+ */
+static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintptr_t start,
+                           uintptr_t end, int prot)
+{
+    struct ap_copy stackbuf[32];
+    struct ap_copy *c = stackbuf;
+    if (last - first > 32 && !(c = malloc((last - first) * sizeof(*c))))
+        return -ENOMEM;
+    size_t n = 0;
+    for (size_t i = first; i < last; i++) {
+        const struct ap_write *w = &b->w[i];
+        if (w->result == ALTPATCH_REASON_NONE && !w->wrote && w->len)
+            c[n++] = (struct ap_copy){w->addr, w->new, w->len};
+    }
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
+    unsigned calls = 0;
+    long r = ap_window_write(start, end - start, prot, c, n, &calls);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    b->st->syscalls += calls + 2;
+    if (c != stackbuf)
+        free(c);
+    if (r < 0)
+        return (int)r;
+    ap_mark_written(b, first, last);
+    b->st->mprotect_writes++;
+    return r > 0 ? -ENOTRECOVERABLE : 0;
+}
+
+/** True when a window must be written through /proc/self/mem. */
+static bool ap_window_needs_procmem(const struct ap_batch *b, uintptr_t start, uintptr_t end,
+                                    int prot)
+{
+    if (b->flags & AP_POKE_PROCMEM_ONLY)
+        return true;
+    if (prot < 0)
+        return true; /* unknown or mixed protection: never guess */
+    if ((prot & PROT_EXEC) && b->mdwe)
+        return true; /* RW would succeed, RX again would be refused */
+    return ap_overlaps_self(b, start, end);
+}
+
+/** Write the pending writes of w[first..last) (one window) by whatever works. */
+static int ap_write_group(struct ap_batch *b, size_t first, size_t last, uintptr_t start,
+                          uintptr_t end, int prot)
+{
+    if (!ap_window_needs_procmem(b, start, end, prot)) {
+        int err = ap_write_window(b, first, last, start, end, prot);
+        if (err == 0 || err == -ENOTRECOVERABLE)
+            return err;
+    }
+    for (size_t i = first; i < last; i++) {
+        struct ap_write *w = &b->w[i];
+        if (w->result == ALTPATCH_REASON_NONE && !w->wrote && w->len)
+            ap_write_procmem(b, w);
+    }
+    return 0;
+}
+
+/** Page span of a write. */
+static void ap_span(const struct ap_batch *b, const struct ap_write *w, uintptr_t *s,
+                    uintptr_t *e)
+{
+    *s = ap_pg_down(b, w->addr);
+    *e = ap_pg_up(b, w->addr + w->len);
+}
+
+/**
+ * Steps 3 and 4: walk the pending writes in address order, growing a window
+ * while the next write's pages touch it and share its protection.
+ */
+static int ap_write_all(struct ap_batch *b)
+{
+    int ret = 0;
+    size_t i = 0;
+    while (i < b->n) {
+        if (b->w[i].result != ALTPATCH_REASON_NONE || b->w[i].wrote || !b->w[i].len) {
+            i++;
+            continue;
+        }
+        uintptr_t start, end;
+        ap_span(b, &b->w[i], &start, &end);
+        int prot = b->maps_ok ? ap_maps_prot(&b->maps, start, end) : -1;
+        size_t j = i + 1;
+        for (; j < b->n && prot >= 0; j++) {
+            const struct ap_write *w = &b->w[j];
+            if (w->result != ALTPATCH_REASON_NONE || w->wrote || !w->len)
+                continue;
+            uintptr_t s, e;
+            ap_span(b, w, &s, &e);
+            if (s > end)
+                break;
+            if (e > end && ap_maps_prot(&b->maps, end, e) != prot)
+                break;
+            if (e > end)
+                end = e;
+        }
+        if (prot < 0)
+            j = i + 1;
+        int err = ap_write_group(b, i, j, start, end, prot);
+        if (err && !ret)
+            ret = err;
+        i = j;
+    }
+    return ret;
+}
+
+static bool ap_mdwe_active(struct ap_poke_stats *st)
+{
+    int r = prctl(PR_GET_MDWE, 0L, 0L, 0L, 0L);
+    st->syscalls++;
+    return r > 0 && (r & PR_MDWE_REFUSE_EXEC_GAIN);
+}
+
+int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *st)
+{
+    struct ap_poke_stats dummy = {0};
+    struct ap_batch b = {
+        .w = w, .n = n, .flags = flags, .st = st ? st : &dummy, .memfd = -1,
+        .pgsz = (uintptr_t)sysconf(_SC_PAGESIZE),
+    };
+    size_t pending = 0;
+    for (size_t i = 0; i < n; i++)
+        pending += ap_check(&w[i]);
+    if (!pending)
+        return 0;
+    int ret = 0;
+    if (!(flags & AP_POKE_PROCMEM_ONLY)) {
+        int err = ap_maps_load(&b.maps, &b.st->syscalls);
+        b.maps_ok = err == 0;
+        if (err == -ENOMEM)
+            ret = err;
+        b.mdwe = ap_mdwe_active(b.st);
+    }
+    if (!ret)
+        ret = ap_write_all(&b);
+    b.st->pages += ap_count_pages(&b, 0, n);
+    for (size_t i = 0; i < n; i++)
+        if (w[i].result == ALTPATCH_REASON_NONE && !w[i].wrote && w[i].len &&
+            memcmp((const void *)w[i].addr, w[i].new, w[i].len) != 0)
+            w[i].result = ALTPATCH_REASON_WRITE_DENIED; /* stopped early (ENOMEM) */
+    if (b.memfd >= 0) {
+        close(b.memfd);
+        b.st->syscalls++;
+    }
+    free(b.maps.v);
+    if (b.wrote_any)
+        ap_sync_core();
+    return ret;
+}

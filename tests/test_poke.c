@@ -1,0 +1,303 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The writer (poke.c) on private mappings this test creates: bytes land,
+ * unchanged writes cost nothing, protections come back exactly, pages are
+ * grouped into windows, and the /proc/self/mem fallback is used (and
+ * reported) when mprotect may not be used.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "ap_isolate.h"
+#include "internal.h"
+
+#ifndef PR_SET_MDWE
+#define PR_SET_MDWE 65
+#endif
+#ifndef PR_MDWE_REFUSE_EXEC_GAIN
+#define PR_MDWE_REFUSE_EXEC_GAIN (1UL << 0)
+#endif
+
+static size_t pgsz(void)
+{
+    return (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/** A private mapping of @p pages pages filled with 0xcc, then made PROT_READ|PROT_EXEC. */
+static uint8_t *rx_pages(size_t pages)
+{
+    uint8_t *p = mmap(NULL, pages * pgsz(), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert(p != MAP_FAILED);
+    memset(p, 0xcc, pages * pgsz());
+    cr_assert_eq(mprotect(p, pages * pgsz(), PROT_READ | PROT_EXEC), 0);
+    return p;
+}
+
+/** Permissions ("r-xp") of the mapping holding @p addr, from /proc/self/maps. */
+static void perms_of(const void *addr, char out[5])
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    cr_assert(f);
+    char line[512];
+    strcpy(out, "none");
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long s, e;
+        char perms[5];
+        if (sscanf(line, "%lx-%lx %4s", &s, &e, perms) == 3 && (uintptr_t)addr >= s &&
+            (uintptr_t)addr < e) {
+            memcpy(out, perms, 5);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static void assert_rx(const void *addr)
+{
+    char perms[5];
+    perms_of(addr, perms);
+    cr_assert_str_eq(perms, "r-xp", "protection after poke: %s", perms);
+}
+
+static const uint8_t CC3[3] = {0xcc, 0xcc, 0xcc};
+static const uint8_t NEW3[3] = {0x0f, 0x1f, 0x00};
+
+static struct ap_write wr(uint8_t *addr, const uint8_t *old, const uint8_t *new, size_t len)
+{
+    return (struct ap_write){.addr = (uintptr_t)addr, .old = old, .new = new, .len = len};
+}
+
+Test(poke, write_lands_and_protection_restored)
+{
+    uint8_t *p = rx_pages(2);
+    struct ap_write w = wr(p + 100, CC3, NEW3, 3);
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(&w, 1, 0, &st), 0);
+    cr_assert_eq(w.result, ALTPATCH_REASON_NONE);
+    cr_assert(w.wrote);
+    cr_assert_arr_eq(p + 100, NEW3, 3);
+    cr_assert_eq(p[99], 0xcc);
+    cr_assert_eq(p[103], 0xcc);
+    cr_assert_eq(st.bytes, 3);
+    cr_assert_eq(st.pages, 1);
+    cr_assert_eq(st.mprotect_writes, 1);
+    cr_assert_eq(st.procmem_writes, 0);
+    cr_assert_geq(st.syscalls, 5, "open+read+close maps, 2 mprotect: %lu",
+                  (unsigned long)st.syscalls);
+    assert_rx(p);
+    assert_rx(p + pgsz());
+}
+
+Test(poke, unchanged_write_is_skipped)
+{
+    uint8_t *p = rx_pages(1);
+    struct ap_write w = wr(p + 8, NEW3, CC3, 3); /* memory already holds "new" */
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(&w, 1, 0, &st), 0);
+    cr_assert_eq(w.result, ALTPATCH_REASON_NONE);
+    cr_assert_not(w.wrote);
+    cr_assert_eq(st.bytes, 0);
+    cr_assert_eq(st.pages, 0);
+    cr_assert_eq(st.syscalls, 0, "nothing to write must cost no syscall");
+    cr_assert_arr_eq(p + 8, CC3, 3);
+}
+
+Test(poke, procmem_only)
+{
+    uint8_t *p = rx_pages(1);
+    struct ap_write w = wr(p + 4000, CC3, NEW3, 3);
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(&w, 1, AP_POKE_PROCMEM_ONLY, &st), 0);
+    cr_assert_eq(w.result, ALTPATCH_REASON_NONE);
+    cr_assert(w.wrote);
+    cr_assert_arr_eq(p + 4000, NEW3, 3);
+    cr_assert_eq(st.procmem_writes, 1);
+    cr_assert_eq(st.mprotect_writes, 0);
+    cr_assert_eq(st.bytes, 3);
+    cr_assert_eq(st.pages, 1);
+    assert_rx(p);
+}
+
+Test(poke, mismatch_leaves_memory_untouched)
+{
+    uint8_t *p = rx_pages(1);
+    static const uint8_t other[3] = {1, 2, 3};
+    struct ap_write w[2] = {wr(p + 10, other, NEW3, 3), wr(p + 20, CC3, NEW3, 3)};
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 2, 0, &st), 0);
+    cr_assert_eq(w[0].result, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_not(w[0].wrote);
+    cr_assert_arr_eq(p + 10, CC3, 3, "mismatching site must stay as it was");
+    cr_assert_eq(w[1].result, ALTPATCH_REASON_NONE);
+    cr_assert_arr_eq(p + 20, NEW3, 3, "the other write of the batch still lands");
+    cr_assert_eq(st.bytes, 3);
+}
+
+Test(poke, two_writes_one_page)
+{
+    uint8_t *p = rx_pages(1);
+    struct ap_write w[2] = {wr(p + 10, CC3, NEW3, 3), wr(p + 30, CC3, NEW3, 3)};
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 2, 0, &st), 0);
+    cr_assert_eq(st.pages, 1);
+    cr_assert_eq(st.mprotect_writes, 1);
+    cr_assert_eq(st.bytes, 6);
+    cr_assert_arr_eq(p + 10, NEW3, 3);
+    cr_assert_arr_eq(p + 30, NEW3, 3);
+    assert_rx(p);
+}
+
+Test(poke, adjacent_pages_one_window)
+{
+    uint8_t *p = rx_pages(3);
+    /* one write straddles pages 0 and 1, one sits on page 2: one window of 3 pages */
+    struct ap_write w[2] = {wr(p + pgsz() - 1, CC3, NEW3, 3), wr(p + 2 * pgsz() + 5, CC3, NEW3, 3)};
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 2, 0, &st), 0);
+    cr_assert_eq(st.pages, 3);
+    cr_assert_eq(st.mprotect_writes, 1);
+    cr_assert_arr_eq(p + pgsz() - 1, NEW3, 3);
+    cr_assert_arr_eq(p + 2 * pgsz() + 5, NEW3, 3);
+    for (int i = 0; i < 3; i++)
+        assert_rx(p + i * pgsz());
+}
+
+Test(poke, distant_pages_two_windows)
+{
+    uint8_t *p = rx_pages(3);
+    struct ap_write w[2] = {wr(p + 5, CC3, NEW3, 3), wr(p + 2 * pgsz() + 5, CC3, NEW3, 3)};
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 2, 0, &st), 0);
+    cr_assert_eq(st.pages, 2);
+    cr_assert_eq(st.mprotect_writes, 2);
+    cr_assert_arr_eq(p + pgsz() + 5, CC3, 3, "the page between is not touched");
+}
+
+Test(poke, readonly_data_page_keeps_its_protection)
+{
+    uint8_t *p = mmap(NULL, pgsz(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert(p != MAP_FAILED);
+    memset(p, 0xcc, pgsz());
+    cr_assert_eq(mprotect(p, pgsz(), PROT_READ), 0);
+    struct ap_write w = wr(p, CC3, NEW3, 3);
+    cr_assert_eq(ap_poke(&w, 1, 0, NULL), 0);
+    cr_assert_arr_eq(p, NEW3, 3);
+    char perms[5];
+    perms_of(p, perms);
+    cr_assert_str_eq(perms, "r--p");
+}
+
+/* Bytes in the writer's own section: a window there would take away the
+ * execute permission of the code running the window, so /proc/self/mem is
+ * used. Never executed. */
+__asm__(".pushsection altpatch_poke_text,\"ax\",@progbits\n"
+        ".globl ap_test_in_poke_text\n"
+        ".hidden ap_test_in_poke_text\n"
+        "ap_test_in_poke_text:\n"
+        ".byte 0xcc, 0xcc, 0xcc, 0xcc\n"
+        ".popsection\n");
+extern uint8_t ap_test_in_poke_text[];
+
+Test(poke, own_section_uses_procmem)
+{
+    struct ap_write w = wr(ap_test_in_poke_text, CC3, NEW3, 3);
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(&w, 1, 0, &st), 0);
+    cr_assert_eq(w.result, ALTPATCH_REASON_NONE);
+    cr_assert_arr_eq(ap_test_in_poke_text, NEW3, 3);
+    cr_assert_eq(st.procmem_writes, 1);
+    cr_assert_eq(st.mprotect_writes, 0);
+    assert_rx(ap_test_in_poke_text);
+    w = wr(ap_test_in_poke_text, NEW3, CC3, 3);
+    cr_assert_eq(ap_poke(&w, 1, AP_POKE_NO_PROCMEM, &st), 0);
+    cr_assert_eq(w.result, ALTPATCH_REASON_WRITE_DENIED);
+    cr_assert_arr_eq(ap_test_in_poke_text, NEW3, 3);
+}
+
+/* ---- PR_SET_MDWE: mprotect may not give execute permission back ---------- */
+
+struct mdwe_result {
+    int set;                 /* prctl(PR_SET_MDWE) result, -errno */
+    int rw_then_rx;          /* scratch mapping: mprotect RW ok, then RX -> -errno */
+    int rc, result;
+    bool wrote;
+    uint8_t bytes[3];
+    char perms[5];
+    struct ap_poke_stats st;
+};
+
+struct mdwe_ctx {
+    uint8_t *p;
+    unsigned flags;
+};
+
+static void mdwe_body(void *out, void *ctx)
+{
+    struct mdwe_result *r = out;
+    struct mdwe_ctx *c = ctx;
+    r->set = prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0L, 0L, 0L) ? -errno : 0;
+    if (r->set)
+        return;
+    /* What exactly fails under MDWE: RX -> RW is allowed, RW -> RX is not. */
+    uint8_t *s = mmap(NULL, pgsz(), PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    r->rw_then_rx = mprotect(s, pgsz(), PROT_READ | PROT_WRITE) ? -1000 - errno
+                    : mprotect(s, pgsz(), PROT_READ | PROT_EXEC) ? -errno
+                                                                 : 0;
+    struct ap_write w = wr(c->p + 50, CC3, NEW3, 3);
+    r->rc = ap_poke(&w, 1, c->flags, &r->st);
+    r->result = w.result;
+    r->wrote = w.wrote;
+    memcpy(r->bytes, c->p + 50, 3);
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    while (f && fgets(line, sizeof(line), f)) {
+        unsigned long a, e;
+        if (sscanf(line, "%lx-%lx %4s", &a, &e, r->perms) == 3 && (uintptr_t)c->p >= a &&
+            (uintptr_t)c->p < e)
+            break;
+    }
+    if (f)
+        fclose(f);
+}
+
+static struct mdwe_result *run_mdwe(unsigned flags)
+{
+    struct mdwe_ctx c = {rx_pages(1), flags};
+    struct mdwe_result *r = ap_isolated(sizeof(*r), mdwe_body, &c);
+    if (r->set == -EINVAL)
+        cr_skip_test("kernel without PR_SET_MDWE");
+    cr_assert_eq(r->set, 0, "prctl(PR_SET_MDWE): %d", r->set);
+    cr_assert_eq(r->rw_then_rx, -EACCES, "MDWE: RW->RX should be EACCES, got %d", r->rw_then_rx);
+    return r;
+}
+
+Test(poke, mdwe_falls_back_to_procmem)
+{
+    struct mdwe_result *r = run_mdwe(0);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->result, ALTPATCH_REASON_NONE);
+    cr_assert(r->wrote);
+    cr_assert_arr_eq(r->bytes, NEW3, 3);
+    cr_assert_eq(r->st.procmem_writes, 1, "the fallback is reported");
+    cr_assert_eq(r->st.mprotect_writes, 0);
+    cr_assert_str_eq(r->perms, "r-xp", "still executable: %s", r->perms);
+}
+
+Test(poke, mdwe_and_no_procmem_is_denied)
+{
+    struct mdwe_result *r = run_mdwe(AP_POKE_NO_PROCMEM);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->result, ALTPATCH_REASON_WRITE_DENIED);
+    cr_assert_not(r->wrote);
+    cr_assert_arr_eq(r->bytes, CC3, 3, "memory untouched");
+    cr_assert_eq(r->st.bytes, 0);
+    cr_assert_eq(r->st.procmem_writes + r->st.mprotect_writes, 0);
+    cr_assert_str_eq(r->perms, "r-xp");
+}
