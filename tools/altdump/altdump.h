@@ -1,0 +1,228 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * altdump: internal interfaces between the tool's modules.
+ *
+ *   elfread.c   libelf -> struct ad_image (sections, relocated copies for .o,
+ *               note, view, records, sites, symbols); the fuzzed path
+ *   symbols.c   address -> symbol+offset
+ *   decide.c    runs the library's planner over every site
+ *   text.c      the readable table and the per-site lines of --check
+ *   json.c      a tiny JSON writer and every view in JSON
+ *   size.c      --size and --compare
+ *   pidmem.c    --pid: /proc/PID/maps + /proc/PID/mem
+ *   main.c      options, exit codes
+ *
+ * Nomenclature follows src/internal.h (record, site, original, replacement,
+ * final, view).
+ */
+#ifndef ALTDUMP_H
+#define ALTDUMP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+/** Exit codes (documented in docs/altdump.1). */
+enum ad_exit {
+    AD_EXIT_OK = 0,
+    AD_EXIT_REFUSED = 1, /* refused sites, or --pid mismatches */
+    AD_EXIT_USAGE = 2,
+    AD_EXIT_BADINPUT = 3,
+    AD_EXIT_INTERNAL = 4, /* out of memory and the like */
+};
+
+/** Flags of ad_read_memory(). */
+enum ad_read_flags {
+    /** A file without altpatch tables is not an error (--compare, --pid). */
+    AD_READ_ALLOW_NOALT = 1u << 0,
+};
+
+/** One section header, resolved. */
+struct ad_section {
+    const char *name;     /* from .shstrtab (points into the ELF image) */
+    uint32_t type;        /* SHT_* */
+    uint64_t flags;       /* SHF_* */
+    uint64_t addr;        /* sh_addr, or the fake address of a .o layout */
+    uint64_t size;
+    uint64_t offset;
+    uint64_t align;
+    const uint8_t *data;  /* file bytes or relocated copy; NULL for NOBITS */
+    uint8_t *copy;        /* owned relocated copy (.o), else NULL */
+};
+
+/** One symbol usable to name an address. */
+struct ad_symbol {
+    uint64_t addr;
+    uint64_t size;
+    const char *name;
+    bool func;
+};
+
+/** A PT_LOAD program header (for --pid). */
+struct ad_load {
+    uint64_t offset, vaddr, filesz, memsz;
+};
+
+/** Everything altdump knows about one ELF file. */
+struct ad_image {
+    const char *file;          /* name used in messages */
+    int elf_type;              /* ET_EXEC, ET_DYN, ET_REL */
+    uint8_t *buf;              /* owned copy of the file */
+    size_t len;
+    void *elf;                 /* Elf * */
+    struct ad_section *secs;
+    size_t nsecs;
+    struct ad_load *loads;
+    size_t nloads;
+    bool has_alt;              /* note and tables present */
+    struct ap_note note;
+    uint64_t note_size;        /* bytes of .note.altpatch */
+    uint64_t table_addr;
+    const uint8_t *table;
+    size_t table_size;
+    struct ap_view view;
+    uint8_t *merged;           /* owned: text regions merged to fit AP_MAX_TEXT */
+    struct ap_entry *entries;
+    size_t nentries;
+    struct ap_site *sites;
+    size_t nsites;
+    struct ad_symbol *syms;
+    size_t nsyms;
+};
+
+/**
+ * Read an ELF image of @p len bytes (copied; @p buf may be freed afterwards)
+ * into @p img. @p name is used in messages. Returns 0, AD_EXIT_BADINPUT with
+ * "what is wrong" in @p err, or AD_EXIT_INTERNAL. On failure @p img is freed.
+ */
+int ad_read_memory(const void *buf, size_t len, const char *name, unsigned flags,
+                   struct ad_image *img, char *err, size_t errsz);
+/** Read the file @p path with ad_read_memory(). */
+int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *err,
+                 size_t errsz);
+/** Release everything @p img owns (safe on a zeroed or already freed image). */
+void ad_image_free(struct ad_image *img);
+/** Section by exact name, or NULL. */
+const struct ad_section *ad_section_by_name(const struct ad_image *img, const char *name);
+
+/** Write "sym+0xoff" (or "" when no symbol covers @p addr) into @p out. */
+void ad_symbolize(const struct ad_image *img, uint64_t addr, char *out, size_t outsz);
+/** Symbol covering @p addr or NULL; *off gets addr - symbol address. */
+const struct ad_symbol *ad_symbol_at(const struct ad_image *img, uint64_t addr, uint64_t *off);
+/** Sort and index img->syms (called by the reader). */
+void ad_symbols_sort(struct ad_image *img);
+
+/** CPU selection: a profile plus edits, resolved to a feature set. */
+struct ad_cpu {
+    char spec[128];                 /* as given, e.g. "amd-zen4,-fsgsbase" */
+    struct altpatch_features *fs;
+};
+
+/**
+ * Resolve "PROFILE[,+feat,-feat...]" (the profile may be omitted: "+x,-y"
+ * edits the host). Returns 0, or AD_EXIT_USAGE with a message in @p err.
+ */
+int ad_cpu_parse(const char *spec, struct ad_cpu *cpu, char *err, size_t errsz);
+void ad_cpu_free(struct ad_cpu *cpu);
+
+/** Plans of every site of @p img for @p fs: *out is malloc'ed (nsites entries). */
+int ad_decide(const struct ad_image *img, const struct altpatch_features *fs,
+              struct ap_plan **out);
+/** Number of refused sites in @p plans. */
+size_t ad_count_refused(const struct ad_image *img, const struct ap_plan *plans);
+/** "replaced", "kept" or "refused". */
+const char *ad_decision_name(const struct ap_plan *p);
+/** Feature id as "name" (or "unknown"). */
+const char *ad_feature_name(unsigned id);
+/** Flags as "NOT", "NOT|0x4", "none". */
+void ad_flags_str(unsigned flags, char *out, size_t outsz);
+/**
+ * Total length of the trailing NOP instructions of the original bytes of a site
+ * (the padding the build added), decoding with the library's decoder.
+ */
+size_t ad_padding(const uint8_t *orig, size_t len);
+
+/** Output options shared by the views. */
+struct ad_opts {
+    bool intel;
+    bool json;
+    const struct ad_cpu *cpu;
+};
+
+/** The readable table of every site of @p img. */
+void ad_print_table(FILE *f, const struct ad_image *img, const struct ap_plan *plans,
+                    const struct ad_opts *o);
+/**
+ * One line per refused site to @p f: "[prefix]FILE: site N at 0xADDR (sym+off): REASON
+ * (detail)". Returns the number printed.
+ */
+size_t ad_print_refusals(FILE *f, const char *prefix, const struct ad_image *img,
+                         const struct ap_plan *plans);
+/** Disassemble @p len bytes at @p addr, one "    0xADDR  bytes  insn" line each. */
+void ad_print_insns(FILE *f, const uint8_t *bytes, size_t len, uint64_t addr, bool intel,
+                    const char *indent);
+
+/** Text-size figures of one image (see docs/altdump.md for each rule). */
+struct ad_size {
+    uint64_t text;            /* executable sections except altinstr_replacement */
+    uint64_t sites, records;
+    uint64_t table_bytes, repl_bytes, padding_bytes, note_bytes;
+    uint64_t total;           /* table + replacement + padding + note */
+    uint64_t changed_sites, changed_bytes, pages; /* on the selected CPU */
+    uint64_t sz_text, sz_data, sz_bss; /* size(1) Berkeley rule */
+};
+
+/** Compute the figures of @p img (plans may be NULL when it has no tables). */
+void ad_size_compute(const struct ad_image *img, const struct ap_plan *plans,
+                     struct ad_size *out);
+void ad_print_size(FILE *f, const struct ad_image *img, const struct ad_size *s,
+                   const struct ad_opts *o);
+void ad_print_compare(FILE *f, const struct ad_image *a, const struct ad_size *sa,
+                      const struct ad_image *b, const struct ad_size *sb);
+
+/* --- JSON ------------------------------------------------------------------ */
+
+/** A streaming JSON writer: keeps track of commas. */
+struct ad_json {
+    FILE *f;
+    int depth;
+    bool first[64];
+};
+
+void ad_json_begin(struct ad_json *j, FILE *f);
+void ad_json_obj(struct ad_json *j, const char *key);  /* key NULL inside arrays */
+void ad_json_arr(struct ad_json *j, const char *key);
+void ad_json_end_obj(struct ad_json *j);
+void ad_json_end_arr(struct ad_json *j);
+void ad_json_str(struct ad_json *j, const char *key, const char *val);
+void ad_json_int(struct ad_json *j, const char *key, long long val);
+void ad_json_uint(struct ad_json *j, const char *key, unsigned long long val);
+void ad_json_hex(struct ad_json *j, const char *key, uint64_t val);
+void ad_json_bool(struct ad_json *j, const char *key, bool val);
+void ad_json_double(struct ad_json *j, const char *key, double val);
+void ad_json_null(struct ad_json *j, const char *key);
+void ad_json_finish(struct ad_json *j);
+
+/** The "file" object of one image: sites with their plans, and size when @p sz. */
+void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct ap_plan *plans,
+                   const struct ad_size *sz, const struct ad_opts *o);
+void ad_json_cpu(struct ad_json *j, const struct ad_cpu *cpu);
+void ad_json_compare(struct ad_json *j, const struct ad_image *a, const struct ad_size *sa,
+                     const struct ad_image *b, const struct ad_size *sb);
+
+/* --- --pid ----------------------------------------------------------------- */
+
+/** Memory state of one site in a live process. */
+enum ad_mem_state { AD_MEM_FINAL, AD_MEM_ORIGINAL, AD_MEM_MISMATCH, AD_MEM_UNREADABLE };
+
+/**
+ * Inspect process @p pid: every mapped file carrying altpatch tables, every
+ * site compared with its original and its plan for @p o->cpu. Returns an
+ * AD_EXIT_* code (AD_EXIT_REFUSED when any site mismatches).
+ */
+int ad_pid_report(long pid, const struct ad_opts *o);
+
+#endif /* ALTDUMP_H */

@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * CPU selection and the decisions: every site goes through the library's
+ * planner (ap_plan_site), exactly as altpatch_apply() does; nothing here
+ * re-implements a rule.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "altdump.h"
+
+int ad_cpu_parse(const char *spec, struct ad_cpu *cpu, char *err, size_t errsz)
+{
+    memset(cpu, 0, sizeof(*cpu));
+    if (!spec || !*spec)
+        spec = "host";
+    if (strlen(spec) >= sizeof(cpu->spec)) {
+        snprintf(err, errsz, "--cpu argument too long");
+        return AD_EXIT_USAGE;
+    }
+    snprintf(cpu->spec, sizeof(cpu->spec), "%s", spec);
+    char name[128];
+    const char *edits = NULL;
+    if (spec[0] == '+' || spec[0] == '-') {
+        snprintf(name, sizeof(name), "host");
+        edits = spec;
+    } else {
+        const char *comma = strchr(spec, ',');
+        size_t n = comma ? (size_t)(comma - spec) : strlen(spec);
+        snprintf(name, sizeof(name), "%.*s", (int)n, spec);
+        edits = comma ? comma + 1 : NULL;
+    }
+    cpu->fs = altpatch_features_profile(name);
+    if (!cpu->fs) {
+        char list[256] = "";
+        const char *const *p = altpatch_features_profiles();
+        for (size_t i = 0; p && p[i]; i++) {
+            strncat(list, i ? ", " : "", sizeof(list) - strlen(list) - 1);
+            strncat(list, p[i], sizeof(list) - strlen(list) - 1);
+        }
+        snprintf(err, errsz, "unknown CPU profile '%s' (known: %s)", name, list);
+        return AD_EXIT_USAGE;
+    }
+    if (edits && *edits) {
+        int rc = altpatch_features_edit(cpu->fs, edits);
+        if (rc) {
+            snprintf(err, errsz, "bad feature edit list '%s' (%s)", edits,
+                     rc == -ENOENT ? "unknown feature name" : strerror(-rc));
+            ad_cpu_free(cpu);
+            return AD_EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
+void ad_cpu_free(struct ad_cpu *cpu)
+{
+    altpatch_features_free(cpu->fs);
+    cpu->fs = NULL;
+}
+
+int ad_decide(const struct ad_image *img, const struct altpatch_features *fs,
+              struct ap_plan **out)
+{
+    *out = calloc(img->nsites ? img->nsites : 1, sizeof(**out));
+    if (!*out)
+        return AD_EXIT_INTERNAL;
+    for (size_t i = 0; i < img->nsites; i++)
+        ap_plan_site(&img->view, &img->sites[i], img->entries, NULL, fs, &(*out)[i]);
+    return 0;
+}
+
+size_t ad_count_refused(const struct ad_image *img, const struct ap_plan *plans)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < img->nsites; i++)
+        n += plans[i].reason != ALTPATCH_REASON_NONE;
+    return n;
+}
+
+const char *ad_decision_name(const struct ap_plan *p)
+{
+    if (p->reason != ALTPATCH_REASON_NONE)
+        return "refused";
+    return p->chosen >= 0 ? "replaced" : "kept";
+}
+
+const char *ad_feature_name(unsigned id)
+{
+    const char *n = altpatch_feature_name(id);
+    return n ? n : "unknown";
+}
+
+void ad_flags_str(unsigned flags, char *out, size_t outsz)
+{
+    if (!flags) {
+        snprintf(out, outsz, "none");
+        return;
+    }
+    unsigned rest = flags & ~(unsigned)ALT_FLAG_NOT;
+    if (flags & ALT_FLAG_NOT)
+        snprintf(out, outsz, rest ? "NOT|0x%x" : "NOT", rest);
+    else
+        snprintf(out, outsz, "0x%x", rest);
+}
+
+size_t ad_padding(const uint8_t *orig, size_t len)
+{
+    size_t off = 0, run = 0;
+    while (off < len) {
+        struct ap_insn in;
+        if (ap_insn_decode(orig + off, len - off, &in) != 0 || in.len == 0)
+            return 0; /* not decodable: no padding claimed */
+        run = in.is_nop ? run + in.len : 0;
+        off += in.len;
+    }
+    return run;
+}

@@ -1,0 +1,641 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The reading path: bytes of an ELF file -> struct ad_image, through libelf.
+ * Every check happens before the data it guards is touched; every failure is
+ * one message "what is wrong (libelf's message)" for the caller to print.
+ * This is the path the fuzz harness (fuzz.c) drives.
+ *
+ * Relocatable objects have no addresses: their SHF_ALLOC sections are laid
+ * out at fake, page-aligned addresses (AD_REL_BASE upwards, in section index
+ * order), undefined symbols get fake addresses above them (except
+ * __start_SEC / __stop_SEC, which are the bounds of section SEC, as the
+ * linker would define them), and the RELA relocations of every allocated
+ * section are applied to a copy of its bytes. A site then has the same bytes
+ * and the same decision as in the linked program, only at another address.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "altdump.h"
+
+#define AD_REL_BASE 0x100000ull
+#define AD_REL_ALIGN 0x1000ull
+#define AD_MAX_FILE (1ull << 31)
+
+struct reader {
+    struct ad_image *img;
+    Elf *elf;
+    char *err;
+    size_t errsz;
+    uint64_t extern_base; /* .o: fake addresses of undefined symbols */
+};
+
+__attribute__((format(printf, 2, 3))) static int fail(struct reader *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, r->errsz, fmt, ap);
+    va_end(ap);
+    return AD_EXIT_BADINPUT;
+}
+
+static const char *elfmsg(void)
+{
+    const char *m = elf_errmsg(-1);
+    return m ? m : "no libelf error";
+}
+
+static int oom(struct reader *r)
+{
+    snprintf(r->err, r->errsz, "out of memory");
+    return AD_EXIT_INTERNAL;
+}
+
+/* --- header ---------------------------------------------------------------- */
+
+static int check_header(struct reader *r, GElf_Ehdr *eh)
+{
+    struct ad_image *img = r->img;
+    if (elf_kind(r->elf) != ELF_K_ELF)
+        return fail(r, "not an ELF file (%s)", elfmsg());
+    int cls = gelf_getclass(r->elf);
+    if (cls != ELFCLASS64)
+        return fail(r, "not a 64-bit ELF (class %d) (%s)", cls, elfmsg());
+    if (!gelf_getehdr(r->elf, eh))
+        return fail(r, "cannot read the ELF header (%s)", elfmsg());
+    if (eh->e_machine != EM_X86_64)
+        return fail(r, "not an x86-64 ELF (e_machine %u)", (unsigned)eh->e_machine);
+    if (eh->e_type != ET_EXEC && eh->e_type != ET_DYN && eh->e_type != ET_REL)
+        return fail(r, "unsupported ELF type %u (want EXEC, DYN or REL)", (unsigned)eh->e_type);
+    img->elf_type = eh->e_type;
+    if (eh->e_shoff == 0)
+        return fail(r, "no section headers (e_shoff 0)");
+    uint64_t shsz = (uint64_t)eh->e_shentsize;
+    if (shsz != sizeof(Elf64_Shdr))
+        return fail(r, "bad section header size %llu", (unsigned long long)shsz);
+    size_t shnum;
+    if (elf_getshdrnum(r->elf, &shnum) != 0)
+        return fail(r, "cannot read the section count (%s)", elfmsg());
+    if (eh->e_shoff > img->len || shnum > (img->len - eh->e_shoff) / shsz)
+        return fail(r, "section headers outside the file (e_shoff 0x%llx, %zu headers, file size %zu)",
+                    (unsigned long long)eh->e_shoff, shnum, img->len);
+    return 0;
+}
+
+static int read_phdrs(struct reader *r, const GElf_Ehdr *eh)
+{
+    struct ad_image *img = r->img;
+    size_t phnum;
+    if (eh->e_phoff == 0)
+        return 0;
+    if (elf_getphdrnum(r->elf, &phnum) != 0)
+        return fail(r, "cannot read the program header count (%s)", elfmsg());
+    if (eh->e_phoff > img->len || phnum > (img->len - eh->e_phoff) / sizeof(Elf64_Phdr))
+        return fail(r, "program headers outside the file (e_phoff 0x%llx, %zu headers)",
+                    (unsigned long long)eh->e_phoff, phnum);
+    img->loads = calloc(phnum ? phnum : 1, sizeof(*img->loads));
+    if (!img->loads)
+        return oom(r);
+    for (size_t i = 0; i < phnum; i++) {
+        GElf_Phdr ph;
+        if (!gelf_getphdr(r->elf, (int)i, &ph))
+            return fail(r, "cannot read program header %zu (%s)", i, elfmsg());
+        if (ph.p_type != PT_LOAD)
+            continue;
+        img->loads[img->nloads++] = (struct ad_load){ph.p_offset, ph.p_vaddr, ph.p_filesz,
+                                                     ph.p_memsz};
+    }
+    return 0;
+}
+
+/* --- sections -------------------------------------------------------------- */
+
+static int read_sections(struct reader *r)
+{
+    struct ad_image *img = r->img;
+    size_t shnum, shstrndx;
+    if (elf_getshdrnum(r->elf, &shnum) != 0)
+        return fail(r, "cannot read the section count (%s)", elfmsg());
+    if (elf_getshdrstrndx(r->elf, &shstrndx) != 0)
+        return fail(r, "cannot read the section name table index (%s)", elfmsg());
+    img->secs = calloc(shnum ? shnum : 1, sizeof(*img->secs));
+    if (!img->secs)
+        return oom(r);
+    img->nsecs = shnum;
+    for (size_t i = 1; i < shnum; i++) {
+        Elf_Scn *scn = elf_getscn(r->elf, i);
+        GElf_Shdr sh;
+        if (!scn || !gelf_getshdr(scn, &sh))
+            return fail(r, "cannot read section header %zu (%s)", i, elfmsg());
+        struct ad_section *s = &img->secs[i];
+        s->name = elf_strptr(r->elf, shstrndx, sh.sh_name);
+        if (!s->name)
+            return fail(r, "section %zu has no valid name (%s)", i, elfmsg());
+        s->type = sh.sh_type;
+        s->flags = sh.sh_flags;
+        s->addr = sh.sh_addr;
+        s->size = sh.sh_size;
+        s->offset = sh.sh_offset;
+        s->align = sh.sh_addralign;
+        if (sh.sh_type == SHT_NOBITS || sh.sh_type == SHT_NULL)
+            continue;
+        if (sh.sh_offset > img->len || sh.sh_size > img->len - sh.sh_offset)
+            return fail(r, "section %zu '%s' [0x%llx, +0x%llx) lies outside the file (size %zu)", i,
+                        s->name, (unsigned long long)sh.sh_offset,
+                        (unsigned long long)sh.sh_size, img->len);
+        if ((sh.sh_flags & SHF_ALLOC) && sh.sh_addr + sh.sh_size < sh.sh_addr)
+            return fail(r, "section %zu '%s' wraps around the address space", i, s->name);
+        s->data = img->buf + sh.sh_offset;
+    }
+    return 0;
+}
+
+const struct ad_section *ad_section_by_name(const struct ad_image *img, const char *name)
+{
+    for (size_t i = 1; i < img->nsecs; i++)
+        if (img->secs[i].name && strcmp(img->secs[i].name, name) == 0)
+            return &img->secs[i];
+    return NULL;
+}
+
+/* --- relocatable objects: fake layout + RELA ------------------------------- */
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+    if (a < 2)
+        return v;
+    return (v + a - 1) & ~(a - 1);
+}
+
+static void layout_rel(struct reader *r)
+{
+    struct ad_image *img = r->img;
+    uint64_t cur = AD_REL_BASE;
+    for (size_t i = 1; i < img->nsecs; i++) {
+        struct ad_section *s = &img->secs[i];
+        if (!(s->flags & SHF_ALLOC))
+            continue;
+        s->addr = align_up(cur, AD_REL_ALIGN);
+        cur = s->addr + (s->size > (1ull << 32) ? (1ull << 32) : s->size);
+    }
+    r->extern_base = align_up(cur + AD_REL_ALIGN, AD_REL_ALIGN);
+}
+
+/* Address of symbol @p idx for relocation purposes. */
+static int sym_value(struct reader *r, Elf_Data *symd, Elf_Data *xndx, size_t nsyms,
+                     const struct ad_section *symtab, size_t idx, uint64_t *out)
+{
+    struct ad_image *img = r->img;
+    GElf_Sym sym;
+    Elf32_Word xshndx = 0;
+    if (idx >= nsyms)
+        return fail(r, "relocation uses symbol %zu of %zu", idx, nsyms);
+    if (!gelf_getsymshndx(symd, xndx, (int)idx, &sym, &xshndx))
+        return fail(r, "cannot read symbol %zu (%s)", idx, elfmsg());
+    size_t shndx = sym.st_shndx == SHN_XINDEX ? xshndx : sym.st_shndx;
+    if (sym.st_shndx == SHN_ABS) {
+        *out = sym.st_value;
+        return 0;
+    }
+    if (sym.st_shndx != SHN_UNDEF && sym.st_shndx != SHN_COMMON) {
+        if (shndx >= img->nsecs)
+            return fail(r, "symbol %zu refers to section %zu of %zu", idx, shndx, img->nsecs);
+        *out = img->secs[shndx].addr + sym.st_value;
+        return 0;
+    }
+    const char *name = NULL;
+    size_t strndx = 0;
+    Elf_Scn *scn = elf_getscn(r->elf, (size_t)(symtab - img->secs));
+    GElf_Shdr sh;
+    if (scn && gelf_getshdr(scn, &sh))
+        strndx = sh.sh_link;
+    name = elf_strptr(r->elf, strndx, sym.st_name);
+    if (name && (strncmp(name, "__start_", 8) == 0 || strncmp(name, "__stop_", 7) == 0)) {
+        bool start = name[2] == 's' && name[3] == 't' && name[4] == 'a';
+        const struct ad_section *t = ad_section_by_name(img, name + (start ? 8 : 7));
+        if (t && (t->flags & SHF_ALLOC)) {
+            *out = t->addr + (start ? 0 : t->size);
+            return 0;
+        }
+    }
+    *out = r->extern_base + 16 * (uint64_t)idx;
+    return 0;
+}
+
+static void put_le(uint8_t *p, uint64_t v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Apply one RELA section to the copy of its target section. */
+static int apply_rela(struct reader *r, size_t relidx)
+{
+    struct ad_image *img = r->img;
+    struct ad_section *rs = &img->secs[relidx];
+    Elf_Scn *scn = elf_getscn(r->elf, relidx);
+    GElf_Shdr sh;
+    if (!scn || !gelf_getshdr(scn, &sh))
+        return fail(r, "cannot read section header %zu (%s)", relidx, elfmsg());
+    if (sh.sh_info == 0 || sh.sh_info >= img->nsecs || sh.sh_link == 0 ||
+        sh.sh_link >= img->nsecs)
+        return fail(r, "relocation section '%s' has bad links (info %u, link %u)", rs->name,
+                    (unsigned)sh.sh_info, (unsigned)sh.sh_link);
+    struct ad_section *t = &img->secs[sh.sh_info];
+    if (!(t->flags & SHF_ALLOC) || !t->data)
+        return 0; /* debug info and the like: not needed */
+    const struct ad_section *symtab = &img->secs[sh.sh_link];
+    if (symtab->type != SHT_SYMTAB)
+        return fail(r, "relocation section '%s' does not link a symbol table", rs->name);
+    Elf_Data *rd = elf_getdata(scn, NULL);
+    Elf_Scn *symscn = elf_getscn(r->elf, sh.sh_link);
+    Elf_Data *symd = symscn ? elf_getdata(symscn, NULL) : NULL;
+    if (!rd || !symd)
+        return fail(r, "cannot read relocations of '%s' (%s)", t->name, elfmsg());
+    Elf_Data *xndx = NULL;
+    for (size_t i = 1; i < img->nsecs; i++) {
+        Elf_Scn *xs = elf_getscn(r->elf, i);
+        GElf_Shdr xh;
+        if (img->secs[i].type == SHT_SYMTAB_SHNDX && xs && gelf_getshdr(xs, &xh) &&
+            xh.sh_link == sh.sh_link)
+            xndx = elf_getdata(xs, NULL);
+    }
+    size_t nsyms = symtab->size / sizeof(Elf64_Sym);
+    if (!t->copy) {
+        t->copy = malloc(t->size ? t->size : 1);
+        if (!t->copy)
+            return oom(r);
+        memcpy(t->copy, t->data, t->size);
+        t->data = t->copy;
+    }
+    size_t nrel = rd->d_size / sizeof(Elf64_Rela);
+    for (size_t i = 0; i < nrel; i++) {
+        GElf_Rela ra;
+        if (!gelf_getrela(rd, (int)i, &ra))
+            return fail(r, "cannot read relocation %zu of '%s' (%s)", i, rs->name, elfmsg());
+        unsigned type = GELF_R_TYPE(ra.r_info);
+        size_t width = 0;
+        bool pcrel = false;
+        switch (type) {
+        case R_X86_64_NONE: continue;
+        case R_X86_64_PC32: case R_X86_64_PLT32: width = 4; pcrel = true; break;
+        case R_X86_64_32: case R_X86_64_32S: width = 4; break;
+        case R_X86_64_64: width = 8; break;
+        case R_X86_64_PC64: width = 8; pcrel = true; break;
+        default: continue; /* GOT/TLS forms: the field keeps its assembled value */
+        }
+        if (ra.r_offset > t->size || width > t->size - ra.r_offset)
+            return fail(r, "relocation %zu of '%s' at 0x%llx lies outside the section (size 0x%llx)",
+                        i, rs->name, (unsigned long long)ra.r_offset,
+                        (unsigned long long)t->size);
+        uint64_t s = 0;
+        int rc = sym_value(r, symd, xndx, nsyms, symtab, GELF_R_SYM(ra.r_info), &s);
+        if (rc)
+            return rc;
+        uint64_t v = s + (uint64_t)ra.r_addend;
+        if (pcrel)
+            v -= t->addr + ra.r_offset;
+        put_le(t->copy + ra.r_offset, v, width);
+    }
+    return 0;
+}
+
+static int relocate_rel(struct reader *r)
+{
+    layout_rel(r);
+    for (size_t i = 1; i < r->img->nsecs; i++) {
+        if (r->img->secs[i].type != SHT_RELA)
+            continue;
+        int rc = apply_rela(r, i);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* --- note, tables, view ---------------------------------------------------- */
+
+/* Bytes of [addr, addr+len) if they lie inside one allocated section with contents. */
+static const uint8_t *bytes_at(const struct ad_image *img, uint64_t addr, uint64_t len,
+                               const struct ad_section **sec)
+{
+    for (size_t i = 1; i < img->nsecs; i++) {
+        const struct ad_section *s = &img->secs[i];
+        if (!(s->flags & SHF_ALLOC) || !s->data)
+            continue;
+        if (addr >= s->addr && addr - s->addr <= s->size && len <= s->size - (addr - s->addr)) {
+            if (sec)
+                *sec = s;
+            return s->data + (addr - s->addr);
+        }
+    }
+    return NULL;
+}
+
+static int read_note(struct reader *r, const struct ad_section *ns)
+{
+    struct ad_image *img = r->img;
+    Elf_Scn *scn = elf_getscn(r->elf, (size_t)(ns - img->secs));
+    Elf_Data *d = scn ? elf_getdata(scn, NULL) : NULL;
+    if (!d)
+        return fail(r, "cannot read section '.note.altpatch' (%s)", elfmsg());
+    img->note_size = ns->size;
+    size_t off = 0, name_off, desc_off;
+    GElf_Nhdr nh;
+    while (off < d->d_size && (off = gelf_getnote(d, off, &nh, &name_off, &desc_off)) > 0) {
+        if (nh.n_type != ALTPATCH_NOTE_TYPE || nh.n_namesz != sizeof(ALTPATCH_NOTE_NAME) ||
+            memcmp((const char *)d->d_buf + name_off, ALTPATCH_NOTE_NAME, nh.n_namesz) != 0)
+            continue;
+        /* The descriptor as relocated (for .o) lives in ns->data at the same offset. */
+        if (desc_off > ns->size || nh.n_descsz > ns->size - desc_off)
+            return fail(r, "altpatch note descriptor outside its section");
+        int rc = ap_note_parse(ns->data + desc_off, nh.n_descsz, ns->addr + desc_off, &img->note);
+        if (rc == ALTPATCH_REASON_BAD_VERSION)
+            return fail(r, "unsupported altpatch note (format version %u, record size %u, "
+                           "descriptor %u bytes; this altdump reads version %d, record size %d)",
+                        img->note.version, img->note.record_size, (unsigned)nh.n_descsz,
+                        ALTPATCH_FORMAT_VERSION, ALTPATCH_RECORD_SIZE);
+        if (rc != ALTPATCH_REASON_NONE)
+            return fail(r, "bad altpatch note (%s)", altpatch_strreason(rc));
+        return 0;
+    }
+    return fail(r, "section '.note.altpatch' holds no altpatch note");
+}
+
+static int find_tables(struct reader *r)
+{
+    struct ad_image *img = r->img;
+    struct ap_note *n = &img->note;
+    if (n->table_end < n->table_start || n->repl_end < n->repl_start)
+        return fail(r, "altpatch note has reversed bounds (table 0x%llx..0x%llx, replacement "
+                       "0x%llx..0x%llx)",
+                    (unsigned long long)n->table_start, (unsigned long long)n->table_end,
+                    (unsigned long long)n->repl_start, (unsigned long long)n->repl_end);
+    img->table_addr = n->table_start;
+    img->table_size = n->table_end - n->table_start;
+    img->table = img->table_size ? bytes_at(img, n->table_start, img->table_size, NULL)
+                                 : (const uint8_t *)"";
+    if (!img->table)
+        return fail(r, "altinstructions [0x%llx, 0x%llx) named by the note lies outside the "
+                       "file's sections",
+                    (unsigned long long)n->table_start, (unsigned long long)n->table_end);
+    uint64_t rlen = n->repl_end - n->repl_start;
+    const uint8_t *repl = rlen ? bytes_at(img, n->repl_start, rlen, NULL) : NULL;
+    if (rlen && !repl)
+        return fail(r, "altinstr_replacement [0x%llx, 0x%llx) named by the note lies outside "
+                       "the file's sections",
+                    (unsigned long long)n->repl_start, (unsigned long long)n->repl_end);
+    img->view.repl = (struct ap_region){n->repl_start, rlen, repl};
+    return 0;
+}
+
+static int cmp_region(const void *a, const void *b)
+{
+    const struct ap_region *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/*
+ * More executable sections than struct ap_view holds (a .o built with
+ * -ffunction-sections): one region spanning all of them, gaps filled with
+ * int3. Sites in a gap then decode as int3 and are refused by the planner.
+ */
+static int merge_all(struct reader *r, struct ap_region *reg, size_t *n)
+{
+    uint64_t lo = reg[0].addr, hi = 0;
+    for (size_t i = 0; i < *n; i++)
+        if (reg[i].addr + reg[i].size > hi)
+            hi = reg[i].addr + reg[i].size;
+    if (hi - lo > (1ull << 30))
+        return fail(r, "executable sections span more than 1 GiB; cannot inspect");
+    uint8_t *m = malloc(hi - lo ? hi - lo : 1);
+    if (!m)
+        return oom(r);
+    memset(m, 0xcc, hi - lo);
+    for (size_t i = 0; i < *n; i++)
+        memcpy(m + (reg[i].addr - lo), reg[i].data, reg[i].size);
+    r->img->merged = m;
+    reg[0] = (struct ap_region){lo, hi - lo, m};
+    *n = 1;
+    return 0;
+}
+
+static int build_view(struct reader *r)
+{
+    struct ad_image *img = r->img;
+    struct ap_region *reg = calloc(img->nsecs ? img->nsecs : 1, sizeof(*reg));
+    size_t n = 0;
+    if (!reg)
+        return oom(r);
+    for (size_t i = 1; i < img->nsecs; i++) {
+        const struct ad_section *s = &img->secs[i];
+        if ((s->flags & (SHF_ALLOC | SHF_EXECINSTR)) != (SHF_ALLOC | SHF_EXECINSTR) || !s->data ||
+            s->size == 0 || strcmp(s->name, "altinstr_replacement") == 0)
+            continue;
+        if (img->view.repl.size && img->view.repl.addr >= s->addr &&
+            img->view.repl.addr < s->addr + s->size)
+            continue;
+        reg[n++] = (struct ap_region){s->addr, s->size, s->data};
+    }
+    qsort(reg, n, sizeof(*reg), cmp_region);
+    int rc = n > AP_MAX_TEXT ? merge_all(r, reg, &n) : 0;
+    if (!rc) {
+        memcpy(img->view.text, reg, n * sizeof(*reg));
+        img->view.ntext = n;
+    }
+    free(reg);
+    return rc;
+}
+
+/* --- symbols --------------------------------------------------------------- */
+
+static int read_symbols(struct reader *r)
+{
+    struct ad_image *img = r->img;
+    size_t symidx = 0;
+    for (size_t i = 1; i < img->nsecs && !symidx; i++)
+        if (img->secs[i].type == SHT_SYMTAB)
+            symidx = i;
+    for (size_t i = 1; i < img->nsecs && !symidx; i++)
+        if (img->secs[i].type == SHT_DYNSYM)
+            symidx = i;
+    if (!symidx)
+        return 0;
+    Elf_Scn *scn = elf_getscn(r->elf, symidx);
+    GElf_Shdr sh;
+    Elf_Data *d = scn && gelf_getshdr(scn, &sh) ? elf_getdata(scn, NULL) : NULL;
+    if (!d)
+        return fail(r, "cannot read the symbol table (%s)", elfmsg());
+    size_t n = d->d_size / sizeof(Elf64_Sym);
+    img->syms = calloc(n ? n : 1, sizeof(*img->syms));
+    if (!img->syms)
+        return oom(r);
+    for (size_t i = 1; i < n; i++) {
+        GElf_Sym s;
+        if (!gelf_getsym(d, (int)i, &s))
+            return fail(r, "cannot read symbol %zu (%s)", i, elfmsg());
+        int t = GELF_ST_TYPE(s.st_info);
+        if ((t != STT_FUNC && t != STT_OBJECT && t != STT_NOTYPE && t != STT_GNU_IFUNC) ||
+            s.st_shndx == SHN_UNDEF || s.st_shndx >= SHN_LORESERVE || s.st_shndx >= img->nsecs)
+            continue;
+        const char *name = elf_strptr(r->elf, sh.sh_link, s.st_name);
+        if (!name || !*name || (name[0] == '.' && name[1] == 'L'))
+            continue;
+        if (!(img->secs[s.st_shndx].flags & SHF_EXECINSTR))
+            continue; /* sites live in code: name them by code symbols only */
+        uint64_t addr = s.st_value;
+        if (img->elf_type == ET_REL)
+            addr += img->secs[s.st_shndx].addr;
+        img->syms[img->nsyms++] = (struct ad_symbol){addr, s.st_size, name,
+                                                     t == STT_FUNC || t == STT_GNU_IFUNC};
+    }
+    ad_symbols_sort(img);
+    return 0;
+}
+
+/* --- records and sites ----------------------------------------------------- */
+
+static int read_records(struct reader *r)
+{
+    struct ad_image *img = r->img;
+    int rc = ap_records_parse(img->table, img->table_size, img->table_addr, &img->entries,
+                              &img->nentries);
+    if (rc == -ENOMEM)
+        return oom(r);
+    if (rc == ALTPATCH_REASON_BAD_TABLE)
+        return fail(r, "altinstructions holds %zu bytes, not a multiple of the %d-byte record",
+                    img->table_size, ALTPATCH_RECORD_SIZE);
+    if (rc != 0)
+        return fail(r, "cannot decode the records (%s)", altpatch_strreason(rc));
+    rc = ap_sites_group(img->entries, img->nentries, &img->sites, &img->nsites);
+    if (rc)
+        return oom(r);
+    return 0;
+}
+
+/* --- entry points ---------------------------------------------------------- */
+
+static int read_all(struct reader *r, unsigned flags)
+{
+    struct ad_image *img = r->img;
+    GElf_Ehdr eh;
+    int rc = check_header(r, &eh);
+    if (!rc)
+        rc = read_phdrs(r, &eh);
+    if (!rc)
+        rc = read_sections(r);
+    if (!rc && img->elf_type == ET_REL)
+        rc = relocate_rel(r);
+    if (!rc)
+        rc = read_symbols(r);
+    if (rc)
+        return rc;
+    const struct ad_section *ns = ad_section_by_name(img, ".note.altpatch");
+    if (!ns || ns->type != SHT_NOTE || !ns->data) {
+        if (flags & AD_READ_ALLOW_NOALT)
+            return 0;
+        if (ad_section_by_name(img, "altinstructions"))
+            return fail(r, "has altinstructions but no .note.altpatch note (the runtime would "
+                           "ignore it)");
+        return fail(r, "no altpatch tables (no .note.altpatch section)");
+    }
+    rc = read_note(r, ns);
+    if (!rc)
+        rc = find_tables(r);
+    if (!rc)
+        rc = build_view(r);
+    if (!rc)
+        rc = read_records(r);
+    if (!rc)
+        img->has_alt = true;
+    return rc;
+}
+
+int ad_read_memory(const void *buf, size_t len, const char *name, unsigned flags,
+                   struct ad_image *img, char *err, size_t errsz)
+{
+    struct reader r = {.img = img, .err = err, .errsz = errsz};
+    memset(img, 0, sizeof(*img));
+    img->file = name;
+    if (elf_version(EV_CURRENT) == EV_NONE)
+        return fail(&r, "libelf is too old (%s)", elfmsg());
+    if (len == 0)
+        return fail(&r, "empty file");
+    img->buf = malloc(len);
+    if (!img->buf)
+        return oom(&r);
+    memcpy(img->buf, buf, len);
+    img->len = len;
+    (void)elf_errno();
+    r.elf = elf_memory((char *)img->buf, len);
+    img->elf = r.elf;
+    int rc = r.elf ? read_all(&r, flags) : fail(&r, "not an ELF file (%s)", elfmsg());
+    if (rc)
+        ad_image_free(img);
+    img->file = name;
+    return rc;
+}
+
+int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *err,
+                 size_t errsz)
+{
+    memset(img, 0, sizeof(*img));
+    img->file = path;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        snprintf(err, errsz, "cannot open (%s)", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return AD_EXIT_BADINPUT;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > AD_MAX_FILE) {
+        snprintf(err, errsz, "not a regular file of at most 2 GiB");
+        close(fd);
+        return AD_EXIT_BADINPUT;
+    }
+    size_t len = (size_t)st.st_size, got = 0;
+    uint8_t *b = malloc(len ? len : 1);
+    if (!b) {
+        close(fd);
+        snprintf(err, errsz, "out of memory");
+        return AD_EXIT_INTERNAL;
+    }
+    while (got < len) {
+        ssize_t k = read(fd, b + got, len - got);
+        if (k <= 0) {
+            snprintf(err, errsz, "read failed (%s)", k < 0 ? strerror(errno) : "short read");
+            free(b);
+            close(fd);
+            return AD_EXIT_BADINPUT;
+        }
+        got += (size_t)k;
+    }
+    close(fd);
+    int rc = ad_read_memory(b, len, path, flags, img, err, errsz);
+    free(b);
+    return rc;
+}
+
+void ad_image_free(struct ad_image *img)
+{
+    if (img->elf)
+        elf_end(img->elf);
+    for (size_t i = 0; img->secs && i < img->nsecs; i++)
+        free(img->secs[i].copy);
+    free(img->secs);
+    free(img->loads);
+    free(img->merged);
+    free(img->entries);
+    free(img->sites);
+    free(img->syms);
+    free(img->buf);
+    memset(img, 0, sizeof(*img));
+}
