@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Shared-library fixture with its own sites, built twice:
+ *   libapfix_linked.so  (APFIX_MOD=linked) linked into test_modules (DT_NEEDED)
+ *   libapfix_dl.so      (APFIX_MOD=dl)     dlopen'ed by test_modules
+ * Exported: apfix_<mod>_call(x)  ALTPATCH_ALT_CALL(old, new, ALWAYS): x+1 / x+2
+ *           apfix_<mod>_fs()     altpatch_fs_self()
+ *           apfix_<mod>_fence()  altpatch_weak_fence()
+ *           apfix_<mod>_calls(n) the (old, new, ft_flags) pair for ap_expect.h
+ * The ALT_CALL targets are hidden (static), as primitives.h requires.
+ */
+#include "ap_expect.h"
+
+#define APFIX_CAT_(a, b, c) a##b##c
+#define APFIX_CAT(a, b, c) APFIX_CAT_(a, b, c)
+#define APFIX_FN(name) APFIX_CAT(apfix_, APFIX_MOD, name)
+#define APFIX_EXPORT __attribute__((visibility("default")))
+
+static long old_impl(long x) { return x + 1; }
+static long new_impl(long x) { return x + 2; }
+
+APFIX_EXPORT long APFIX_FN(_call)(long x)
+{
+    return ALTPATCH_ALT_CALL(old_impl, new_impl, X86_FEATURE_ALWAYS, x);
+}
+
+APFIX_EXPORT void *APFIX_FN(_fs)(void) { return altpatch_fs_self(); }
+
+APFIX_EXPORT void APFIX_FN(_fence)(void) { altpatch_weak_fence(); }
+
+APFIX_EXPORT const struct apx_call *APFIX_FN(_calls)(size_t *n)
+{
+    static struct apx_call c;
+    c = (struct apx_call){(uintptr_t)old_impl, (uintptr_t)new_impl, X86_FEATURE_ALWAYS};
+    *n = 1;
+    return &c;
+}

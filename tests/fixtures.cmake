@@ -1,0 +1,66 @@
+# Wiring of the fixture-based tests (testdata/): fixture paths as compile
+# definitions, build dependencies, and the valgrind runs.
+if(TARGET test_fixtures)
+  string(REPLACE ";" "," apfix_variants "${APFIX_VARIANTS}")
+  target_compile_definitions(test_fixtures PRIVATE
+    APFIX_DIR="${APFIX_DIR}"
+    APFIX_STATIC_SKIP="${APFIX_STATIC_SKIP}"
+    APFIX_OTHER_NAME="${APFIX_OTHER_NAME}")
+  foreach(v ${APFIX_VARIANTS})
+    add_dependencies(test_fixtures apfix_${v})
+  endforeach()
+  if(APFIX_OTHER_NAME)
+    add_dependencies(test_fixtures apfix_other)
+  endif()
+endif()
+
+if(TARGET test_primitives OR TARGET test_modules OR TARGET test_corrupt)
+  foreach(t test_primitives test_modules test_corrupt)
+    if(TARGET ${t})
+      target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR}/testdata)
+      target_compile_definitions(${t} PRIVATE APFIX_DIR="${APFIX_DIR}")
+    endif()
+  endforeach()
+endif()
+if(TARGET test_fixtures)
+  target_include_directories(test_fixtures PRIVATE ${CMAKE_SOURCE_DIR}/testdata)
+endif()
+
+if(TARGET test_modules)
+  # libapfix_linked.so is a DT_NEEDED of the test; libapfix_dl.so is dlopen'ed.
+  target_link_libraries(test_modules PRIVATE apfix_linked ${CMAKE_DL_LIBS})
+  add_dependencies(test_modules apfix_dl)
+  target_compile_definitions(test_modules PRIVATE
+    APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>")
+endif()
+
+if(TARGET test_corrupt)
+  add_dependencies(test_corrupt apfix_corrupt apfix_corrupt_badtable apfix_corrupt_badversion)
+  target_link_libraries(test_corrupt PRIVATE ${CMAKE_DL_LIBS})
+  target_compile_definitions(test_corrupt PRIVATE
+    APFIX_CORRUPT_PATH="$<TARGET_FILE:apfix_corrupt>"
+    APFIX_BADTABLE_PATH="$<TARGET_FILE:apfix_corrupt_badtable>"
+    APFIX_BADVERSION_PATH="$<TARGET_FILE:apfix_corrupt_badversion>")
+endif()
+
+# Valgrind: FSGSBASE is hidden there (rdfsbase would raise SIGILL), so the
+# runtime must keep the fs/gs originals; test_primitives checks it when
+# ALTPATCH_TEST_VALGRIND=1. --smc-check=all: the tests run sites before and
+# after patching them, and file-backed code is not re-checked by default.
+find_program(VALGRIND_EXECUTABLE valgrind)
+if(VALGRIND_EXECUTABLE)
+  set(apfix_vg ${VALGRIND_EXECUTABLE} --quiet --trace-children=yes --error-exitcode=1
+    --smc-check=all --leak-check=no)
+  foreach(t test_primitives test_modules test_corrupt)
+    if(TARGET ${t})
+      add_test(NAME valgrind_${t} COMMAND ${apfix_vg} $<TARGET_FILE:${t}> --jobs 1)
+      set_tests_properties(valgrind_${t} PROPERTIES TIMEOUT 600
+        ENVIRONMENT "ALTPATCH_TEST_VALGRIND=1" LABELS valgrind)
+    endif()
+  endforeach()
+  if(TARGET apfix_O2)
+    add_test(NAME valgrind_apfix_O2 COMMAND ${apfix_vg} $<TARGET_FILE:apfix_O2>)
+    set_tests_properties(valgrind_apfix_O2 PROPERTIES TIMEOUT 300 LABELS valgrind
+      PASS_REGULAR_EXPRESSION "fixture O2: ok sites=")
+  endif()
+endif()

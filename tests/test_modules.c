@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sites in shared libraries: libapfix_linked.so (DT_NEEDED of this test) and
+ * libapfix_dl.so (dlopen'ed after the first apply, then dlclose'd). Both are
+ * testdata/apfix_mod.c. Bodies that apply run in a fork()ed child.
+ */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ap_expect.h"
+#include "ap_isolate.h"
+
+/* From libapfix_linked.so. */
+long apfix_linked_call(long x);
+void *apfix_linked_fs(void);
+void apfix_linked_fence(void);
+const struct apx_call *apfix_linked_calls(size_t *n);
+
+struct mres {
+    int rc[4];
+    unsigned sites[4], bad[4], patched[4], kinds_fs[4];
+    long val[8];
+    int flag[8];
+    char msg[512];
+};
+
+struct mwalk {
+    const char *module; /* substring of the module path */
+    const struct apx_call *calls;
+    size_t ncalls;
+    unsigned sites, bad, patched, fs;
+    char *msg;
+    size_t msgsz;
+};
+
+static int mod_one(const struct altpatch_site_info *s, void *p)
+{
+    struct mwalk *w = p;
+    if (!strstr(s->module, w->module))
+        return 0;
+    uint8_t want[AP_EXPECT_MAX];
+    char h1[64], h2[64];
+    enum apx_kind k = apx_expect(s, apx_has_host, NULL, w->calls, w->ncalls, want);
+    w->sites++;
+    w->fs += k == APX_FS;
+    if (k == APX_UNKNOWN || memcmp((const void *)s->addr, want, s->len) != 0) {
+        w->bad++;
+        size_t len = strlen(w->msg);
+        snprintf(w->msg + len, w->msgsz - len, "[%s %s: %s want %s] ", w->module,
+                 apx_kind_names[k], apx_hex((const uint8_t *)s->addr, s->len, h1, sizeof(h1)),
+                 k == APX_UNKNOWN ? "?" : apx_hex(want, s->len, h2, sizeof(h2)));
+    }
+    w->patched += s->state == ALTPATCH_SITE_PATCHED;
+    return 0;
+}
+
+/* Walk the sites of the module whose path contains @p module into slot @p i. */
+static void walk_module(struct mres *r, int i, const char *module, const struct apx_call *calls,
+                        size_t ncalls)
+{
+    struct mwalk w = {module, calls, ncalls, 0, 0, 0, 0, r->msg, sizeof(r->msg)};
+    if (altpatch_site_foreach(mod_one, &w) != 0)
+        w.bad++;
+    r->sites[i] = w.sites, r->bad[i] = w.bad, r->patched[i] = w.patched, r->kinds_fs[i] = w.fs;
+}
+
+static void assert_patched(const struct mres *r, int i, const char *what)
+{
+    cr_assert_eq(r->rc[i], 0, "%s: apply returned %d", what, r->rc[i]);
+    cr_assert_geq(r->sites[i], 3, "%s: %u sites (call, fs, fence expected)", what, r->sites[i]);
+    cr_assert_eq(r->bad[i], 0, "%s: %s", what, r->msg);
+    cr_assert_geq(r->patched[i], 1, "%s: nothing patched", what);
+}
+
+static void body_linked(void *out, void *ctx)
+{
+    struct mres *r = out;
+    (void)ctx;
+    r->val[0] = apfix_linked_call(1); /* run unpatched first */
+    r->rc[0] = altpatch_apply();
+    size_t n;
+    const struct apx_call *c = apfix_linked_calls(&n);
+    walk_module(r, 0, "libapfix_linked", c, n);
+    r->val[1] = apfix_linked_call(1);
+    apfix_linked_fence();
+    r->flag[0] = apfix_linked_fs() == (void *)pthread_self();
+}
+
+Test(modules, linked_library_patched)
+{
+    struct mres *r = ap_isolated(sizeof(*r), body_linked, NULL);
+    assert_patched(r, 0, "libapfix_linked.so");
+    cr_assert_eq(r->kinds_fs[0], 1);
+    cr_assert_eq(r->val[0], 2, "unpatched call must reach old_impl");
+    cr_assert_eq(r->val[1], 3, "patched call must reach new_impl");
+    cr_assert(r->flag[0], "fs_self in the library != pthread_self()");
+}
+
+typedef long (*call_fn)(long);
+typedef const struct apx_call *(*calls_fn)(size_t *);
+typedef void *(*fs_fn)(void);
+
+/* dlopen'ed after the first apply: patched at the next apply (or at once
+ * with altpatch_dlopen: ctx != NULL). */
+static void body_dl(void *out, void *ctx)
+{
+    struct mres *r = out;
+    r->rc[0] = altpatch_apply();
+    void *h = ctx ? altpatch_dlopen(APFIX_DL_PATH, RTLD_NOW) : dlopen(APFIX_DL_PATH, RTLD_NOW);
+    if (!h) {
+        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
+        r->rc[1] = -1;
+        return;
+    }
+    call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
+    calls_fn calls = (calls_fn)dlsym(h, "apfix_dl_calls");
+    fs_fn fs = (fs_fn)dlsym(h, "apfix_dl_fs");
+    size_t n;
+    const struct apx_call *c = calls(&n);
+    r->val[0] = call(1); /* before the second apply */
+    r->rc[1] = altpatch_apply();
+    walk_module(r, 1, "libapfix_dl", c, n);
+    r->val[1] = call(1);
+    r->flag[0] = fs() == (void *)pthread_self();
+    walk_module(r, 0, "libapfix_linked", apfix_linked_calls(&n), n);
+    r->rc[0] |= r->rc[1];
+
+    /* dlclose: the module is gone, apply and the walk still work. */
+    r->flag[1] = dlclose(h) == 0;
+    r->rc[2] = altpatch_apply();
+    struct mwalk gone = {"libapfix_dl", NULL, 0, 0, 0, 0, 0, r->msg, sizeof(r->msg)};
+    r->flag[2] = altpatch_site_foreach(mod_one, &gone) == 0;
+    r->sites[2] = gone.sites;
+    r->patched[2] = 0;
+    walk_module(r, 3, "libapfix_linked", apfix_linked_calls(&n), n);
+    r->rc[3] = r->rc[2];
+
+    /* Loaded again (maybe at the same address): patched again. */
+    h = dlopen(APFIX_DL_PATH, RTLD_NOW);
+    if (!h)
+        return;
+    call = (call_fn)dlsym(h, "apfix_dl_call");
+    r->val[2] = call(1);
+    r->flag[3] = altpatch_apply() == 0;
+    r->val[3] = call(1);
+    dlclose(h);
+    r->flag[4] = altpatch_apply() == 0;
+}
+
+static void assert_dl(struct mres *r, bool at_once)
+{
+    cr_assert_eq(r->rc[1], 0, "%s", r->msg);
+    if (at_once)
+        cr_assert_eq(r->val[0], 3, "altpatch_dlopen must patch at once");
+    else
+        cr_assert_eq(r->val[0], 2, "plain dlopen: original until the next apply");
+    assert_patched(r, 1, "libapfix_dl.so");
+    assert_patched(r, 0, "libapfix_linked.so");
+    cr_assert_eq(r->val[1], 3, "patched call must reach new_impl");
+    cr_assert(r->flag[0], "fs_self in the library != pthread_self()");
+    cr_assert(r->flag[1], "dlclose failed");
+    cr_assert_eq(r->rc[2], 0, "apply after dlclose returned %d", r->rc[2]);
+    cr_assert(r->flag[2], "site walk after dlclose failed");
+    cr_assert_eq(r->sites[2], 0, "%u sites of the closed library still listed", r->sites[2]);
+    assert_patched(r, 3, "libapfix_linked.so after dlclose of the other");
+    cr_assert_eq(r->val[2], 2, "reloaded library runs its original first");
+    cr_assert(r->flag[3] && r->flag[4]);
+    cr_assert_eq(r->val[3], 3, "reloaded library patched at the next apply");
+}
+
+Test(modules, dlopen_then_apply)
+{
+    struct mres *r = ap_isolated(sizeof(*r), body_dl, NULL);
+    assert_dl(r, false);
+}
+
+Test(modules, altpatch_dlopen_patches_at_once)
+{
+    struct mres *r = ap_isolated(sizeof(*r), body_dl, (void *)1);
+    assert_dl(r, true);
+}
+
+Test(modules, altpatch_dlopen_missing_file)
+{
+    cr_assert_null(altpatch_dlopen("/nonexistent/libapfix_none.so", RTLD_NOW));
+    cr_assert_not_null(dlerror());
+}
