@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Apply harness, linked into every generated program (altbench_alt_N,
+ * altbench_plain_N). Usage: PROG [REPS [CPU]]. Prints one line per phase:
+ *
+ *   altpatch n=N phase=P ns_min=.. ns_med=.. rc=.. seen=.. patched=.. unchanged=..
+ *            refused=.. pages=.. syscalls=.. bytes=..
+ *
+ * phases: cold      first altpatch_apply() of a fresh process (fork()ed child
+ *                   per repetition): discovery, saving originals, plan, write
+ *         nochange  altpatch_apply() again: every site already holds its final
+ *                   bytes, so this is the cost of deciding alone
+ *         dryrun    ALTPATCH_APPLY_DRY_RUN: plan every site, write nothing
+ *         revert    ALTPATCH_APPLY_REVERT: write every original back
+ *         warm      altpatch_apply() after a revert (modules already known)
+ */
+#include "harness.h"
+
+#include <altpatch/altpatch.h>
+
+extern const unsigned long ab_gen_sites;
+
+static void timed(struct ab_h_sample *s, unsigned flags)
+{
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = flags};
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    uint64_t t0 = ab_h_now();
+    int rc = flags ? altpatch_apply_opts(&o) : altpatch_apply();
+    s->ns = ab_h_now() - t0;
+    s->rc = rc;
+    if (altpatch_get_stats(&st) == 0) {
+        uint64_t c[8] = {st.sites_seen,    st.sites_patched, st.sites_unchanged,
+                         st.sites_refused, st.pages_written, st.syscalls,
+                         st.bytes_written, st.modules};
+        memcpy(s->c, c, sizeof(c));
+    }
+}
+
+static void cold_one(struct ab_h_sample *s) { timed(s, 0); }
+
+static void report(const char *phase, const struct ab_h_sample *s, unsigned reps)
+{
+    uint64_t min, med;
+    ab_h_minmed(s, reps, &min, &med);
+    const struct ab_h_sample *l = &s[reps - 1];
+    printf("altpatch n=%lu phase=%s reps=%u ns_min=%llu ns_med=%llu rc=%lld seen=%llu "
+           "patched=%llu unchanged=%llu refused=%llu pages=%llu syscalls=%llu bytes=%llu\n",
+           ab_gen_sites, phase, reps, (unsigned long long)min, (unsigned long long)med,
+           (long long)l->rc, (unsigned long long)l->c[0], (unsigned long long)l->c[1],
+           (unsigned long long)l->c[2], (unsigned long long)l->c[3], (unsigned long long)l->c[4],
+           (unsigned long long)l->c[5], (unsigned long long)l->c[6]);
+}
+
+int main(int argc, char **argv)
+{
+    static struct ab_h_sample cold[AB_H_MAX_REPS], noch[AB_H_MAX_REPS], dry[AB_H_MAX_REPS],
+        rev[AB_H_MAX_REPS], warm[AB_H_MAX_REPS];
+    unsigned reps = ab_h_setup(argc, argv);
+    altpatch_set_print(NULL);
+    if (ab_h_cold(reps, cold_one, cold) != 0) {
+        fprintf(stderr, "%s: a cold-apply child failed\n", argv[0]);
+        return 1;
+    }
+    struct ab_h_sample first;
+    timed(&first, 0);
+    if (first.rc < 0) {
+        fprintf(stderr, "%s: altpatch_apply() = %lld\n", argv[0], (long long)first.rc);
+        return 1;
+    }
+    for (unsigned r = 0; r < reps; r++) {
+        timed(&noch[r], 0);
+        timed(&dry[r], ALTPATCH_APPLY_DRY_RUN);
+        timed(&rev[r], ALTPATCH_APPLY_REVERT);
+        timed(&warm[r], 0);
+    }
+    report("cold", cold, reps);
+    report("nochange", noch, reps);
+    report("dryrun", dry, reps);
+    report("revert", rev, reps);
+    report("warm", warm, reps);
+    return 0;
+}
