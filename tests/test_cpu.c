@@ -461,6 +461,9 @@ Test(cpu, host_set_under_valgrind, .timeout = 120)
     size_t len = fread(out, 1, sizeof(out) - 1, p);
     out[len] = '\0';
     int st = pclose(p);
+    /* valgrind 3.19 cannot read clang 14's DWARF 5 (-g): an environment limit, not a result */
+    if (st != 0 && strstr(out, "Possibly corrupted debuginfo"))
+        cr_skip_test("this valgrind cannot read the binary's debug info");
     cr_assert_eq(st, 0, "valgrind run failed (status %d):\n%s", st, out);
     cr_assert_not_null(strstr(out, "Tested: 2 | Passing: 2 | Failing: 0 | Crashing: 0"), "%s",
                        out);
