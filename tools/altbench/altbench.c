@@ -17,6 +17,7 @@
 
 #include <cpuid.h>
 #include <errno.h>
+#include <stdint.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,19 @@ struct ab_stat ab_stat_of(const double *v, unsigned n)
     r.min = s[0];
     r.med = (n % 2) ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
     return r;
+}
+
+uint64_t ab_calibrate(uint64_t (*fn)(uint64_t), uint64_t max_iters)
+{
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < 5; i++) {
+        uint64_t t = fn(64);
+        best = t < best ? t : best;
+    }
+    uint64_t n = best ? (uint64_t)AB_TARGET_TICKS * 64 / best : max_iters;
+    if (n > max_iters)
+        n = max_iters;
+    return n < 16 ? 16 : n;
 }
 
 uint64_t ab_now_ns(void)
@@ -219,7 +233,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *mode = argv[1];
-    struct ab_opts o = {.iters = 4000000, .reps = 7, .cpu = -1};
+    struct ab_opts o = {.iters = 4000000, .reps = 31, .cpu = -1};
     if (!strcmp(mode, "info"))
         return ab_mode_info();
     if (!strcmp(mode, "size"))

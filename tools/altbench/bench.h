@@ -14,7 +14,10 @@
 #include <stdint.h>
 
 /** Maximum repetitions of one measurement. */
-#define AB_MAX_REPS 64
+#define AB_MAX_REPS 256
+
+/** TSC ticks one sample aims at (short samples dodge preemption on a shared host). */
+#define AB_TARGET_TICKS 1000000
 
 /** Options common to every mode. */
 struct ab_opts {
@@ -47,6 +50,13 @@ static inline uint64_t ab_tsc_end(void)
 
 /** Pin the calling thread to @p cpu (-1: the CPU it runs on now). Returns the CPU or -errno. */
 int ab_pin(int cpu);
+
+/**
+ * Loop iterations for one sample of @p fn (a loop function taking its
+ * iteration count and returning TSC ticks): about AB_TARGET_TICKS, between
+ * 16 and @p max_iters.
+ */
+uint64_t ab_calibrate(uint64_t (*fn)(uint64_t), uint64_t max_iters);
 
 /** min and median of @p n samples (sorts a copy). */
 struct ab_stat ab_stat_of(const double *v, unsigned n);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include <altpatch/cpufeatures.h>
+#include <altpatch/primitives.h> /* ALTPATCH_CALL_CLOBBERS_ */
 
 #define AB_INLINE static inline __attribute__((always_inline))
 #define AB_LOCAL __attribute__((visibility("hidden")))
@@ -73,9 +74,53 @@ AB_INLINE uint64_t ab_tsc_rdtscp(void)
     return ((uint64_t)hi << 32) | lo;
 }
 
+/*
+ * The replacement each primitive's site holds after patching, with the
+ * site's own register constraints and clobbers (primitives.h uses fixed
+ * registers) but no padding and no records: patched site vs these isolates
+ * what patching itself costs.
+ */
+AB_INLINE uint64_t ab_same_fs_rd(void)
+{
+    uint64_t p;
+    __asm__ __volatile__("rdfsbase %0" : "=a"(p));
+    return p;
+}
+AB_INLINE uint64_t ab_same_gs_rd(void)
+{
+    uint64_t p;
+    __asm__ __volatile__("rdgsbase %0" : "=a"(p));
+    return p;
+}
+AB_INLINE uint64_t ab_same_cpu_rdpid(void)
+{
+    unsigned long aux;
+    __asm__ __volatile__("rdpid %%rcx" : "=c"(aux) : : "rax", "rdx");
+    return aux & 0xfff;
+}
+AB_INLINE uint64_t ab_same_tsc_rdtscp(void)
+{
+    uint32_t lo, hi;
+    __asm__ __volatile__("rdtscp" : "=a"(lo), "=d"(hi) : : "rcx", "memory");
+    return ((uint64_t)hi << 32) | lo;
+}
+
 /** The two targets of the ALTPATCH_ALT_CALL site (noinline, module-local). */
 AB_LOCAL long ab_call_old(long x);
 AB_LOCAL long ab_call_new(long x);
+
+/** ALTPATCH_ALT_CALL's sequence around a plain `call newfn` (no site). */
+#define AB_SAME_CALL(fn, arg)                                                              \
+    __extension__({                                                                        \
+        long ret_, arg_ = (long)(arg);                                                     \
+        __asm__ __volatile__("lea -128(%%rsp), %%rsp\n\tpush %%rbp\n\tmov %%rsp, %%rbp\n\t"  \
+                             "and $-16, %%rsp\n\tcall %P[f]\n\tmov %%rbp, %%rsp\n\t"         \
+                             "pop %%rbp\n\tlea 128(%%rsp), %%rsp"                             \
+                             : "=a"(ret_), "+D"(arg_)                                      \
+                             : [f] "i"(fn)                                                 \
+                             : ALTPATCH_CALL_CLOBBERS_);                                   \
+        ret_;                                                                              \
+    })
 
 /** Function pointers, set by ab_dispatch_init() for this CPU. */
 struct ab_fp_table {

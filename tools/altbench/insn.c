@@ -98,43 +98,43 @@ static const char *row_skip_reason(int need, bool gs_ok)
 int ab_mode_insn(const struct ab_opts *o)
 {
     static double raw[NROWS][AB_MAX_REPS], empty[AB_MAX_REPS];
+    uint64_t n[NROWS], max = o->iters / 16;
     bool gs_ok = altpatch_gs_install(gs_block) == 0;
-    uint64_t n = o->iters / 16;
-    double per = (double)(n * 16);
     const char *skip[NROWS];
-    for (size_t i = 0; i < NROWS; i++)
+    for (size_t i = 0; i < NROWS; i++) {
         skip[i] = row_skip_reason(rows[i].need, gs_ok);
-
-    for (size_t i = 0; i < NROWS; i++) /* warm up: page in, settle the clock */
-        if (!skip[i])
-            rows[i].fn(n / 8 + 1);
+        n[i] = skip[i] ? 0 : ab_calibrate(rows[i].fn, max); /* also warms up */
+    }
+    uint64_t ne = n[0]; /* the empty loop runs as many iterations as the nop row */
     for (unsigned r = 0; r < o->reps; r++) {
-        empty[r] = (double)l_empty(n) / per;
+        empty[r] = (double)l_empty(ne) / (double)(ne * 16);
         for (size_t i = 0; i < NROWS; i++)
             if (!skip[i])
-                raw[i][r] = (double)rows[i].fn(n) / per;
+                raw[i][r] = (double)rows[i].fn(n[i]) / (double)(n[i] * 16);
     }
     struct ab_stat e = ab_stat_of(empty, o->reps);
     printf("### Per-instruction cost (TSC ticks per instruction)\n\n");
-    printf("Method: %llu executions per repetition (a loop of %llu iterations around one "
-           "`asm volatile` holding the instruction 16 times; result kept live), %u "
-           "repetitions interleaved across rows, pinned to CPU %d. *net* = raw minus the "
-           "empty loop (same loop, empty asm), whose share per instruction slot is "
-           "min %.3f / median %.3f ticks. Independent instructions: this is throughput, "
-           "not latency.\n\n",
-           (unsigned long long)(n * 16), (unsigned long long)n, o->reps, o->cpu, e.min, e.med);
-    printf("| instruction | net min | net median | raw min | raw median |\n");
-    printf("|---|---:|---:|---:|---:|\n");
-    printf("| (empty loop, per slot) | - | - | %.3f | %.3f |\n", e.min, e.med);
+    printf("Method: a loop around one `asm volatile` holding the instruction 16 times "
+           "(result kept live), timed with rdtsc; each sample sized to about %d ticks "
+           "(at most %llu executions; the kernel thread used 100M: `--iters 100000000` "
+           "reproduces that), %u samples per row interleaved across rows, pinned to CPU %d. "
+           "*net* = raw minus the empty loop (same loop, empty asm), whose share per "
+           "instruction slot is min %.3f / median %.3f ticks. Independent instructions: "
+           "throughput, not latency.\n\n",
+           AB_TARGET_TICKS, (unsigned long long)(max * 16), o->reps, o->cpu, e.min, e.med);
+    printf("| instruction | net min | net median | raw min | raw median | executions/sample |\n");
+    printf("|---|---:|---:|---:|---:|---:|\n");
+    printf("| (empty loop, per slot) | - | - | %.3f | %.3f | %llu |\n", e.min, e.med,
+           (unsigned long long)(ne * 16));
     for (size_t i = 0; i < NROWS; i++) {
         if (skip[i]) {
-            printf("| %s | - | - | - | - | %s\n", rows[i].name, skip[i]);
+            printf("| %s (%s) | - | - | - | - | - |\n", rows[i].name, skip[i]);
             continue;
         }
         struct ab_stat s = ab_stat_of(raw[i], o->reps);
         double nmin = s.min - e.min, nmed = s.med - e.med;
-        printf("| %s | %.3f | %.3f | %.3f | %.3f |\n", rows[i].name, nmin < 0 ? 0 : nmin,
-               nmed < 0 ? 0 : nmed, s.min, s.med);
+        printf("| %s | %.3f | %.3f | %.3f | %.3f | %llu |\n", rows[i].name, nmin < 0 ? 0 : nmin,
+               nmed < 0 ? 0 : nmed, s.min, s.med, (unsigned long long)(n[i] * 16));
     }
     printf("\n");
     return 0;

@@ -74,6 +74,12 @@ AB_CALL_LOOP(hand_tsc_rdtscp, ab_tsc_rdtscp())
 AB_CALL_LOOP(hand_call_new, ab_call_new((long)acc))
 AB_CALL_LOOP(hand_call_old, ab_call_old((long)acc))
 
+AB_CALL_LOOP(same_fs, ab_same_fs_rd())
+AB_CALL_LOOP(same_gs, ab_same_gs_rd())
+AB_CALL_LOOP(same_cpu, ab_same_cpu_rdpid())
+AB_CALL_LOOP(same_tsc, ab_same_tsc_rdtscp())
+AB_CALL_LOOP(same_call, AB_SAME_CALL(ab_call_new, acc))
+
 /* --- what users write instead --------------------------------------------- */
 
 AB_CALL_LOOP(fp_fence, ab_fp.fence())
@@ -101,7 +107,10 @@ AB_CALL_LOOP(flag_tsc, ab_flags.rdtscp ? ab_tsc_rdtscp()
                                                                 : ab_tsc_rdtsc()))
 AB_CALL_LOOP(flag_call, ab_flags.call ? ab_call_new((long)acc) : ab_call_old((long)acc))
 
-AB_CALL_LOOP(libc_fs, (uintptr_t)pthread_self())
+/* glibc declares pthread_self() const, which lets the compiler hoist it out of
+ * the loop; the same symbol without the attribute is called every time. */
+extern pthread_t ab_pthread_self(void) __asm__("pthread_self");
+AB_CALL_LOOP(libc_fs, (uintptr_t)ab_pthread_self())
 AB_CALL_LOOP(libc_cpu, (unsigned)sched_getcpu())
 
 /* --- the table ------------------------------------------------------------- */
@@ -120,23 +129,24 @@ struct prim_loops {
     ab_loop_fn site, fp, ifunc, clones, flag, libc;
     const char *libc_name;
     ab_loop_fn ideal_if_set, ideal_if_clear; /* replacement / original, hand-written */
+    ab_loop_fn same; /* the replacement with the site's registers (when it is selected) */
 };
 
 static const struct prim_loops loops[P_COUNT] = {
     [P_FENCE] = {site_fence, fp_fence, if_fence, NULL, flag_fence, NULL, NULL, hand_fence_none,
-                 hand_fence_full},
+                 hand_fence_full, hand_fence_none},
     [P_FS] = {site_fs, fp_fs, if_fs, NULL, flag_fs, libc_fs, "pthread_self()", hand_fs_rd,
-              hand_fs_mov},
-    [P_GS] = {site_gs, fp_gs, if_gs, NULL, flag_gs, NULL, NULL, hand_gs_rd, hand_gs_mov},
+              hand_fs_mov, same_fs},
+    [P_GS] = {site_gs, fp_gs, if_gs, NULL, flag_gs, NULL, NULL, hand_gs_rd, hand_gs_mov, same_gs},
     [P_CPU] = {site_cpu, fp_cpu, if_cpu, NULL, flag_cpu, libc_cpu, "sched_getcpu() (vDSO)",
-               hand_cpu_rdpid, hand_cpu_rdtscp},
-    [P_TSC] = {site_tsc, fp_tsc, if_tsc, NULL, flag_tsc, NULL, NULL, NULL, NULL},
+               hand_cpu_rdpid, hand_cpu_rdtscp, same_cpu},
+    [P_TSC] = {site_tsc, fp_tsc, if_tsc, NULL, flag_tsc, NULL, NULL, NULL, NULL, same_tsc},
     [P_CALL] = {site_call, fp_call, if_call, tc_call, flag_call, NULL, NULL, hand_call_new,
-                hand_call_old},
+                hand_call_old, same_call},
 };
 
 /* Sample columns. */
-enum { C_UNPATCHED, C_PATCHED, C_IDEAL, C_FP, C_IFUNC, C_CLONES, C_FLAG, C_LIBC, C_COUNT };
+enum { C_UNPATCHED, C_PATCHED, C_IDEAL, C_SAME, C_FP, C_IFUNC, C_CLONES, C_FLAG, C_LIBC, C_COUNT };
 
 /* Hand-written candidates for part 5. */
 enum {
@@ -152,7 +162,10 @@ struct samples {
     double col[P_COUNT][C_COUNT][AB_MAX_REPS];
     double hand[H_COUNT][AB_MAX_REPS];
     bool hand_ok[H_COUNT];
+    uint64_t n[P_COUNT][C_COUNT], hn[H_COUNT]; /* iterations per sample, 0 = not calibrated */
+    uint64_t max;                              /* at most this many iterations */
     ab_loop_fn ideal[P_COUNT];
+    ab_loop_fn same[P_COUNT]; /* NULL where the host keeps the original */
     const char *ideal_name[P_COUNT];
 };
 
@@ -182,7 +195,13 @@ static void pick_ideals(struct samples *s)
         s->ideal[P_TSC] = hand_tsc_rdtsc;
         s->ideal_name[P_TSC] = "rdtsc";
     }
+    s->same[P_FENCE] = fence ? NULL : hand_fence_none;
+    s->same[P_FS] = fsgs ? same_fs : NULL;
+    s->same[P_GS] = fsgs ? same_gs : NULL;
+    s->same[P_CPU] = rdpid ? same_cpu : NULL;
+    s->same[P_TSC] = altpatch_cpu_has(X86_FEATURE_RDTSCP) ? same_tsc : NULL;
     bool call = altpatch_cpu_has(AB_CALL_FEATURE);
+    s->same[P_CALL] = call ? same_call : NULL;
     s->ideal[P_CALL] = call ? hand_call_new : hand_call_old;
     s->ideal_name[P_CALL] = call ? "direct call newfn(x)" : "direct call oldfn(x)";
 }
@@ -193,16 +212,23 @@ static int apply_revert(void)
     return altpatch_apply_opts(&ao);
 }
 
-/* One repetition: revert, unpatched sites, apply, everything else. */
-static int one_rep(struct samples *s, unsigned r, uint64_t n, bool gs_ok)
+/* One sample of @p fn in ticks per call, calibrating its size on first use. */
+static double sample(ab_loop_fn fn, uint64_t *n, uint64_t max)
 {
-    double per = (double)(n * 16);
+    if (!*n)
+        *n = ab_calibrate(fn, max);
+    return (double)fn(*n) / (double)(*n * 16);
+}
+
+/* One repetition: revert, unpatched sites, apply, everything else. */
+static int one_rep(struct samples *s, unsigned r, bool gs_ok)
+{
     int rc = apply_revert();
     if (rc < 0)
         return rc;
     for (int p = 0; p < P_COUNT; p++)
         if (p != P_GS || gs_ok)
-            s->col[p][C_UNPATCHED][r] = (double)loops[p].site(n) / per;
+            s->col[p][C_UNPATCHED][r] = sample(loops[p].site, &s->n[p][C_UNPATCHED], s->max);
     rc = altpatch_apply();
     if (rc < 0)
         return rc;
@@ -210,15 +236,15 @@ static int one_rep(struct samples *s, unsigned r, uint64_t n, bool gs_ok)
         const struct prim_loops *l = &loops[p];
         if (p == P_GS && !gs_ok)
             continue;
-        ab_loop_fn fn[C_COUNT] = {NULL, l->site, s->ideal[p], l->fp, l->ifunc, l->clones,
-                                  l->flag, l->libc};
+        ab_loop_fn fn[C_COUNT] = {NULL,      l->site,  s->ideal[p], s->same[p], l->fp,
+                                  l->ifunc,  l->clones, l->flag,    l->libc};
         for (int c = C_PATCHED; c < C_COUNT; c++)
             if (fn[c])
-                s->col[p][c][r] = (double)fn[c](n) / per;
+                s->col[p][c][r] = sample(fn[c], &s->n[p][c], s->max);
     }
     for (int h = 0; h < H_COUNT; h++)
         if (s->hand_ok[h])
-            s->hand[h][r] = (double)hand[h](n) / per;
+            s->hand[h][r] = sample(hand[h], &s->hn[h], s->max);
     return 0;
 }
 
@@ -243,20 +269,39 @@ static void print_cell(const double *v, unsigned reps, bool have)
     printf(" %.2f / %.2f |", st.min, st.med);
 }
 
+/* patched / column @p c: ratio of the minima, and median of the per-repetition ratios. */
+static void patched_over(const struct samples *s, int p, int c, unsigned reps, double *rmin,
+                         double *rmed)
+{
+    double q[AB_MAX_REPS];
+    for (unsigned r = 0; r < reps; r++)
+        q[r] = s->col[p][c][r] > 0 ? s->col[p][C_PATCHED][r] / s->col[p][c][r] : 0;
+    struct ab_stat pa = ab_stat_of(s->col[p][C_PATCHED], reps);
+    struct ab_stat id = ab_stat_of(s->col[p][c], reps);
+    *rmin = id.min > 0 ? pa.min / id.min : 0;
+    *rmed = ab_stat_of(q, reps).med;
+}
+
 static void print_sites_table(const struct samples *s, const struct ab_opts *o, bool gs_ok)
 {
     printf("### Site cost against the alternatives (TSC ticks per call, min / median)\n\n");
-    printf("Each cell: a loop of 16 calls per iteration, %llu calls per repetition, %u "
-           "repetitions, pinned to CPU %d; loop overhead included in every cell alike. "
+    printf("Each cell: a loop of 16 calls per iteration, timed with rdtsc; each sample sized to "
+           "about %d ticks (at most %llu calls), %u samples per cell, pinned to CPU %d; "
+           "the revert / unpatched / apply / patched+rest order repeats per sample. Loop "
+           "overhead included in every cell alike. The goal column uses the ratio of the "
+           "minima; the second number is the median of the per-sample ratios. "
            "*ideal* = the instruction sequence this CPU should run, written by hand without "
-           "padding. *fn pointer* = call through a volatile pointer to a noinline function; "
+           "padding, registers left to the compiler; *ideal, site's registers* = the same "
+           "instruction with the fixed registers and clobbers primitives.h uses (so "
+           "patched / that = what patching itself costs: padding NOPs, nothing else). *fn pointer* = call through a volatile pointer to a noinline function; "
            "*IFUNC* = GNU ifunc resolved at load; *target_clones* = GCC/clang function "
            "multiversioning (only where the compiler generates the code: the call "
            "primitive); *flag* = `if (global_flag)` around both sequences.\n\n",
-           (unsigned long long)(o->iters / 16 * 16), o->reps, o->cpu);
-    printf("| primitive | ideal here | unpatched site | patched site | ideal | fn pointer | "
-           "IFUNC | target_clones | flag branch | libc | patched/ideal (min, median) |\n");
-    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           AB_TARGET_TICKS, (unsigned long long)(o->iters / 16 * 16), o->reps, o->cpu);
+    printf("| primitive | ideal here | unpatched site | patched site | ideal | ideal, site's "
+           "registers | fn pointer | IFUNC | target_clones | flag branch | libc | "
+           "patched/ideal (min, median) | patched/same-registers (min, median) |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int p = 0; p < P_COUNT; p++) {
         if (p == P_GS && !gs_ok) {
             printf("| %s | skipped: altpatch_gs_install() failed |||||||||\n", prim_name[p]);
@@ -264,15 +309,20 @@ static void print_sites_table(const struct samples *s, const struct ab_opts *o, 
         }
         printf("| %s | %s |", prim_name[p], s->ideal_name[p]);
         for (int c = C_UNPATCHED; c < C_COUNT; c++) {
-            bool have = c <= C_IDEAL || (c == C_FP) || (c == C_IFUNC) || (c == C_FLAG) ||
+            bool have = c <= C_IDEAL || (c == C_SAME && s->same[p]) || (c == C_FP) || (c == C_IFUNC) || (c == C_FLAG) ||
                         (c == C_CLONES && loops[p].clones) || (c == C_LIBC && loops[p].libc);
             print_cell(s->col[p][c], o->reps, have);
         }
-        struct ab_stat pa = ab_stat_of(s->col[p][C_PATCHED], o->reps);
-        struct ab_stat id = ab_stat_of(s->col[p][C_IDEAL], o->reps);
-        double rmin = id.min > 0 ? pa.min / id.min : 0, rmed = id.med > 0 ? pa.med / id.med : 0;
-        printf(" %.3f, %.3f %s |\n", rmin, rmed,
-               (rmin <= 1.02 && rmed <= 1.02) ? "(goal met)" : "(goal <= 1.02 NOT met)");
+        double rmin, rmed;
+        patched_over(s, p, C_IDEAL, o->reps, &rmin, &rmed);
+        printf(" %.3f, %.3f %s |", rmin, rmed,
+               rmin <= 1.02 ? "(goal met)" : "(goal <= 1.02 NOT met)");
+        if (s->same[p]) {
+            patched_over(s, p, C_SAME, o->reps, &rmin, &rmed);
+            printf(" %.3f, %.3f |\n", rmin, rmed);
+        } else {
+            printf(" n/a |\n");
+        }
     }
     printf("\nlibc column: `%s` for altpatch_fs_self, `%s` for altpatch_getcpu.\n\n",
            loops[P_FS].libc_name, loops[P_CPU].libc_name);
@@ -352,7 +402,7 @@ int ab_mode_sites(const struct ab_opts *o, bool table, bool select)
     ab_dispatch_init();
     pick_ideals(&s);
     mark_hand_ok(&s, gs_ok);
-    uint64_t n = o->iters / 16;
+    s.max = o->iters / 16;
     int rc = altpatch_apply();
     struct altpatch_stats st = {.sz = sizeof(st)};
     if (rc < 0 || altpatch_get_stats(&st) < 0) {
@@ -362,10 +412,10 @@ int ab_mode_sites(const struct ab_opts *o, bool table, bool select)
     printf("<!-- altbench sites: first apply: %llu sites seen, %llu patched, %llu refused -->\n\n",
            (unsigned long long)st.sites_seen, (unsigned long long)st.sites_patched,
            (unsigned long long)st.sites_refused);
-    if (one_rep(&s, 0, n / 8 + 1, gs_ok) < 0) /* warm up */
+    if (one_rep(&s, 0, gs_ok) < 0) /* calibrate, warm up */
         return 1;
     for (unsigned r = 0; r < o->reps; r++) {
-        rc = one_rep(&s, r, n, gs_ok);
+        rc = one_rep(&s, r, gs_ok);
         if (rc < 0) {
             printf("apply/revert failed: %d (%s)\n", rc, strerror(-rc));
             return 1;
