@@ -57,6 +57,7 @@ struct ad_section {
 struct ad_symbol {
     uint64_t addr;
     uint64_t size;
+    uint64_t sec_end;     /* end address of the symbol's section */
     const char *name;
     bool func;
 };

@@ -493,7 +493,8 @@ static int read_symbols(struct reader *r)
         uint64_t addr = s.st_value;
         if (img->elf_type == ET_REL)
             addr += img->secs[s.st_shndx].addr;
-        img->syms[img->nsyms++] = (struct ad_symbol){addr, s.st_size, name,
+        const struct ad_section *sec = &img->secs[s.st_shndx];
+        img->syms[img->nsyms++] = (struct ad_symbol){addr, s.st_size, sec->addr + sec->size, name,
                                                      t == STT_FUNC || t == STT_GNU_IFUNC};
     }
     ad_symbols_sort(img);

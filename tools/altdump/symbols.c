@@ -44,20 +44,21 @@ static size_t upper(const struct ad_image *img, uint64_t addr)
 const struct ad_symbol *ad_symbol_at(const struct ad_image *img, uint64_t addr, uint64_t *off)
 {
     size_t u = upper(img, addr);
-    const struct ad_symbol *label = NULL;
-    /* Walk back over symbols that start at or before addr; a covering sized one wins. */
+    /* A sized symbol covering addr wins; look back over a few neighbours. */
     for (size_t i = u, steps = 0; i > 0 && steps < 64; i--, steps++) {
         const struct ad_symbol *s = &img->syms[i - 1];
         if (s->size && addr - s->addr < s->size) {
             *off = addr - s->addr;
             return s;
         }
-        if (!s->size && !label)
-            label = s;
     }
-    if (label) {
-        *off = addr - label->addr;
-        return label;
+    /* Else the nearest preceding label (size 0) of the same section. */
+    if (u > 0) {
+        const struct ad_symbol *s = &img->syms[u - 1];
+        if (!s->size && addr < s->sec_end) {
+            *off = addr - s->addr;
+            return s;
+        }
     }
     return NULL;
 }

@@ -55,7 +55,7 @@ static void print_decision(FILE *f, const struct ad_image *img, const struct ap_
 {
     if (p->reason != ALTPATCH_REASON_NONE) {
         fprintf(f, "  decision: refused: %s", altpatch_strreason(p->reason));
-        if (p->bad_entry >= 0)
+        if (p->bad_entry >= 0 && !p->detail[0])
             fprintf(f, " (entry %d)", p->bad_entry);
         fprintf(f, "%s%s\n", p->detail[0] ? ": " : "", p->detail);
     } else if (p->chosen >= 0) {
@@ -118,11 +118,12 @@ size_t ad_print_refusals(FILE *f, const char *prefix, const struct ad_image *img
         char sym[256];
         ad_symbolize(img, img->sites[i].addr, sym, sizeof(sym));
         char detail[256];
-        if (p->bad_entry >= 0)
-            snprintf(detail, sizeof(detail), "entry %d%s%s", p->bad_entry, p->detail[0] ? ": " : "",
-                     p->detail);
+        if (p->detail[0])
+            snprintf(detail, sizeof(detail), "%s", p->detail);
+        else if (p->bad_entry >= 0)
+            snprintf(detail, sizeof(detail), "entry %d", p->bad_entry);
         else
-            snprintf(detail, sizeof(detail), "%s", p->detail[0] ? p->detail : "no detail");
+            snprintf(detail, sizeof(detail), "no detail");
         fprintf(f, "%s%s: site %zu at 0x%llx (%s): %s (%s)\n", prefix, img->file, i,
                 (unsigned long long)img->sites[i].addr, *sym ? sym : "no symbol",
                 altpatch_strreason(p->reason), detail);

@@ -1,0 +1,101 @@
+# altdump tests: fixtures (assembled .S at fixed addresses), the live --pid
+# fixture, test_altdump wiring, and the libFuzzer harness (built with clang).
+if(NOT TARGET altdump OR NOT TARGET test_altdump)
+  return()
+endif()
+
+set(AD_SRC ${PROJECT_SOURCE_DIR}/testdata/altdump)
+set(AD_FIX ${CMAKE_CURRENT_BINARY_DIR}/altdump-fixtures)
+file(MAKE_DIRECTORY ${AD_FIX})
+
+# --- Golden fixtures: sites.S (with alternatives) and plain (-DNO_ALT) ------
+# Assembled from fixed bytes and linked with sites.ld, so addresses and bytes
+# do not depend on the compiler or linker version.
+set(AD_FIX_OUTPUTS)
+foreach(v sites plain)
+  set(defs)
+  if(v STREQUAL "plain")
+    set(defs -DNO_ALT)
+  endif()
+  add_custom_command(OUTPUT ${AD_FIX}/${v}.o ${AD_FIX}/${v}.elf
+    COMMAND ${CMAKE_C_COMPILER} ${defs} -I${AD_SRC} -c ${AD_SRC}/sites.S -o ${AD_FIX}/${v}.o
+    COMMAND ${CMAKE_C_COMPILER} -nostdlib -static -no-pie -Wl,-T,${AD_SRC}/sites.ld
+      -Wl,--build-id=none -Wl,-z,noexecstack -o ${AD_FIX}/${v}.elf ${AD_FIX}/${v}.o
+    DEPENDS ${AD_SRC}/sites.S ${AD_SRC}/altsites.inc ${AD_SRC}/sites.ld
+    COMMENT "altdump fixture ${v}" VERBATIM)
+  list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/${v}.o ${AD_FIX}/${v}.elf)
+endforeach()
+
+# --- Corrupt-record fixtures of testdata/ (engineer "fixtures"), rebuilt here
+# so that this test does not depend on their target names.
+set(AD_HAVE_CORRUPT 0)
+if(EXISTS ${PROJECT_SOURCE_DIR}/testdata/corrupt.S AND
+   EXISTS ${PROJECT_SOURCE_DIR}/testdata/corrupt_badtable.S AND
+   EXISTS ${PROJECT_SOURCE_DIR}/testdata/corrupt_badversion.S)
+  set(AD_HAVE_CORRUPT 1)
+  foreach(m corrupt corrupt_badtable corrupt_badversion)
+    add_custom_command(OUTPUT ${AD_FIX}/lib${m}.so
+      COMMAND ${CMAKE_C_COMPILER} -shared -nostdlib -I${PROJECT_SOURCE_DIR}/testdata
+        -Wl,-z,noexecstack -Wl,--build-id=none -o ${AD_FIX}/lib${m}.so
+        ${PROJECT_SOURCE_DIR}/testdata/${m}.S
+      DEPENDS ${PROJECT_SOURCE_DIR}/testdata/${m}.S ${PROJECT_SOURCE_DIR}/testdata/corrupt_common.inc
+      COMMENT "altdump fixture lib${m}.so" VERBATIM)
+    list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/lib${m}.so)
+  endforeach()
+endif()
+add_custom_target(altdump_fixtures DEPENDS ${AD_FIX_OUTPUTS})
+
+# --- The live process for --pid (sites through <altpatch/alternative.h>) ----
+add_executable(altdump_live ${AD_SRC}/live.c)
+target_compile_options(altdump_live PRIVATE -O2 -mno-red-zone)
+target_link_libraries(altdump_live PRIVATE altpatch_static)
+
+target_compile_definitions(test_altdump PRIVATE
+  ALTDUMP_BIN="$<TARGET_FILE:altdump>"
+  ALTDUMP_LIVE="$<TARGET_FILE:altdump_live>"
+  ALTDUMP_FIXDIR="${AD_FIX}"
+  ALTDUMP_GOLDEN="${AD_SRC}/golden"
+  ALTDUMP_HAVE_CORRUPT=${AD_HAVE_CORRUPT})
+target_link_libraries(test_altdump PRIVATE PkgConfig::LIBELF)
+add_dependencies(test_altdump altdump altdump_live altdump_fixtures)
+
+# --- Fuzz harness: libFuzzer needs clang; built by a test, then run ~60 s ---
+find_program(ALTDUMP_CLANG NAMES clang clang-14)
+set(AD_FUZZ_OK 0)
+if(ALTDUMP_CLANG)
+  set(probe ${CMAKE_CURRENT_BINARY_DIR}/altdump_fuzz_probe.c)
+  file(WRITE ${probe} "#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n")
+  execute_process(COMMAND ${ALTDUMP_CLANG} -fsanitize=fuzzer,address,undefined ${probe}
+      -o ${CMAKE_CURRENT_BINARY_DIR}/altdump_fuzz_probe
+    RESULT_VARIABLE probe_rc OUTPUT_QUIET ERROR_QUIET)
+  if(probe_rc EQUAL 0)
+    set(AD_FUZZ_OK 1)
+  endif()
+endif()
+
+if(AD_FUZZ_OK)
+  file(GLOB AD_LIB_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/altpatch/src/*.c)
+  set(fuzz_bin ${CMAKE_CURRENT_BINARY_DIR}/altdump_fuzz)
+  add_custom_command(OUTPUT ${fuzz_bin}
+    COMMAND ${ALTDUMP_CLANG} -std=gnu11 -g -O1 -D_GNU_SOURCE
+      -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+      -I${PROJECT_SOURCE_DIR}/altpatch/include -I${PROJECT_SOURCE_DIR}/altpatch/src
+      -I${PROJECT_SOURCE_DIR}/tools/altdump
+      ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}
+      -o ${fuzz_bin} $<TARGET_FILE:Zydis::Zydis> -lelf -ldl -lpthread
+    DEPENDS ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}
+    COMMENT "Building the altdump fuzz harness with clang (libFuzzer, ASan, UBSan)" VERBATIM)
+  add_custom_target(altdump_fuzz DEPENDS ${fuzz_bin})
+  add_test(NAME altdump_fuzz_build
+    COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target altdump_fuzz)
+  set_tests_properties(altdump_fuzz_build PROPERTIES FIXTURES_SETUP altdump_fuzz TIMEOUT 600)
+  add_test(NAME altdump_fuzz
+    COMMAND sh -c "mkdir -p fuzz-corpus && exec \"$0\" -max_total_time=60 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 fuzz-corpus \"$1\""
+      ${fuzz_bin} ${AD_SRC}/corpus
+    WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  set_tests_properties(altdump_fuzz PROPERTIES FIXTURES_REQUIRED altdump_fuzz TIMEOUT 300)
+else()
+  add_test(NAME altdump_fuzz
+    COMMAND sh -c "echo 'altdump_fuzz: skipped: clang with libFuzzer (-fsanitize=fuzzer) not found'; exit 77")
+  set_tests_properties(altdump_fuzz PROPERTIES SKIP_RETURN_CODE 77)
+endif()

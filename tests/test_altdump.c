@@ -1,0 +1,677 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * altdump, driven as a program: golden outputs (table, --json, --size,
+ * --compare) for several CPU profiles, --check on the corrupt-record
+ * fixtures, .o vs linked program, every bad input, and the cross-check with
+ * a live process (--pid) that ran altpatch_apply().
+ *
+ * Regenerate the goldens after an intended change:
+ *   ALTDUMP_REGEN=1 ./tests/test_altdump   (then review `git diff testdata/altdump/golden`)
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#ifndef ALTDUMP_BIN
+Test(altdump, not_built)
+{
+    cr_skip_test("altdump is not built (ALTPATCH_BUILD_TOOLS=OFF)");
+}
+#else
+
+/* --- helpers --------------------------------------------------------------- */
+
+struct result {
+    int rc;
+    char *out, *err;
+};
+
+static char *slurp_fd(int fd)
+{
+    size_t cap = 4096, len = 0;
+    char *b = malloc(cap);
+    cr_assert_not_null(b);
+    lseek(fd, 0, SEEK_SET);
+    for (;;) {
+        if (len + 1 >= cap) {
+            cap *= 2;
+            b = realloc(b, cap);
+            cr_assert_not_null(b);
+        }
+        ssize_t k = read(fd, b + len, cap - len - 1);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    b[len] = 0;
+    return b;
+}
+
+static int tmpfile_fd(void)
+{
+    char path[] = "/tmp/altdump-test-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    unlink(path);
+    return fd;
+}
+
+/* Run altdump with @p argv (NULL-terminated, without argv[0]) in the fixture directory. */
+static struct result run_v(const char *const *argv)
+{
+    const char *args[32] = {ALTDUMP_BIN};
+    size_t n = 1;
+    for (; argv[n - 1] && n < 31; n++)
+        args[n] = argv[n - 1];
+    args[n] = NULL;
+    int ofd = tmpfile_fd(), efd = tmpfile_fd();
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(ofd, 1);
+        dup2(efd, 2);
+        if (chdir(ALTDUMP_FIXDIR) != 0)
+            _exit(126);
+        unsetenv("ALTPATCH_CLEARCPUID");
+        unsetenv("ALTPATCH_OFF");
+        execv(ALTDUMP_BIN, (char *const *)args);
+        _exit(127);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st), "altdump died (signal %d)", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    struct result r = {WEXITSTATUS(st), slurp_fd(ofd), slurp_fd(efd)};
+    close(ofd);
+    close(efd);
+    return r;
+}
+
+#define RUN(...) run_v((const char *const[]){__VA_ARGS__, NULL})
+
+static void result_free(struct result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0);
+    char *b = malloc((size_t)st.st_size + 1);
+    cr_assert_not_null(b);
+    ssize_t k = read(fd, b, (size_t)st.st_size);
+    close(fd);
+    cr_assert_eq(k, st.st_size);
+    b[k] = 0;
+    if (len)
+        *len = (size_t)k;
+    return b;
+}
+
+static void write_file(const char *path, const void *b, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_geq(fd, 0, "cannot write %s: %s", path, strerror(errno));
+    cr_assert_eq(write(fd, b, len), (ssize_t)len);
+    close(fd);
+}
+
+static void golden(const char *name, const char *actual)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", ALTDUMP_GOLDEN, name);
+    if (getenv("ALTDUMP_REGEN")) {
+        mkdir(ALTDUMP_GOLDEN, 0755);
+        write_file(path, actual, strlen(actual));
+        return;
+    }
+    char *want = read_file(path, NULL);
+    cr_assert_not_null(want, "missing golden %s (run with ALTDUMP_REGEN=1)", path);
+    cr_assert_str_eq(actual, want, "output differs from %s", path);
+    free(want);
+}
+
+/* --- golden outputs -------------------------------------------------------- */
+
+struct gcase {
+    const char *golden;
+    int rc;
+    const char *argv[8];
+};
+
+static const struct gcase gcases[] = {
+    {"table-baseline.txt", 0, {"--cpu", "baseline", "sites.elf"}},
+    {"table-amd-zen4.txt", 0, {"--cpu", "amd-zen4", "sites.elf"}},
+    {"table-intel-spr-intel.txt", 0, {"--cpu", "intel-spr", "--intel", "sites.elf"}},
+    {"table-all-obj.txt", 0, {"-c", "all", "sites.o"}},
+    {"table-edit.txt", 0, {"--cpu", "amd-zen4,-fsgsbase,+serialize", "sites.elf"}},
+    {"json-amd-zen4.json", 0, {"--json", "--cpu", "amd-zen4", "sites.elf"}},
+    {"json-intel-spr-obj.json", 0, {"--json", "--cpu", "intel-spr,-popcnt", "sites.o"}},
+    {"size-amd-zen4.txt", 0, {"--size", "--cpu", "amd-zen4", "sites.elf"}},
+    {"size-baseline.txt", 0, {"--size", "--cpu", "baseline", "sites.elf", "sites.o"}},
+    {"size-all.json", 0, {"--size", "--json", "--cpu", "all", "sites.elf"}},
+    {"compare.txt", 0, {"--compare", "plain.elf", "sites.elf"}},
+    {"compare.json", 0, {"--compare", "--json", "plain.elf", "sites.elf"}},
+    {"check-sites.txt", 0, {"--check", "--cpu", "all", "sites.elf", "sites.o"}},
+};
+
+Test(altdump, golden_outputs)
+{
+    for (size_t i = 0; i < sizeof(gcases) / sizeof(gcases[0]); i++) {
+        const struct gcase *g = &gcases[i];
+        struct result r = run_v(g->argv);
+        cr_assert_eq(r.rc, g->rc, "%s: exit %d, stderr: %s", g->golden, r.rc, r.err);
+        cr_assert_str_empty(r.err, "%s: unexpected stderr: %s", g->golden, r.err);
+        golden(g->golden, r.out);
+        result_free(&r);
+    }
+}
+
+/* The decisions that must hold whatever the golden files say. */
+Test(altdump, decisions_by_profile)
+{
+    struct result r = RUN("--cpu", "baseline", "sites.elf");
+    cr_assert_eq(r.rc, 0);
+    /* baseline has no optional feature, and APIC_MSRS_FENCE (not AMD): nothing replaced. */
+    cr_assert(strstr(r.out, ": 0 replaced, 9 kept, 0 refused"), "%s", r.out);
+    result_free(&r);
+    r = RUN("--cpu", "all", "sites.elf");
+    cr_assert_eq(r.rc, 0);
+    /* "all" has every feature: every site but ALT_NOT(ALWAYS) and ALT_NOT(APIC_MSRS_FENCE). */
+    cr_assert(strstr(r.out, ": 7 replaced, 2 kept, 0 refused"), "%s", r.out);
+    /* the call switch is relocated: call impl_new from the site */
+    cr_assert(strstr(r.out, "0x401040  e8 5b 00 00 00"), "%s", r.out);
+    result_free(&r);
+}
+
+/* --- --check on the corrupt-record fixtures -------------------------------- */
+
+#if ALTDUMP_HAVE_CORRUPT
+/* Site index -> reason, in table order of testdata/corrupt.S. */
+static const int corrupt_reasons[] = {
+    0, 0, 0,
+    ALTPATCH_REASON_SITE_BOUNDS, ALTPATCH_REASON_SITE_BOUNDS, ALTPATCH_REASON_SITE_BOUNDS,
+    ALTPATCH_REASON_SITE_BOUNDS,
+    ALTPATCH_REASON_REPL_BOUNDS, ALTPATCH_REASON_REPL_BOUNDS,
+    ALTPATCH_REASON_REPL_TOO_LONG,
+    ALTPATCH_REASON_ORIG_UNDECODABLE,
+    ALTPATCH_REASON_REPL_UNDECODABLE,
+    ALTPATCH_REASON_ORIG_CROSSES_END,
+    ALTPATCH_REASON_REPL_CROSSES_END,
+    ALTPATCH_REASON_RELOC_OVERFLOW,
+    ALTPATCH_REASON_UNKNOWN_FEATURE,
+    ALTPATCH_REASON_EMPTY_SITE,
+    ALTPATCH_REASON_SITE_OVERLAP, ALTPATCH_REASON_SITE_OVERLAP,
+};
+
+Test(altdump, check_corrupt_reasons)
+{
+    const char *profiles[] = {"baseline", "all", "host"};
+    for (size_t p = 0; p < 3; p++) {
+        struct result r = RUN("--check", "--cpu", profiles[p], "libcorrupt.so");
+        cr_assert_eq(r.rc, 1, "exit %d: %s %s", r.rc, r.out, r.err);
+        size_t n = sizeof(corrupt_reasons) / sizeof(corrupt_reasons[0]), lines = 0;
+        for (char *l = r.out; *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : l + strlen(l))
+            lines++;
+        size_t refused = 0;
+        for (size_t i = 0; i < n; i++) {
+            char key[64];
+            snprintf(key, sizeof(key), "libcorrupt.so: site %zu at 0x", i);
+            char *line = strstr(r.out, key);
+            if (!corrupt_reasons[i]) {
+                cr_assert_null(line, "valid site %zu reported: %s", i, r.out);
+                continue;
+            }
+            refused++;
+            cr_assert_not_null(line, "site %zu not reported: %s", i, r.out);
+            char *eol = strchr(line, '\n');
+            cr_assert_not_null(eol);
+            *eol = 0;
+            cr_assert(strstr(line, altpatch_strreason(corrupt_reasons[i])),
+                      "site %zu: want '%s' in '%s'", i, altpatch_strreason(corrupt_reasons[i]),
+                      line);
+            *eol = '\n';
+        }
+        cr_assert_eq(lines, refused, "one line per refused site: %s", r.out);
+        result_free(&r);
+    }
+}
+
+Test(altdump, check_bad_table_and_version)
+{
+    struct result r = RUN("--check", "libcorrupt_badtable.so");
+    cr_assert_eq(r.rc, 3);
+    cr_assert(strstr(r.err, "altdump: libcorrupt_badtable.so: altinstructions holds 31 bytes, "
+                            "not a multiple of the 14-byte record"),
+              "%s", r.err);
+    result_free(&r);
+    r = RUN("--check", "libcorrupt_badversion.so");
+    cr_assert_eq(r.rc, 3);
+    cr_assert(strstr(r.err, "altdump: libcorrupt_badversion.so: unsupported altpatch note "
+                            "(format version 99"),
+              "%s", r.err);
+    result_free(&r);
+}
+#endif
+
+Test(altdump, check_good)
+{
+    struct result r = RUN("--check", "sites.elf", "sites.o");
+    cr_assert_eq(r.rc, 0, "%s %s", r.out, r.err);
+    cr_assert(strstr(r.out, "sites.elf: ok, 9 sites, 10 records\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "sites.o: ok, 9 sites, 10 records\n"), "%s", r.out);
+    result_free(&r);
+}
+
+/* --- .o vs linked program -------------------------------------------------- */
+
+/*
+ * Reduce --json output to what must not depend on addresses: per site the
+ * symbol, offset, length, decision, chosen entry, reason, and the original
+ * and final bytes (relative operands are relocated to the site, and every
+ * target of the fixture lies in .text, so they are equal).
+ */
+static char *site_keys(const char *json)
+{
+    size_t cap = strlen(json) + 1, o = 0;
+    char *out = calloc(cap, 1);
+    cr_assert_not_null(out);
+    const char *want = NULL;
+    for (const char *l = json; *l;) {
+        const char *eol = strchr(l, '\n');
+        size_t len = eol ? (size_t)(eol - l) : strlen(l);
+        char line[1024];
+        snprintf(line, sizeof(line), "%.*s", (int)(len < 1023 ? len : 1023), l);
+        const char *t = line + strspn(line, " ");
+        if (!strncmp(t, "\"original\": {", 13) || !strncmp(t, "\"final\": {", 10))
+            want = "\"bytes\"";
+        else if (want && !strncmp(t, want, strlen(want))) {
+            o += (size_t)snprintf(out + o, cap - o, "%s\n", t);
+            want = NULL;
+        } else if (!strncmp(t, "\"symbol\"", 8) || !strncmp(t, "\"offset\"", 8) ||
+                   !strncmp(t, "\"length\"", 8) || !strncmp(t, "\"decision\"", 10) ||
+                   !strncmp(t, "\"chosen\"", 8) || !strncmp(t, "\"reason\"", 8) ||
+                   !strncmp(t, "\"feature_id\"", 12) || !strncmp(t, "\"flags\"", 7)) {
+            o += (size_t)snprintf(out + o, cap - o, "%s\n", t);
+        }
+        l += len + (eol ? 1 : 0);
+    }
+    return out;
+}
+
+Test(altdump, object_matches_linked_program)
+{
+    const char *profiles[] = {"baseline", "amd-zen4", "intel-spr", "all"};
+    for (size_t p = 0; p < 4; p++) {
+        struct result a = RUN("--json", "--cpu", profiles[p], "sites.o");
+        struct result b = RUN("--json", "--cpu", profiles[p], "sites.elf");
+        cr_assert_eq(a.rc, 0);
+        cr_assert_eq(b.rc, 0);
+        char *ka = site_keys(a.out), *kb = site_keys(b.out);
+        cr_assert_gt(strlen(ka), 200, "nothing extracted: %s", a.out);
+        cr_assert(strstr(ka, "\"symbol\": \"alt_call\""), "%s", ka);
+        cr_assert_str_eq(ka, kb, "profile %s: .o and linked program differ", profiles[p]);
+        /* The addresses do differ: the comparison is not vacuous. */
+        cr_assert(strstr(a.out, "\"address\": \"0x100000\""), "%s", a.out);
+        cr_assert(strstr(b.out, "\"address\": \"0x401000\""), "%s", b.out);
+        free(ka);
+        free(kb);
+        result_free(&a);
+        result_free(&b);
+    }
+}
+
+/* --- bad input ------------------------------------------------------------- */
+
+static char tmpdir[64];
+
+static void mktmp(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/altdump-bad-XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir));
+}
+
+static void rmtmp(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* Write a variant of sites.elf changed by @p edit into tmpdir/@p name; returns its path. */
+static char *variant(const char *name, void (*edit)(uint8_t *b, size_t *len))
+{
+    size_t len;
+    char *src = read_file(ALTDUMP_FIXDIR "/sites.elf", &len);
+    cr_assert_not_null(src);
+    static char path[256];
+    snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+    edit((uint8_t *)src, &len);
+    write_file(path, src, len);
+    free(src);
+    return path;
+}
+
+/* Section header of @p name in the image, through libelf. */
+static GElf_Shdr shdr_of(uint8_t *b, size_t len, const char *name, size_t *shoff_of_hdr)
+{
+    cr_assert_neq(elf_version(EV_CURRENT), EV_NONE);
+    Elf *e = elf_memory((char *)b, len);
+    cr_assert_not_null(e);
+    size_t shstrndx;
+    cr_assert_eq(elf_getshdrstrndx(e, &shstrndx), 0);
+    GElf_Ehdr eh;
+    cr_assert_not_null(gelf_getehdr(e, &eh));
+    Elf_Scn *scn = NULL;
+    GElf_Shdr sh;
+    while ((scn = elf_nextscn(e, scn))) {
+        cr_assert_not_null(gelf_getshdr(scn, &sh));
+        if (!strcmp(elf_strptr(e, shstrndx, sh.sh_name), name)) {
+            if (shoff_of_hdr)
+                *shoff_of_hdr = eh.e_shoff + elf_ndxscn(scn) * eh.e_shentsize;
+            elf_end(e);
+            return sh;
+        }
+    }
+    cr_assert_fail("no section %s", name);
+    return sh;
+}
+
+static void e_truncate(uint8_t *b, size_t *len)
+{
+    (void)b;
+    *len = 700;
+}
+static void e_class32(uint8_t *b, size_t *len)
+{
+    (void)len;
+    b[EI_CLASS] = ELFCLASS32;
+}
+static void e_machine(uint8_t *b, size_t *len)
+{
+    (void)len;
+    Elf64_Ehdr *eh = (Elf64_Ehdr *)b;
+    eh->e_machine = 183; /* EM_AARCH64 */
+}
+static void e_shoff(uint8_t *b, size_t *len)
+{
+    Elf64_Ehdr *eh = (Elf64_Ehdr *)b;
+    eh->e_shoff = *len + 0x1000;
+}
+static void e_secoff(uint8_t *b, size_t *len)
+{
+    size_t at;
+    shdr_of(b, *len, "altinstructions", &at);
+    Elf64_Shdr *sh = (Elf64_Shdr *)(b + at);
+    sh->sh_offset = 0x7fffff00;
+}
+static void e_record(uint8_t *b, size_t *len)
+{
+    GElf_Shdr sh = shdr_of(b, *len, "altinstructions", NULL);
+    int32_t off;
+    memcpy(&off, b + sh.sh_offset, 4);
+    off += 0x100000; /* site 0 moves 1 MiB away */
+    memcpy(b + sh.sh_offset, &off, 4);
+}
+static void e_note_field(uint8_t *b, size_t len, size_t field, int32_t add)
+{
+    GElf_Shdr sh = shdr_of(b, len, ".note.altpatch", NULL);
+    uint8_t *desc = b + sh.sh_offset + 12 + 12; /* nhdr + "altpatch\0" padded */
+    int32_t v;
+    memcpy(&v, desc + 4 * field, 4);
+    v += add;
+    memcpy(desc + 4 * field, &v, 4);
+}
+static void e_version(uint8_t *b, size_t *len)
+{
+    e_note_field(b, *len, 0, 1);
+}
+static void e_table_size(uint8_t *b, size_t *len)
+{
+    e_note_field(b, *len, 3, -3); /* __stop_altinstructions - 3 */
+}
+static void e_table_far(uint8_t *b, size_t *len)
+{
+    e_note_field(b, *len, 2, 0x10000000); /* both bounds of the table move 256 MiB */
+    e_note_field(b, *len, 3, 0x10000000);
+}
+
+struct bad {
+    const char *name;
+    void (*edit)(uint8_t *, size_t *);
+    int rc;
+    const char *msg;
+};
+
+Test(altdump, bad_input, .init = mktmp, .fini = rmtmp)
+{
+    static const struct bad cases[] = {
+        {"truncated.elf", e_truncate, 3, "section headers outside the file"},
+        {"class32.elf", e_class32, 3, "not a 64-bit ELF"},
+        {"aarch64.elf", e_machine, 3, "not an x86-64 ELF (e_machine 183)"},
+        {"shoff.elf", e_shoff, 3, "section headers outside the file"},
+        {"secoff.elf", e_secoff, 3, "section 3 'altinstructions' [0x7fffff00, +0x8c) lies outside the file"},
+        {"record.elf", e_record, 1, "site 0 at 0x501000 (no symbol): site outside the module's executable sections"},
+        {"version.elf", e_version, 3, "unsupported altpatch note (format version 2"},
+        {"tablesize.elf", e_table_size, 3, "altinstructions holds 137 bytes, not a multiple of the 14-byte record"},
+        {"tablefar.elf", e_table_far, 3, "altinstructions [0x10403000, 0x1040308c) named by the note lies outside the file's sections"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const struct bad *c = &cases[i];
+        char *path = variant(c->name, c->edit);
+        const char *modes[] = {"--check", "--size", "--json"};
+        for (size_t m = 0; m < 3; m++) {
+            struct result r = RUN(modes[m], path);
+            char want[512];
+            snprintf(want, sizeof(want), "altdump: %s: %s", path, c->msg);
+            cr_assert_eq(r.rc, c->rc, "%s %s: exit %d, stderr %s", c->name, modes[m], r.rc, r.err);
+            if (c->rc == 1 && m == 0) /* --check reports refusals on stdout */
+                cr_assert(strstr(r.out, want + strlen("altdump: ")), "%s: %s", c->name, r.out);
+            else
+                cr_assert(strstr(r.err, want), "%s %s: want '%s' in stderr '%s'", c->name,
+                          modes[m], want, r.err);
+            if (c->rc == 3)
+                cr_assert(strchr(r.err, '\n') == r.err + strlen(r.err) - 1,
+                          "one line only: %s", r.err);
+            result_free(&r);
+        }
+    }
+}
+
+Test(altdump, bad_files, .init = mktmp, .fini = rmtmp)
+{
+    char text[256], empty[256];
+    snprintf(text, sizeof(text), "%s/text.txt", tmpdir);
+    snprintf(empty, sizeof(empty), "%s/empty", tmpdir);
+    write_file(text, "hello, world\n", 13);
+    write_file(empty, "", 0);
+    struct result r = RUN(text);
+    cr_assert_eq(r.rc, 3);
+    cr_assert(strstr(r.err, ": not an ELF file"), "%s", r.err);
+    result_free(&r);
+    r = RUN(empty);
+    cr_assert_eq(r.rc, 3);
+    cr_assert(strstr(r.err, ": empty file"), "%s", r.err);
+    result_free(&r);
+    r = RUN("/nonexistent/file");
+    cr_assert_eq(r.rc, 3);
+    cr_assert(strstr(r.err, "altdump: /nonexistent/file: cannot open (No such file or directory)"),
+              "%s", r.err);
+    result_free(&r);
+    r = RUN("plain.elf");
+    cr_assert_eq(r.rc, 3);
+    cr_assert(strstr(r.err, "altdump: plain.elf: no altpatch tables"), "%s", r.err);
+    result_free(&r);
+    /* The good file still counts; the worst status wins. */
+    r = RUN("--check", "sites.elf", text);
+    cr_assert_eq(r.rc, 3);
+    cr_assert(strstr(r.out, "sites.elf: ok"), "%s", r.out);
+    result_free(&r);
+}
+
+Test(altdump, usage)
+{
+    struct result r = run_v((const char *const[]){NULL});
+    cr_assert_eq(r.rc, 2);
+    cr_assert(strstr(r.err, "no input file"), "%s", r.err);
+    result_free(&r);
+    r = RUN("--cpu", "pentium2", "sites.elf");
+    cr_assert_eq(r.rc, 2);
+    cr_assert(strstr(r.err, "unknown CPU profile 'pentium2'"), "%s", r.err);
+    result_free(&r);
+    r = RUN("--cpu", "all,+nosuchfeature", "sites.elf");
+    cr_assert_eq(r.rc, 2);
+    result_free(&r);
+    r = RUN("--pid", "abc");
+    cr_assert_eq(r.rc, 2);
+    result_free(&r);
+    r = RUN("--compare", "sites.elf");
+    cr_assert_eq(r.rc, 2);
+    result_free(&r);
+    r = RUN("--bogus");
+    cr_assert_eq(r.rc, 2);
+    result_free(&r);
+    r = RUN("--help");
+    cr_assert_eq(r.rc, 0);
+    cr_assert(strstr(r.out, "Usage: altdump"), "%s", r.out);
+    result_free(&r);
+    r = RUN("--version");
+    cr_assert_eq(r.rc, 0);
+    cr_assert(strstr(r.out, "altdump (altpatch) "), "%s", r.out);
+    result_free(&r);
+}
+
+/* --- cross-check with a live process --------------------------------------- */
+
+struct live {
+    pid_t pid;
+    int in; /* write end of its stdin: close to let it exit */
+};
+
+static struct live live_start(bool off)
+{
+    int pin[2], pout[2];
+    cr_assert_eq(pipe(pin), 0);
+    cr_assert_eq(pipe(pout), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(pin[0], 0);
+        dup2(pout[1], 1);
+        close(pin[1]);
+        close(pout[0]);
+        unsetenv("ALTPATCH_CLEARCPUID");
+        if (off)
+            setenv("ALTPATCH_OFF", "1", 1);
+        else
+            unsetenv("ALTPATCH_OFF");
+        execl(ALTDUMP_LIVE, ALTDUMP_LIVE, (char *)NULL);
+        _exit(127);
+    }
+    close(pin[0]);
+    close(pout[1]);
+    char buf[64] = "";
+    ssize_t k = read(pout[0], buf, sizeof(buf) - 1);
+    close(pout[0]);
+    cr_assert_gt(k, 0, "live fixture did not start");
+    cr_assert(!strncmp(buf, "ready ", 6), "live fixture said '%s'", buf);
+    return (struct live){pid, pin[1]};
+}
+
+static void live_stop(struct live *l)
+{
+    close(l->in);
+    int st;
+    cr_assert_eq(waitpid(l->pid, &st, 0), l->pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* Parse "pid N: T sites in M modules: a final, b original, c mismatch, d unreadable". */
+static void summary(const char *out, size_t v[5])
+{
+    const char *s = strstr(out, " sites in ");
+    cr_assert_not_null(s, "%s", out);
+    while (s > out && s[-1] != ' ')
+        s--;
+    unsigned long long t, m, a, b, c, d;
+    cr_assert_eq(sscanf(s, "%llu sites in %llu modules: %llu final, %llu original, %llu mismatch, "
+                           "%llu unreadable",
+                        &t, &m, &a, &b, &c, &d),
+                 6, "%s", out);
+    v[0] = t, v[1] = a, v[2] = b, v[3] = c, v[4] = d;
+}
+
+Test(altdump, pid_final_after_apply)
+{
+    struct live l = live_start(false);
+    char pid[32];
+    snprintf(pid, sizeof(pid), "%d", (int)l.pid);
+    struct result r = RUN("--pid", pid);
+    cr_assert_eq(r.rc, 0, "exit %d: %s %s", r.rc, r.out, r.err);
+    size_t v[5];
+    summary(r.out, v);
+    cr_assert_geq(v[0], 5, "the live fixture has 5 sites: %s", r.out);
+    cr_assert_eq(v[1], v[0], "every site must hold its final bytes: %s", r.out);
+    cr_assert(strstr(r.out, ALTDUMP_LIVE), "%s", r.out);
+    for (const char *s = r.out; (s = strstr(s, "  site ")); s++)
+        cr_assert(!strncmp(strstr(s, ": ") + 2, "final", 5), "%s", s);
+    result_free(&r);
+
+    /* Planned for a CPU with nothing: sites the host patched now mismatch. */
+    r = RUN("--pid", pid, "--cpu", "baseline");
+    summary(r.out, v);
+    if (altpatch_cpu_has(X86_FEATURE_FSGSBASE) || altpatch_cpu_has(X86_FEATURE_RDTSCP) ||
+        altpatch_cpu_has(X86_FEATURE_LFENCE_RDTSC)) {
+        cr_assert_eq(r.rc, 1, "%s", r.out);
+        cr_assert_geq(v[3], 1, "%s", r.out);
+        cr_assert(strstr(r.out, "    memory:   "), "%s", r.out);
+    }
+    result_free(&r);
+    live_stop(&l);
+}
+
+Test(altdump, pid_original_when_off)
+{
+    struct live l = live_start(true);
+    char pid[32];
+    snprintf(pid, sizeof(pid), "%d", (int)l.pid);
+    struct result r = RUN("--pid", pid, "--json");
+    cr_assert_eq(r.rc, 0, "exit %d: %s %s", r.rc, r.out, r.err);
+    cr_assert(strstr(r.out, "\"state\": \"final\"") || strstr(r.out, "\"state\": \"original\""));
+    if (altpatch_cpu_has(X86_FEATURE_FSGSBASE) || altpatch_cpu_has(X86_FEATURE_RDTSCP))
+        cr_assert(strstr(r.out, "\"state\": \"original\""), "%s", r.out);
+    cr_assert_null(strstr(r.out, "\"state\": \"mismatch\""), "%s", r.out);
+    result_free(&r);
+    live_stop(&l);
+}
+
+Test(altdump, pid_bad)
+{
+    struct result r = RUN("--pid", "999999999");
+    cr_assert_eq(r.rc, 3);
+    cr_assert(strstr(r.err, "altdump: pid 999999999: cannot open /proc/999999999/maps"), "%s",
+              r.err);
+    result_free(&r);
+    char self[32];
+    snprintf(self, sizeof(self), "%d", (int)getpid());
+    r = RUN("--pid", self); /* this test program: static library, no sites of its own? */
+    cr_assert(r.rc == 0 || r.rc == 3, "%d %s", r.rc, r.err);
+    result_free(&r);
+}
+
+#endif /* ALTDUMP_BIN */
