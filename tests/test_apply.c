@@ -1,0 +1,686 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * altpatch_apply_opts() on sites written in this file: bytes in memory under
+ * explicit feature sets, idempotence, REVERT, DRY_RUN, stats, site_foreach,
+ * the print callback, the environment (ALTPATCH_OFF, ALTPATCH_CLEARCPUID,
+ * ALTPATCH_DEBUG), bad options and the threads policy.
+ *
+ * Applying needs a single-threaded process and Criterion's test process has
+ * two threads: every test that writes runs its body in a fork()ed child
+ * (ap_isolate.h) and asserts on what the child reports.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+
+#include "ap_isolate.h"
+
+/* ---- the sites ------------------------------------------------------------
+ * Each function's body is its site, first thing after any prologue; the site
+ * is found through altpatch_site_foreach() as the first one at or after the
+ * function's address. Fixed registers make the bytes exact. */
+
+#define F_A X86_FEATURE_POPCNT
+#define F_B X86_FEATURE_AVX512F
+
+/* 5-byte original and replacement, ALWAYS: patched under every set. */
+__attribute__((noinline)) static long site_always(void)
+{
+    long v;
+    __asm__ __volatile__(ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", X86_FEATURE_ALWAYS)
+                         : "=a"(v));
+    return v;
+}
+
+/* 2-byte original (padded to 3 with 0x90), 3-byte replacement. */
+__attribute__((noinline)) static long site_two(void)
+{
+    long v;
+    __asm__ __volatile__(ALTERNATIVE("xorl %%eax, %%eax", "orl $-1, %%eax", F_A) : "=a"(v));
+    return v;
+}
+
+/* Replacement taken when F_A is absent. */
+__attribute__((noinline)) static long site_not(void)
+{
+    long v;
+    __asm__ __volatile__(ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", ALT_NOT(F_A))
+                         : "=a"(v));
+    return v;
+}
+
+/* Nested: 2 under F_A, 3 under F_B (the later entry wins). */
+__attribute__((noinline)) static long site_nest(void)
+{
+    long v;
+    __asm__ __volatile__(ALTERNATIVE_2("movl $1, %%eax", "movl $2, %%eax", F_A,
+                                       "movl $3, %%eax", F_B)
+                         : "=a"(v));
+    return v;
+}
+
+enum { S_ALWAYS, S_TWO, S_NOT, S_NEST, S_COUNT };
+static long (*const site_fn[S_COUNT])(void) = {site_always, site_two, site_not, site_nest};
+
+static const uint8_t MOV1[5] = {0xb8, 1, 0, 0, 0};
+static const uint8_t MOV2[5] = {0xb8, 2, 0, 0, 0};
+static const uint8_t MOV3[5] = {0xb8, 3, 0, 0, 0};
+static const uint8_t XOR_PAD[3] = {0x31, 0xc0, 0x90};
+static const uint8_t OR_M1[3] = {0x83, 0xc8, 0xff};
+
+/* ---- what a child reports ------------------------------------------------ */
+
+struct site_view {
+    bool found;
+    uintptr_t addr;
+    unsigned len, entries, feature, flags;
+    int chosen, state, reason;
+    uint8_t original[16], current[16];
+    char module[64];
+};
+
+struct snapshot {
+    struct site_view s[S_COUNT];
+    long value[S_COUNT];   /* what calling each function returns */
+    unsigned nsites;       /* sites listed by altpatch_site_foreach */
+    unsigned npatched;     /* of them, state PATCHED */
+    uint64_t changed_bytes; /* sum of len where current != original */
+    int foreach_rc;
+};
+
+struct find_ctx {
+    struct snapshot *snap;
+};
+
+static int collect_cb(const struct altpatch_site_info *si, void *ctx)
+{
+    struct snapshot *sn = ((struct find_ctx *)ctx)->snap;
+    sn->nsites++;
+    sn->npatched += si->state == ALTPATCH_SITE_PATCHED;
+    if (si->original && si->current && memcmp(si->original, si->current, si->len) != 0)
+        sn->changed_bytes += si->len;
+    for (int k = 0; k < S_COUNT; k++) {
+        uintptr_t fn = (uintptr_t)site_fn[k];
+        struct site_view *v = &sn->s[k];
+        if (si->addr < fn || si->addr >= fn + 32 || (v->found && si->addr > v->addr))
+            continue;
+        *v = (struct site_view){.found = true, .addr = si->addr, .len = si->len,
+                                .entries = si->entries, .feature = si->feature,
+                                .flags = si->flags, .chosen = si->chosen,
+                                .state = si->state, .reason = si->reason};
+        if (si->original)
+            memcpy(v->original, si->original, si->len < 16 ? si->len : 16);
+        if (si->current)
+            memcpy(v->current, si->current, si->len < 16 ? si->len : 16);
+        snprintf(v->module, sizeof(v->module), "%s", si->module);
+    }
+    return 0;
+}
+
+static void snap(struct snapshot *sn)
+{
+    memset(sn, 0, sizeof(*sn));
+    struct find_ctx c = {sn};
+    sn->foreach_rc = altpatch_site_foreach(collect_cb, &c);
+    for (int k = 0; k < S_COUNT; k++)
+        sn->value[k] = site_fn[k]();
+}
+
+/** A feature set holding ALWAYS (as any CPU's set) and the listed ids (ended by -1). */
+static struct altpatch_features *fset(int first, ...)
+{
+    struct altpatch_features *f = altpatch_features_new();
+    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
+        abort();
+    va_list ap;
+    va_start(ap, first);
+    for (int id = first; id >= 0; id = va_arg(ap, int))
+        if (altpatch_features_set(f, (unsigned)id))
+            abort();
+    va_end(ap);
+    return f;
+}
+
+static int apply_with(const struct altpatch_features *f, unsigned flags)
+{
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f, .flags = flags};
+    return altpatch_apply_opts(&o);
+}
+
+static void get_stats(struct altpatch_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->sz = sizeof(*st);
+    if (altpatch_get_stats(st))
+        abort();
+}
+
+static void assert_site(const struct site_view *v, const uint8_t *orig, const uint8_t *cur,
+                        unsigned len, const char *what)
+{
+    cr_assert(v->found, "%s: site not listed by altpatch_site_foreach", what);
+    cr_assert_eq(v->len, len, "%s: len %u", what, v->len);
+    cr_assert_arr_eq(v->original, orig, len, "%s: original bytes", what);
+    cr_assert_arr_eq(v->current, cur, len, "%s: bytes in memory", what);
+}
+
+/* ---- apply under explicit feature sets ------------------------------------ */
+
+struct set_result {
+    int rc;
+    struct snapshot sn;
+    struct altpatch_stats st;
+};
+
+struct set_ctx {
+    int ids[4];
+    unsigned flags;
+};
+
+static void set_body(void *out, void *ctx)
+{
+    struct set_result *r = out;
+    struct set_ctx *c = ctx;
+    struct altpatch_features *f = fset(c->ids[0], c->ids[1], c->ids[2], c->ids[3]);
+    r->rc = apply_with(f, c->flags);
+    altpatch_features_free(f);
+    get_stats(&r->st);
+    snap(&r->sn);
+}
+
+static struct set_result *apply_set(int a, int b)
+{
+    struct set_ctx c = {{a, b, -1, -1}, 0};
+    struct set_result *r = ap_isolated(sizeof(*r), set_body, &c);
+    cr_assert_eq(r->rc, 0, "apply: %d", r->rc);
+    cr_assert_eq(r->sn.foreach_rc, 0);
+    return r;
+}
+
+Test(apply, empty_set)
+{
+    struct set_result *r = apply_set(-1, -1);
+    const struct snapshot *sn = &r->sn;
+    assert_site(&sn->s[S_ALWAYS], MOV1, MOV2, 5, "ALWAYS");
+    assert_site(&sn->s[S_TWO], XOR_PAD, XOR_PAD, 3, "2 vs 3 bytes, feature absent");
+    assert_site(&sn->s[S_NOT], MOV1, MOV2, 5, "ALT_NOT, feature absent");
+    assert_site(&sn->s[S_NEST], MOV1, MOV1, 5, "nested, none");
+    cr_assert_eq(sn->value[S_ALWAYS], 2);
+    cr_assert_eq(sn->value[S_TWO], 0);
+    cr_assert_eq(sn->value[S_NOT], 2);
+    cr_assert_eq(sn->value[S_NEST], 1);
+}
+
+Test(apply, feature_a)
+{
+    struct set_result *r = apply_set(F_A, -1);
+    const struct snapshot *sn = &r->sn;
+    assert_site(&sn->s[S_TWO], XOR_PAD, OR_M1, 3, "2 vs 3 bytes, feature present");
+    assert_site(&sn->s[S_NOT], MOV1, MOV1, 5, "ALT_NOT, feature present");
+    assert_site(&sn->s[S_NEST], MOV1, MOV2, 5, "nested, first");
+    cr_assert_eq(sn->value[S_TWO], 0xffffffffL);
+    cr_assert_eq(sn->value[S_NOT], 1);
+    cr_assert_eq(sn->value[S_NEST], 2);
+}
+
+Test(apply, nested_last_eligible_wins)
+{
+    struct set_result *r = apply_set(F_B, -1);
+    assert_site(&r->sn.s[S_NEST], MOV1, MOV3, 5, "nested, second only");
+    cr_assert_eq(r->sn.value[S_NEST], 3);
+    r = apply_set(F_A, F_B);
+    assert_site(&r->sn.s[S_NEST], MOV1, MOV3, 5, "nested, both");
+    cr_assert_eq(r->sn.value[S_NEST], 3);
+    cr_assert_eq(r->sn.s[S_NEST].chosen, 1);
+    cr_assert_eq(r->sn.s[S_NEST].feature, F_B);
+}
+
+Test(apply, site_foreach_contents)
+{
+    struct set_result *r = apply_set(F_A, F_B);
+    const struct snapshot *sn = &r->sn;
+    const struct site_view *n = &sn->s[S_NEST], *o = &sn->s[S_NOT], *t = &sn->s[S_TWO];
+    cr_assert_str_eq(n->module, "", "sites of the executable: module \"\"");
+    cr_assert_eq(n->entries, 2);
+    cr_assert_eq(n->state, ALTPATCH_SITE_PATCHED);
+    cr_assert_eq(n->reason, ALTPATCH_REASON_NONE);
+    cr_assert_eq(o->entries, 1);
+    cr_assert_eq(o->chosen, -1);
+    cr_assert_eq(o->state, ALTPATCH_SITE_ORIGINAL);
+    cr_assert_eq(o->feature, F_A);
+    cr_assert(o->flags & ALT_FLAG_NOT, "flags of an ALT_NOT entry: 0x%x", o->flags);
+    cr_assert_eq(t->chosen, 0);
+    cr_assert_eq(t->feature, F_A);
+    cr_assert_eq(t->flags, 0);
+    cr_assert_eq(t->state, ALTPATCH_SITE_PATCHED);
+    cr_assert_geq(sn->nsites, S_COUNT);
+}
+
+Test(apply, stats_of_first_apply)
+{
+    struct set_result *r = apply_set(F_A, -1);
+    const struct altpatch_stats *st = &r->st;
+    cr_assert_eq(st->sz, sizeof(*st));
+    cr_assert_geq(st->modules, 1);
+    cr_assert_eq(st->sites_seen, r->sn.nsites);
+    cr_assert_eq(st->sites_patched, r->sn.npatched);
+    cr_assert_eq(st->bytes_written, r->sn.changed_bytes, "bytes %lu vs changed %lu",
+                 (unsigned long)st->bytes_written, (unsigned long)r->sn.changed_bytes);
+    cr_assert_geq(st->bytes_written, 5 + 3 + 5, "at least ALWAYS, TWO and NEST changed");
+    cr_assert_geq(st->pages_written, 1);
+    cr_assert_geq(st->syscalls, 5, "maps open/read/close and two mprotect at least");
+    cr_assert_gt(st->ns, 0);
+    cr_assert_lt(st->sites_unchanged, st->sites_seen);
+}
+
+/* ---- idempotence, revert, dry run ----------------------------------------- */
+
+struct seq_result {
+    int rc[3];
+    struct altpatch_stats st[3];
+    struct snapshot sn[3];
+};
+
+struct seq_ctx {
+    unsigned flags[3];
+};
+
+static void seq_body(void *out, void *ctx)
+{
+    struct seq_result *r = out;
+    struct seq_ctx *c = ctx;
+    struct altpatch_features *f = fset(F_A, -1);
+    for (int i = 0; i < 3; i++) {
+        r->rc[i] = apply_with(f, c->flags[i]);
+        get_stats(&r->st[i]);
+        snap(&r->sn[i]);
+    }
+    altpatch_features_free(f);
+}
+
+static struct seq_result *apply_seq(unsigned f0, unsigned f1, unsigned f2)
+{
+    struct seq_ctx c = {{f0, f1, f2}};
+    struct seq_result *r = ap_isolated(sizeof(*r), seq_body, &c);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(r->rc[i], 0, "apply #%d: %d", i, r->rc[i]);
+    return r;
+}
+
+Test(apply, idempotent)
+{
+    struct seq_result *r = apply_seq(0, 0, 0);
+    for (int i = 1; i < 3; i++) {
+        cr_assert_eq(r->st[i].bytes_written, 0, "apply #%d wrote", i);
+        cr_assert_eq(r->st[i].pages_written, 0);
+        cr_assert_eq(r->st[i].syscalls, 0, "nothing to write: no syscall");
+        cr_assert_eq(r->st[i].sites_unchanged, r->st[i].sites_seen);
+        cr_assert_eq(r->st[i].sites_patched, r->st[0].sites_patched);
+    }
+    assert_site(&r->sn[2].s[S_TWO], XOR_PAD, OR_M1, 3, "after three applies");
+}
+
+Test(apply, revert_restores_originals)
+{
+    struct seq_result *r = apply_seq(0, ALTPATCH_APPLY_REVERT, 0);
+    const struct snapshot *sn = &r->sn[1];
+    assert_site(&sn->s[S_ALWAYS], MOV1, MOV1, 5, "reverted ALWAYS");
+    assert_site(&sn->s[S_TWO], XOR_PAD, XOR_PAD, 3, "reverted TWO");
+    assert_site(&sn->s[S_NEST], MOV1, MOV1, 5, "reverted NEST");
+    for (int k = 0; k < S_COUNT; k++) {
+        cr_assert_eq(sn->s[k].state, ALTPATCH_SITE_ORIGINAL);
+        cr_assert_eq(sn->s[k].chosen, -1);
+    }
+    cr_assert_eq(sn->value[S_ALWAYS], 1);
+    cr_assert_eq(sn->value[S_TWO], 0);
+    cr_assert_eq(r->st[1].sites_patched, 0);
+    cr_assert_eq(r->st[1].bytes_written, r->st[0].bytes_written);
+    /* and patched again afterwards */
+    assert_site(&r->sn[2].s[S_TWO], XOR_PAD, OR_M1, 3, "re-applied TWO");
+    cr_assert_eq(r->sn[2].value[S_ALWAYS], 2);
+}
+
+Test(apply, dry_run_writes_nothing)
+{
+    struct seq_result *r = apply_seq(ALTPATCH_APPLY_DRY_RUN, ALTPATCH_APPLY_DRY_RUN, 0);
+    const struct snapshot *sn = &r->sn[0];
+    assert_site(&sn->s[S_TWO], XOR_PAD, XOR_PAD, 3, "dry run");
+    cr_assert_eq(sn->s[S_TWO].state, ALTPATCH_SITE_PATCHED, "the plan is reported");
+    cr_assert_eq(sn->s[S_TWO].chosen, 0);
+    cr_assert_eq(r->st[0].bytes_written, 0);
+    cr_assert_eq(r->st[0].syscalls, 0);
+    cr_assert_gt(r->st[0].sites_patched, 0);
+    cr_assert_eq(sn->value[S_TWO], 0);
+    /* the real apply afterwards writes what the dry run planned */
+    assert_site(&r->sn[2].s[S_TWO], XOR_PAD, OR_M1, 3, "apply after dry run");
+    cr_assert_eq(r->st[2].sites_patched, r->st[0].sites_patched);
+}
+
+Test(apply, procmem_only)
+{
+    struct seq_result *r = apply_seq(ALTPATCH_APPLY_PROCMEM_ONLY, ALTPATCH_APPLY_REVERT | ALTPATCH_APPLY_PROCMEM_ONLY, 0);
+    assert_site(&r->sn[0].s[S_TWO], XOR_PAD, OR_M1, 3, "through /proc/self/mem");
+    cr_assert_eq(r->sn[0].value[S_TWO], 0xffffffffL);
+    assert_site(&r->sn[1].s[S_TWO], XOR_PAD, XOR_PAD, 3, "reverted through /proc/self/mem");
+}
+
+/* ---- memory changed behind our back ---------------------------------------- */
+
+struct mismatch_result {
+    int rc;
+    struct snapshot sn;
+    struct altpatch_stats st;
+};
+
+static void mismatch_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct mismatch_result *r = out;
+    struct altpatch_features *f = fset(F_A, -1);
+    struct snapshot sn;
+    apply_with(f, 0);
+    snap(&sn);
+    /* someone else rewrites the ALWAYS site: movl $7, %eax */
+    int fd = open("/proc/self/mem", O_RDWR);
+    uint8_t seven = 7;
+    if (fd < 0 || pwrite(fd, &seven, 1, (off_t)(sn.s[S_ALWAYS].addr + 1)) != 1)
+        _exit(5);
+    close(fd);
+    r->rc = apply_with(f, ALTPATCH_APPLY_REVERT);
+    get_stats(&r->st);
+    snap(&r->sn);
+    altpatch_features_free(f);
+}
+
+Test(apply, memory_mismatch_is_refused)
+{
+    struct mismatch_result *r = ap_isolated(sizeof(*r), mismatch_body, NULL);
+    static const uint8_t MOV7[5] = {0xb8, 7, 0, 0, 0};
+    cr_assert_eq(r->rc, 0);
+    const struct site_view *v = &r->sn.s[S_ALWAYS];
+    assert_site(v, MOV1, MOV7, 5, "foreign bytes stay");
+    cr_assert_eq(v->state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(v->reason, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_eq(r->sn.value[S_ALWAYS], 7);
+    assert_site(&r->sn.s[S_TWO], XOR_PAD, XOR_PAD, 3, "the others are reverted");
+    cr_assert_geq(r->st.sites_refused, 1);
+}
+
+/* ---- the environment ------------------------------------------------------- */
+
+struct env_ctx {
+    const char *name, *value;
+    bool host;        /* plan for the host instead of {F_A} */
+    bool capture_log; /* route messages to a buffer */
+};
+
+struct env_result {
+    int rc;
+    struct snapshot sn;
+    struct altpatch_stats st;
+    bool has_a;   /* altpatch_cpu_has(F_A) as the child saw it */
+    char log[16384];
+};
+
+static struct env_result *g_env_out;
+
+static int capture(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level;
+    size_t n = strlen(g_env_out->log);
+    if (n + 1 < sizeof(g_env_out->log))
+        vsnprintf(g_env_out->log + n, sizeof(g_env_out->log) - n, fmt, ap);
+    return 0;
+}
+
+static void env_body(void *out, void *ctx)
+{
+    struct env_result *r = out;
+    struct env_ctx *c = ctx;
+    g_env_out = r;
+    if (c->name)
+        setenv(c->name, c->value, 1);
+    if (c->capture_log)
+        altpatch_set_print(capture);
+    r->has_a = altpatch_cpu_has(F_A);
+    struct altpatch_features *f = c->host ? NULL : fset(F_A, -1);
+    r->rc = apply_with(f, 0);
+    altpatch_features_free(f);
+    get_stats(&r->st);
+    snap(&r->sn);
+}
+
+static struct env_result *apply_env(const char *name, const char *value, bool host, bool log)
+{
+    struct env_ctx c = {name, value, host, log};
+    struct env_result *r = ap_isolated(sizeof(*r), env_body, &c);
+    cr_assert_eq(r->rc, 0, "apply: %d", r->rc);
+    return r;
+}
+
+Test(apply, altpatch_off)
+{
+    struct env_result *r = apply_env("ALTPATCH_OFF", "1", false, true);
+    cr_assert_eq(r->sn.value[S_ALWAYS], 1, "nothing patched");
+    cr_assert_eq(r->sn.value[S_TWO], 0);
+    cr_assert_eq(r->st.bytes_written, 0);
+    cr_assert_eq(r->st.sites_seen, 0, "ALTPATCH_OFF: no module is even read");
+    cr_assert_eq(r->sn.foreach_rc, -ENODATA, "no apply has run");
+    r = apply_env("ALTPATCH_OFF", "0", false, true);
+    cr_assert_eq(r->sn.value[S_ALWAYS], 2, "ALTPATCH_OFF=0 does not switch off");
+}
+
+Test(apply, clearcpuid)
+{
+    struct env_result *r = apply_env(NULL, NULL, true, false);
+    if (!r->has_a)
+        cr_skip_test("host without popcnt");
+    assert_site(&r->sn.s[S_TWO], XOR_PAD, OR_M1, 3, "host set has popcnt");
+    assert_site(&r->sn.s[S_NOT], MOV1, MOV1, 5, "host set has popcnt");
+    r = apply_env("ALTPATCH_CLEARCPUID", "popcnt", true, false);
+    cr_assert_not(r->has_a, "altpatch_cpu_has honours ALTPATCH_CLEARCPUID");
+    assert_site(&r->sn.s[S_TWO], XOR_PAD, XOR_PAD, 3, "popcnt cleared");
+    assert_site(&r->sn.s[S_NOT], MOV1, MOV2, 5, "popcnt cleared: ALT_NOT taken");
+    /* an explicit set is not filtered by ALTPATCH_CLEARCPUID */
+    r = apply_env("ALTPATCH_CLEARCPUID", "popcnt", false, false);
+    assert_site(&r->sn.s[S_TWO], XOR_PAD, OR_M1, 3, "explicit set wins");
+}
+
+static bool all_lines_prefixed(const char *log)
+{
+    for (const char *l = log; *l;) {
+        if (strncmp(l, "altpatch: ", 10) != 0)
+            return false;
+        const char *nl = strchr(l, '\n');
+        if (!nl)
+            return false;
+        l = nl + 1;
+    }
+    return true;
+}
+
+Test(apply, debug_blocks)
+{
+    struct env_result *r = apply_env("ALTPATCH_DEBUG", "1", false, true);
+    const char *log = r->log;
+    char line[128];
+    cr_assert(strstr(log, "feat: 4*32+23 (popcnt), old: ("), "%s", log);
+    snprintf(line, sizeof(line), "0x%lx:   old_insn: 31 c0 90\n",
+             (unsigned long)r->sn.s[S_TWO].addr);
+    cr_assert(strstr(log, line), "missing '%s' in:\n%s", line, log);
+    snprintf(line, sizeof(line), "0x%lx: final_insn: 83 c8 ff\n",
+             (unsigned long)r->sn.s[S_TWO].addr);
+    cr_assert(strstr(log, line), "missing '%s'", line);
+    snprintf(line, sizeof(line), "(0x%lx) len: 3), repl: (0x",
+             (unsigned long)r->sn.s[S_TWO].addr);
+    cr_assert(strstr(log, line), "missing '%s'", line);
+    cr_assert(strstr(log, "feat: !4*32+23 (popcnt)"), "ALT_NOT shown with '!'");
+    cr_assert(strstr(log, "feat: 9*32+16 (avx512f)"), "each nested entry has its line");
+    snprintf(line, sizeof(line), "0x%lx: chosen: entry 0 of 2\n",
+             (unsigned long)r->sn.s[S_NEST].addr);
+    cr_assert(strstr(log, line), "missing '%s'", line);
+    cr_assert(all_lines_prefixed(log), "every line starts with 'altpatch: '");
+}
+
+Test(apply, no_debug_blocks_by_default)
+{
+    struct env_result *r = apply_env("ALTPATCH_DEBUG", "0", false, true);
+    cr_assert_null(strstr(r->log, "old_insn"), "%s", r->log);
+}
+
+/* ---- print callback, options, stats ---------------------------------------- */
+
+static int silent(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level, (void)fmt, (void)ap;
+    return 0;
+}
+
+Test(apply, set_print_returns_previous)
+{
+    altpatch_print_fn def = altpatch_set_print(silent);
+    cr_assert_not_null(def, "a default printer exists");
+    cr_assert_eq(altpatch_set_print(NULL), silent);
+    cr_assert_null(altpatch_set_print(def));
+    cr_assert_eq(altpatch_set_print(def), def);
+}
+
+Test(apply, bad_opts)
+{
+    struct {
+        struct altpatch_apply_opts o;
+        uint64_t tail;
+    } big = {{.sz = sizeof(big), .flags = ALTPATCH_APPLY_DRY_RUN}, 0};
+    altpatch_set_print(silent);
+    cr_assert_eq(altpatch_apply_opts(&(struct altpatch_apply_opts){.sz = 0}), -EINVAL);
+    big.tail = 1;
+    cr_assert_eq(altpatch_apply_opts(&big.o), -EINVAL, "non-zero unknown tail");
+    big.tail = 0;
+    cr_assert_eq(altpatch_apply_opts(&big.o), 0, "zero tail is fine (dry run)");
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = 1u << 20};
+    cr_assert_eq(altpatch_apply_opts(&o), -EINVAL, "unknown flag");
+    o.flags = ALTPATCH_APPLY_PROCMEM_ONLY | ALTPATCH_APPLY_NO_PROCMEM;
+    cr_assert_eq(altpatch_apply_opts(&o), -EINVAL, "contradicting flags");
+    /* a caller compiled against an older, shorter struct: only sz */
+    struct altpatch_apply_opts small = {.sz = sizeof(size_t), .flags = 0xffff};
+    cr_assert_neq(altpatch_apply_opts(&small), -EINVAL, "fields past sz are ignored");
+    struct altpatch_stats st = {.sz = 0};
+    cr_assert_eq(altpatch_get_stats(&st), -EINVAL);
+    cr_assert_eq(altpatch_get_stats(NULL), -EINVAL);
+    cr_assert_eq(altpatch_site_foreach(NULL, NULL), -EINVAL);
+}
+
+Test(apply, foreach_before_apply)
+{
+    cr_assert_eq(altpatch_site_foreach(collect_cb, NULL), -ENODATA);
+}
+
+static int stop_cb(const struct altpatch_site_info *si, void *ctx)
+{
+    (void)si;
+    ++*(int *)ctx;
+    return 7;
+}
+
+Test(apply, foreach_stops_on_nonzero)
+{
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = ALTPATCH_APPLY_DRY_RUN};
+    cr_assert_eq(altpatch_apply_opts(&o), 0, "dry run is allowed with threads");
+    int calls = 0;
+    cr_assert_eq(altpatch_site_foreach(stop_cb, &calls), 7);
+    cr_assert_eq(calls, 1);
+}
+
+Test(apply, version_and_reasons)
+{
+    cr_assert_str_eq(altpatch_version(), "0.1.0");
+    cr_assert_str_eq(altpatch_strreason(-1), "unknown reason");
+    cr_assert_str_eq(altpatch_strreason(ALTPATCH_REASON__COUNT), "unknown reason");
+    for (int i = 0; i < ALTPATCH_REASON__COUNT; i++) {
+        const char *s = altpatch_strreason(i);
+        cr_assert(s && *s && strcmp(s, "unknown reason") != 0, "reason %d", i);
+        for (int j = 0; j < i; j++)
+            cr_assert_str_neq(s, altpatch_strreason(j), "reasons %d and %d share a text", i, j);
+    }
+}
+
+/* ---- threads ---------------------------------------------------------------- */
+
+struct thread_result {
+    int busy_rc, dry_rc, after_rc;
+    long busy_value, after_value;
+    char log[4096];
+};
+
+static int g_pipe[2];
+static struct thread_result *g_thr_out;
+
+static int capture_thr(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    if (level != ALTPATCH_WARN)
+        return 0;
+    size_t n = strlen(g_thr_out->log);
+    vsnprintf(g_thr_out->log + n, sizeof(g_thr_out->log) - n, fmt, ap);
+    return 0;
+}
+
+static void *waiter(void *arg)
+{
+    (void)arg;
+    char c;
+    while (read(g_pipe[0], &c, 1) < 0 && errno == EINTR)
+        ;
+    return NULL;
+}
+
+static void thread_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct thread_result *r = out;
+    g_thr_out = r;
+    altpatch_set_print(capture_thr);
+    struct altpatch_features *f = fset(F_A, -1);
+    pthread_t t;
+    if (pipe(g_pipe) || pthread_create(&t, NULL, waiter, NULL))
+        _exit(3);
+    r->busy_rc = apply_with(f, 0);
+    r->busy_value = site_always();
+    r->dry_rc = apply_with(f, ALTPATCH_APPLY_DRY_RUN);
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+    r->after_rc = apply_with(f, 0);
+    r->after_value = site_always();
+    altpatch_features_free(f);
+}
+
+Test(apply, busy_with_a_second_thread)
+{
+    struct thread_result *r = ap_isolated(sizeof(*r), thread_body, NULL);
+    cr_assert_eq(r->busy_rc, -EBUSY);
+    cr_assert_eq(r->busy_value, 1, "nothing written while another thread runs");
+    cr_assert(strstr(r->log, "2 threads running: call altpatch_apply() before starting threads"),
+              "%s", r->log);
+    cr_assert_eq(r->dry_rc, 0);
+    cr_assert_eq(r->after_rc, 0);
+    cr_assert_eq(r->after_value, 2);
+}
+
+Test(apply, busy_in_criterion_process)
+{
+    /* The test process itself has Criterion's second thread. */
+    altpatch_set_print(silent);
+    cr_assert_eq(altpatch_apply(), -EBUSY);
+    cr_assert_eq(site_always(), 1);
+}
