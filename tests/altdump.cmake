@@ -19,7 +19,7 @@ foreach(v sites plain)
   endif()
   add_custom_command(OUTPUT ${AD_FIX}/${v}.o ${AD_FIX}/${v}.elf
     COMMAND ${CMAKE_C_COMPILER} ${defs} -I${AD_SRC} -c ${AD_SRC}/sites.S -o ${AD_FIX}/${v}.o
-    COMMAND ${CMAKE_C_COMPILER} -nostdlib -static -no-pie -Wl,-T,${AD_SRC}/sites.ld
+    COMMAND ${CMAKE_C_COMPILER} -nostdlib -static -Wl,-T,${AD_SRC}/sites.ld
       -Wl,--build-id=none -Wl,-z,noexecstack -o ${AD_FIX}/${v}.elf ${AD_FIX}/${v}.o
     DEPENDS ${AD_SRC}/sites.S ${AD_SRC}/altsites.inc ${AD_SRC}/sites.ld
     COMMENT "altdump fixture ${v}" VERBATIM)
