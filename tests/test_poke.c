@@ -301,3 +301,37 @@ Test(poke, mdwe_and_no_procmem_is_denied)
     cr_assert_eq(r->st.procmem_writes + r->st.mprotect_writes, 0);
     cr_assert_str_eq(r->perms, "r-xp");
 }
+
+/* The window routine must not call out of its section: every relative branch
+ * stays inside, and there is no call at all (direct or indirect). */
+extern const uint8_t __start_altpatch_poke_text[];
+extern const uint8_t __stop_altpatch_poke_text[];
+
+Test(poke, window_routine_calls_nothing)
+{
+    const uint8_t *s = __start_altpatch_poke_text, *e = __stop_altpatch_poke_text;
+    cr_assert_lt(s, e);
+    size_t ninsn = 0, nsyscall = 0;
+    for (const uint8_t *p = s; p < e;) {
+        struct ap_insn in;
+        cr_assert_eq(ap_insn_decode(p, (size_t)(e - p), &in), 0, "undecodable at +%td", p - s);
+        if (in.has_rel && in.rel_is_branch) {
+            const uint8_t *t = p + in.len + in.rel_value;
+            cr_assert(t >= s && t <= e, "branch at +%td leaves the section", p - s);
+        }
+        size_t k = 0;
+        while (k < in.len && (p[k] == 0x66 || p[k] == 0xf2 || p[k] == 0xf3 || (p[k] & 0xf0) == 0x40))
+            k++;
+        cr_assert_neq(p[k], 0xe8, "call rel32 at +%td", p - s);
+        if (p[k] == 0xff && k + 1 < in.len) {
+            unsigned reg = (p[k + 1] >> 3) & 7;
+            cr_assert(reg != 2 && reg != 3 && reg != 4 && reg != 5,
+                      "indirect call/jmp at +%td", p - s);
+        }
+        nsyscall += in.len == 2 && p[0] == 0x0f && p[1] == 0x05;
+        ninsn++;
+        p += in.len;
+    }
+    cr_assert_geq(nsyscall, 2, "mprotect RW and back are raw syscalls");
+    cr_assert_gt(ninsn, 10);
+}
