@@ -378,10 +378,22 @@ Test(apply, procmem_only)
 /* ---- memory changed behind our back ---------------------------------------- */
 
 struct mismatch_result {
-    int rc;
+    int rc, rc2;
     struct snapshot sn;
     struct altpatch_stats st;
+    char log[4096];
 };
+
+static struct mismatch_result *g_mm_out;
+
+static int capture_mm(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    if (level != ALTPATCH_WARN)
+        return 0;
+    size_t n = strlen(g_mm_out->log);
+    vsnprintf(g_mm_out->log + n, sizeof(g_mm_out->log) - n, fmt, ap);
+    return 0;
+}
 
 static void mismatch_body(void *out, void *ctx)
 {
@@ -397,9 +409,12 @@ static void mismatch_body(void *out, void *ctx)
     if (fd < 0 || pwrite(fd, &seven, 1, (off_t)(sn.s[S_ALWAYS].addr + 1)) != 1)
         _exit(5);
     close(fd);
+    g_mm_out = r;
+    altpatch_set_print(capture_mm);
     r->rc = apply_with(f, ALTPATCH_APPLY_REVERT);
     get_stats(&r->st);
     snap(&r->sn);
+    r->rc2 = apply_with(f, ALTPATCH_APPLY_REVERT); /* same refusal: no second WARN */
     altpatch_features_free(f);
 }
 
@@ -415,6 +430,13 @@ Test(apply, memory_mismatch_is_refused)
     cr_assert_eq(r->sn.value[S_ALWAYS], 7);
     assert_site(&r->sn.s[S_TWO], XOR_PAD, XOR_PAD, 3, "the others are reverted");
     cr_assert_geq(r->st.sites_refused, 1);
+    cr_assert_eq(r->rc2, 0);
+    char want[160];
+    snprintf(want, sizeof(want), "(0x%lx) refused: %s\n", (unsigned long)v->addr,
+             altpatch_strreason(ALTPATCH_REASON_MEM_MISMATCH));
+    const char *hit = strstr(r->log, want);
+    cr_assert(hit, "WARN for the refusal missing: %s", r->log);
+    cr_assert_null(strstr(hit + 1, want), "the same refusal is warned once: %s", r->log);
 }
 
 /* ---- the environment ------------------------------------------------------- */
@@ -600,6 +622,35 @@ Test(apply, foreach_stops_on_nonzero)
     int calls = 0;
     cr_assert_eq(altpatch_site_foreach(stop_cb, &calls), 7);
     cr_assert_eq(calls, 1);
+}
+
+struct reentry {
+    int apply_rc, foreach_rc, stats_rc;
+    uint64_t seen;
+};
+
+static int reenter_cb(const struct altpatch_site_info *si, void *ctx)
+{
+    (void)si;
+    struct reentry *r = ctx;
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    r->apply_rc = altpatch_apply();
+    r->foreach_rc = altpatch_site_foreach(reenter_cb, ctx);
+    r->stats_rc = altpatch_get_stats(&st);
+    r->seen = st.sites_seen;
+    return 1;
+}
+
+Test(apply, callbacks_may_not_reenter)
+{
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = ALTPATCH_APPLY_DRY_RUN};
+    cr_assert_eq(altpatch_apply_opts(&o), 0);
+    struct reentry r = {0};
+    cr_assert_eq(altpatch_site_foreach(reenter_cb, &r), 1);
+    cr_assert_eq(r.apply_rc, -EDEADLK);
+    cr_assert_eq(r.foreach_rc, -EDEADLK);
+    cr_assert_eq(r.stats_rc, 0, "stats may be read from a callback");
+    cr_assert_geq(r.seen, S_COUNT);
 }
 
 Test(apply, version_and_reasons)

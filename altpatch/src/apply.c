@@ -32,7 +32,7 @@ static pthread_mutex_t ap_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ap_module *ap_mods;    /* modules with tables, load order */
 static struct altpatch_stats ap_last; /* stats of the last apply */
 static bool ap_applied;              /* an apply has planned at least once */
-static __thread bool ap_in_foreach;  /* apply from a foreach callback would deadlock */
+static __thread bool ap_holding;     /* this thread holds ap_lock (callbacks run under it) */
 
 /* ------------------------------------------------------------------------- */
 /* Small helpers: version, environment, clock, reasons                       */
@@ -259,6 +259,17 @@ static void ap_debug_site(const struct ap_work *wk)
     ap_log(ALTPATCH_DEBUG, "0x%lx: final_insn: %s\n", a, hex);
 }
 
+/** One WARN line when a site becomes refused (not again while the reason stays). */
+static void ap_warn_refusal(const struct ap_work *wk)
+{
+    const struct ap_site *s = &wk->m->sites[wk->idx];
+    char sym[192];
+    ap_symbolize(sym, sizeof(sym), wk->m, s->addr);
+    ap_log(ALTPATCH_WARN, "site %s (0x%lx) refused: %s%s%s\n", sym, (unsigned long)s->addr,
+           altpatch_strreason(wk->reason), wk->plan.detail[0] && wk->plan.reason ? ": " : "",
+           wk->plan.reason ? wk->plan.detail : "");
+}
+
 /* ------------------------------------------------------------------------- */
 /* One apply                                                                 */
 /* ------------------------------------------------------------------------- */
@@ -281,9 +292,6 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     if (!r->work)
         return -ENOMEM;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
-        if (m->reason && !m->nsites)
-            ap_log(ALTPATCH_WARN, "%s: tables refused: %s\n", m->path[0] ? m->path : "main",
-                   altpatch_strreason(m->reason));
         for (size_t i = 0; i < m->nsites; i++) {
             struct ap_work *wk = &r->work[r->nwork++];
             wk->m = m;
@@ -344,7 +352,9 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
         struct ap_module *m = wk->m;
         struct ap_site_result *res = &m->res[wk->idx];
         bool refused = wk->action == AP_ACT_REFUSED || wk->reason;
-        res->chosen = (int8_t)(refused ? -1 : wk->chosen);
+        if (refused && res->reason != wk->reason)
+            ap_warn_refusal(wk);
+        res->chosen = (int8_t)(refused || wk->chosen > INT8_MAX ? -1 : wk->chosen);
         res->reason = (int16_t)wk->reason;
         res->state = refused            ? ALTPATCH_SITE_REFUSED
                      : wk->chosen >= 0 ? ALTPATCH_SITE_PATCHED
@@ -357,9 +367,6 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
             memcpy(m->planned + m->orig_off[wk->idx], wk->target, m->sites[wk->idx].len);
         if (debug)
             ap_debug_site(wk);
-        if (wk->reason && !debug)
-            ap_log(ALTPATCH_INFO, "0x%lx: refused: %s\n",
-                   (unsigned long)m->sites[wk->idx].addr, altpatch_strreason(wk->reason));
     }
     for (struct ap_module *m = ap_mods; m; m = m->next)
         st->modules++;
@@ -449,9 +456,10 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     int err = ap_read_opts(opts, &o);
     if (err)
         return err;
-    if (ap_in_foreach)
-        return -EDEADLK;
+    if (ap_holding)
+        return -EDEADLK; /* called from a print or foreach callback */
     pthread_mutex_lock(&ap_lock);
+    ap_holding = true;
     uint64_t t0 = ap_now_ns();
     struct altpatch_stats st = {.sz = sizeof(st)};
     if (ap_env_on("ALTPATCH_OFF")) {
@@ -474,6 +482,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
                (unsigned long)st.pages_written, (unsigned long)st.syscalls,
                (unsigned long)st.ns, (o.flags & ALTPATCH_APPLY_DRY_RUN) ? " (dry run)" : "");
     }
+    ap_holding = false;
     pthread_mutex_unlock(&ap_lock);
     return err;
 }
@@ -500,9 +509,12 @@ int altpatch_get_stats(struct altpatch_stats *st)
     if (!st || st->sz < sizeof(size_t))
         return -EINVAL;
     size_t sz = st->sz;
-    pthread_mutex_lock(&ap_lock);
+    bool lock = !ap_holding; /* from a callback: the lock is already ours */
+    if (lock)
+        pthread_mutex_lock(&ap_lock);
     struct altpatch_stats cp = ap_last;
-    pthread_mutex_unlock(&ap_lock);
+    if (lock)
+        pthread_mutex_unlock(&ap_lock);
     cp.sz = sz;
     memcpy(st, &cp, sz < sizeof(cp) ? sz : sizeof(cp));
     if (sz > sizeof(cp))
@@ -536,11 +548,13 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
 {
     if (!fn)
         return -EINVAL;
+    if (ap_holding)
+        return -EDEADLK;
     pthread_mutex_lock(&ap_lock);
+    ap_holding = true;
     /* Drop modules dlclose'd since the last apply (their memory is gone); a
      * module loaded since is listed with its original bytes, as memory holds. */
     int ret = ap_applied ? ap_modules_refresh(&ap_mods) : -ENODATA;
-    ap_in_foreach = true;
     for (struct ap_module *m = ap_mods; m && !ret; m = m->next) {
         for (size_t i = 0; i < m->nsites && !ret; i++) {
             struct altpatch_site_info info;
@@ -548,7 +562,7 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
             ret = fn(&info, ctx);
         }
     }
-    ap_in_foreach = false;
+    ap_holding = false;
     pthread_mutex_unlock(&ap_lock);
     return ret;
 }

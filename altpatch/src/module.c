@@ -230,6 +230,9 @@ static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, u
         ap_module_free(m);
         return err;
     }
+    if (m->reason)
+        ap_log(ALTPATCH_WARN, "%s: altpatch tables refused: %s\n",
+               m->path[0] ? m->path : "main program", altpatch_strreason(m->reason));
     *out = m;
     return 0;
 }
