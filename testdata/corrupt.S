@@ -11,7 +11,7 @@
 
     .text
     /* Distance to altinstr_replacement, wherever the linker puts it, so that
-     * the rel8 of .Lr_rel8 cannot reach its target from .Lc_rel8. */
+     * the rel8 of .Lr_rel8 cannot reach its target from apfix_site_rel8. */
     .skip 256, 0xcc
 
 APFIX_FUNC apfix_valid_mov              /* 1, or 2 once patched */
@@ -41,19 +41,19 @@ APFIX_FUNC apfix_valid_not              /* ALT_NOT(ALWAYS): stays 3 */
 
     /* Sites of the corrupt records: never executed. */
     ud2
-.Lc_repl_text:   movl $1, %eax
-.Lc_repl_past:   movl $1, %eax
+apfix_site_repl_text:   movl $1, %eax
+apfix_site_repl_past:   movl $1, %eax
                  .byte 0x90, 0x90, 0x90, 0x90, 0x90
-.Lc_too_long:    movl $1, %eax
-.Lc_orig_bad:    .byte 0x06, 0x90, 0x90, 0x90, 0x90
-.Lc_repl_bad:    movl $1, %eax
-.Lc_cross:       movl $1, %eax
-.Lc_repl_cross:  movl $1, %eax
-.Lc_rel8:        movl $1, %eax
-.Lc_feature:     movl $1, %eax
-.Lc_empty:       nop
-.Lc_overlap:     .byte 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90
-.Lc_repl_src:    movl $1, %eax
+apfix_site_too_long:    movl $1, %eax
+apfix_site_orig_bad:    .byte 0x06, 0x90, 0x90, 0x90, 0x90
+apfix_site_repl_bad:    movl $1, %eax
+apfix_site_cross:       movl $1, %eax
+apfix_site_repl_cross:  movl $1, %eax
+apfix_site_rel8:        movl $1, %eax
+apfix_site_feature:     movl $1, %eax
+apfix_site_empty:       nop
+apfix_site_overlap:     .byte 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90
+apfix_site_repl_src:    movl $1, %eax
     ud2
     .skip 256, 0xcc
 
@@ -82,26 +82,26 @@ APFIX_FUNC apfix_valid_not              /* ALT_NOT(ALWAYS): stays 3 */
     APFIX_REC apfix_rec_site_data, .Ld_site, .Lr_mov2, APFIX_ALWAYS, 5, 5
     APFIX_REC apfix_rec_site_in_repl, .Lr_long, .Lr_mov2, APFIX_ALWAYS, 7, 5
     /* REPL_BOUNDS: replacement in .text; replacement running past the section end. */
-    APFIX_REC apfix_rec_repl_text, .Lc_repl_text, .Lc_repl_src, APFIX_ALWAYS, 5, 5
-    APFIX_REC apfix_rec_repl_past, .Lc_repl_past, .Lr_past, APFIX_ALWAYS, 10, 10
+    APFIX_REC apfix_rec_repl_text, apfix_site_repl_text, apfix_site_repl_src, APFIX_ALWAYS, 5, 5
+    APFIX_REC apfix_rec_repl_past, apfix_site_repl_past, .Lr_past, APFIX_ALWAYS, 10, 10
     /* REPL_TOO_LONG: 7-byte replacement, 5-byte site. */
-    APFIX_REC apfix_rec_too_long, .Lc_too_long, .Lr_long, APFIX_ALWAYS, 5, 7
+    APFIX_REC apfix_rec_too_long, apfix_site_too_long, .Lr_long, APFIX_ALWAYS, 5, 7
     /* ORIG_UNDECODABLE: 0x06 (push %es) is invalid in 64-bit mode. */
-    APFIX_REC apfix_rec_orig_bad, .Lc_orig_bad, .Lr_mov2, APFIX_ALWAYS, 5, 5
+    APFIX_REC apfix_rec_orig_bad, apfix_site_orig_bad, .Lr_mov2, APFIX_ALWAYS, 5, 5
     /* REPL_UNDECODABLE */
-    APFIX_REC apfix_rec_repl_bad, .Lc_repl_bad, .Lr_bad, APFIX_ALWAYS, 5, 1
+    APFIX_REC apfix_rec_repl_bad, apfix_site_repl_bad, .Lr_bad, APFIX_ALWAYS, 5, 1
     /* ORIG_CROSSES_END: the 5-byte mov with instrlen 3. */
-    APFIX_REC apfix_rec_cross, .Lc_cross, .Lr_nop1, APFIX_ALWAYS, 3, 1
+    APFIX_REC apfix_rec_cross, apfix_site_cross, .Lr_nop1, APFIX_ALWAYS, 3, 1
     /* REPL_CROSSES_END: the 5-byte mov with replacementlen 3. */
-    APFIX_REC apfix_rec_repl_cross, .Lc_repl_cross, .Lr_mov2, APFIX_ALWAYS, 5, 3
+    APFIX_REC apfix_rec_repl_cross, apfix_site_repl_cross, .Lr_mov2, APFIX_ALWAYS, 5, 3
     /* RELOC_OVERFLOW: a rel8 jmp to a target outside the replacement, too far from the site. */
-    APFIX_REC apfix_rec_rel8, .Lc_rel8, .Lr_rel8, APFIX_ALWAYS, 5, 2
+    APFIX_REC apfix_rec_rel8, apfix_site_rel8, .Lr_rel8, APFIX_ALWAYS, 5, 2
     /* UNKNOWN_FEATURE: id 1000. */
-    APFIX_REC apfix_rec_feature, .Lc_feature, .Lr_mov2, 1000, 5, 5
+    APFIX_REC apfix_rec_feature, apfix_site_feature, .Lr_mov2, 1000, 5, 5
     /* EMPTY_SITE: instrlen 0. */
-    APFIX_REC apfix_rec_empty, .Lc_empty, .Lr_nop1, APFIX_ALWAYS, 0, 0
+    APFIX_REC apfix_rec_empty, apfix_site_empty, .Lr_nop1, APFIX_ALWAYS, 0, 0
     /* SITE_OVERLAP: [x, x+5) and [x+2, x+7). */
-    APFIX_REC apfix_rec_overlap1, .Lc_overlap, .Lr_nop2, APFIX_ALWAYS, 5, 2
-    APFIX_REC apfix_rec_overlap2, .Lc_overlap + 2, .Lr_nop2, APFIX_ALWAYS, 5, 2
+    APFIX_REC apfix_rec_overlap1, apfix_site_overlap, .Lr_nop2, APFIX_ALWAYS, 5, 2
+    APFIX_REC apfix_rec_overlap2, apfix_site_overlap + 2, .Lr_nop2, APFIX_ALWAYS, 5, 2
 
     .section .note.GNU-stack, "", @progbits

@@ -9,6 +9,8 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <link.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -151,6 +153,7 @@ struct cres {
     int ranges_changed;
     long val_before[3], val_after[3], bt_after, bv_after;
     struct site_seen seen[NEXPECT];
+    int bt_logged, bv_logged;
     int bt_patched, bv_patched, bt_listed, bv_listed, bt_badreason, bv_badreason;
     char msg[256];
 };
@@ -194,6 +197,33 @@ static int modwalk_one(const struct altpatch_site_info *s, void *p)
 
 typedef long (*fn_t)(void);
 
+/* Warnings of the library, captured in the child. */
+static char log_buf[4096];
+
+static int capture(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    size_t len = strlen(log_buf);
+    if (level == ALTPATCH_WARN && len + 1 < sizeof(log_buf))
+        vsnprintf(log_buf + len, sizeof(log_buf) - len, fmt, ap);
+    return 0;
+}
+
+/* Whether one captured line names @p module and the text of @p reason. */
+static int logged(const char *module, int reason)
+{
+    const char *why = altpatch_strreason(reason);
+    for (const char *line = log_buf; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        char one[512];
+        snprintf(one, sizeof(one), "%.*s", (int)n, line);
+        if (strstr(one, module) && strstr(one, why))
+            return 1;
+        line = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
 static void body(void *out, void *ctx)
 {
     struct cres *r = out;
@@ -219,7 +249,10 @@ static void body(void *out, void *ctx)
     for (size_t i = 0; i < NEXPECT; i++)
         f.addr[i] = rec_site(h, corrupt_expect[i].rec);
 
+    altpatch_set_print(capture);
     r->apply_rc = altpatch_apply();
+    r->bt_logged = logged("libapfix_corrupt_badtable.so", ALTPATCH_REASON_BAD_TABLE);
+    r->bv_logged = logged("libapfix_corrupt_badversion.so", ALTPATCH_REASON_BAD_VERSION);
 
     uintptr_t lo[2] = {f.addr[0], f.addr[1]}, hi[2] = {f.addr[0] + 5, f.addr[1] + 5};
     r->outside[0] = changed_outside(&sc, lo, hi, 2, &r->ranges_changed);
@@ -289,6 +322,8 @@ Test(corrupt, truncated_table_module_refused)
     cr_assert_eq(r->bt_after, 1, "bad-table module's site was patched");
     cr_assert_eq(r->bt_patched, 0);
     cr_assert_eq(r->bt_badreason, 0, "bad-table sites must be refused with BAD_TABLE");
+    cr_assert(r->bt_logged, "no warning naming the module and '%s'",
+              altpatch_strreason(ALTPATCH_REASON_BAD_TABLE));
 }
 
 Test(corrupt, wrong_version_module_refused)
@@ -298,4 +333,6 @@ Test(corrupt, wrong_version_module_refused)
     cr_assert_eq(r->bv_after, 1, "bad-version module's site was patched");
     cr_assert_eq(r->bv_patched, 0);
     cr_assert_eq(r->bv_badreason, 0, "bad-version sites must be refused with BAD_VERSION");
+    cr_assert(r->bv_logged, "no warning naming the module and '%s'",
+              altpatch_strreason(ALTPATCH_REASON_BAD_VERSION));
 }
