@@ -25,6 +25,7 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
+#include "internal.h"
 
 /* ---- the sites ------------------------------------------------------------
  * Each function's body is its site, first thing after any prologue; the site
@@ -664,6 +665,38 @@ Test(apply, version_and_reasons)
         for (int j = 0; j < i; j++)
             cr_assert_str_neq(s, altpatch_strreason(j), "reasons %d and %d share a text", i, j);
     }
+}
+
+/* ---- modules (white box) ---------------------------------------------------- */
+
+Test(apply, modules_refresh_finds_this_program)
+{
+    struct ap_module *list = NULL;
+    cr_assert_eq(ap_modules_refresh(&list), 0);
+    struct ap_module *m = list;
+    while (m && m->path[0])
+        m = m->next;
+    cr_assert_not_null(m, "the executable carries a note");
+    cr_assert_eq(m->reason, ALTPATCH_REASON_NONE);
+    cr_assert_eq(m->note.version, ALTPATCH_FORMAT_VERSION);
+    cr_assert_geq(m->nsites, S_COUNT);
+    cr_assert_geq(m->view.ntext, 1);
+    cr_assert_gt(m->view.repl.size, 0);
+    cr_assert_arr_eq(m->table_copy, (const void *)(uintptr_t)m->note.table_start, m->table_size);
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < m->nsites; i++) {
+        uintptr_t a = (uintptr_t)m->sites[i].addr, fn = (uintptr_t)site_two;
+        if (a >= fn && a < fn + 32 && (best == SIZE_MAX || a < m->sites[best].addr))
+            best = i;
+    }
+    cr_assert_neq(best, SIZE_MAX, "site_two listed");
+    cr_assert_neq(m->orig_off[best], AP_NO_ORIG);
+    cr_assert_arr_eq(m->orig + m->orig_off[best], XOR_PAD, 3);
+    /* nothing loaded or unloaded: the same modules are kept */
+    struct ap_module *first = list;
+    cr_assert_eq(ap_modules_refresh(&list), 0);
+    cr_assert_eq(list, first);
+    ap_modules_free(list);
 }
 
 /* ---- threads ---------------------------------------------------------------- */

@@ -194,6 +194,26 @@ Test(poke, readonly_data_page_keeps_its_protection)
     cr_assert_str_eq(perms, "r--p");
 }
 
+Test(poke, shared_mapping_is_never_written)
+{
+    int fd = memfd_create("ap_test", MFD_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, (off_t)pgsz()), 0);
+    uint8_t *p = mmap(NULL, pgsz(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    cr_assert(p != MAP_FAILED);
+    memset(p, 0xcc, pgsz());
+    cr_assert_eq(mprotect(p, pgsz(), PROT_READ), 0);
+    struct ap_write w = wr(p + 1, CC3, NEW3, 3);
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(&w, 1, 0, &st), 0);
+    cr_assert_eq(w.result, ALTPATCH_REASON_WRITE_DENIED);
+    cr_assert_arr_eq(p + 1, CC3, 3, "the file's bytes are untouched");
+    cr_assert_eq(st.bytes, 0);
+    char perms[5];
+    perms_of(p, perms);
+    cr_assert_str_eq(perms, "r--s");
+}
+
 /* Bytes in the writer's own section: a window there would take away the
  * execute permission of the code running the window, so /proc/self/mem is
  * used. Never executed. */

@@ -10,7 +10,8 @@
  *             no system call at all (an idempotent apply costs nothing).
  *   2. learn  each page's protection from /proc/self/maps (once per batch).
  *   3. group  pending writes into windows: runs of adjacent pages with the
- *             same original protection.
+ *             same original protection. Pages of a shared mapping are never
+ *             written (that would change a file): WRITE_DENIED.
  *   4. write  each window: mprotect(RW) -> copy -> mprotect(original), all
  *             inside ap_window_write(), which lives in its own section so
  *             that the code running while a page is not executable is never on
@@ -238,17 +239,24 @@ static const struct ap_map *ap_maps_find(const struct ap_maps *m, uintptr_t addr
     return NULL;
 }
 
+/** ap_maps_prot(): pages not all mapped, or with different protections. */
+#define AP_PROT_MIXED (-1)
+/** ap_maps_prot(): a page is a shared mapping: writing would change a file. */
+#define AP_PROT_SHARED (-2)
+
 /**
  * Protection of every page of [start, end) if they are all mapped privately
- * with one protection, else -1.
+ * with one protection, else AP_PROT_MIXED or AP_PROT_SHARED.
  */
 static int ap_maps_prot(const struct ap_maps *m, uintptr_t start, uintptr_t end)
 {
-    int prot = -1;
+    int prot = AP_PROT_MIXED;
     for (uintptr_t a = start; a < end;) {
         const struct ap_map *e = ap_maps_find(m, a);
-        if (!e || e->shared || (prot >= 0 && e->prot != prot))
-            return -1;
+        if (e && e->shared)
+            return AP_PROT_SHARED;
+        if (!e || (prot >= 0 && e->prot != prot))
+            return AP_PROT_MIXED;
         prot = e->prot;
         a = e->end;
     }
@@ -416,7 +424,7 @@ static bool ap_window_needs_procmem(const struct ap_batch *b, uintptr_t start, u
     if (b->flags & AP_POKE_PROCMEM_ONLY)
         return true;
     if (prot < 0)
-        return true; /* unknown or mixed protection: never guess */
+        return true; /* unknown (maps unreadable) or mixed protection: never guess */
     if ((prot & PROT_EXEC) && b->mdwe)
         return true; /* RW would succeed, RX again would be refused */
     return ap_overlaps_self(b, start, end);
@@ -426,6 +434,13 @@ static bool ap_window_needs_procmem(const struct ap_batch *b, uintptr_t start, u
 static int ap_write_group(struct ap_batch *b, size_t first, size_t last, uintptr_t start,
                           uintptr_t end, int prot)
 {
+    if (prot == AP_PROT_SHARED) {
+        /* Text in a shared mapping belongs to a file: never write through. */
+        for (size_t i = first; i < last; i++)
+            if (b->w[i].result == ALTPATCH_REASON_NONE && !b->w[i].wrote && b->w[i].len)
+                b->w[i].result = ALTPATCH_REASON_WRITE_DENIED;
+        return 0;
+    }
     if (!ap_window_needs_procmem(b, start, end, prot)) {
         int err = ap_write_window(b, first, last, start, end, prot);
         if (err == 0 || err == -ENOTRECOVERABLE)
@@ -462,7 +477,7 @@ static int ap_write_all(struct ap_batch *b)
         }
         uintptr_t start, end;
         ap_span(b, &b->w[i], &start, &end);
-        int prot = b->maps_ok ? ap_maps_prot(&b->maps, start, end) : -1;
+        int prot = b->maps_ok ? ap_maps_prot(&b->maps, start, end) : AP_PROT_MIXED;
         size_t j = i + 1;
         for (; j < b->n && prot >= 0; j++) {
             const struct ap_write *w = &b->w[j];
