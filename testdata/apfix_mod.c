@@ -4,10 +4,12 @@
  *   libapfix_linked.so  (APFIX_MOD=linked) linked into test_modules (DT_NEEDED)
  *   libapfix_dl.so      (APFIX_MOD=dl)     dlopen'ed by test_modules
  * Exported: apfix_<mod>_call(x)  ALTPATCH_ALT_CALL(old, new, ALWAYS): x+1 / x+2
+ *           apfix_<mod>_call2(x) the same with hidden (non-static) targets: x+3 / x+4
  *           apfix_<mod>_fs()     altpatch_fs_self()
  *           apfix_<mod>_fence()  altpatch_weak_fence()
  *           apfix_<mod>_calls(n) the (old, new, ft_flags) pair for ap_expect.h
- * The ALT_CALL targets are hidden (static), as primitives.h requires.
+ * The ALT_CALL targets are local to the library (static, or hidden globals),
+ * as primitives.h requires in position-independent code.
  */
 #include "ap_expect.h"
 
@@ -24,14 +26,24 @@ APFIX_EXPORT long APFIX_FN(_call)(long x)
     return ALTPATCH_ALT_CALL(old_impl, new_impl, X86_FEATURE_ALWAYS, x);
 }
 
+__attribute__((visibility("hidden"))) long APFIX_FN(_old2)(long x) { return x + 3; }
+__attribute__((visibility("hidden"))) long APFIX_FN(_new2)(long x) { return x + 4; }
+
+APFIX_EXPORT long APFIX_FN(_call2)(long x)
+{
+    return ALTPATCH_ALT_CALL(APFIX_FN(_old2), APFIX_FN(_new2), X86_FEATURE_ALWAYS, x);
+}
+
 APFIX_EXPORT void *APFIX_FN(_fs)(void) { return altpatch_fs_self(); }
 
 APFIX_EXPORT void APFIX_FN(_fence)(void) { altpatch_weak_fence(); }
 
 APFIX_EXPORT const struct apx_call *APFIX_FN(_calls)(size_t *n)
 {
-    static struct apx_call c;
-    c = (struct apx_call){(uintptr_t)old_impl, (uintptr_t)new_impl, X86_FEATURE_ALWAYS};
-    *n = 1;
-    return &c;
+    static struct apx_call c[2];
+    c[0] = (struct apx_call){(uintptr_t)old_impl, (uintptr_t)new_impl, X86_FEATURE_ALWAYS};
+    c[1] = (struct apx_call){(uintptr_t)APFIX_FN(_old2), (uintptr_t)APFIX_FN(_new2),
+                             X86_FEATURE_ALWAYS};
+    *n = 2;
+    return c;
 }

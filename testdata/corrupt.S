@@ -56,6 +56,8 @@ apfix_site_overlap:     .byte 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90
 apfix_site_repl_src:    movl $1, %eax
     ud2
     .skip 256, 0xcc
+    /* The last 2 bytes of .text: GNU ld puts altinstr_replacement right after. */
+apfix_site_past_text: .byte 0x66, 0x90
 
     .section .rodata, "a"
 .Ld_site:        .byte 0xb8, 0x01, 0x00, 0x00, 0x00
@@ -81,6 +83,8 @@ apfix_site_repl_src:    movl $1, %eax
     APFIX_REC_RAW apfix_rec_site_above, 0x10000000, .Lr_mov2, APFIX_ALWAYS, 5, 5
     APFIX_REC apfix_rec_site_data, .Ld_site, .Lr_mov2, APFIX_ALWAYS, 5, 5
     APFIX_REC apfix_rec_site_in_repl, .Lr_long, .Lr_mov2, APFIX_ALWAYS, 7, 5
+    /* SITE_BOUNDS: a 10-byte site of which only 2 bytes are in .text. */
+    APFIX_REC apfix_rec_site_past_text, apfix_site_past_text, .Lr_mov2, APFIX_ALWAYS, 10, 5
     /* REPL_BOUNDS: replacement in .text; replacement running past the section end. */
     APFIX_REC apfix_rec_repl_text, apfix_site_repl_text, apfix_site_repl_src, APFIX_ALWAYS, 5, 5
     APFIX_REC apfix_rec_repl_past, apfix_site_repl_past, .Lr_past, APFIX_ALWAYS, 10, 10

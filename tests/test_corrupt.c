@@ -32,6 +32,7 @@ static const struct expect corrupt_expect[] = {
     {"apfix_rec_site_above", ALTPATCH_SITE_REFUSED, ALTPATCH_REASON_SITE_BOUNDS},
     {"apfix_rec_site_data", ALTPATCH_SITE_REFUSED, ALTPATCH_REASON_SITE_BOUNDS},
     {"apfix_rec_site_in_repl", ALTPATCH_SITE_REFUSED, ALTPATCH_REASON_SITE_BOUNDS},
+    {"apfix_rec_site_past_text", ALTPATCH_SITE_REFUSED, ALTPATCH_REASON_SITE_BOUNDS},
     {"apfix_rec_repl_text", ALTPATCH_SITE_REFUSED, ALTPATCH_REASON_REPL_BOUNDS},
     {"apfix_rec_repl_past", ALTPATCH_SITE_REFUSED, ALTPATCH_REASON_REPL_BOUNDS},
     {"apfix_rec_too_long", ALTPATCH_SITE_REFUSED, ALTPATCH_REASON_REPL_TOO_LONG},

@@ -15,6 +15,7 @@
 
 /* From libapfix_linked.so. */
 long apfix_linked_call(long x);
+long apfix_linked_call2(long x);
 void *apfix_linked_fs(void);
 void apfix_linked_fence(void);
 const struct apx_call *apfix_linked_calls(size_t *n);
@@ -70,7 +71,7 @@ static void walk_module(struct mres *r, int i, const char *module, const struct 
 static void assert_patched(const struct mres *r, int i, const char *what)
 {
     cr_assert_eq(r->rc[i], 0, "%s: apply returned %d", what, r->rc[i]);
-    cr_assert_geq(r->sites[i], 3, "%s: %u sites (call, fs, fence expected)", what, r->sites[i]);
+    cr_assert_geq(r->sites[i], 4, "%s: %u sites (2 calls, fs, fence expected)", what, r->sites[i]);
     cr_assert_eq(r->bad[i], 0, "%s: %s", what, r->msg);
     cr_assert_geq(r->patched[i], 1, "%s: nothing patched", what);
 }
@@ -85,6 +86,7 @@ static void body_linked(void *out, void *ctx)
     const struct apx_call *c = apfix_linked_calls(&n);
     walk_module(r, 0, "libapfix_linked", c, n);
     r->val[1] = apfix_linked_call(1);
+    r->val[2] = apfix_linked_call2(1);
     apfix_linked_fence();
     r->flag[0] = apfix_linked_fs() == (void *)pthread_self();
 }
@@ -96,6 +98,7 @@ Test(modules, linked_library_patched)
     cr_assert_eq(r->kinds_fs[0], 1);
     cr_assert_eq(r->val[0], 2, "unpatched call must reach old_impl");
     cr_assert_eq(r->val[1], 3, "patched call must reach new_impl");
+    cr_assert_eq(r->val[2], 5, "patched call to hidden globals must reach apfix_linked_new2");
     cr_assert(r->flag[0], "fs_self in the library != pthread_self()");
 }
 
