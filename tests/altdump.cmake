@@ -31,7 +31,8 @@ endforeach()
 set(AD_HAVE_CORRUPT 0)
 if(EXISTS ${PROJECT_SOURCE_DIR}/testdata/corrupt.S AND
    EXISTS ${PROJECT_SOURCE_DIR}/testdata/corrupt_badtable.S AND
-   EXISTS ${PROJECT_SOURCE_DIR}/testdata/corrupt_badversion.S)
+   EXISTS ${PROJECT_SOURCE_DIR}/testdata/corrupt_badversion.S AND
+   EXISTS ${PROJECT_SOURCE_DIR}/testdata/README.md)
   set(AD_HAVE_CORRUPT 1)
   foreach(m corrupt corrupt_badtable corrupt_badversion)
     add_custom_command(OUTPUT ${AD_FIX}/lib${m}.so
@@ -46,15 +47,21 @@ endif()
 add_custom_target(altdump_fixtures DEPENDS ${AD_FIX_OUTPUTS})
 
 # --- The live process for --pid (sites through <altpatch/alternative.h>) ----
-add_executable(altdump_live ${AD_SRC}/live.c)
-target_compile_options(altdump_live PRIVATE -O2 -mno-red-zone)
+# Built from an object library so the test can also read the very .o it was
+# linked from (.o vs linked program on C code compiled with the real macros).
+add_library(altdump_live_obj OBJECT ${AD_SRC}/live.c)
+target_compile_options(altdump_live_obj PRIVATE -O2 -mno-red-zone)
+target_link_libraries(altdump_live_obj PRIVATE altpatch_static)
+add_executable(altdump_live $<TARGET_OBJECTS:altdump_live_obj>)
 target_link_libraries(altdump_live PRIVATE altpatch_static)
 
 target_compile_definitions(test_altdump PRIVATE
   ALTDUMP_BIN="$<TARGET_FILE:altdump>"
   ALTDUMP_LIVE="$<TARGET_FILE:altdump_live>"
+  ALTDUMP_LIVE_OBJ="$<TARGET_OBJECTS:altdump_live_obj>"
   ALTDUMP_FIXDIR="${AD_FIX}"
   ALTDUMP_GOLDEN="${AD_SRC}/golden"
+  ALTDUMP_TESTDATA="${PROJECT_SOURCE_DIR}/testdata"
   ALTDUMP_HAVE_CORRUPT=${AD_HAVE_CORRUPT})
 target_link_libraries(test_altdump PRIVATE PkgConfig::LIBELF)
 add_dependencies(test_altdump altdump altdump_live altdump_fixtures)

@@ -202,22 +202,68 @@ Test(altdump, decisions_by_profile)
 /* --- --check on the corrupt-record fixtures -------------------------------- */
 
 #if ALTDUMP_HAVE_CORRUPT
-/* Site index -> reason, in table order of testdata/corrupt.S. */
-static const int corrupt_reasons[] = {
-    0, 0, 0,
-    ALTPATCH_REASON_SITE_BOUNDS, ALTPATCH_REASON_SITE_BOUNDS, ALTPATCH_REASON_SITE_BOUNDS,
-    ALTPATCH_REASON_SITE_BOUNDS,
-    ALTPATCH_REASON_REPL_BOUNDS, ALTPATCH_REASON_REPL_BOUNDS,
-    ALTPATCH_REASON_REPL_TOO_LONG,
-    ALTPATCH_REASON_ORIG_UNDECODABLE,
-    ALTPATCH_REASON_REPL_UNDECODABLE,
-    ALTPATCH_REASON_ORIG_CROSSES_END,
-    ALTPATCH_REASON_REPL_CROSSES_END,
-    ALTPATCH_REASON_RELOC_OVERFLOW,
-    ALTPATCH_REASON_UNKNOWN_FEATURE,
-    ALTPATCH_REASON_EMPTY_SITE,
-    ALTPATCH_REASON_SITE_OVERLAP, ALTPATCH_REASON_SITE_OVERLAP,
+/*
+ * Site index -> expected reason, read from the corrupt-record table of
+ * testdata/README.md (rows in record order; every record there is its own
+ * site): "refused, `NAME`" -> ALTPATCH_REASON_NAME, anything else -> 0.
+ */
+static const struct {
+    const char *name;
+    int reason;
+} reason_names[] = {
+    {"SITE_BOUNDS", ALTPATCH_REASON_SITE_BOUNDS},
+    {"REPL_BOUNDS", ALTPATCH_REASON_REPL_BOUNDS},
+    {"REPL_TOO_LONG", ALTPATCH_REASON_REPL_TOO_LONG},
+    {"EMPTY_SITE", ALTPATCH_REASON_EMPTY_SITE},
+    {"SITE_OVERLAP", ALTPATCH_REASON_SITE_OVERLAP},
+    {"ORIG_UNDECODABLE", ALTPATCH_REASON_ORIG_UNDECODABLE},
+    {"ORIG_CROSSES_END", ALTPATCH_REASON_ORIG_CROSSES_END},
+    {"REPL_UNDECODABLE", ALTPATCH_REASON_REPL_UNDECODABLE},
+    {"REPL_CROSSES_END", ALTPATCH_REASON_REPL_CROSSES_END},
+    {"UNKNOWN_FEATURE", ALTPATCH_REASON_UNKNOWN_FEATURE},
+    {"RELOC_OVERFLOW", ALTPATCH_REASON_RELOC_OVERFLOW},
 };
+
+static size_t readme_reasons(int *out, size_t max)
+{
+    char *md = read_file(ALTDUMP_TESTDATA "/README.md", NULL);
+    cr_assert_not_null(md, "testdata/README.md missing");
+    char *table = strstr(md, "`libapfix_corrupt.so`");
+    cr_assert_not_null(table, "no libapfix_corrupt.so table in testdata/README.md");
+    size_t n = 0;
+    for (char *l = table; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (!strncmp(l, "Whole-module", 12))
+            break;
+        if (strncmp(l, "| `apfix_rec_", 13) != 0)
+            continue;
+        char *eol = strchr(l, '\n');
+        char *col1 = strchr(l + 1, '|');
+        cr_assert_not_null(col1);
+        char *last = eol ? eol : l + strlen(l);
+        while (last > l && last[-1] != '|')
+            last--;
+        char *cell = last - 1;
+        while (cell > l && cell[-1] != '|')
+            cell--;
+        int reason = 0;
+        char *ref = strstr(cell, "refused, `");
+        if (ref && ref >= last)
+            ref = NULL;
+        if (ref)
+            for (size_t k = 0; k < sizeof(reason_names) / sizeof(reason_names[0]); k++)
+                if (!strncmp(ref + 10, reason_names[k].name, strlen(reason_names[k].name)) &&
+                    ref[10 + strlen(reason_names[k].name)] == '`')
+                    reason = reason_names[k].reason;
+        cr_assert(!ref || reason, "unknown reason in README row: %.*s", (int)(last - l), l);
+        for (char *r = l; (r = strstr(r, "`apfix_rec_")) && r < col1; r++) {
+            cr_assert_lt(n, max);
+            out[n++] = reason;
+        }
+    }
+    free(md);
+    cr_assert_gt(n, 10, "too few rows parsed from testdata/README.md");
+    return n;
+}
 
 Test(altdump, check_corrupt_reasons)
 {
@@ -225,7 +271,8 @@ Test(altdump, check_corrupt_reasons)
     for (size_t p = 0; p < 3; p++) {
         struct result r = RUN("--check", "--cpu", profiles[p], "libcorrupt.so");
         cr_assert_eq(r.rc, 1, "exit %d: %s %s", r.rc, r.out, r.err);
-        size_t n = sizeof(corrupt_reasons) / sizeof(corrupt_reasons[0]), lines = 0;
+        int corrupt_reasons[64];
+        size_t n = readme_reasons(corrupt_reasons, 64), lines = 0;
         for (char *l = r.out; *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : l + strlen(l))
             lines++;
         size_t refused = 0;
@@ -329,6 +376,27 @@ Test(altdump, object_matches_linked_program)
         /* The addresses do differ: the comparison is not vacuous. */
         cr_assert(strstr(a.out, "\"address\": \"0x100000\""), "%s", a.out);
         cr_assert(strstr(b.out, "\"address\": \"0x401000\""), "%s", b.out);
+        free(ka);
+        free(kb);
+        result_free(&a);
+        result_free(&b);
+    }
+}
+
+/* The same on C code compiled with the real macros: live.c's .o and the PIE linked from it. */
+Test(altdump, object_matches_linked_program_c)
+{
+    const char *profiles[] = {"baseline", "host", "all"};
+    for (size_t p = 0; p < 3; p++) {
+        struct result a = RUN("--json", "--cpu", profiles[p], ALTDUMP_LIVE_OBJ);
+        struct result b = RUN("--json", "--cpu", profiles[p], ALTDUMP_LIVE);
+        cr_assert_eq(a.rc, 0, "%s", a.err);
+        cr_assert_eq(b.rc, 0, "%s", b.err);
+        cr_assert(strstr(a.out, "\"type\": \"REL\""));
+        cr_assert(strstr(b.out, "\"type\": \"DYN\"") || strstr(b.out, "\"type\": \"EXEC\""));
+        char *ka = site_keys(a.out), *kb = site_keys(b.out);
+        cr_assert(strstr(ka, "\"symbol\": \"fs_self\""), "%s", ka);
+        cr_assert_str_eq(ka, kb, "profile %s: live.o and live differ", profiles[p]);
         free(ka);
         free(kb);
         result_free(&a);
