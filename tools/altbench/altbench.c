@@ -110,7 +110,7 @@ static void usage(FILE *f)
 
 void ab_parse_opts(int argc, char **argv, int first, struct ab_opts *o)
 {
-    for (int i = first; i < argc; i++) {
+    for (int i = first; i < argc; i += 2) {
         const char *a = argv[i];
         if (i + 1 >= argc) {
             fprintf(stderr, "altbench: option %s needs a value\n", a);
@@ -135,7 +135,6 @@ void ab_parse_opts(int argc, char **argv, int first, struct ab_opts *o)
                     a, argv[i + 1], AB_MAX_REPS);
             exit(2);
         }
-        i++;
     }
 }
 

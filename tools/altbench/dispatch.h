@@ -147,7 +147,14 @@ AB_LOCAL uint64_t ab_ifunc_cpu(void);
 AB_LOCAL uint64_t ab_ifunc_tsc(void);
 AB_LOCAL long ab_ifunc_call(long x);
 
-/** target_clones("avx2", "default") version of ab_call_new/old (same body). */
+/**
+ * target_clones("avx2", "default") version of ab_call_new (same body). clang 14
+ * needs the attribute on the declaration its callers see; gcc 12 must not see
+ * it there (it would emit a second resolver in every caller's object).
+ */
+#ifdef __clang__
+__attribute__((target_clones("avx2", "default")))
+#endif
 long ab_clones_call(long x);
 
 /** Fill ab_fp and ab_flags from altpatch_cpu_has(). */

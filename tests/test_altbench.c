@@ -1,0 +1,341 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Smoke runs of altbench, its generator and the generated programs, with tiny
+ * sizes. No timing is asserted: only that every expected row is there, that
+ * the numbers parse and are sane (non-negative, counts exact), and that bad
+ * input is refused with the documented exit status.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <altpatch/altpatch.h>
+
+#ifndef ALTBENCH_BIN
+#define ALTBENCH_BIN ""
+#define ALTBENCH_GEN ""
+#define ALTBENCH_ALT ""
+#define ALTBENCH_PLAIN ""
+#define ALTBENCH_XRAY ""
+#define ALTBENCH_N 0
+#endif
+
+#define OUT_MAX (1 << 20)
+
+static void need_tools(void)
+{
+    if (!ALTBENCH_BIN[0])
+        cr_skip_test("altbench not built (ALTPATCH_BUILD_TOOLS=OFF)");
+}
+
+/* Run @p cmd, return its stdout (malloc'ed) and exit status. */
+static char *run(const char *cmd, int *status)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen %s", cmd);
+    char *buf = calloc(1, OUT_MAX);
+    cr_assert(buf);
+    size_t n = fread(buf, 1, OUT_MAX - 1, p);
+    buf[n] = 0;
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return buf;
+}
+
+static char *run_ok(const char *cmd)
+{
+    int st;
+    char *out = run(cmd, &st);
+    cr_assert_eq(st, 0, "%s exited %d; output:\n%s", cmd, st, out);
+    return out;
+}
+
+/* The table row starting with "| @p name |"; NULL if absent. Copy in @p row. */
+static bool find_row(const char *out, const char *name, char *row, size_t sz)
+{
+    char key[256];
+    snprintf(key, sizeof(key), "\n| %s |", name);
+    const char *p = strstr(out, key);
+    if (!p)
+        return false;
+    p++;
+    size_t len = strcspn(p, "\n");
+    snprintf(row, sz, "%.*s", (int)len, p);
+    return true;
+}
+
+/*
+ * Check every number in the cells after the first @p skip cells of @p row is
+ * >= 0 ("a / b" cells hold two). Returns how many numbers were found.
+ */
+static int check_numbers(const char *row, int skip)
+{
+    int cellno = -1, found = 0;
+    for (const char *p = row; *p; p++) {
+        if (*p == '|') {
+            cellno++;
+            continue;
+        }
+        if (cellno < skip || !(*p >= '0' && *p <= '9') || (p > row && p[-1] != ' '))
+            continue;
+        char *end;
+        double v = strtod(p, &end);
+        cr_assert_geq(v, 0.0, "negative number in row: %s", row);
+        found++;
+        p = end - 1;
+    }
+    return found;
+}
+
+static const char *const insn_rows[] = {
+    "nop", "movq %fs:0, %reg", "mfence; lfence", "lfence", "mfence", "lock addl $0,-4(%rsp)",
+    "rdtsc", "rdtscp", "lfence; rdtsc",
+};
+
+Test(altbench, insn_table_has_every_row)
+{
+    need_tools();
+    char *out = run_ok(ALTBENCH_BIN " insn --iters 1600 --reps 2");
+    char row[1024];
+    cr_assert(strstr(out, "### Per-instruction cost"));
+    cr_assert(find_row(out, "(empty loop, per slot)", row, sizeof(row)));
+    for (size_t i = 0; i < sizeof(insn_rows) / sizeof(insn_rows[0]); i++) {
+        cr_assert(find_row(out, insn_rows[i], row, sizeof(row)), "row %s missing:\n%s",
+                  insn_rows[i], out);
+        cr_assert_eq(check_numbers(row, 1), 5, "row: %s", row);
+    }
+    /* rows that may be skipped on this machine still appear, with a reason */
+    cr_assert(strstr(out, "| rdfsbase"));
+    cr_assert(strstr(out, "| rdgsbase"));
+    cr_assert(strstr(out, "| rdpid"));
+    cr_assert(strstr(out, "| load from memory"));
+    free(out);
+}
+
+static const char *const prims[] = {
+    "altpatch_weak_fence", "altpatch_fs_self",       "altpatch_gs_self",
+    "altpatch_getcpu",     "altpatch_rdtsc_ordered", "ALTPATCH_ALT_CALL",
+};
+
+Test(altbench, sites_table_has_every_primitive)
+{
+    need_tools();
+    char *out = run_ok(ALTBENCH_BIN " sites --iters 1600 --reps 2");
+    char row[2048];
+    unsigned long seen = 0, patched = 0;
+    const char *c = strstr(out, "first apply: ");
+    cr_assert(c, "no apply summary:\n%s", out);
+    cr_assert_eq(sscanf(c, "first apply: %lu sites seen, %lu patched", &seen, &patched), 2);
+    cr_assert_gt(seen, 6);
+    cr_assert_leq(patched, seen);
+    for (size_t i = 0; i < sizeof(prims) / sizeof(prims[0]); i++) {
+        cr_assert(find_row(out, prims[i], row, sizeof(row)), "row %s missing:\n%s", prims[i], out);
+        if (strstr(row, "skipped"))
+            continue;
+        /* unpatched, patched, ideal, fn pointer, IFUNC, flag: 2 numbers each, + ratio */
+        cr_assert_geq(check_numbers(row, 2), 14, "row: %s", row);
+        cr_assert(strstr(row, "goal"), "row without goal verdict: %s", row);
+    }
+    cr_assert(!strstr(out, "ALTPATCH_CLEARCPUID"), "sites mode must not print the selection");
+    free(out);
+}
+
+Test(altbench, select_prints_a_valid_clearcpuid_line)
+{
+    need_tools();
+    char *out = run_ok(ALTBENCH_BIN " select --iters 1600 --reps 2");
+    char row[1024];
+    cr_assert(find_row(out, "altpatch_fs_self", row, sizeof(row)));
+    cr_assert(find_row(out, "altpatch_getcpu", row, sizeof(row)));
+    const char *l = strstr(out, "    ALTPATCH_CLEARCPUID=");
+    cr_assert(l, "no ready ALTPATCH_CLEARCPUID line:\n%s", out);
+    l += strlen("    ALTPATCH_CLEARCPUID=");
+    char list[256];
+    snprintf(list, sizeof(list), "%.*s", (int)strcspn(l, "\n"), l);
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        cr_assert_geq(altpatch_feature_id(t), 0, "unknown feature '%s' in the line", t);
+    free(out);
+}
+
+Test(altbench, bad_options_are_refused)
+{
+    need_tools();
+    int st;
+    free(run(ALTBENCH_BIN " insn --reps 0 2>/dev/null", &st));
+    cr_assert_eq(st, 2);
+    free(run(ALTBENCH_BIN " insn --iters x 2>/dev/null", &st));
+    cr_assert_eq(st, 2);
+    free(run(ALTBENCH_BIN " nosuchmode 2>/dev/null", &st));
+    cr_assert_eq(st, 2);
+    free(run(ALTBENCH_BIN " size /nonexistent /nonexistent 10 2>/dev/null", &st));
+    cr_assert_eq(st, 1);
+    free(run(ALTBENCH_BIN " size /etc/passwd /etc/passwd 10 2>/dev/null", &st));
+    cr_assert_eq(st, 1);
+    free(run(ALTBENCH_BIN " scaling /nonexistent 2>/dev/null", &st));
+    cr_assert_eq(st, 1);
+    free(run(ALTBENCH_GEN " alt 0 /dev/null 2>/dev/null", &st));
+    cr_assert_eq(st, 2);
+    free(run(ALTBENCH_GEN " xray 10 20 /tmp/x 2>/dev/null", &st));
+    cr_assert_eq(st, 2);
+}
+
+/* Count lines of @p path equal to "\t@p word". */
+static int count_lines(const char *path, const char *word)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s: %s", path, strerror(errno));
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof(line), f))
+        if (line[0] == '\t' && !strncmp(line + 1, word, strlen(word)) &&
+            line[1 + strlen(word)] == '\n')
+            n++;
+    fclose(f);
+    return n;
+}
+
+Test(altbench, generator_emits_n_sites)
+{
+    need_tools();
+    char dir[] = "/tmp/altbench-gen-XXXXXX", cmd[512], path[256];
+    cr_assert(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd), ALTBENCH_GEN " alt 25 %s/a.s && " ALTBENCH_GEN " plain 25 %s/p.s",
+             dir, dir);
+    free(run_ok(cmd));
+    snprintf(path, sizeof(path), "%s/a.s", dir);
+    int total = 0;
+    static const char *const macros[] = {"AB_FENCE", "AB_FS", "AB_GS", "AB_CPU", "AB_TSC", "AB_CALL"};
+    for (int i = 0; i < 6; i++) {
+        int k = count_lines(path, macros[i]);
+        cr_assert(k == 4 || k == 5, "%s used %d times", macros[i], k);
+        total += k;
+    }
+    cr_assert_eq(total, 25);
+    snprintf(cmd, sizeof(cmd), "grep -c altinstructions %s/a.s; grep -c altinstructions %s/p.s",
+             dir, dir);
+    int st;
+    char *out = run(cmd, &st);
+    int in_alt = -1, in_plain = -1;
+    cr_assert_eq(sscanf(out, "%d %d", &in_alt, &in_plain), 2, "%s", out);
+    cr_assert_gt(in_alt, 0);
+    cr_assert_eq(in_plain, 0);
+    free(out);
+    snprintf(cmd, sizeof(cmd), ALTBENCH_GEN " xray 10 3 %s/x && cat %s/x0.c %s/x1.c %s/x2.c | "
+             "grep -c '^__attribute__((noinline)) int ab_xf_'", dir, dir, dir, dir);
+    out = run_ok(cmd);
+    cr_assert_eq(atoi(out), 10);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    free(run_ok(cmd));
+}
+
+/* The value of @p key on the line of @p phase of tool @p tool. */
+static unsigned long long field(const char *out, const char *tool, const char *phase, const char *key)
+{
+    char pat[128];
+    snprintf(pat, sizeof(pat), " phase=%s ", phase);
+    for (const char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        size_t len = strcspn(l, "\n");
+        char line[1024];
+        snprintf(line, sizeof(line), "%.*s", (int)len, l);
+        if (strncmp(line, tool, strlen(tool)) || !strstr(line, pat))
+            continue;
+        char k[64];
+        snprintf(k, sizeof(k), " %s=", key);
+        const char *v = strstr(line, k);
+        cr_assert(v, "no %s in: %s", key, line);
+        return strtoull(v + strlen(k), NULL, 10);
+    }
+    cr_assert_fail("no %s phase=%s line in:\n%s", tool, phase, out);
+    return 0;
+}
+
+Test(altbench, apply_harness_reports_every_phase)
+{
+    need_tools();
+    char *out = run_ok(ALTBENCH_ALT " 2");
+    unsigned long long n = ALTBENCH_N;
+    cr_assert_eq(field(out, "altpatch", "cold", "seen"), n);
+    cr_assert_eq(field(out, "altpatch", "cold", "patched"), n, "%s", out);
+    cr_assert_eq(field(out, "altpatch", "cold", "refused"), 0);
+    cr_assert_gt(field(out, "altpatch", "cold", "pages"), 0);
+    cr_assert_gt(field(out, "altpatch", "cold", "ns_min"), 0);
+    cr_assert_eq(field(out, "altpatch", "nochange", "unchanged"), n);
+    cr_assert_eq(field(out, "altpatch", "nochange", "pages"), 0);
+    cr_assert_eq(field(out, "altpatch", "nochange", "bytes"), 0);
+    cr_assert_eq(field(out, "altpatch", "dryrun", "bytes"), 0);
+    cr_assert_gt(field(out, "altpatch", "revert", "bytes"), 0);
+    cr_assert_eq(field(out, "altpatch", "warm", "patched"), n);
+    cr_assert_geq(field(out, "altpatch", "warm", "ns_med"), field(out, "altpatch", "warm", "ns_min"));
+    free(out);
+
+    out = run_ok(ALTBENCH_PLAIN " 1");
+    cr_assert_eq(field(out, "altpatch", "cold", "seen"), 0);
+    free(out);
+}
+
+Test(altbench, xray_peer_and_scaling_table)
+{
+    need_tools();
+    char dir[] = "/tmp/altbench-sc-XXXXXX", cmd[1024];
+    cr_assert(mkdtemp(dir));
+    bool xray = ALTBENCH_XRAY[0] && access(ALTBENCH_XRAY, X_OK) == 0;
+    snprintf(cmd, sizeof(cmd), ALTBENCH_ALT " 2 > %s/r.txt%s%s%s%s", dir,
+             xray ? " && " : "", xray ? ALTBENCH_XRAY : "", xray ? " 2 >> " : "", xray ? dir : "");
+    if (xray)
+        strncat(cmd, "/r.txt", sizeof(cmd) - strlen(cmd) - 1);
+    free(run_ok(cmd));
+    snprintf(cmd, sizeof(cmd), ALTBENCH_BIN " scaling %s/r.txt", dir);
+    char *out = run_ok(cmd);
+    char row[1024], key[32];
+    snprintf(key, sizeof(key), "%d", ALTBENCH_N);
+    cr_assert(strstr(out, "### altpatch_apply() cost by site count"));
+    cr_assert(find_row(out, key, row, sizeof(row)), "no row for N=%s:\n%s", key, out);
+    cr_assert_geq(check_numbers(row, 0), 10, "row: %s", row);
+    cr_assert(strstr(out, "### Against LLVM XRay"));
+    if (xray) {
+        const char *x = strstr(out, "### Against LLVM XRay");
+        cr_assert(find_row(x, key, row, sizeof(row)));
+        cr_assert(!strstr(row, "| - |"), "XRay numbers missing: %s", row);
+    }
+    free(out);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    free(run_ok(cmd));
+}
+
+Test(altbench, size_table_adds_up)
+{
+    need_tools();
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), ALTBENCH_BIN " size " ALTBENCH_ALT " " ALTBENCH_PLAIN " %d",
+             ALTBENCH_N);
+    char *out = run_ok(cmd);
+    char row[1024];
+    long long rec = -1, repl = -1, pad = -1, note = -1, total = -1, diff = -1;
+    cr_assert(find_row(out, "records (`altinstructions`, 14 B per entry)", row, sizeof(row)));
+    sscanf(strchr(row + 2, '|') + 1, "%lld", &rec);
+    cr_assert(find_row(out, "replacements (`altinstr_replacement`)", row, sizeof(row)));
+    sscanf(strchr(row + 2, '|') + 1, "%lld", &repl);
+    cr_assert(find_row(out, "padding (`.text` growth: NOPs after shorter originals)", row, sizeof(row)));
+    sscanf(strchr(row + 2, '|') + 1, "%lld", &pad);
+    cr_assert(find_row(out, "`.note.altpatch` (once per module)", row, sizeof(row)));
+    sscanf(strchr(row + 2, '|') + 1, "%lld", &note);
+    cr_assert(find_row(out, "**total**", row, sizeof(row)));
+    sscanf(strchr(row + 2, '|') + 1, "%lld", &total);
+    cr_assert(find_row(out, "difference", row, sizeof(row)));
+    sscanf(strchr(row + 2, '|') + 1, "%lld", &diff);
+    /* the mix: 1 of 6 sites is an ALTERNATIVE_2 (two records) */
+    long long n = ALTBENCH_N, entries = n + n / 6 + (n % 6 > 4);
+    cr_assert_eq(rec, 14 * entries, "records %lld for %lld entries", rec, entries);
+    cr_assert_gt(repl, 0);
+    cr_assert_geq(pad, 0);
+    cr_assert_gt(note, 0);
+    cr_assert_eq(total, rec + repl + pad + note);
+    cr_assert_eq(total, diff, "split %lld != text difference %lld", total, diff);
+    free(out);
+}
