@@ -56,13 +56,19 @@ run as root, or: sudo apt-get install --no-install-recommends ${missing[*]}"
     apt-get install -y --no-install-recommends "${missing[@]}"
 }
 
-# build DIR [cmake options...]: configure (once) and build every target.
-build() {
+# configure DIR [cmake options...]
+configure() {
     local dir=$1
     shift
-    log "configure + build $dir $*"
+    log "configure $dir $*"
     cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
-    cmake --build "$dir" -j "$JOBS"
+}
+
+# build DIR [cmake options...]: configure and build every target.
+build() {
+    configure "$@"
+    log "build $1"
+    cmake --build "$1" -j "$JOBS"
 }
 
 run_ctest() {
@@ -74,7 +80,9 @@ run_ctest() {
 
 cmd_demo() {
     ensure_packages
-    build build
+    configure build
+    log "build build (altdemo)"
+    cmake --build build -j "$JOBS" --target altdemo
     log "build/tools/altdemo/altdemo"
     build/tools/altdemo/altdemo
 }
