@@ -519,6 +519,12 @@ static void e_table_far(uint8_t *b, size_t *len)
     e_note_field(b, *len, 3, 0x10000000);
 }
 
+static void e_note_type(uint8_t *b, size_t *len)
+{
+    GElf_Shdr sh = shdr_of(b, *len, ".note.altpatch", NULL);
+    b[sh.sh_offset + 8] ^= 0xff; /* n_type no longer 'APT1' */
+}
+
 struct bad {
     const char *name;
     void (*edit)(uint8_t *, size_t *);
@@ -537,6 +543,7 @@ Test(altdump, bad_input, .init = mktmp, .fini = rmtmp)
         {"record.elf", e_record, 1, "site 0 at 0x501000 (no symbol): site outside the module's executable sections"},
         {"version.elf", e_version, 3, "unsupported altpatch note (format version 2"},
         {"tablesize.elf", e_table_size, 3, "altinstructions holds 137 bytes, not a multiple of the 14-byte record"},
+        {"notetype.elf", e_note_type, 3, "has altinstructions but no altpatch note"},
         {"tablefar.elf", e_table_far, 3, "altinstructions [0x10403000, 0x1040308c) named by the note lies outside the file's sections"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

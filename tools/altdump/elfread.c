@@ -339,20 +339,23 @@ static const uint8_t *bytes_at(const struct ad_image *img, uint64_t addr, uint64
     return NULL;
 }
 
-static int read_note(struct reader *r, const struct ad_section *ns)
+/* Look for the altpatch note in the SHT_NOTE section @p ns; *found says whether it is there. */
+static int read_note(struct reader *r, const struct ad_section *ns, bool *found)
 {
     struct ad_image *img = r->img;
     Elf_Scn *scn = elf_getscn(r->elf, (size_t)(ns - img->secs));
     Elf_Data *d = scn ? elf_getdata(scn, NULL) : NULL;
+    *found = false;
     if (!d)
-        return fail(r, "cannot read section '.note.altpatch' (%s)", elfmsg());
-    img->note_size = ns->size;
+        return fail(r, "cannot read note section '%s' (%s)", ns->name, elfmsg());
     size_t off = 0, name_off, desc_off;
     GElf_Nhdr nh;
     while (off < d->d_size && (off = gelf_getnote(d, off, &nh, &name_off, &desc_off)) > 0) {
         if (nh.n_type != ALTPATCH_NOTE_TYPE || nh.n_namesz != sizeof(ALTPATCH_NOTE_NAME) ||
             memcmp((const char *)d->d_buf + name_off, ALTPATCH_NOTE_NAME, nh.n_namesz) != 0)
             continue;
+        *found = true;
+        img->note_size = ns->size;
         /* The descriptor as relocated (for .o) lives in ns->data at the same offset. */
         if (desc_off > ns->size || nh.n_descsz > ns->size - desc_off)
             return fail(r, "altpatch note descriptor outside its section");
@@ -366,7 +369,29 @@ static int read_note(struct reader *r, const struct ad_section *ns)
             return fail(r, "bad altpatch note (%s)", altpatch_strreason(rc));
         return 0;
     }
-    return fail(r, "section '.note.altpatch' holds no altpatch note");
+    return 0;
+}
+
+/* The altpatch note, in whichever note section the link put it (.note.altpatch first). */
+static int find_note(struct reader *r, bool *found)
+{
+    struct ad_image *img = r->img;
+    const struct ad_section *named = ad_section_by_name(img, ".note.altpatch");
+    *found = false;
+    if (named && named->type == SHT_NOTE && named->data) {
+        int rc = read_note(r, named, found);
+        if (rc || *found)
+            return rc;
+    }
+    for (size_t i = 1; i < img->nsecs; i++) {
+        const struct ad_section *s = &img->secs[i];
+        if (s == named || s->type != SHT_NOTE || !s->data || !(s->flags & SHF_ALLOC))
+            continue;
+        int rc = read_note(r, s, found);
+        if (rc || *found)
+            return rc;
+    }
+    return 0;
 }
 
 static int find_tables(struct reader *r)
@@ -538,16 +563,18 @@ static int read_all(struct reader *r, unsigned flags)
         rc = read_symbols(r);
     if (rc)
         return rc;
-    const struct ad_section *ns = ad_section_by_name(img, ".note.altpatch");
-    if (!ns || ns->type != SHT_NOTE || !ns->data) {
+    bool found;
+    rc = find_note(r, &found);
+    if (rc)
+        return rc;
+    if (!found) {
         if (flags & AD_READ_ALLOW_NOALT)
             return 0;
         if (ad_section_by_name(img, "altinstructions"))
-            return fail(r, "has altinstructions but no .note.altpatch note (the runtime would "
+            return fail(r, "has altinstructions but no altpatch note (the runtime would "
                            "ignore it)");
-        return fail(r, "no altpatch tables (no .note.altpatch section)");
+        return fail(r, "no altpatch tables (no .note.altpatch note)");
     }
-    rc = read_note(r, ns);
     if (!rc)
         rc = find_tables(r);
     if (!rc)
