@@ -222,15 +222,15 @@ static void ap_symbolize(char *out, size_t outsz, const struct ap_module *m, uin
     snprintf(out, outsz, "%s+0x%lx", slash ? slash + 1 : name, (unsigned long)(addr - m->base));
 }
 
-static void ap_debug_entry(const struct ap_work *wk, const struct ap_entry *e, const char *sym)
+static void ap_debug_entry(const struct ap_entry *e, const char *sym)
 {
     const char *name = altpatch_feature_name(e->feature);
     ap_log(ALTPATCH_DEBUG,
            "feat: %s%u*32+%u (%s), old: (%s (0x%lx) len: %u), repl: (0x%lx, len: %u) "
            "flags: 0x%x\n",
            (e->flags & ALT_FLAG_NOT) ? "!" : "", e->feature / 32, e->feature % 32,
-           name ? name : "?", sym, (unsigned long)wk->m->sites[wk->idx].addr,
-           wk->m->sites[wk->idx].len, (unsigned long)e->repl, e->repllen, e->flags);
+           name ? name : "?", sym, (unsigned long)e->site, e->instrlen, (unsigned long)e->repl,
+           e->repllen, e->flags);
 }
 
 /** One block per site, in the style of the kernel's debug-alternative. */
@@ -241,7 +241,7 @@ static void ap_debug_site(const struct ap_work *wk)
     unsigned long a = (unsigned long)s->addr;
     ap_symbolize(sym, sizeof(sym), wk->m, s->addr);
     for (uint32_t k = 0; k < s->count; k++)
-        ap_debug_entry(wk, &wk->m->entries[s->first + k], sym);
+        ap_debug_entry(&wk->m->entries[s->first + k], sym);
     if (s->count > 1) {
         if (wk->chosen >= 0)
             ap_log(ALTPATCH_DEBUG, "0x%lx: chosen: entry %d of %u\n", a, wk->chosen, s->count);
