@@ -121,18 +121,29 @@ ALTPATCH_PRIMITIVE_ uint64_t altpatch_rdtsc_ordered(void)
 
 /* Every register the SysV ABI lets a callee change, except rax and rdi
  * (the asm's operands) and rsp/rbp (saved by hand around the call). */
-#define ALTPATCH_CALL_CLOBBERS_BASE_                                                      \
-    "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4",  \
-        "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13",         \
-        "xmm14", "xmm15", "st", "st(1)", "st(2)", "st(3)", "st(4)", "st(5)", "st(6)",       \
+#define ALTPATCH_CALL_CLOBBERS_BASE_                                                       \
+    "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", \
+        "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13",        \
+        "xmm14", "xmm15", "st", "st(1)", "st(2)", "st(3)", "st(4)", "st(5)", "st(6)",      \
         "st(7)", "mm0", "mm1", "mm2", "mm3", "mm4", "mm5", "mm6", "mm7", "memory", "cc"
 #ifdef __AVX512F__
-#define ALTPATCH_CALL_CLOBBERS_                                                           \
-    ALTPATCH_CALL_CLOBBERS_BASE_, "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21",     \
-        "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",    \
+#define ALTPATCH_CALL_CLOBBERS_                                                            \
+    ALTPATCH_CALL_CLOBBERS_BASE_, "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21",    \
+        "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",   \
         "xmm31", "k1", "k2", "k3", "k4", "k5", "k6", "k7"
 #else
 #define ALTPATCH_CALL_CLOBBERS_ ALTPATCH_CALL_CLOBBERS_BASE_
+#endif
+
+/* Compile-time check that @p fn is a `long (long)` function. */
+#ifdef __cplusplus
+#define ALTPATCH_CALL_CHECK_(fn)                                                           \
+    static_assert(__is_same(__typeof__(&(fn)), long (*)(long)),                            \
+                  "ALTPATCH_ALT_CALL: " #fn " must be long (long)")
+#else
+#define ALTPATCH_CALL_CHECK_(fn)                                                           \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&(fn)), long (*)(long)),        \
+                   "ALTPATCH_ALT_CALL: " #fn " must be long (long)")
 #endif
 
 /**
@@ -153,22 +164,21 @@ ALTPATCH_PRIMITIVE_ uint64_t altpatch_rdtsc_ordered(void)
  */
 #define ALTPATCH_ALT_CALL(oldfn, newfn, ft_flags, arg)                                     \
     __extension__({                                                                        \
-        _Static_assert(__builtin_types_compatible_p(__typeof__(&(oldfn)), long (*)(long)), \
-                       "ALTPATCH_ALT_CALL: " #oldfn " must be long (long)");               \
-        _Static_assert(__builtin_types_compatible_p(__typeof__(&(newfn)), long (*)(long)), \
-                       "ALTPATCH_ALT_CALL: " #newfn " must be long (long)");               \
+        ALTPATCH_CALL_CHECK_(oldfn);                                                       \
+        ALTPATCH_CALL_CHECK_(newfn);                                                       \
         long altpatch_ret_;                                                                \
         long altpatch_arg_ = (long)(arg);                                                  \
         __asm__ __volatile__("lea -128(%%rsp), %%rsp\n\t"                                  \
                              "push %%rbp\n\t"                                              \
                              "mov %%rsp, %%rbp\n\t"                                        \
-                             "and $-16, %%rsp\n\t" ALTERNATIVE("call %P[old]",             \
-                                                               "call %P[new]", ft_flags)   \
+                             "and $-16, %%rsp\n\t"                                       \
+                             ALTERNATIVE("call %P[ap_oldfn]", "call %P[ap_newfn]",         \
+                                         ft_flags)                                         \
                              "\n\tmov %%rbp, %%rsp\n\t"                                    \
                              "pop %%rbp\n\t"                                               \
                              "lea 128(%%rsp), %%rsp"                                       \
                              : "=a"(altpatch_ret_), "+D"(altpatch_arg_)                    \
-                             : [old] "i"(oldfn), [new] "i"(newfn)                          \
+                             : [ap_oldfn] "i"(oldfn), [ap_newfn] "i"(newfn)                \
                              : ALTPATCH_CALL_CLOBBERS_);                                   \
         altpatch_ret_;                                                                     \
     })
