@@ -53,7 +53,7 @@ add_library(altdump_live_obj OBJECT ${AD_SRC}/live.c)
 target_compile_options(altdump_live_obj PRIVATE -O2 -mno-red-zone)
 target_link_libraries(altdump_live_obj PRIVATE altpatch_static)
 add_executable(altdump_live $<TARGET_OBJECTS:altdump_live_obj>)
-target_link_libraries(altdump_live PRIVATE altpatch_static)
+target_link_libraries(altdump_live PRIVATE altpatch_static ${CMAKE_DL_LIBS})
 
 target_compile_definitions(test_altdump PRIVATE
   ALTDUMP_BIN="$<TARGET_FILE:altdump>"

@@ -638,7 +638,7 @@ struct live {
     int in; /* write end of its stdin: close to let it exit */
 };
 
-static struct live live_start(bool off)
+static struct live live_start(bool off, const char *lib)
 {
     int pin[2], pout[2];
     cr_assert_eq(pipe(pin), 0);
@@ -655,7 +655,7 @@ static struct live live_start(bool off)
             setenv("ALTPATCH_OFF", "1", 1);
         else
             unsetenv("ALTPATCH_OFF");
-        execl(ALTDUMP_LIVE, ALTDUMP_LIVE, (char *)NULL);
+        execl(ALTDUMP_LIVE, ALTDUMP_LIVE, lib, (char *)NULL);
         _exit(127);
     }
     close(pin[0]);
@@ -676,29 +676,29 @@ static void live_stop(struct live *l)
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
-/* Parse "pid N: T sites in M modules: a final, b original, c mismatch, d unreadable". */
-static void summary(const char *out, size_t v[5])
+/* Parse "pid N: T sites in M modules: a final, b original, c mismatch, d unreadable, e refused". */
+static void summary(const char *out, size_t v[6])
 {
     const char *s = strstr(out, " sites in ");
     cr_assert_not_null(s, "%s", out);
     while (s > out && s[-1] != ' ')
         s--;
-    unsigned long long t, m, a, b, c, d;
+    unsigned long long t, m, a, b, c, d, e;
     cr_assert_eq(sscanf(s, "%llu sites in %llu modules: %llu final, %llu original, %llu mismatch, "
-                           "%llu unreadable",
-                        &t, &m, &a, &b, &c, &d),
-                 6, "%s", out);
-    v[0] = t, v[1] = a, v[2] = b, v[3] = c, v[4] = d;
+                           "%llu unreadable, %llu refused",
+                        &t, &m, &a, &b, &c, &d, &e),
+                 7, "%s", out);
+    v[0] = t, v[1] = a, v[2] = b, v[3] = c, v[4] = d, v[5] = e;
 }
 
 Test(altdump, pid_final_after_apply)
 {
-    struct live l = live_start(false);
+    struct live l = live_start(false, NULL);
     char pid[32];
     snprintf(pid, sizeof(pid), "%d", (int)l.pid);
     struct result r = RUN("--pid", pid);
     cr_assert_eq(r.rc, 0, "exit %d: %s %s", r.rc, r.out, r.err);
-    size_t v[5];
+    size_t v[6];
     summary(r.out, v);
     cr_assert_geq(v[0], 5, "the live fixture has 5 sites: %s", r.out);
     cr_assert_eq(v[1], v[0], "every site must hold its final bytes: %s", r.out);
@@ -722,7 +722,7 @@ Test(altdump, pid_final_after_apply)
 
 Test(altdump, pid_original_when_off)
 {
-    struct live l = live_start(true);
+    struct live l = live_start(true, NULL);
     char pid[32];
     snprintf(pid, sizeof(pid), "%d", (int)l.pid);
     struct result r = RUN("--pid", pid, "--json");
@@ -734,6 +734,26 @@ Test(altdump, pid_original_when_off)
     result_free(&r);
     live_stop(&l);
 }
+
+#if ALTDUMP_HAVE_CORRUPT
+/* A process that loaded the corrupt-record library: refused sites are original, none mismatch. */
+Test(altdump, pid_with_refused_sites)
+{
+    struct live l = live_start(false, ALTDUMP_FIXDIR "/libcorrupt.so");
+    char pid[32];
+    snprintf(pid, sizeof(pid), "%d", (int)l.pid);
+    struct result r = RUN("--pid", pid);
+    cr_assert_eq(r.rc, 0, "exit %d: %s %s", r.rc, r.out, r.err);
+    cr_assert(strstr(r.out, "/libcorrupt.so: bias 0x"), "%s", r.out);
+    size_t v[6];
+    summary(r.out, v);
+    cr_assert_eq(v[3] + v[4], 0, "%s", r.out);
+    cr_assert_geq(v[2], 10, "refused sites in the file's text stay original: %s", r.out);
+    cr_assert_geq(v[5], 3, "refused sites outside the file's sections: %s", r.out);
+    result_free(&r);
+    live_stop(&l);
+}
+#endif
 
 Test(altdump, pid_bad)
 {

@@ -4,9 +4,12 @@
  * <altpatch/alternative.h>. It applies, runs every site once, prints "ready"
  * and its pid on stdout, then waits until stdin reaches EOF, so a test can
  * read its memory with `altdump --pid` and compare every site with the plan.
+ * An optional argument names a shared library to dlopen before applying
+ * (the corrupt-record library: its refused sites must stay original).
  */
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/prctl.h>
@@ -67,8 +70,13 @@ __attribute__((noinline)) static int never(void)
     return v;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    altpatch_set_print(NULL); /* refusals of the corrupt library are expected */
+    if (argc > 1 && !dlopen(argv[1], RTLD_NOW)) {
+        fprintf(stderr, "live: %s\n", dlerror());
+        return 1;
+    }
     /* Let a sibling process (altdump) read our memory under Yama ptrace_scope=1. */
     (void)prctl(PR_SET_PTRACER, (unsigned long)-1, 0, 0, 0);
     int rc = altpatch_apply();

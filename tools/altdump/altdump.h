@@ -217,7 +217,14 @@ void ad_json_compare(struct ad_json *j, const struct ad_image *a, const struct a
 /* --- --pid ----------------------------------------------------------------- */
 
 /** Memory state of one site in a live process. */
-enum ad_mem_state { AD_MEM_FINAL, AD_MEM_ORIGINAL, AD_MEM_MISMATCH, AD_MEM_UNREADABLE };
+enum ad_mem_state {
+    AD_MEM_FINAL,      /* memory holds the planned bytes */
+    AD_MEM_ORIGINAL,   /* memory holds the original bytes */
+    AD_MEM_MISMATCH,   /* neither */
+    AD_MEM_UNREADABLE, /* pread failed */
+    AD_MEM_REFUSED,    /* refused site outside the file's sections: nothing to compare */
+    AD_MEM__COUNT
+};
 
 /**
  * Inspect process @p pid: every mapped file carrying altpatch tables, every

@@ -88,7 +88,8 @@ static bool find_bias(const struct maps *mp, const char *path, const struct ad_i
 
 static const char *state_name(enum ad_mem_state s)
 {
-    static const char *const n[] = {"final", "original", "mismatch", "unreadable"};
+    static const char *const n[AD_MEM__COUNT] = {"final", "original", "mismatch", "unreadable",
+                                                 "refused"};
     return n[s];
 }
 
@@ -107,7 +108,7 @@ static void hexs(char *out, size_t outsz, const uint8_t *b, size_t n)
 }
 
 struct tally {
-    size_t n[4];
+    size_t n[AD_MEM__COUNT];
     size_t modules;
 };
 
@@ -128,9 +129,9 @@ static void site_out(const struct ad_opts *o, struct ad_json *j, const struct ad
         ad_json_str(j, "symbol", sym);
         ad_json_str(j, "state", state_name(st));
         ad_json_str(j, "decision", ad_decision_name(p));
-        hexs(b, sizeof(b), mem, st == AD_MEM_UNREADABLE ? 0 : s->len);
+        hexs(b, sizeof(b), mem, st == AD_MEM_UNREADABLE || st == AD_MEM_REFUSED ? 0 : s->len);
         ad_json_str(j, "memory", b);
-        hexs(b, sizeof(b), orig ? orig : p->orig, s->len);
+        hexs(b, sizeof(b), orig ? orig : p->orig, orig ? s->len : 0);
         ad_json_str(j, "original", b);
         hexs(b, sizeof(b), p->final, s->len);
         ad_json_str(j, "final", b);
@@ -143,7 +144,7 @@ static void site_out(const struct ad_opts *o, struct ad_json *j, const struct ad
         printf("\n    memory:   ");
         hex(stdout, mem, s->len);
         printf("\n    original: ");
-        hex(stdout, orig ? orig : p->orig, s->len);
+        hex(stdout, orig ? orig : p->orig, orig ? s->len : 0);
         printf("\n    final:    ");
         hex(stdout, p->final, s->len);
     }
@@ -180,8 +181,13 @@ static int module(long pid, int memfd, const struct maps *mp, const char *path,
         const uint8_t *orig = ap_view_text(&img.view, s->addr, s->len);
         uint8_t mem[AP_MAX_SITE];
         enum ad_mem_state st;
-        if (pread(memfd, mem, s->len, (off_t)(s->addr + bias)) != (ssize_t)s->len)
+        bool refused = plans[i].reason != ALTPATCH_REASON_NONE;
+        if (refused && !orig)
+            st = AD_MEM_REFUSED; /* the runtime never touches it; its address may be bogus */
+        else if (pread(memfd, mem, s->len, (off_t)(s->addr + bias)) != (ssize_t)s->len)
             st = AD_MEM_UNREADABLE;
+        else if (refused)
+            st = memcmp(mem, orig, s->len) == 0 ? AD_MEM_ORIGINAL : AD_MEM_MISMATCH;
         else if (memcmp(mem, plans[i].final, s->len) == 0)
             st = AD_MEM_FINAL;
         else if (orig && memcmp(mem, orig, s->len) == 0)
@@ -231,19 +237,21 @@ int ad_pid_report(long pid, const struct ad_opts *o)
         if (!seen)
             module(pid, memfd, &mp, mp.m[i].path, o, &j, &t);
     }
-    size_t total = t.n[0] + t.n[1] + t.n[2] + t.n[3];
+    size_t total = 0;
+    for (int s = 0; s < AD_MEM__COUNT; s++)
+        total += t.n[s];
     if (o->json) {
         ad_json_end_arr(&j);
         ad_json_obj(&j, "summary");
-        for (int s = 0; s < 4; s++)
+        for (int s = 0; s < AD_MEM__COUNT; s++)
             ad_json_uint(&j, state_name((enum ad_mem_state)s), t.n[s]);
         ad_json_end_obj(&j);
         ad_json_end_obj(&j);
         ad_json_finish(&j);
     } else if (t.modules) {
         printf("pid %ld: %zu sites in %zu modules: %zu final, %zu original, %zu mismatch, %zu "
-               "unreadable\n",
-               pid, total, t.modules, t.n[0], t.n[1], t.n[2], t.n[3]);
+               "unreadable, %zu refused\n",
+               pid, total, t.modules, t.n[0], t.n[1], t.n[2], t.n[3], t.n[4]);
     }
     close(memfd);
     maps_free(&mp);
