@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <altpatch/alternative.h>
@@ -374,6 +375,65 @@ Test(apply, procmem_only)
     assert_site(&r->sn[0].s[S_TWO], XOR_PAD, OR_M1, 3, "through /proc/self/mem");
     cr_assert_eq(r->sn[0].value[S_TWO], 0xffffffffL);
     assert_site(&r->sn[1].s[S_TWO], XOR_PAD, XOR_PAD, 3, "reverted through /proc/self/mem");
+}
+
+/* ---- the writer's fallbacks, seen through apply ------------------------------ */
+
+struct mdwe_apply_result {
+    int set, rc;
+    struct altpatch_stats st;
+    struct snapshot sn;
+};
+
+struct mdwe_apply_ctx {
+    unsigned flags;
+};
+
+static void mdwe_apply_body(void *out, void *ctx)
+{
+    struct mdwe_apply_result *r = out;
+    struct mdwe_apply_ctx *c = ctx;
+    altpatch_set_print(NULL); /* the refusals are expected */
+    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    struct altpatch_features *f = fset(F_A, -1);
+    r->rc = apply_with(f, c->flags);
+    altpatch_features_free(f);
+    get_stats(&r->st);
+    snap(&r->sn);
+}
+
+static struct mdwe_apply_result *apply_mdwe(unsigned flags)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    if (pre && strstr(pre, "vgpreload"))
+        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    struct mdwe_apply_ctx c = {flags};
+    struct mdwe_apply_result *r = ap_isolated(sizeof(*r), mdwe_apply_body, &c);
+    if (r->set == -EINVAL)
+        cr_skip_test("kernel without PR_SET_MDWE");
+    cr_assert_eq(r->set, 0);
+    cr_assert_eq(r->rc, 0);
+    return r;
+}
+
+Test(apply, mdwe_patches_through_procmem)
+{
+    struct mdwe_apply_result *r = apply_mdwe(0);
+    assert_site(&r->sn.s[S_TWO], XOR_PAD, OR_M1, 3, "patched under MDWE");
+    cr_assert_eq(r->sn.value[S_TWO], 0xffffffffL, "and still executable");
+    cr_assert_eq(r->st.sites_refused, 0);
+}
+
+Test(apply, mdwe_without_procmem_refuses_write_denied)
+{
+    struct mdwe_apply_result *r = apply_mdwe(ALTPATCH_APPLY_NO_PROCMEM);
+    const struct site_view *v = &r->sn.s[S_TWO];
+    assert_site(v, XOR_PAD, XOR_PAD, 3, "original kept");
+    cr_assert_eq(v->state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(v->reason, ALTPATCH_REASON_WRITE_DENIED);
+    cr_assert_eq(r->sn.value[S_TWO], 0);
+    cr_assert_eq(r->st.bytes_written, 0);
+    cr_assert_geq(r->st.sites_refused, 3, "ALWAYS, TWO and NEST needed a write");
 }
 
 /* ---- memory changed behind our back ---------------------------------------- */

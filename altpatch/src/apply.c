@@ -150,15 +150,15 @@ static long ap_count_threads(void)
 
 enum ap_action { AP_ACT_UNCHANGED, AP_ACT_WRITE, AP_ACT_REFUSED };
 
-/** One site of one apply. */
+/** One site of one apply (kept small: applies of 10^5..10^6 sites keep them all). */
 struct ap_work {
     struct ap_module *m;
     size_t idx;
-    struct ap_plan plan;
     const uint8_t *orig;    /* saved original, NULL when outside the text */
     const uint8_t *cur;     /* live memory, NULL when outside the text */
     const uint8_t *old;     /* what memory holds, for the writer */
-    uint8_t target[AP_MAX_SITE];
+    uint8_t *target;        /* the bytes memory must hold (in the run's arena) */
+    char *detail;           /* the planner's detail of a refusal (malloc'ed), or NULL */
     int chosen;             /* entry memory will hold; -1 = original */
     int reason;             /* refusal, or NONE */
     enum ap_action action;
@@ -169,11 +169,14 @@ static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs, un
     struct ap_module *m = wk->m;
     const struct ap_site *s = &m->sites[wk->idx];
     size_t off = m->orig_off[wk->idx];
+    struct ap_plan plan;
     wk->orig = off != AP_NO_ORIG ? m->orig + off : NULL;
     wk->cur = s->len ? ap_view_text(&m->view, s->addr, s->len) : NULL;
-    ap_plan_site(&m->view, s, m->entries, wk->orig, fs, &wk->plan);
-    wk->reason = m->reason ? m->reason : wk->plan.reason;
-    wk->chosen = wk->reason || (flags & ALTPATCH_APPLY_REVERT) ? -1 : wk->plan.chosen;
+    ap_plan_site(&m->view, s, m->entries, wk->orig, fs, &plan);
+    if (plan.reason && plan.detail[0])
+        wk->detail = strndup(plan.detail, sizeof(plan.detail));
+    wk->reason = m->reason ? m->reason : plan.reason;
+    wk->chosen = wk->reason || (flags & ALTPATCH_APPLY_REVERT) ? -1 : plan.chosen;
     if (!wk->orig || !wk->cur) {
         if (!wk->reason)
             wk->reason = ALTPATCH_REASON_SITE_BOUNDS;
@@ -181,7 +184,7 @@ static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs, un
         wk->action = AP_ACT_REFUSED;
         return;
     }
-    memcpy(wk->target, wk->chosen >= 0 ? wk->plan.final : wk->orig, s->len);
+    memcpy(wk->target, wk->chosen >= 0 ? plan.final : wk->orig, s->len);
     const uint8_t *planned = m->planned + off;
     if (memcmp(wk->cur, wk->target, s->len) == 0) {
         wk->action = wk->reason ? AP_ACT_REFUSED : AP_ACT_UNCHANGED;
@@ -250,7 +253,7 @@ static void ap_debug_site(const struct ap_work *wk)
     }
     if (wk->reason)
         ap_log(ALTPATCH_DEBUG, "0x%lx: refused: %s%s%s\n", a, altpatch_strreason(wk->reason),
-               wk->plan.detail[0] ? ": " : "", wk->plan.detail);
+               wk->detail ? ": " : "", wk->detail ? wk->detail : "");
     if (!wk->orig)
         return;
     ap_hex(hex, sizeof(hex), wk->orig, s->len);
@@ -266,8 +269,8 @@ static void ap_warn_refusal(const struct ap_work *wk)
     char sym[192];
     ap_symbolize(sym, sizeof(sym), wk->m, s->addr);
     ap_log(ALTPATCH_WARN, "site %s (0x%lx) refused: %s%s%s\n", sym, (unsigned long)s->addr,
-           altpatch_strreason(wk->reason), wk->plan.detail[0] && wk->plan.reason ? ": " : "",
-           wk->plan.reason ? wk->plan.detail : "");
+           altpatch_strreason(wk->reason), wk->detail ? ": " : "",
+           wk->detail ? wk->detail : "");
 }
 
 /* ------------------------------------------------------------------------- */
@@ -276,6 +279,7 @@ static void ap_warn_refusal(const struct ap_work *wk)
 
 struct ap_run {
     struct ap_work *work;
+    uint8_t *arena; /* target bytes of every site */
     size_t nwork;
     struct ap_write *writes;
     size_t *wmap; /* writes[i] belongs to work[wmap[i]] */
@@ -285,17 +289,24 @@ struct ap_run {
 
 static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
 {
-    size_t n = 0;
-    for (struct ap_module *m = ap_mods; m; m = m->next)
+    size_t n = 0, bytes = 0;
+    for (struct ap_module *m = ap_mods; m; m = m->next) {
         n += m->nsites;
+        for (size_t i = 0; i < m->nsites; i++)
+            bytes += m->sites[i].len;
+    }
     r->work = calloc(n ? n : 1, sizeof(*r->work));
-    if (!r->work)
+    r->arena = malloc(bytes ? bytes : 1);
+    if (!r->work || !r->arena)
         return -ENOMEM;
+    bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
         for (size_t i = 0; i < m->nsites; i++) {
             struct ap_work *wk = &r->work[r->nwork++];
             wk->m = m;
             wk->idx = i;
+            wk->target = r->arena + bytes;
+            bytes += m->sites[i].len;
             ap_decide(wk, fs, flags);
         }
     }
@@ -396,7 +407,10 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         ap_record(&r, flags, st);
         ap_applied = true;
     }
+    for (size_t i = 0; i < r.nwork; i++)
+        free(r.work[i].detail);
     free(r.work);
+    free(r.arena);
     free(r.writes);
     free(r.wmap);
     return err;
