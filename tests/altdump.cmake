@@ -26,6 +26,15 @@ foreach(v sites plain)
   list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/${v}.o ${AD_FIX}/${v}.elf)
 endforeach()
 
+# many.S: 20 function sections (more than struct ap_view holds) -> .o and .so.
+add_custom_command(OUTPUT ${AD_FIX}/many.o ${AD_FIX}/many.so
+  COMMAND ${CMAKE_C_COMPILER} -I${AD_SRC} -c ${AD_SRC}/many.S -o ${AD_FIX}/many.o
+  COMMAND ${CMAKE_C_COMPILER} -shared -nostdlib -Wl,--build-id=none -Wl,-z,noexecstack
+    -o ${AD_FIX}/many.so ${AD_FIX}/many.o
+  DEPENDS ${AD_SRC}/many.S ${AD_SRC}/altsites.inc
+  COMMENT "altdump fixture many" VERBATIM)
+list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/many.o ${AD_FIX}/many.so)
+
 # --- Corrupt-record fixtures of testdata/ (engineer "fixtures"), rebuilt here
 # so that this test does not depend on their target names.
 set(AD_HAVE_CORRUPT 0)

@@ -404,6 +404,27 @@ Test(altdump, object_matches_linked_program_c)
     }
 }
 
+/* 20 function sections: the .o's text is merged into one region; same sites as the .so. */
+Test(altdump, object_matches_linked_many_sections)
+{
+    const char *profiles[] = {"baseline", "all"};
+    for (size_t p = 0; p < 2; p++) {
+        struct result a = RUN("--json", "--cpu", profiles[p], "many.o");
+        struct result b = RUN("--json", "--cpu", profiles[p], "many.so");
+        cr_assert_eq(a.rc, 0, "%s", a.err);
+        cr_assert_eq(b.rc, 0, "%s", b.err);
+        char *ka = site_keys(a.out), *kb = site_keys(b.out);
+        cr_assert(strstr(ka, "\"symbol\": \"f19\""), "%s", ka);
+        cr_assert_str_eq(ka, kb, "profile %s: many.o and many.so differ", profiles[p]);
+        if (p == 1) /* call g19, relocated from the replacement to the site */
+            cr_assert(strstr(ka, "\"bytes\": \"e8 01 00 00 00\""), "%s", ka);
+        free(ka);
+        free(kb);
+        result_free(&a);
+        result_free(&b);
+    }
+}
+
 /* --- bad input ------------------------------------------------------------- */
 
 static char tmpdir[64];
