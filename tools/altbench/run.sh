@@ -19,7 +19,7 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$src/build-bench}
 sizes=${ALTBENCH_SIZES:-1000 10000 100000}
 reps=${ALTBENCH_REPS:-31}
-preps=${ALTBENCH_PROG_REPS:-7}
+preps=${ALTBENCH_PROG_REPS:-11}
 cpu=${ALTBENCH_CPU:-$(($(getconf _NPROCESSORS_ONLN) - 1))}
 size_n=${ALTBENCH_SIZE_N:-10000}
 jobs=$(getconf _NPROCESSORS_ONLN)
@@ -42,6 +42,9 @@ fi
 # Build the generated programs one by one, timing each (generate + assemble/compile + link).
 buildtimes=""
 for n in $sizes; do
+    # always rebuild from scratch so that the times are real
+    rm -f "$bd"/gen_alt_$n.s "$bd"/gen_plain_$n.s "$bd"/gen_xray_${n}_*.c "$bd"/gen_xray_${n}_*.o \
+        "$bd"/altbench_alt_$n "$bd"/altbench_plain_$n "$bd"/altbench_xray_$n
     line="| $n |"
     for kind in alt plain; do
         a=$(now)

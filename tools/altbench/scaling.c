@@ -151,10 +151,9 @@ static void print_apply_table(void)
         if (!c->have)
             continue;
         printf("| %lu |", r->n);
-        for (int p = PH_COLD; p <= PH_REVERT; p++) {
-            static const int order[] = {PH_COLD, PH_WARM, PH_NOCHANGE, PH_DRYRUN, PH_REVERT};
-            cell(&r->ph[order[p]], r->n);
-        }
+        static const int order[] = {PH_COLD, PH_WARM, PH_NOCHANGE, PH_DRYRUN, PH_REVERT};
+        for (size_t k = 0; k < sizeof(order) / sizeof(order[0]); k++)
+            cell(&r->ph[order[k]], r->n);
         printf(" %llu of %llu%s | %llu | %llu | %llu |\n", c->patched, c->seen,
                c->refused ? " (some refused!)" : "", c->pages, c->syscalls, c->bytes);
     }
