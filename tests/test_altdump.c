@@ -143,7 +143,7 @@ static void strip_features(char *s)
         return;
     char *b = strchr(a, ']');
     cr_assert_not_null(b);
-    const char *repl = "\"features\": [...]";
+    const char *repl = "\"features\": [\"...\"]";
     size_t rl = strlen(repl);
     memcpy(a, repl, rl);
     memmove(a + rl, b + 1, strlen(b + 1) + 1);
