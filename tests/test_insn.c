@@ -100,9 +100,14 @@ Test(insn, errors)
     cr_assert_eq(ap_insn_decode(b, n, &in), -EILSEQ, "push %%es is invalid in 64-bit mode");
     n = hex("f0 90", b);
     cr_assert_eq(ap_insn_decode(b, n, &in), -EILSEQ, "lock nop");
-    /* 66 e9: rel32 on Intel, rel16 on AMD: ambiguous, refused */
+    /* 66 e9: rel32 on Intel, rel16 on AMD: ambiguous, refused; 66 90 is still fine */
     n = hex("66 e9 01 00 00 00", b);
     cr_assert_eq(ap_insn_decode(b, n, &in), -EILSEQ, "66-prefixed jmp");
+    /* same length on both, but AMD truncates the target to 16 bits */
+    n = hex("66 eb 00", b);
+    cr_assert_eq(ap_insn_decode(b, n, &in), -EILSEQ, "66-prefixed jmp rel8");
+    n = hex("66 0f 85 00 00 00 00", b);
+    cr_assert_eq(ap_insn_decode(b, n, &in), -EILSEQ, "66-prefixed jne");
     /* 67: EIP-relative, wraps at 4 GiB */
     n = hex("67 48 8b 05 10 00 00 00", b);
     cr_assert_eq(ap_insn_decode(b, n, &in), -EILSEQ, "eip-relative");

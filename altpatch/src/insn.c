@@ -15,8 +15,8 @@
  *   0f 19..0f 1e, 0f 1f /1..7             -> also NOP in Zydis: reserved
  *                                           hint space, not NOP for us
  *   f3 0f 1e fa                           -> ENDBR64 (never a NOP for us)
- *   66 e9 rel                             -> Intel: rel32 (6 bytes);
- *                                           AMD: rel16 (4 bytes)
+ *   66 e9 rel / 66 eb rel                 -> Intel: 64-bit target;
+ *                                           AMD: rel16, 16-bit target
  */
 #include <errno.h>
 #include <stdio.h>
@@ -26,20 +26,15 @@
 
 #include "internal.h"
 
-/* Decode with Intel (default) or AMD semantics for near branches. */
-static ZyanStatus decode_full(const uint8_t *buf, size_t avail, bool amd_branches,
-                              ZydisDecodedInstruction *in, ZydisDecodedOperand *ops)
+/* Decode one instruction of 64-bit code, operands included. */
+static ZyanStatus decode_full(const uint8_t *buf, size_t avail, ZydisDecodedInstruction *in,
+                              ZydisDecodedOperand *ops)
 {
     ZydisDecoder dec;
     ZyanStatus st = ZydisDecoderInit(&dec, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
 
     if (!ZYAN_SUCCESS(st))
         return st;
-    if (amd_branches) {
-        st = ZydisDecoderEnableMode(&dec, ZYDIS_DECODER_MODE_AMD_BRANCHES, ZYAN_TRUE);
-        if (!ZYAN_SUCCESS(st))
-            return st;
-    }
     return ZydisDecoderDecodeFull(&dec, buf, avail, in, ops);
 }
 
@@ -100,18 +95,15 @@ static int find_rip_disp(const ZydisDecodedInstruction *in, const ZydisDecodedOp
     return 0;
 }
 
-/* A relative branch whose length differs between Intel and AMD (66-prefixed
- * near branches) means different things on different CPUs: refuse it. */
-static int check_vendor_neutral(const uint8_t *buf, size_t avail,
-                                const ZydisDecodedInstruction *in)
+/*
+ * A relative branch with an operand-size prefix (66) means different things
+ * on different CPUs: Intel ignores the prefix in 64-bit mode (rel32, 64-bit
+ * target), AMD honours it (rel16 immediate, target truncated to 16 bits).
+ * Compilers never emit it; refuse it rather than guess.
+ */
+static int check_vendor_neutral(const ZydisDecodedInstruction *in)
 {
-    ZydisDecodedInstruction amd;
-    ZydisDecodedOperand ops[ZYDIS_MAX_OPERAND_COUNT];
-    ZyanStatus st = decode_full(buf, avail, true, &amd, ops);
-
-    if (!ZYAN_SUCCESS(st) || amd.length != in->length)
-        return -EILSEQ;
-    return 0;
+    return (in->attributes & ZYDIS_ATTRIB_HAS_OPERANDSIZE) ? -EILSEQ : 0;
 }
 
 int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out)
@@ -124,7 +116,7 @@ int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out)
     memset(out, 0, sizeof(*out));
     if (!buf || avail == 0)
         return -ENODATA;
-    st = decode_full(buf, avail, false, &in, ops);
+    st = decode_full(buf, avail, &in, ops);
     if (!ZYAN_SUCCESS(st))
         return status_to_errno(st);
     out->len = in.length;
@@ -133,7 +125,7 @@ int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out)
     if (!(in.attributes & ZYDIS_ATTRIB_IS_RELATIVE))
         return 0;
     if (find_rel_imm(&in, out)) {
-        r = check_vendor_neutral(buf, avail, &in);
+        r = check_vendor_neutral(&in);
         if (r == 0 && find_rip_disp(&in, ops, &(struct ap_insn){0}) != 0)
             r = -EILSEQ; /* two relative fields: not representable */
     } else {
@@ -162,7 +154,7 @@ int ap_insn_format(const uint8_t *buf, size_t avail, uint64_t addr, bool intel, 
     r = ap_insn_decode(buf, avail, &chk);
     if (r < 0)
         goto bad;
-    st = decode_full(buf, avail, false, &in, ops);
+    st = decode_full(buf, avail, &in, ops);
     if (ZYAN_SUCCESS(st))
         st = ZydisFormatterInit(&fmt, intel ? ZYDIS_FORMATTER_STYLE_INTEL
                                             : ZYDIS_FORMATTER_STYLE_ATT);

@@ -177,7 +177,7 @@ static void fold_site(uint8_t *buf, size_t len)
             return; /* cannot happen: every part decoded before */
         boundary[off] = true;
         if (in.has_rel) {
-            /* target - addr = off + len + rel (mod 2^64) */
+            /* offset of the target within the site (mod 2^64) */
             uint64_t t = (uint64_t)off + in.len + (uint64_t)in.rel_value;
 
             if (t < len)
