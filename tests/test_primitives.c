@@ -335,6 +335,34 @@ Test(primitives, every_profile_then_revert)
     cr_assert_eq(r->val[2], 0, "after revert, %ld site(s) differ from their original", r->val[2]);
 }
 
+/* Dry run: every decision is made, nothing is written. */
+static void body_dry(void *out, void *ctx)
+{
+    struct res *r = out;
+    (void)ctx;
+    struct altpatch_features *all = altpatch_features_profile("all");
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = all,
+                                    .flags = ALTPATCH_APPLY_DRY_RUN};
+    r->rc = altpatch_apply_opts(&o);
+    struct changed c = count_changed();
+    r->val[0] = changed_total(&c);
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    r->val[1] = altpatch_get_stats(&st);
+    r->val[2] = (long)st.bytes_written;
+    r->val[3] = (long)st.sites_seen;
+    altpatch_features_free(all);
+}
+
+Test(primitives, dry_run_writes_nothing)
+{
+    struct res *r = ap_isolated(sizeof(*r), body_dry, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->val[0], 0, "%ld site(s) changed by a dry run", r->val[0]);
+    cr_assert_eq(r->val[1], 0);
+    cr_assert_eq(r->val[2], 0, "dry run reports %ld bytes written", r->val[2]);
+    cr_assert_geq(r->val[3], 5 + NCALLS, "dry run saw %ld sites", r->val[3]);
+}
+
 /* --- ALTPATCH_CLEARCPUID ---------------------------------------------------- */
 
 static void body_clear(void *out, void *ctx)
