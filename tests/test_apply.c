@@ -353,6 +353,41 @@ Test(apply, revert_restores_originals)
     cr_assert_eq(r->sn[2].value[S_ALWAYS], 2);
 }
 
+struct switch_result {
+    int rc[3];
+    struct snapshot sn[3];
+};
+
+static void switch_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct switch_result *r = out;
+    struct altpatch_features *a = fset(F_A, -1), *none = fset(-1);
+    const struct altpatch_features *order[3] = {a, none, a};
+    for (int i = 0; i < 3; i++) {
+        r->rc[i] = apply_with(order[i], 0);
+        snap(&r->sn[i]);
+    }
+    altpatch_features_free(a);
+    altpatch_features_free(none);
+}
+
+Test(apply, another_feature_set_replans)
+{
+    struct switch_result *r = ap_isolated(sizeof(*r), switch_body, NULL);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(r->rc[i], 0);
+    assert_site(&r->sn[0].s[S_TWO], XOR_PAD, OR_M1, 3, "{A}");
+    assert_site(&r->sn[0].s[S_NOT], MOV1, MOV1, 5, "{A}");
+    assert_site(&r->sn[1].s[S_TWO], XOR_PAD, XOR_PAD, 3, "{} after {A}");
+    assert_site(&r->sn[1].s[S_NOT], MOV1, MOV2, 5, "{} after {A}");
+    assert_site(&r->sn[1].s[S_NEST], MOV1, MOV1, 5, "{} after {A}");
+    cr_assert_eq(r->sn[1].s[S_TWO].state, ALTPATCH_SITE_ORIGINAL);
+    assert_site(&r->sn[2].s[S_TWO], XOR_PAD, OR_M1, 3, "{A} again");
+    assert_site(&r->sn[2].s[S_NOT], MOV1, MOV1, 5, "{A} again");
+    cr_assert_eq(r->sn[2].value[S_NEST], 2);
+}
+
 Test(apply, dry_run_writes_nothing)
 {
     struct seq_result *r = apply_seq(ALTPATCH_APPLY_DRY_RUN, ALTPATCH_APPLY_DRY_RUN, 0);

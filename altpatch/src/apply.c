@@ -164,6 +164,42 @@ struct ap_work {
     enum ap_action action;
 };
 
+/**
+ * The plan of site @p i: from the module's cache when it holds one for this
+ * feature set, else from the planner (and then cached if accepted). Fills
+ * out->reason, chosen and detail; returns the final bytes (valid while @p out
+ * and the module live).
+ */
+static const uint8_t *ap_plan_cached(struct ap_module *m, size_t i,
+                                     const struct altpatch_features *fs, struct ap_plan *out)
+{
+    size_t off = m->orig_off[i];
+    const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
+    if (orig && m->cache_chosen[i] != AP_NOT_CACHED) {
+        out->reason = ALTPATCH_REASON_NONE;
+        out->chosen = m->cache_chosen[i];
+        out->detail[0] = '\0';
+        return m->cache_final + off;
+    }
+    ap_plan_site(&m->view, &m->sites[i], m->entries, orig, fs, out);
+    if (orig && out->reason == ALTPATCH_REASON_NONE) {
+        m->cache_chosen[i] = (int16_t)out->chosen;
+        memcpy(m->cache_final + off, out->final, m->sites[i].len);
+    }
+    return out->final;
+}
+
+/** Forget a module's cached plans unless they were made for @p fs. */
+static void ap_cache_check(struct ap_module *m, const struct altpatch_features *fs)
+{
+    if (m->cache_valid && memcmp(&m->cache_fs, fs, sizeof(*fs)) == 0)
+        return;
+    for (size_t i = 0; i < m->nsites; i++)
+        m->cache_chosen[i] = AP_NOT_CACHED;
+    m->cache_fs = *fs;
+    m->cache_valid = true;
+}
+
 static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs, unsigned flags)
 {
     struct ap_module *m = wk->m;
@@ -172,7 +208,7 @@ static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs, un
     struct ap_plan plan;
     wk->orig = off != AP_NO_ORIG ? m->orig + off : NULL;
     wk->cur = s->len ? ap_view_text(&m->view, s->addr, s->len) : NULL;
-    ap_plan_site(&m->view, s, m->entries, wk->orig, fs, &plan);
+    const uint8_t *final = ap_plan_cached(m, wk->idx, fs, &plan);
     if (plan.reason && plan.detail[0])
         wk->detail = strndup(plan.detail, sizeof(plan.detail));
     wk->reason = m->reason ? m->reason : plan.reason;
@@ -184,7 +220,7 @@ static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs, un
         wk->action = AP_ACT_REFUSED;
         return;
     }
-    memcpy(wk->target, wk->chosen >= 0 ? plan.final : wk->orig, s->len);
+    memcpy(wk->target, wk->chosen >= 0 ? final : wk->orig, s->len);
     const uint8_t *planned = m->planned + off;
     if (memcmp(wk->cur, wk->target, s->len) == 0) {
         wk->action = wk->reason ? AP_ACT_REFUSED : AP_ACT_UNCHANGED;
@@ -301,6 +337,8 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         return -ENOMEM;
     bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
+        if (m->nsites)
+            ap_cache_check(m, fs);
         for (size_t i = 0; i < m->nsites; i++) {
             struct ap_work *wk = &r->work[r->nwork++];
             wk->m = m;

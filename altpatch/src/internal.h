@@ -324,7 +324,16 @@ struct ap_module {
     struct ap_site_result *res; /* per site */
     bool present;               /* scratch for refresh */
     uint8_t *planned;           /* per site (at orig_off): the bytes the last apply left */
+    /* Plan cache (apply.c): the planner is pure, so for the same feature set
+     * a site's plan does not change. Only accepted plans are cached. */
+    bool cache_valid;           /* cache_fs holds the set the cache was made for */
+    struct altpatch_features cache_fs;
+    int16_t *cache_chosen;      /* per site: AP_NOT_CACHED, -1 (original) or the entry */
+    uint8_t *cache_final;       /* per site (at orig_off): the planned final bytes */
 };
+
+/** cache_chosen of a site without a cached plan. */
+#define AP_NOT_CACHED (-2)
 
 /** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */
 #define AP_NO_ORIG ((size_t)-1)

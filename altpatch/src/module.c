@@ -145,6 +145,8 @@ static void ap_module_free(struct ap_module *m)
     free(m->orig_off);
     free(m->res);
     free(m->planned);
+    free(m->cache_chosen);
+    free(m->cache_final);
     free(m);
 }
 
@@ -160,7 +162,9 @@ static int ap_save_originals(struct ap_module *m)
         total += m->sites[i].len;
     m->orig = malloc(total ? total : 1);
     m->planned = malloc(total ? total : 1);
-    if (!m->orig || !m->planned)
+    m->cache_final = malloc(total ? total : 1);
+    m->cache_chosen = malloc((m->nsites ? m->nsites : 1) * sizeof(*m->cache_chosen));
+    if (!m->orig || !m->planned || !m->cache_final || !m->cache_chosen)
         return -ENOMEM;
     size_t off = 0;
     for (size_t i = 0; i < m->nsites; i++) {
@@ -173,6 +177,7 @@ static int ap_save_originals(struct ap_module *m)
             off += s->len;
         }
         m->res[i] = (struct ap_site_result){ALTPATCH_SITE_ORIGINAL, -1, 0};
+        m->cache_chosen[i] = AP_NOT_CACHED;
     }
     return 0;
 }
