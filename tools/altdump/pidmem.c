@@ -155,9 +155,13 @@ static int module(long pid, int memfd, const struct maps *mp, const char *path,
                   const struct ad_opts *o, struct ad_json *j, struct tally *t)
 {
     struct ad_image img;
-    char err[512];
-    if (ad_read_file(path, AD_READ_ALLOW_NOALT, &img, err, sizeof(err)) != 0)
+    char err[512], rooted[4200];
+    /* Through the process's root first: right inside containers and chroots too. */
+    snprintf(rooted, sizeof(rooted), "/proc/%ld/root%s", pid, path);
+    if (ad_read_file(rooted, AD_READ_ALLOW_NOALT, &img, err, sizeof(err)) != 0 &&
+        ad_read_file(path, AD_READ_ALLOW_NOALT, &img, err, sizeof(err)) != 0)
         return 0; /* data files, fonts, locale archives: not ours */
+    img.file = path;
     uint64_t bias = 0;
     struct ap_plan *plans = NULL;
     if (!img.has_alt || img.elf_type == ET_REL || !find_bias(mp, path, &img, &bias) ||
