@@ -3,7 +3,6 @@
 #include "dispatch.h"
 
 #include <cpuid.h>
-#include <string.h>
 #include <sys/auxv.h>
 
 #include <altpatch/altpatch.h>
@@ -13,13 +12,13 @@
 __attribute__((noinline)) long ab_call_old(long x)
 {
     __asm__ __volatile__("" : "+r"(x));
-    return x * 3 + 1;
+    return (long)((unsigned long)x * 3 + 1); /* wraps, no UB */
 }
 
 __attribute__((noinline)) long ab_call_new(long x)
 {
     __asm__ __volatile__("" : "+r"(x));
-    return x * 3 + 2;
+    return (long)((unsigned long)x * 3 + 2); /* wraps, no UB */
 }
 
 AB_NOINLINE uint64_t impl_fence_full(void)
@@ -45,12 +44,17 @@ AB_NOINLINE uint64_t impl_tsc_rdtscp(void) { return ab_tsc_rdtscp(); }
 struct ab_fp_table ab_fp;
 volatile struct ab_flag_table ab_flags;
 
-/* --- IFUNC resolvers: run by the loader, so raw CPUID and getauxval only. -- */
+/* --- IFUNC resolvers ------------------------------------------------------
+ * They run inside the dynamic loader's relocation pass, before sanitizer
+ * runtimes are initialized: raw CPUID and getauxval only, no instrumentation,
+ * no libc string functions (ASan intercepts them). */
 
 typedef uint64_t ab_u64_fn(void);
 typedef long ab_call_fn(long);
 
-static bool cpuid_bit(unsigned leaf, unsigned sub, int reg, unsigned bit)
+#define AB_RESOLVER __attribute__((used, no_sanitize("address", "undefined")))
+
+AB_RESOLVER static bool cpuid_bit(unsigned leaf, unsigned sub, int reg, unsigned bit)
 {
     unsigned r[4] = {0};
     if (!__get_cpuid_count(leaf, sub, &r[0], &r[1], &r[2], &r[3]))
@@ -58,43 +62,40 @@ static bool cpuid_bit(unsigned leaf, unsigned sub, int reg, unsigned bit)
     return (r[reg] >> bit) & 1;
 }
 
-static bool vendor_amd_like(void)
+/* "AuthenticAMD" / "HygonGenuine" as CPUID.0 returns them in ebx, edx, ecx. */
+AB_RESOLVER static bool vendor_amd_like(void)
 {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    char v[13];
     __get_cpuid(0, &a, &b, &c, &d);
-    memcpy(v, &b, 4);
-    memcpy(v + 4, &d, 4);
-    memcpy(v + 8, &c, 4);
-    v[12] = 0;
-    return !strcmp(v, "AuthenticAMD") || !strcmp(v, "HygonGenuine");
+    return (b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163) ||
+           (b == 0x6f677948 && d == 0x6e65476e && c == 0x656e6975);
 }
 
-static bool fsgs_usable(void) { return (getauxval(AT_HWCAP2) & 2) != 0; }
+AB_RESOLVER static bool fsgs_usable(void) { return (getauxval(AT_HWCAP2) & 2) != 0; }
 
-__attribute__((used)) static ab_u64_fn *resolve_fence(void)
+AB_RESOLVER static ab_u64_fn *resolve_fence(void)
 {
     return vendor_amd_like() ? impl_fence_none : impl_fence_full;
 }
-__attribute__((used)) static ab_u64_fn *resolve_fs(void)
+AB_RESOLVER static ab_u64_fn *resolve_fs(void)
 {
     return fsgs_usable() ? impl_fs_rd : impl_fs_mov;
 }
-__attribute__((used)) static ab_u64_fn *resolve_gs(void)
+AB_RESOLVER static ab_u64_fn *resolve_gs(void)
 {
     return fsgs_usable() ? impl_gs_rd : impl_gs_mov;
 }
-__attribute__((used)) static ab_u64_fn *resolve_cpu(void)
+AB_RESOLVER static ab_u64_fn *resolve_cpu(void)
 {
     return cpuid_bit(7, 0, 2, 22) ? impl_cpu_rdpid : impl_cpu_rdtscp;
 }
-__attribute__((used)) static ab_u64_fn *resolve_tsc(void)
+AB_RESOLVER static ab_u64_fn *resolve_tsc(void)
 {
     if (cpuid_bit(0x80000001, 0, 3, 27))
         return impl_tsc_rdtscp;
     return impl_tsc_lfence; /* LFENCE_RDTSC: every x86-64 CPU with SSE2, as the kernel assumes */
 }
-__attribute__((used)) static ab_call_fn *resolve_call(void)
+AB_RESOLVER static ab_call_fn *resolve_call(void)
 {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") ? ab_call_new : ab_call_old;
@@ -110,7 +111,7 @@ long ab_ifunc_call(long x) __attribute__((ifunc("resolve_call")));
 __attribute__((target_clones("avx2", "default"), noinline)) long ab_clones_call(long x)
 {
     __asm__ __volatile__("" : "+r"(x));
-    return x * 3 + 2;
+    return (long)((unsigned long)x * 3 + 2); /* wraps, no UB */
 }
 
 void ab_dispatch_init(void)

@@ -33,7 +33,7 @@ static uint64_t ab_mem = 42;
 
 AB_INSN_LOOP(l_empty, "", : "+r"(v), :, )
 AB_INSN_LOOP(l_nop, "nop", : "+r"(v), :, )
-AB_INSN_LOOP(l_load, "movq (%1), %0", : "=r"(v), : "r"(&ab_mem), : "memory")
+AB_INSN_LOOP(l_load, "movq (%1), %0", : "=&r"(v), : "r"(&ab_mem), : "memory")
 AB_INSN_LOOP(l_movfs, "movq %%fs:0, %0", : "=r"(v), :, )
 AB_INSN_LOOP(l_movgs, "movq %%gs:0, %0", : "=r"(v), :, )
 AB_INSN_LOOP(l_rdfsbase, "rdfsbase %0", : "=r"(v), :, )
