@@ -188,16 +188,48 @@ static void layout_rel(struct reader *r)
     r->extern_base = align_up(cur + AD_REL_ALIGN, AD_REL_ALIGN);
 }
 
-/* Address of symbol @p idx for relocation purposes. */
-static int sym_value(struct reader *r, Elf_Data *symd, Elf_Data *xndx, size_t nsyms,
-                     const struct ad_section *symtab, size_t idx, uint64_t *out)
+/* What resolving the symbols of one RELA section needs. */
+struct symctx {
+    Elf_Data *symd, *xndx;
+    size_t nsyms;
+    size_t strndx;
+};
+
+static int symctx_init(struct reader *r, size_t symidx, struct symctx *c)
+{
+    struct ad_image *img = r->img;
+    Elf_Scn *scn = elf_getscn(r->elf, symidx);
+    GElf_Shdr sh;
+    memset(c, 0, sizeof(*c));
+    if (img->secs[symidx].type != SHT_SYMTAB)
+        return fail(r, "a relocation section does not link a symbol table (section %zu)", symidx);
+    if (!scn || !gelf_getshdr(scn, &sh) || !(c->symd = elf_getdata(scn, NULL)))
+        return fail(r, "cannot read the symbol table (%s)", elfmsg());
+    c->nsyms = c->symd->d_size / sizeof(Elf64_Sym);
+    c->strndx = sh.sh_link;
+    for (size_t i = 1; i < img->nsecs; i++) {
+        Elf_Scn *xs = elf_getscn(r->elf, i);
+        GElf_Shdr xh;
+        if (img->secs[i].type == SHT_SYMTAB_SHNDX && xs && gelf_getshdr(xs, &xh) &&
+            xh.sh_link == symidx)
+            c->xndx = elf_getdata(xs, NULL);
+    }
+    return 0;
+}
+
+/*
+ * Address of symbol @p idx in the fake layout: section address + value for
+ * defined symbols, the value for SHN_ABS, section bounds for __start_SEC /
+ * __stop_SEC, and a distinct fake address for any other undefined symbol.
+ */
+static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint64_t *out)
 {
     struct ad_image *img = r->img;
     GElf_Sym sym;
     Elf32_Word xshndx = 0;
-    if (idx >= nsyms)
-        return fail(r, "relocation uses symbol %zu of %zu", idx, nsyms);
-    if (!gelf_getsymshndx(symd, xndx, (int)idx, &sym, &xshndx))
+    if (idx >= c->nsyms)
+        return fail(r, "relocation uses symbol %zu of %zu", idx, c->nsyms);
+    if (!gelf_getsymshndx(c->symd, c->xndx, (int)idx, &sym, &xshndx))
         return fail(r, "cannot read symbol %zu (%s)", idx, elfmsg());
     size_t shndx = sym.st_shndx == SHN_XINDEX ? xshndx : sym.st_shndx;
     if (sym.st_shndx == SHN_ABS) {
@@ -210,15 +242,9 @@ static int sym_value(struct reader *r, Elf_Data *symd, Elf_Data *xndx, size_t ns
         *out = img->secs[shndx].addr + sym.st_value;
         return 0;
     }
-    const char *name = NULL;
-    size_t strndx = 0;
-    Elf_Scn *scn = elf_getscn(r->elf, (size_t)(symtab - img->secs));
-    GElf_Shdr sh;
-    if (scn && gelf_getshdr(scn, &sh))
-        strndx = sh.sh_link;
-    name = elf_strptr(r->elf, strndx, sym.st_name);
-    if (name && (strncmp(name, "__start_", 8) == 0 || strncmp(name, "__stop_", 7) == 0)) {
-        bool start = name[2] == 's' && name[3] == 't' && name[4] == 'a';
+    const char *name = elf_strptr(r->elf, c->strndx, sym.st_name);
+    bool start = name && strncmp(name, "__start_", 8) == 0;
+    if (name && (start || strncmp(name, "__stop_", 7) == 0)) {
         const struct ad_section *t = ad_section_by_name(img, name + (start ? 8 : 7));
         if (t && (t->flags & SHF_ALLOC)) {
             *out = t->addr + (start ? 0 : t->size);
@@ -235,7 +261,31 @@ static void put_le(uint8_t *p, uint64_t v, size_t n)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* Apply one RELA section to the copy of its target section. */
+/* Field width and PC-relativity of a relocation type; width 0: not applied. */
+static size_t rela_kind(unsigned type, bool *pcrel)
+{
+    *pcrel = type == R_X86_64_PC32 || type == R_X86_64_PLT32 || type == R_X86_64_PC64;
+    switch (type) {
+    case R_X86_64_PC32: case R_X86_64_PLT32: case R_X86_64_32: case R_X86_64_32S: return 4;
+    case R_X86_64_64: case R_X86_64_PC64: return 8;
+    default: return 0; /* NONE, GOT and TLS forms: the field keeps its assembled value */
+    }
+}
+
+/* Make section @p t's bytes a private copy that relocations may change. */
+static int own_copy(struct reader *r, struct ad_section *t)
+{
+    if (t->copy)
+        return 0;
+    t->copy = malloc(t->size ? t->size : 1);
+    if (!t->copy)
+        return oom(r);
+    memcpy(t->copy, t->data, t->size);
+    t->data = t->copy;
+    return 0;
+}
+
+/* Apply one RELA section to the copy of its target section:  S + A (- P). */
 static int apply_rela(struct reader *r, size_t relidx)
 {
     struct ad_image *img = r->img;
@@ -251,60 +301,33 @@ static int apply_rela(struct reader *r, size_t relidx)
     struct ad_section *t = &img->secs[sh.sh_info];
     if (!(t->flags & SHF_ALLOC) || !t->data)
         return 0; /* debug info and the like: not needed */
-    const struct ad_section *symtab = &img->secs[sh.sh_link];
-    if (symtab->type != SHT_SYMTAB)
-        return fail(r, "relocation section '%s' does not link a symbol table", rs->name);
+    struct symctx c;
     Elf_Data *rd = elf_getdata(scn, NULL);
-    Elf_Scn *symscn = elf_getscn(r->elf, sh.sh_link);
-    Elf_Data *symd = symscn ? elf_getdata(symscn, NULL) : NULL;
-    if (!rd || !symd)
-        return fail(r, "cannot read relocations of '%s' (%s)", t->name, elfmsg());
-    Elf_Data *xndx = NULL;
-    for (size_t i = 1; i < img->nsecs; i++) {
-        Elf_Scn *xs = elf_getscn(r->elf, i);
-        GElf_Shdr xh;
-        if (img->secs[i].type == SHT_SYMTAB_SHNDX && xs && gelf_getshdr(xs, &xh) &&
-            xh.sh_link == sh.sh_link)
-            xndx = elf_getdata(xs, NULL);
-    }
-    size_t nsyms = symtab->size / sizeof(Elf64_Sym);
-    if (!t->copy) {
-        t->copy = malloc(t->size ? t->size : 1);
-        if (!t->copy)
-            return oom(r);
-        memcpy(t->copy, t->data, t->size);
-        t->data = t->copy;
-    }
-    size_t nrel = rd->d_size / sizeof(Elf64_Rela);
-    for (size_t i = 0; i < nrel; i++) {
+    int rc = symctx_init(r, sh.sh_link, &c);
+    if (!rc && !rd)
+        rc = fail(r, "cannot read relocations of '%s' (%s)", t->name, elfmsg());
+    if (!rc)
+        rc = own_copy(r, t);
+    size_t nrel = rd ? rd->d_size / sizeof(Elf64_Rela) : 0;
+    for (size_t i = 0; !rc && i < nrel; i++) {
         GElf_Rela ra;
+        bool pcrel;
+        uint64_t s = 0;
         if (!gelf_getrela(rd, (int)i, &ra))
             return fail(r, "cannot read relocation %zu of '%s' (%s)", i, rs->name, elfmsg());
-        unsigned type = GELF_R_TYPE(ra.r_info);
-        size_t width = 0;
-        bool pcrel = false;
-        switch (type) {
-        case R_X86_64_NONE: continue;
-        case R_X86_64_PC32: case R_X86_64_PLT32: width = 4; pcrel = true; break;
-        case R_X86_64_32: case R_X86_64_32S: width = 4; break;
-        case R_X86_64_64: width = 8; break;
-        case R_X86_64_PC64: width = 8; pcrel = true; break;
-        default: continue; /* GOT/TLS forms: the field keeps its assembled value */
-        }
+        size_t width = rela_kind((unsigned)GELF_R_TYPE(ra.r_info), &pcrel);
+        if (!width)
+            continue;
         if (ra.r_offset > t->size || width > t->size - ra.r_offset)
             return fail(r, "relocation %zu of '%s' at 0x%llx lies outside the section (size 0x%llx)",
                         i, rs->name, (unsigned long long)ra.r_offset,
                         (unsigned long long)t->size);
-        uint64_t s = 0;
-        int rc = sym_value(r, symd, xndx, nsyms, symtab, GELF_R_SYM(ra.r_info), &s);
-        if (rc)
-            return rc;
-        uint64_t v = s + (uint64_t)ra.r_addend;
-        if (pcrel)
-            v -= t->addr + ra.r_offset;
-        put_le(t->copy + ra.r_offset, v, width);
+        rc = sym_value(r, &c, GELF_R_SYM(ra.r_info), &s);
+        uint64_t v = s + (uint64_t)ra.r_addend - (pcrel ? t->addr + ra.r_offset : 0);
+        if (!rc)
+            put_le(t->copy + ra.r_offset, v, width);
     }
-    return 0;
+    return rc;
 }
 
 static int relocate_rel(struct reader *r)
