@@ -229,6 +229,38 @@ Test(primitives, values)
     cr_assert_eq(r->val[5], r->flag[6] ? 601 : 501, "FSGSBASE call");
 }
 
+/* GS is per thread: a second thread's block does not change ours. */
+static void *gs_thread(void *arg)
+{
+    void **block = arg;
+    if (altpatch_gs_install(block) != 0)
+        return NULL;
+    return run_gs();
+}
+
+static void body_gs_threads(void *out, void *ctx)
+{
+    struct res *r = out;
+    static void *mine[4], *theirs[4];
+    (void)ctx;
+    r->rc = altpatch_apply(); /* single-threaded here; threads come after */
+    r->flag[0] = altpatch_gs_install(mine) == 0;
+    pthread_t t;
+    void *seen = NULL;
+    r->flag[1] = pthread_create(&t, NULL, gs_thread, theirs) == 0 && pthread_join(t, &seen) == 0;
+    r->flag[2] = seen == (void *)theirs;
+    r->flag[3] = run_gs() == (void *)mine;
+}
+
+Test(primitives, gs_block_per_thread)
+{
+    struct res *r = ap_isolated(sizeof(*r), body_gs_threads, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert(r->flag[0] && r->flag[1]);
+    cr_assert(r->flag[2], "the thread's gs_self is not its own block");
+    cr_assert(r->flag[3], "our gs_self changed when another thread installed its block");
+}
+
 Test(primitives, gs_install_null)
 {
     cr_assert_eq(altpatch_gs_install(NULL), -EINVAL);
