@@ -392,7 +392,7 @@ Test(primitives, dry_run_writes_nothing)
     cr_assert_eq(r->val[0], 0, "%ld site(s) changed by a dry run", r->val[0]);
     cr_assert_eq(r->val[1], 0);
     cr_assert_eq(r->val[2], 0, "dry run reports %ld bytes written", r->val[2]);
-    cr_assert_geq(r->val[3], 5 + NCALLS, "dry run saw %ld sites", r->val[3]);
+    cr_assert_geq(r->val[3], (long)(5 + NCALLS), "dry run saw %ld sites", r->val[3]);
 }
 
 /* --- ALTPATCH_CLEARCPUID ---------------------------------------------------- */
