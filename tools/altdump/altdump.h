@@ -127,6 +127,7 @@ struct ad_cpu {
  * edits the host). Returns 0, or AD_EXIT_USAGE with a message in @p err.
  */
 int ad_cpu_parse(const char *spec, struct ad_cpu *cpu, char *err, size_t errsz);
+/** Free the feature set of @p cpu. */
 void ad_cpu_free(struct ad_cpu *cpu);
 
 /** Plans of every site of @p img for @p fs: *out is malloc'ed (nsites entries). */
@@ -179,14 +180,21 @@ struct ad_size {
 /** Compute the figures of @p img (plans may be NULL when it has no tables). */
 void ad_size_compute(const struct ad_image *img, const struct ap_plan *plans,
                      struct ad_size *out);
+/** The --size block of one image. */
 void ad_print_size(FILE *f, const struct ad_image *img, const struct ad_size *s,
                    const struct ad_opts *o);
+/** size(1)-style lines of two builds, their delta and delta %, and the cost in @p b. */
 void ad_print_compare(FILE *f, const struct ad_image *a, const struct ad_size *sa,
                       const struct ad_image *b, const struct ad_size *sb);
 
 /* --- JSON ------------------------------------------------------------------ */
 
-/** A streaming JSON writer: keeps track of commas. */
+/**
+ * A streaming JSON writer: keeps track of commas and indentation. Each call
+ * writes one member (@p key non-NULL, inside an object) or one element (@p key
+ * NULL, inside an array or at the top); ad_json_obj/ad_json_arr open a
+ * container that the matching ad_json_end_* closes.
+ */
 struct ad_json {
     FILE *f;
     int depth;
@@ -210,7 +218,9 @@ void ad_json_finish(struct ad_json *j);
 /** The "file" object of one image: sites with their plans, and size when @p sz. */
 void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct ap_plan *plans,
                    const struct ad_size *sz, const struct ad_opts *o);
+/** The "cpu" member: spec, vendor, feature names. */
 void ad_json_cpu(struct ad_json *j, const struct ad_cpu *cpu);
+/** The "compare" member of --compare. */
 void ad_json_compare(struct ad_json *j, const struct ad_image *a, const struct ad_size *sa,
                      const struct ad_image *b, const struct ad_size *sb);
 
