@@ -6,8 +6,8 @@
  * This is the path the fuzz harness (fuzz.c) drives.
  *
  * Relocatable objects have no addresses: their SHF_ALLOC sections are laid
- * out at fake, page-aligned addresses (AD_REL_BASE upwards, in section index
- * order), undefined symbols get fake addresses above them (except
+ * out at fake addresses (code packed from AD_REL_BASE, then the other
+ * sections page by page; see layout_rel()), undefined symbols get fake addresses above them (except
  * __start_SEC / __stop_SEC, which are the bounds of section SEC, as the
  * linker would define them), and the RELA relocations of every allocated
  * section are applied to a copy of its bytes. A site then has the same bytes
@@ -174,16 +174,33 @@ static uint64_t align_up(uint64_t v, uint64_t a)
     return (v + a - 1) & ~(a - 1);
 }
 
+static bool is_code(const struct ad_section *s)
+{
+    return (s->flags & SHF_ALLOC) && (s->flags & SHF_EXECINSTR) &&
+           strcmp(s->name, "altinstr_replacement") != 0;
+}
+
+/*
+ * Fake addresses for a relocatable object: first the code sections packed
+ * one after the other at their alignment, in index order (as a linker
+ * gathers .text and .text.* into one .text), from AD_REL_BASE; then every
+ * other allocated section, each on a new page.
+ */
 static void layout_rel(struct reader *r)
 {
     struct ad_image *img = r->img;
     uint64_t cur = AD_REL_BASE;
-    for (size_t i = 1; i < img->nsecs; i++) {
-        struct ad_section *s = &img->secs[i];
-        if (!(s->flags & SHF_ALLOC))
-            continue;
-        s->addr = align_up(cur, AD_REL_ALIGN);
-        cur = s->addr + (s->size > (1ull << 32) ? (1ull << 32) : s->size);
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 1; i < img->nsecs; i++) {
+            struct ad_section *s = &img->secs[i];
+            if (!(s->flags & SHF_ALLOC) || is_code(s) != (pass == 0))
+                continue;
+            uint64_t align = pass == 0 ? (s->align > AD_REL_ALIGN ? AD_REL_ALIGN : s->align)
+                                       : AD_REL_ALIGN;
+            s->addr = align_up(cur, align);
+            cur = s->addr + (s->size > (1ull << 32) ? (1ull << 32) : s->size);
+        }
+        cur = align_up(cur, AD_REL_ALIGN);
     }
     r->extern_base = align_up(cur + AD_REL_ALIGN, AD_REL_ALIGN);
 }
