@@ -412,7 +412,7 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
         st->sites_refused += refused;
         st->sites_patched += res->state == ALTPATCH_SITE_PATCHED;
         st->sites_unchanged += !refused && wk->action == AP_ACT_UNCHANGED;
-        if (!(flags & ALTPATCH_APPLY_DRY_RUN) && wk->action == AP_ACT_WRITE && !refused)
+        if (!(flags & ALTPATCH_APPLY_DRY_RUN) && !refused)
             memcpy(m->planned + m->orig_off[wk->idx], wk->target, m->sites[wk->idx].len);
         if (debug)
             ap_debug_site(wk);
