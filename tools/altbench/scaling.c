@@ -187,8 +187,8 @@ static void print_xray_table(void)
 
 static void print_linearity(void)
 {
-    printf("### Growth (median total time ratio between consecutive N, divided by the N ratio; "
-           "1.00 = linear)\n\n| from | to | altpatch cold | altpatch warm | altpatch no change "
+    printf("### Growth (total time ratio between consecutive N divided by the N ratio, from the "
+           "minima / from the medians; 1.00 = linear)\n\n| from | to | altpatch cold | altpatch warm | altpatch no change "
            "| XRay first | XRay warm |\n|---:|---:|---:|---:|---:|---:|---:|\n");
     for (unsigned i = 1; i < nrows; i++) {
         const struct sc_row *a = &rows[i - 1], *b = &rows[i];
@@ -197,8 +197,8 @@ static void print_linearity(void)
         static const int ph[] = {PH_COLD, PH_WARM, PH_NOCHANGE, PH_XFIRST, PH_XWARM};
         for (size_t j = 0; j < sizeof(ph) / sizeof(ph[0]); j++) {
             const struct sc_phase *x = &a->ph[ph[j]], *y = &b->ph[ph[j]];
-            if (x->have && y->have && x->ns_med > 0)
-                printf(" %.2f |", y->ns_med / x->ns_med / k);
+            if (x->have && y->have && x->ns_med > 0 && x->ns_min > 0)
+                printf(" %.2f / %.2f |", y->ns_min / x->ns_min / k, y->ns_med / x->ns_med / k);
             else
                 printf(" - |");
         }
