@@ -406,18 +406,22 @@ int ab_mode_sites(const struct ab_opts *o, bool table, bool select)
     int rc = altpatch_apply();
     struct altpatch_stats st = {.sz = sizeof(st)};
     if (rc < 0 || altpatch_get_stats(&st) < 0) {
-        printf("altpatch_apply() failed: %d (%s)\n", rc, strerror(rc < 0 ? -rc : 0));
+        fprintf(stderr, "altbench: altpatch_apply() failed: %d (%s)\n", rc,
+                strerror(rc < 0 ? -rc : 0));
         return 1;
     }
     printf("<!-- altbench sites: first apply: %llu sites seen, %llu patched, %llu refused -->\n\n",
            (unsigned long long)st.sites_seen, (unsigned long long)st.sites_patched,
            (unsigned long long)st.sites_refused);
+    if (st.sites_patched == 0)
+        printf("**No site was patched** (ALTPATCH_OFF set, or no replacement applies here): the "
+               "patched columns measure the original bytes.\n\n");
     if (one_rep(&s, 0, gs_ok) < 0) /* calibrate, warm up */
         return 1;
     for (unsigned r = 0; r < o->reps; r++) {
         rc = one_rep(&s, r, gs_ok);
         if (rc < 0) {
-            printf("apply/revert failed: %d (%s)\n", rc, strerror(-rc));
+            fprintf(stderr, "altbench: apply/revert failed: %d (%s)\n", rc, strerror(-rc));
             return 1;
         }
     }
