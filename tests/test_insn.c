@@ -8,20 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ap_hex.h"
 #include "internal.h"
 
-static size_t hex(const char *s, uint8_t *out)
-{
-    size_t n = 0;
-    unsigned v;
-    int used;
-
-    while (sscanf(s, " %2x%n", &v, &used) == 1) {
-        out[n++] = (uint8_t)v;
-        s += used;
-    }
-    return n;
-}
 
 /* Decode @h fully; assert success and whole-buffer length. */
 static struct ap_insn dec(const char *h)

@@ -11,43 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ap_hex.h"
 #include "internal.h"
 
 #define TEXT 0x401000ull
 #define REPL 0x402000ull
 #define FEAT_UNKNOWN 1023u /* word 31, bit 31: no such feature */
 
-static size_t hex(const char *s, uint8_t *out)
-{
-    size_t n = 0;
-    unsigned v;
-    int used;
 
-    while (sscanf(s, " %2x%n", &v, &used) == 1) {
-        out[n++] = (uint8_t)v;
-        s += used;
-    }
-    return n;
-}
 
-static void to_hex(const uint8_t *b, size_t n, char *out)
-{
-    out[0] = '\0';
-    for (size_t i = 0; i < n; i++)
-        sprintf(out + strlen(out), i ? " %02x" : "%02x", b[i]);
-}
-
-static void expect_bytes(const uint8_t *got, size_t len, const char *want)
-{
-    uint8_t w[AP_MAX_SITE + 1];
-    char gs[800], ws[800];
-    size_t wn = hex(want, w);
-
-    to_hex(got, len, gs);
-    to_hex(w, wn, ws);
-    cr_assert_eq(wn, len, "length: got %zu want %zu (%s vs %s)", len, wn, gs, ws);
-    cr_assert_str_eq(gs, ws);
-}
 
 /* One module: text at TEXT, replacements at REPL, entries for one site. */
 struct fx {

@@ -10,27 +10,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ap_hex.h"
 #include "internal.h"
 
-static size_t hex(const char *s, uint8_t *out)
-{
-    size_t n = 0;
-    unsigned v;
-    int used;
 
-    while (sscanf(s, " %2x%n", &v, &used) == 1) {
-        out[n++] = (uint8_t)v;
-        s += used;
-    }
-    return n;
-}
-
-static void to_hex(const uint8_t *b, size_t n, char *out)
-{
-    out[0] = '\0';
-    for (size_t i = 0; i < n; i++)
-        sprintf(out + strlen(out), i ? " %02x" : "%02x", b[i]);
-}
 
 /* Relocate @in from @src to @dst; assert @reason and, when NONE, the bytes. */
 static void reloc_expect(const char *in, uint64_t src, uint64_t dst, int reason,
