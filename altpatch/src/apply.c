@@ -84,6 +84,11 @@ static const char *const ap_reason_text[ALTPATCH_REASON__COUNT] = {
     [ALTPATCH_REASON_RELOC_OVERFLOW] = "relative operand does not fit after relocation",
     [ALTPATCH_REASON_MEM_MISMATCH] = "memory holds neither the original nor the planned bytes",
     [ALTPATCH_REASON_WRITE_DENIED] = "write denied (mprotect and /proc/self/mem)",
+    /* live: begin */
+    [ALTPATCH_REASON_LIVE_CALL_INSIDE] = "not live-patchable: a call inside the site",
+    [ALTPATCH_REASON_LIVE_THREAD_INSIDE] = "live: a thread stayed inside the site",
+    [ALTPATCH_REASON_LIVE_NO_ANSWER] = "live: a thread did not answer the handshake",
+    /* live: end */
 };
 
 const char *altpatch_strreason(int reason)
@@ -422,9 +427,11 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
     st->bytes_written = r->pst.bytes;
     st->pages_written = r->pst.pages;
     st->syscalls = r->pst.syscalls;
+    st->mprotect_windows = r->pst.mprotect_writes; /* live */
+    st->procmem_writes = r->pst.procmem_writes;    /* live */
 }
 
-static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
+static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, bool live,
                          struct altpatch_stats *st)
 {
     struct ap_run r = {0};
@@ -436,7 +443,10 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
                       ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0);
-        err = ap_poke(r.writes, r.nwrites, pf, &r.pst);
+        /* live: other threads may run the sites (docs/live.md) */
+        err = live ? ap_live_poke(r.writes, r.nwrites, &r.pst)
+                   : ap_poke(r.writes, r.nwrites, pf, &r.pst);
+        st->live = live;
         ap_results_from_writes(&r);
         if (err)
             ap_log(ALTPATCH_WARN, "writer stopped: %s\n", strerror(-err));
@@ -460,7 +470,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
 
 #define AP_APPLY_FLAGS                                                                     \
     (ALTPATCH_APPLY_DRY_RUN | ALTPATCH_APPLY_REVERT | ALTPATCH_APPLY_PROCMEM_ONLY |        \
-     ALTPATCH_APPLY_NO_PROCMEM)
+     ALTPATCH_APPLY_NO_PROCMEM | ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_NO_LIVE)
 
 /** libbpf-style check: sz covers at least the sz field; unknown tail bytes are zero. */
 static bool ap_opts_valid(const void *opts, size_t sz, size_t known)
@@ -486,19 +496,37 @@ static int ap_read_opts(const struct altpatch_apply_opts *in, struct altpatch_ap
         return -EINVAL;
     if ((out->flags & ALTPATCH_APPLY_PROCMEM_ONLY) && (out->flags & ALTPATCH_APPLY_NO_PROCMEM))
         return -EINVAL;
+    /* live: the live protocol writes through /proc/self/mem only */
+    if ((out->flags & ALTPATCH_APPLY_LIVE) &&
+        (out->flags & (ALTPATCH_APPLY_NO_LIVE | ALTPATCH_APPLY_NO_PROCMEM)))
+        return -EINVAL;
     return 0;
 }
 
-/** Refuse to write while other threads run; 0 when single-threaded (or unknown). */
-static int ap_check_threads(unsigned flags)
+/**
+ * Whether the writes must use the live protocol (*live): asked for, or other
+ * threads run (live: docs/live.md). 0, or -EBUSY when other threads run and
+ * live patching is refused (ALTPATCH_APPLY_NO_LIVE) or not possible.
+ */
+static int ap_check_threads(unsigned flags, bool *live)
 {
+    *live = false;
     if (flags & ALTPATCH_APPLY_DRY_RUN)
         return 0;
     long n = ap_count_threads();
-    if (n <= 1)
+    if (n <= 1 && !(flags & ALTPATCH_APPLY_LIVE))
         return 0; /* unknown (no /proc): the writer needs /proc too and will refuse */
-    ap_log(ALTPATCH_WARN, "%ld threads running: call altpatch_apply() before starting threads\n",
-           n);
+    const char *why = "ALTPATCH_APPLY_NO_LIVE";
+    if (!(flags & (ALTPATCH_APPLY_NO_LIVE | ALTPATCH_APPLY_NO_PROCMEM)) && !ap_live_ready(&why)) {
+        *live = true;
+        return 0;
+    }
+    if (flags & ALTPATCH_APPLY_NO_PROCMEM)
+        why = "ALTPATCH_APPLY_NO_PROCMEM (live patching writes through /proc/self/mem)";
+    ap_log(ALTPATCH_WARN,
+           "%ld threads running: call altpatch_apply() before starting threads "
+           "(live patching: %s)\n",
+           n, why);
     return -EBUSY;
 }
 
@@ -513,14 +541,15 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     pthread_mutex_lock(&ap_lock);
     ap_holding = true;
     uint64_t t0 = ap_now_ns();
+    bool live = false; /* live */
     struct altpatch_stats st = {.sz = sizeof(st)};
     if (ap_env_on("ALTPATCH_OFF")) {
         ap_log(ALTPATCH_INFO, "ALTPATCH_OFF is set: nothing patched\n");
-    } else if (!(err = ap_check_threads(o.flags))) {
+    } else if (!(err = ap_check_threads(o.flags, &live))) {
         struct altpatch_features host;
         if (!o.features)
             ap_effective_features(&host);
-        err = ap_run_locked(o.features ? o.features : &host, o.flags, &st);
+        err = ap_run_locked(o.features ? o.features : &host, o.flags, live, &st);
     }
     if (err != -EBUSY) {
         st.ns = ap_now_ns() - t0;

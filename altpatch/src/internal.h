@@ -294,6 +294,27 @@ struct ap_poke_stats {
  */
 AP_HIDDEN int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *st);
 
+/* live: begin (issue 5, docs/live.md) */
+/** open("/proc/self/mem", O_RDWR | O_CLOEXEC): a descriptor or -errno (poke.c). */
+AP_HIDDEN int ap_procmem_open(void);
+/** pwrite() @p len bytes at @p addr through @p fd, EINTR retried: 0 or -errno (poke.c). */
+AP_HIDDEN int ap_procmem_write(int fd, uintptr_t addr, const uint8_t *src, size_t len);
+
+/**
+ * Whether the live protocol can run: membarrier SYNC_CORE registered,
+ * /proc/self/mem writable, SIGTRAP and handshake handlers installed (live.c).
+ * 0, or -errno with *why set to a sentence for the log.
+ */
+AP_HIDDEN int ap_live_ready(const char **why);
+/**
+ * Write a batch while other threads may run it (live.c, the x86 side of the
+ * writer): int3 on every first byte, membarrier, handshake, tails, membarrier,
+ * first bytes, membarrier. Same contract as ap_poke() (flags: none); results
+ * may also be the ALTPATCH_REASON_LIVE_* reasons.
+ */
+AP_HIDDEN int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st);
+/* live: end */
+
 /* ------------------------------------------------------------------------- */
 /* Modules (module.c) and apply (apply.c)                                    */
 /* ------------------------------------------------------------------------- */

@@ -305,6 +305,25 @@ static bool ap_check(struct ap_write *w)
     return true;
 }
 
+/* live: begin -- the /proc/self/mem writer, shared with live.c */
+int ap_procmem_open(void)
+{
+    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    return fd < 0 ? -errno : fd;
+}
+
+int ap_procmem_write(int fd, uintptr_t addr, const uint8_t *src, size_t len)
+{
+    ssize_t r;
+    do {
+        r = pwrite(fd, src, len, (off_t)addr);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return -errno;
+    return r == (ssize_t)len ? 0 : -EIO;
+}
+/* live: end */
+
 static int ap_memfd(struct ap_batch *b)
 {
     if (!b->memfd_tried) {
@@ -401,12 +420,13 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
         if (w->result == ALTPATCH_REASON_NONE && !w->wrote && w->len)
             c[n++] = (struct ap_copy){w->addr, w->new, w->len};
     }
-    sigset_t all, saved;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &saved);
+    /* live: raw rt_sigprocmask, every signal (glibc's pthread_sigmask keeps
+     * its internal SIGCANCEL/SIGSETXID deliverable; sanitizers intercept it). */
+    uint64_t all = ~0ull, saved = 0;
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &saved, sizeof(all));
     unsigned calls = 0;
     long r = ap_window_write(start, end - start, prot, c, n, &calls);
-    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &saved, NULL, sizeof(saved));
     b->st->syscalls += calls + 2;
     if (c != stackbuf)
         free(c);

@@ -1,0 +1,49 @@
+# Live re-patching and hardening (issue 5; owner: engineer "live").
+#   stress_live          worker threads run sites while main toggles them live
+#                        (tests/stress_live.c); ctest runs 200 toggles, the
+#                        `stress` target 100k (not part of ctest)
+#   libaphost_*.so       hostile-record modules (testdata/hostile/*.S)
+#   hostile_secure_helper  run set-uid root as an unprivileged user by test_hostile
+enable_language(ASM)
+
+add_executable(stress_live stress_live.c)
+target_compile_definitions(stress_live PRIVATE _GNU_SOURCE)
+target_link_libraries(stress_live PRIVATE altpatch pthread)
+add_test(NAME stress_live_short COMMAND stress_live --toggles 200)
+set_tests_properties(stress_live_short PROPERTIES TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "wrong=0 apply_errors=0")
+set(ALTPATCH_STRESS_TOGGLES 100000 CACHE STRING "toggles of the `stress` target")
+add_custom_target(stress
+  COMMAND stress_live --toggles ${ALTPATCH_STRESS_TOGGLES}
+  DEPENDS stress_live USES_TERMINAL
+  COMMENT "stress_live: ${ALTPATCH_STRESS_TOGGLES} live toggles under 4 threads")
+
+set(APH_DIR ${PROJECT_SOURCE_DIR}/testdata/hostile)
+set(APH_MODULES records recsize descsz inverted misaligned table_out repl_out)
+foreach(m ${APH_MODULES})
+  add_library(aphost_${m} SHARED ${APH_DIR}/${m}.S)
+  set_source_files_properties(${APH_DIR}/${m}.S PROPERTIES
+    OBJECT_DEPENDS ${APH_DIR}/hostile.inc)
+  target_include_directories(aphost_${m} PRIVATE ${APH_DIR})
+  target_link_options(aphost_${m} PRIVATE -Wl,-z,noexecstack)
+  set_target_properties(aphost_${m} PROPERTIES LINKER_LANGUAGE C)
+endforeach()
+
+add_executable(hostile_secure_helper hostile_secure_helper.c)
+target_compile_definitions(hostile_secure_helper PRIVATE _GNU_SOURCE)
+target_link_libraries(hostile_secure_helper PRIVATE altpatch_static)
+
+if(TARGET test_hostile)
+  foreach(m ${APH_MODULES})
+    add_dependencies(test_hostile aphost_${m})
+  endforeach()
+  add_dependencies(test_hostile hostile_secure_helper)
+  target_link_libraries(test_hostile PRIVATE ${CMAKE_DL_LIBS} pthread)
+  target_compile_definitions(test_hostile PRIVATE
+    APH_LIBDIR="$<TARGET_FILE_DIR:aphost_records>"
+    APH_HELPER="$<TARGET_FILE:hostile_secure_helper>"
+    APH_SANITIZED=$<BOOL:${ALTPATCH_SANITIZE}>)
+endif()
+if(TARGET test_live)
+  target_link_libraries(test_live PRIVATE pthread)
+endif()

@@ -1,0 +1,554 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Live re-patching (altpatch/src/live.c, docs/live.md): the int3 +
+ * membarrier protocol, the handshake's refusals (thread inside a
+ * multi-instruction site, thread not answering, call inside a site), SIGTRAP
+ * chaining, fork and signals during apply, the flags and the stats.
+ *
+ * Every body runs in a fork()ed child (ap_isolate.h) that starts with one
+ * thread and creates the threads it needs; the parent asserts.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+
+#include "ap_isolate.h"
+
+/* ---- sites ------------------------------------------------------------------ */
+
+/* One instruction: 1, or 2 once patched. */
+__attribute__((noinline)) static long site_one(void)
+{
+    long v;
+    __asm__ __volatile__(ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", X86_FEATURE_ALWAYS)
+                         : "=a"(v));
+    return v;
+}
+
+/* Two instructions: 11, or 22 once patched (12 or 21 = torn). */
+__attribute__((noinline)) static long site_pair(void)
+{
+    long v;
+    __asm__ __volatile__(ALTERNATIVE("movl $1, %%eax\n\taddl $10, %%eax",
+                                     "movl $2, %%eax\n\taddl $20, %%eax", X86_FEATURE_ALWAYS)
+                         : "=a"(v)
+                         :
+                         : "cc");
+    return v;
+}
+
+static volatile int spin_flag;
+static volatile int spin_entered;
+
+/* Spins inside its own (original) bytes while spin_flag is set: a thread
+ * strictly inside a multi-instruction site. 0, or 2 once patched. */
+__attribute__((noinline)) static long site_spin(void)
+{
+    long v = 0;
+    spin_entered = 1;
+    __asm__ __volatile__(ALTERNATIVE("nop\n.Lspin%=:\n\tcmpl $0, %[f]\n\tjne .Lspin%=",
+                                     "movl $2, %%eax", X86_FEATURE_ALWAYS)
+                         : "+a"(v)
+                         : [f] "m"(spin_flag)
+                         : "cc", "memory");
+    return v;
+}
+
+__attribute__((used)) static long five(void)
+{
+    return 5;
+}
+
+/* A call that is not the site's last instruction: its return address lies
+ * inside the site, so the site is never patched live. */
+__attribute__((noinline)) static long site_callin(void)
+{
+    long v;
+    __asm__ __volatile__("lea -128(%%rsp), %%rsp\n\t"
+                         "push %%rbp\n\t"
+                         "mov %%rsp, %%rbp\n\t"
+                         "and $-16, %%rsp\n\t" ALTERNATIVE("call %P[fn]\n\tnop",
+                                                           "movl $7, %%eax",
+                                                           X86_FEATURE_ALWAYS)
+                         "\n\tmov %%rbp, %%rsp\n\t"
+                         "pop %%rbp\n\t"
+                         "lea 128(%%rsp), %%rsp"
+                         : "=a"(v)
+                         : [fn] "i"(five)
+                         : "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "memory", "cc");
+    return v;
+}
+
+enum { S_ONE, S_PAIR, S_SPIN, S_CALLIN, S_COUNT };
+static void *const site_fn[S_COUNT] = {(void *)site_one, (void *)site_pair, (void *)site_spin,
+                                       (void *)site_callin};
+
+struct site_view {
+    uintptr_t addr;
+    unsigned len;
+    int state, reason;
+    uint8_t cur[16], orig[16];
+};
+
+struct find {
+    struct site_view *v;
+};
+
+/* The site of function f: the first one at or after its address (within 64 bytes). */
+static int find_cb(const struct altpatch_site_info *s, void *p)
+{
+    struct find *f = p;
+    for (int i = 0; i < S_COUNT; i++) {
+        uintptr_t fn = (uintptr_t)site_fn[i];
+        struct site_view *v = &f->v[i];
+        if (s->addr >= fn && s->addr < fn + 64 && (!v->addr || s->addr < v->addr)) {
+            v->addr = s->addr;
+            v->len = s->len;
+            v->state = s->state;
+            v->reason = s->reason;
+            memcpy(v->cur, s->current, s->len < 16 ? s->len : 16);
+            memcpy(v->orig, s->original, s->len < 16 ? s->len : 16);
+        }
+    }
+    return 0;
+}
+
+static void snap(struct site_view *v)
+{
+    memset(v, 0, S_COUNT * sizeof(*v));
+    struct find f = {v};
+    altpatch_site_foreach(find_cb, &f);
+}
+
+static int apply_flags(unsigned flags, const struct altpatch_features *fs)
+{
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = fs, .flags = flags};
+    return altpatch_apply_opts(&o);
+}
+
+static void stats(struct altpatch_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->sz = sizeof(*st);
+    altpatch_get_stats(st);
+}
+
+/* ---- the flag on a single thread ---------------------------------------------- */
+
+struct basic_res {
+    int rc, rc_revert, rc_again;
+    long one, pair, one_rev, pair_rev;
+    struct altpatch_stats st, st_again;
+    struct site_view v[S_COUNT], vrev[S_COUNT];
+};
+
+static void basic_body(void *out, void *ctx)
+{
+    struct basic_res *r = out;
+    (void)ctx;
+    altpatch_set_print(NULL);
+    r->rc = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
+    stats(&r->st);
+    snap(r->v);
+    r->one = site_one(), r->pair = site_pair();
+    r->rc_again = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
+    stats(&r->st_again);
+    r->rc_revert = apply_flags(ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_REVERT, NULL);
+    snap(r->vrev);
+    r->one_rev = site_one(), r->pair_rev = site_pair();
+}
+
+Test(live, flag_patches_and_reverts_single_threaded)
+{
+    struct basic_res *r = ap_isolated(sizeof(*r), basic_body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->st.live, 1, "stats.live");
+    cr_assert_eq(r->st.mprotect_windows, 0, "live never opens an mprotect window");
+    cr_assert_gt(r->st.procmem_writes, 0);
+    cr_assert_eq(r->one, 2);
+    cr_assert_eq(r->pair, 22);
+    cr_assert_eq(r->v[S_ONE].state, ALTPATCH_SITE_PATCHED);
+    cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED);
+    cr_assert_eq(r->v[S_SPIN].state, ALTPATCH_SITE_PATCHED, "nobody inside: multi-insn site patched");
+    cr_assert_eq(r->v[S_CALLIN].state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(r->v[S_CALLIN].reason, ALTPATCH_REASON_LIVE_CALL_INSIDE);
+    cr_assert_eq(memcmp(r->v[S_CALLIN].cur, r->v[S_CALLIN].orig, r->v[S_CALLIN].len), 0,
+                 "refused call site keeps its bytes");
+    cr_assert_eq(r->v[S_ONE].cur[0], 0xb8);
+    cr_assert_eq(r->v[S_ONE].cur[1], 2, "no int3 left behind");
+    cr_assert_eq(r->rc_again, 0);
+    cr_assert_eq(r->st_again.bytes_written, 0, "idempotent");
+    cr_assert_eq(r->rc_revert, 0);
+    cr_assert_eq(r->one_rev, 1);
+    cr_assert_eq(r->pair_rev, 11);
+    for (int i = 0; i < S_COUNT; i++)
+        cr_assert_eq(memcmp(r->vrev[i].cur, r->vrev[i].orig, r->vrev[i].len), 0, "site %d", i);
+}
+
+/* The same call site is patched by the ordinary writer. */
+static void callin_body(void *out, void *ctx)
+{
+    struct basic_res *r = out;
+    (void)ctx;
+    altpatch_set_print(NULL);
+    r->rc = apply_flags(0, NULL);
+    stats(&r->st);
+    snap(r->v);
+    r->one = site_callin();
+}
+
+Test(live, call_site_patched_when_not_live)
+{
+    struct basic_res *r = ap_isolated(sizeof(*r), callin_body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->st.live, 0);
+    cr_assert_gt(r->st.mprotect_windows, 0);
+    cr_assert_eq(r->v[S_CALLIN].state, ALTPATCH_SITE_PATCHED);
+    cr_assert_eq(r->one, 7);
+}
+
+Test(live, bad_flag_combinations)
+{
+    struct altpatch_apply_opts o = {.sz = sizeof(o)};
+    o.flags = ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_NO_LIVE;
+    cr_assert_eq(altpatch_apply_opts(&o), -EINVAL);
+    o.flags = ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_NO_PROCMEM;
+    cr_assert_eq(altpatch_apply_opts(&o), -EINVAL);
+}
+
+/* ---- other threads ------------------------------------------------------------ */
+
+static int g_pipe[2];
+
+static void *sleeper(void *arg)
+{
+    if (arg) { /* block every signal but SIGTRAP: the handshake cannot reach us */
+        sigset_t all;
+        sigfillset(&all);
+        sigdelset(&all, SIGTRAP);
+        pthread_sigmask(SIG_SETMASK, &all, NULL);
+    }
+    char c;
+    while (read(g_pipe[0], &c, 1) < 0 && errno == EINTR)
+        ;
+    return NULL;
+}
+
+struct threads_res {
+    int rc_default, rc_nolive, rc_after;
+    long one, pair;
+    struct altpatch_stats st;
+    struct site_view v[S_COUNT];
+    uint64_t ns;
+};
+
+static void threads_body(void *out, void *ctx)
+{
+    struct threads_res *r = out;
+    pthread_t t;
+    altpatch_set_print(NULL);
+    if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, ctx))
+        _exit(3);
+    r->rc_nolive = apply_flags(ALTPATCH_APPLY_NO_LIVE, NULL);
+    r->rc_default = altpatch_apply();
+    stats(&r->st);
+    snap(r->v);
+    r->one = site_one(), r->pair = site_pair();
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+}
+
+Test(live, other_threads_patch_live_by_default)
+{
+    struct threads_res *r = ap_isolated(sizeof(*r), threads_body, NULL);
+    cr_assert_eq(r->rc_nolive, -EBUSY, "ALTPATCH_APPLY_NO_LIVE keeps the old policy");
+    cr_assert_eq(r->rc_default, 0);
+    cr_assert_eq(r->st.live, 1);
+    cr_assert_eq(r->one, 2);
+    cr_assert_eq(r->pair, 22);
+    cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED);
+}
+
+Test(live, silent_thread_refuses_multi_instruction_sites)
+{
+    struct threads_res *r = ap_isolated(sizeof(*r), threads_body, (void *)1);
+    cr_assert_eq(r->rc_default, 0);
+    cr_assert_eq(r->one, 2, "a single-instruction site needs no handshake");
+    cr_assert_eq(r->v[S_ONE].state, ALTPATCH_SITE_PATCHED);
+    cr_assert_eq(r->pair, 11, "multi-instruction site kept");
+    cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(r->v[S_PAIR].reason, ALTPATCH_REASON_LIVE_NO_ANSWER);
+    cr_assert_eq(memcmp(r->v[S_PAIR].cur, r->v[S_PAIR].orig, r->v[S_PAIR].len), 0,
+                 "first byte restored");
+    cr_assert_eq(r->v[S_SPIN].reason, ALTPATCH_REASON_LIVE_NO_ANSWER);
+}
+
+static void *spinner(void *arg)
+{
+    (void)arg;
+    return (void *)site_spin();
+}
+
+struct inside_res {
+    int rc, rc2;
+    long first_result;
+    struct site_view v[S_COUNT], v2[S_COUNT];
+    long spin_after;
+};
+
+static void inside_body(void *out, void *ctx)
+{
+    struct inside_res *r = out;
+    (void)ctx;
+    pthread_t t;
+    altpatch_set_print(NULL);
+    spin_flag = 1;
+    if (pthread_create(&t, NULL, spinner, NULL))
+        _exit(3);
+    while (!spin_entered)
+        sched_yield();
+    usleep(10000); /* well inside the loop by now */
+    r->rc = altpatch_apply();
+    snap(r->v);
+    spin_flag = 0;
+    void *ret;
+    pthread_join(t, &ret);
+    r->first_result = (long)ret;
+    r->rc2 = altpatch_apply();
+    snap(r->v2);
+    r->spin_after = site_spin();
+}
+
+Test(live, thread_inside_site_refuses_it)
+{
+    struct inside_res *r = ap_isolated(sizeof(*r), inside_body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->v[S_SPIN].state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(r->v[S_SPIN].reason, ALTPATCH_REASON_LIVE_THREAD_INSIDE);
+    cr_assert_eq(memcmp(r->v[S_SPIN].cur, r->v[S_SPIN].orig, r->v[S_SPIN].len), 0,
+                 "original kept, int3 removed");
+    cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED, "the other sites are patched");
+    cr_assert_eq(r->first_result, 0, "the spinning thread left through the original");
+    cr_assert_eq(r->rc2, 0);
+    cr_assert_eq(r->v2[S_SPIN].state, ALTPATCH_SITE_PATCHED, "patched once nobody is inside");
+    cr_assert_eq(r->spin_after, 2);
+}
+
+/* ---- SIGTRAP chaining ------------------------------------------------------------ */
+
+static volatile int app_traps, app_hs;
+
+static void app_trap(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig, (void)si, (void)uc;
+    app_traps++;
+}
+
+static void app_rt(int sig)
+{
+    (void)sig;
+    app_hs++;
+}
+
+__attribute__((noinline)) static void plain_int3(void)
+{
+    __asm__ __volatile__("int3" ::: "memory");
+}
+
+struct chain_res {
+    int rc, rc2, traps_raise, traps_int3, traps_late, rt;
+    long one;
+};
+
+static void chain_body(void *out, void *ctx)
+{
+    struct chain_res *r = out;
+    (void)ctx;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = app_trap;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGTRAP, &sa, NULL);
+    for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+        signal(s, app_rt);
+    altpatch_set_print(NULL);
+    r->rc = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
+    raise(SIGTRAP);
+    r->traps_raise = app_traps;
+    plain_int3();
+    r->traps_int3 = app_traps;
+    for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+        raise(s);
+    r->rt = app_hs;
+    /* The application replaces our handler: the next live apply chains it again. */
+    sigaction(SIGTRAP, &sa, NULL);
+    r->rc2 = apply_flags(ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_REVERT, NULL);
+    raise(SIGTRAP);
+    r->traps_late = app_traps;
+    r->one = site_one();
+}
+
+Test(live, unrelated_signals_reach_the_previous_handlers)
+{
+    struct chain_res *r = ap_isolated(sizeof(*r), chain_body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->traps_raise, 1, "raise(SIGTRAP) chained");
+    cr_assert_eq(r->traps_int3, 2, "an int3 outside any site chained");
+    cr_assert_eq(r->rt, SIGRTMAX - SIGRTMIN + 1, "every real-time signal reached the application");
+    cr_assert_eq(r->rc2, 0);
+    cr_assert_eq(r->traps_late, 3);
+    cr_assert_eq(r->one, 1);
+}
+
+/* ---- fork while live rounds run ------------------------------------------------ */
+
+static volatile int fork_stop;
+
+struct fork_res {
+    int forks, bad_children, apply_errors, toggles;
+};
+
+static struct site_view fork_sites[S_COUNT];
+
+/** No int3 at the first byte of any site. */
+static bool first_bytes_ok(void)
+{
+    for (int i = 0; i < S_COUNT; i++)
+        if (fork_sites[i].addr && *(volatile uint8_t *)fork_sites[i].addr == 0xcc)
+            return false;
+    return true;
+}
+
+static void *forker(void *p)
+{
+    struct fork_res *r = p;
+    while (!fork_stop) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            /* No int3 may be left in the child's text: nobody would remove it. */
+            if (!first_bytes_ok())
+                _exit(2);
+            long pair = site_pair(), one = site_one();
+            _exit((pair == 11 || pair == 22) && (one == 1 || one == 2) ? 0 : 1);
+        }
+        if (pid < 0)
+            break;
+        int st = 0;
+        waitpid(pid, &st, 0);
+        r->forks++;
+        r->bad_children += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    return NULL;
+}
+
+static void fork_body(void *out, void *ctx)
+{
+    struct fork_res *r = out;
+    (void)ctx;
+    pthread_t t;
+    altpatch_set_print(NULL);
+    struct altpatch_features *none = altpatch_features_new();
+    altpatch_apply_opts(&(struct altpatch_apply_opts){.sz = sizeof(struct altpatch_apply_opts),
+                                                      .flags = ALTPATCH_APPLY_DRY_RUN});
+    snap(fork_sites);
+    if (pthread_create(&t, NULL, forker, r))
+        _exit(3);
+    for (int i = 0; i < 300; i++) {
+        r->apply_errors += apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0, NULL) != 0;
+        r->toggles++;
+        if (!first_bytes_ok())
+            r->bad_children += 1000;
+    }
+    fork_stop = 1;
+    pthread_join(t, NULL);
+    altpatch_features_free(none);
+}
+
+Test(live, fork_during_live_rounds_gets_clean_children)
+{
+    struct fork_res *r = ap_isolated(sizeof(*r), fork_body, NULL);
+    cr_assert_eq(r->apply_errors, 0);
+    cr_assert_eq(r->toggles, 300);
+    cr_assert_gt(r->forks, 0);
+    cr_assert_eq(r->bad_children, 0, "%d of %d children saw a torn site", r->bad_children,
+                 r->forks);
+}
+
+/* ---- signals during a single-threaded apply ------------------------------------- */
+
+static volatile long sig_runs, sig_bad;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    long one = site_one(), pair = site_pair();
+    sig_runs++;
+    sig_bad += !((one == 1 && pair == 11) || (one == 2 && pair == 22));
+}
+
+struct sig_res {
+    int apply_errors;
+    long runs, bad, windows;
+};
+
+static void sig_body(void *out, void *ctx)
+{
+    struct sig_res *r = out;
+    unsigned flags = (unsigned)(uintptr_t)ctx;
+    signal(SIGALRM, on_alarm);
+    struct itimerval it = {{0, 50}, {0, 50}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    altpatch_set_print(NULL);
+    for (int i = 0; i < 400; i++) {
+        r->apply_errors += apply_flags(flags | (i % 2 ? ALTPATCH_APPLY_REVERT : 0), NULL) != 0;
+        struct altpatch_stats st;
+        stats(&st);
+        r->windows += (long)st.mprotect_windows;
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    r->runs = sig_runs;
+    r->bad = sig_bad;
+}
+
+Test(live, signal_handlers_run_sites_while_windows_open)
+{
+    struct sig_res *r = ap_isolated(sizeof(*r), sig_body, NULL);
+    cr_assert_eq(r->apply_errors, 0);
+    cr_assert_gt(r->windows, 0, "the mprotect path was exercised");
+    cr_assert_gt(r->runs, 0, "the timer fired");
+    cr_assert_eq(r->bad, 0);
+}
+
+Test(live, signal_handlers_run_sites_during_live_rounds)
+{
+    struct sig_res *r =
+        ap_isolated(sizeof(*r), sig_body, (void *)(uintptr_t)ALTPATCH_APPLY_LIVE);
+    cr_assert_eq(r->apply_errors, 0);
+    cr_assert_eq(r->windows, 0);
+    cr_assert_gt(r->runs, 0, "the timer fired");
+    cr_assert_eq(r->bad, 0);
+}
+
+Test(live, reasons_have_texts)
+{
+    cr_assert_str_eq(altpatch_strreason(ALTPATCH_REASON_LIVE_CALL_INSIDE),
+                     "not live-patchable: a call inside the site");
+    cr_assert(strstr(altpatch_strreason(ALTPATCH_REASON_LIVE_THREAD_INSIDE), "inside"));
+    cr_assert(strstr(altpatch_strreason(ALTPATCH_REASON_LIVE_NO_ANSWER), "answer"));
+}
