@@ -69,190 +69,203 @@ struct ap_feat {
     const char *name;
 };
 
-#define F(x, n) { X86_FEATURE_##x, AP_FEAT_CPUINFO, n }
-#define H(x, n) { X86_FEATURE_##x, 0, n }
+/*
+ * Every known feature, sorted by id; names as /proc/cpuinfo prints them, else
+ * the lower-case macro name. F: the kernel prints the name in /proc/cpuinfo;
+ * H: it does not. Expanded twice: into the table and into the id index.
+ */
+#define AP_FEATURES(F, H)                         \
+    F(FPU, "fpu")                                 \
+    F(VME, "vme")                                 \
+    F(DE, "de")                                   \
+    F(PSE, "pse")                                 \
+    F(TSC, "tsc")                                 \
+    F(MSR, "msr")                                 \
+    F(PAE, "pae")                                 \
+    F(MCE, "mce")                                 \
+    F(CX8, "cx8")                                 \
+    F(APIC, "apic")                               \
+    F(SEP, "sep")                                 \
+    F(MTRR, "mtrr")                               \
+    F(PGE, "pge")                                 \
+    F(MCA, "mca")                                 \
+    F(CMOV, "cmov")                               \
+    F(PAT, "pat")                                 \
+    F(PSE36, "pse36")                             \
+    F(CLFLUSH, "clflush")                         \
+    F(MMX, "mmx")                                 \
+    F(FXSR, "fxsr")                               \
+    F(XMM, "sse")                                 \
+    F(XMM2, "sse2")                               \
+    F(HT, "ht")                                   \
+    F(SYSCALL, "syscall")                         \
+    F(NX, "nx")                                   \
+    F(MMXEXT, "mmxext")                           \
+    F(FXSR_OPT, "fxsr_opt")                       \
+    F(GBPAGES, "pdpe1gb")                         \
+    F(RDTSCP, "rdtscp")                           \
+    F(LM, "lm")                                   \
+    F(3DNOWEXT, "3dnowext")                       \
+    F(3DNOW, "3dnow")                             \
+    F(CONSTANT_TSC, "constant_tsc")               \
+    H(ALWAYS, "always")                           \
+    F(NONSTOP_TSC, "nonstop_tsc")                 \
+    F(XMM3, "pni")                                \
+    F(PCLMULQDQ, "pclmulqdq")                     \
+    F(MWAIT, "monitor")                           \
+    F(VMX, "vmx")                                 \
+    F(SMX, "smx")                                 \
+    F(SSSE3, "ssse3")                             \
+    F(FMA, "fma")                                 \
+    F(CX16, "cx16")                               \
+    F(PCID, "pcid")                               \
+    F(XMM4_1, "sse4_1")                           \
+    F(XMM4_2, "sse4_2")                           \
+    F(X2APIC, "x2apic")                           \
+    F(MOVBE, "movbe")                             \
+    F(POPCNT, "popcnt")                           \
+    F(TSC_DEADLINE_TIMER, "tsc_deadline_timer")   \
+    F(AES, "aes")                                 \
+    F(XSAVE, "xsave")                             \
+    H(OSXSAVE, "osxsave")                         \
+    F(AVX, "avx")                                 \
+    F(F16C, "f16c")                               \
+    F(RDRAND, "rdrand")                           \
+    F(HYPERVISOR, "hypervisor")                   \
+    F(LAHF_LM, "lahf_lm")                         \
+    F(CMP_LEGACY, "cmp_legacy")                   \
+    F(SVM, "svm")                                 \
+    F(EXTAPIC, "extapic")                         \
+    F(CR8_LEGACY, "cr8_legacy")                   \
+    F(ABM, "abm")                                 \
+    F(SSE4A, "sse4a")                             \
+    F(MISALIGNSSE, "misalignsse")                 \
+    F(3DNOWPREFETCH, "3dnowprefetch")             \
+    F(OSVW, "osvw")                               \
+    F(IBS, "ibs")                                 \
+    F(XOP, "xop")                                 \
+    F(SKINIT, "skinit")                           \
+    F(WDT, "wdt")                                 \
+    F(LWP, "lwp")                                 \
+    F(FMA4, "fma4")                               \
+    F(TCE, "tce")                                 \
+    F(TBM, "tbm")                                 \
+    F(TOPOEXT, "topoext")                         \
+    F(PERFCTR_CORE, "perfctr_core")               \
+    F(PERFCTR_NB, "perfctr_nb")                   \
+    F(PERFCTR_LLC, "perfctr_llc")                 \
+    F(MWAITX, "mwaitx")                           \
+    F(FSGSBASE, "fsgsbase")                       \
+    F(TSC_ADJUST, "tsc_adjust")                   \
+    F(SGX, "sgx")                                 \
+    F(BMI1, "bmi1")                               \
+    F(HLE, "hle")                                 \
+    F(AVX2, "avx2")                               \
+    F(SMEP, "smep")                               \
+    F(BMI2, "bmi2")                               \
+    F(ERMS, "erms")                               \
+    F(INVPCID, "invpcid")                         \
+    F(RTM, "rtm")                                 \
+    F(MPX, "mpx")                                 \
+    F(AVX512F, "avx512f")                         \
+    F(AVX512DQ, "avx512dq")                       \
+    F(RDSEED, "rdseed")                           \
+    F(ADX, "adx")                                 \
+    F(SMAP, "smap")                               \
+    F(AVX512IFMA, "avx512ifma")                   \
+    F(CLFLUSHOPT, "clflushopt")                   \
+    F(CLWB, "clwb")                               \
+    F(INTEL_PT, "intel_pt")                       \
+    F(AVX512PF, "avx512pf")                       \
+    F(AVX512ER, "avx512er")                       \
+    F(AVX512CD, "avx512cd")                       \
+    F(SHA_NI, "sha_ni")                           \
+    F(AVX512BW, "avx512bw")                       \
+    F(AVX512VL, "avx512vl")                       \
+    F(XSAVEOPT, "xsaveopt")                       \
+    F(XSAVEC, "xsavec")                           \
+    F(XGETBV1, "xgetbv1")                         \
+    F(XSAVES, "xsaves")                           \
+    H(XFD, "xfd")                                 \
+    H(APIC_MSRS_FENCE, "apic_msrs_fence")         \
+    H(SHA512, "sha512")                           \
+    H(SM3, "sm3")                                 \
+    H(SM4, "sm4")                                 \
+    F(AVX_VNNI, "avx_vnni")                       \
+    F(AVX512_BF16, "avx512_bf16")                 \
+    H(CMPCCXADD, "cmpccxadd")                     \
+    H(FZRM, "fzrm")                               \
+    H(FSRS, "fsrs")                               \
+    H(FSRC, "fsrc")                               \
+    H(AMX_FP16, "amx_fp16")                       \
+    H(AVX_IFMA, "avx_ifma")                       \
+    F(CLZERO, "clzero")                           \
+    F(IRPERF, "irperf")                           \
+    F(XSAVEERPTR, "xsaveerptr")                   \
+    F(RDPRU, "rdpru")                             \
+    F(WBNOINVD, "wbnoinvd")                       \
+    F(AVX512VBMI, "avx512vbmi")                   \
+    F(UMIP, "umip")                               \
+    F(PKU, "pku")                                 \
+    F(OSPKE, "ospke")                             \
+    F(WAITPKG, "waitpkg")                         \
+    F(AVX512_VBMI2, "avx512_vbmi2")               \
+    H(SHSTK, "shstk")                             \
+    F(GFNI, "gfni")                               \
+    F(VAES, "vaes")                               \
+    F(VPCLMULQDQ, "vpclmulqdq")                   \
+    F(AVX512_VNNI, "avx512_vnni")                 \
+    F(AVX512_BITALG, "avx512_bitalg")             \
+    F(TME, "tme")                                 \
+    F(AVX512_VPOPCNTDQ, "avx512_vpopcntdq")       \
+    F(LA57, "la57")                               \
+    F(RDPID, "rdpid")                             \
+    F(BUS_LOCK_DETECT, "bus_lock_detect")         \
+    F(CLDEMOTE, "cldemote")                       \
+    F(MOVDIRI, "movdiri")                         \
+    F(MOVDIR64B, "movdir64b")                     \
+    F(ENQCMD, "enqcmd")                           \
+    F(OVERFLOW_RECOV, "overflow_recov")           \
+    F(SUCCOR, "succor")                           \
+    F(SMCA, "smca")                               \
+    F(AVX512_4VNNIW, "avx512_4vnniw")             \
+    F(AVX512_4FMAPS, "avx512_4fmaps")             \
+    F(FSRM, "fsrm")                               \
+    F(AVX512_VP2INTERSECT, "avx512_vp2intersect") \
+    F(MD_CLEAR, "md_clear")                       \
+    F(SERIALIZE, "serialize")                     \
+    H(HYBRID_CPU, "hybrid_cpu")                   \
+    F(TSXLDTRK, "tsxldtrk")                       \
+    F(PCONFIG, "pconfig")                         \
+    F(ARCH_LBR, "arch_lbr")                       \
+    F(IBT, "ibt")                                 \
+    F(AMX_BF16, "amx_bf16")                       \
+    F(AVX512_FP16, "avx512_fp16")                 \
+    F(AMX_TILE, "amx_tile")                       \
+    F(AMX_INT8, "amx_int8")                       \
+    H(NO_NESTED_DATA_BP, "no_nested_data_bp")     \
+    H(LFENCE_RDTSC, "lfence_rdtsc")               \
+    H(NULL_SEL_CLR_BASE, "null_sel_clr_base")     \
+    H(AUTOIBRS, "autoibrs")
 
-/* Sorted by id; names as /proc/cpuinfo prints them, else the lower-case macro name. */
-static const struct ap_feat ap_feat_table[] = {
-    F(FPU, "fpu"),
-    F(VME, "vme"),
-    F(DE, "de"),
-    F(PSE, "pse"),
-    F(TSC, "tsc"),
-    F(MSR, "msr"),
-    F(PAE, "pae"),
-    F(MCE, "mce"),
-    F(CX8, "cx8"),
-    F(APIC, "apic"),
-    F(SEP, "sep"),
-    F(MTRR, "mtrr"),
-    F(PGE, "pge"),
-    F(MCA, "mca"),
-    F(CMOV, "cmov"),
-    F(PAT, "pat"),
-    F(PSE36, "pse36"),
-    F(CLFLUSH, "clflush"),
-    F(MMX, "mmx"),
-    F(FXSR, "fxsr"),
-    F(XMM, "sse"),
-    F(XMM2, "sse2"),
-    F(HT, "ht"),
-    F(SYSCALL, "syscall"),
-    F(NX, "nx"),
-    F(MMXEXT, "mmxext"),
-    F(FXSR_OPT, "fxsr_opt"),
-    F(GBPAGES, "pdpe1gb"),
-    F(RDTSCP, "rdtscp"),
-    F(LM, "lm"),
-    F(3DNOWEXT, "3dnowext"),
-    F(3DNOW, "3dnow"),
-    F(CONSTANT_TSC, "constant_tsc"),
-    H(ALWAYS, "always"),
-    F(NONSTOP_TSC, "nonstop_tsc"),
-    F(XMM3, "pni"),
-    F(PCLMULQDQ, "pclmulqdq"),
-    F(MWAIT, "monitor"),
-    F(VMX, "vmx"),
-    F(SMX, "smx"),
-    F(SSSE3, "ssse3"),
-    F(FMA, "fma"),
-    F(CX16, "cx16"),
-    F(PCID, "pcid"),
-    F(XMM4_1, "sse4_1"),
-    F(XMM4_2, "sse4_2"),
-    F(X2APIC, "x2apic"),
-    F(MOVBE, "movbe"),
-    F(POPCNT, "popcnt"),
-    F(TSC_DEADLINE_TIMER, "tsc_deadline_timer"),
-    F(AES, "aes"),
-    F(XSAVE, "xsave"),
-    H(OSXSAVE, "osxsave"),
-    F(AVX, "avx"),
-    F(F16C, "f16c"),
-    F(RDRAND, "rdrand"),
-    F(HYPERVISOR, "hypervisor"),
-    F(LAHF_LM, "lahf_lm"),
-    F(CMP_LEGACY, "cmp_legacy"),
-    F(SVM, "svm"),
-    F(EXTAPIC, "extapic"),
-    F(CR8_LEGACY, "cr8_legacy"),
-    F(ABM, "abm"),
-    F(SSE4A, "sse4a"),
-    F(MISALIGNSSE, "misalignsse"),
-    F(3DNOWPREFETCH, "3dnowprefetch"),
-    F(OSVW, "osvw"),
-    F(IBS, "ibs"),
-    F(XOP, "xop"),
-    F(SKINIT, "skinit"),
-    F(WDT, "wdt"),
-    F(LWP, "lwp"),
-    F(FMA4, "fma4"),
-    F(TCE, "tce"),
-    F(TBM, "tbm"),
-    F(TOPOEXT, "topoext"),
-    F(PERFCTR_CORE, "perfctr_core"),
-    F(PERFCTR_NB, "perfctr_nb"),
-    F(PERFCTR_LLC, "perfctr_llc"),
-    F(MWAITX, "mwaitx"),
-    F(FSGSBASE, "fsgsbase"),
-    F(TSC_ADJUST, "tsc_adjust"),
-    F(SGX, "sgx"),
-    F(BMI1, "bmi1"),
-    F(HLE, "hle"),
-    F(AVX2, "avx2"),
-    F(SMEP, "smep"),
-    F(BMI2, "bmi2"),
-    F(ERMS, "erms"),
-    F(INVPCID, "invpcid"),
-    F(RTM, "rtm"),
-    F(MPX, "mpx"),
-    F(AVX512F, "avx512f"),
-    F(AVX512DQ, "avx512dq"),
-    F(RDSEED, "rdseed"),
-    F(ADX, "adx"),
-    F(SMAP, "smap"),
-    F(AVX512IFMA, "avx512ifma"),
-    F(CLFLUSHOPT, "clflushopt"),
-    F(CLWB, "clwb"),
-    F(INTEL_PT, "intel_pt"),
-    F(AVX512PF, "avx512pf"),
-    F(AVX512ER, "avx512er"),
-    F(AVX512CD, "avx512cd"),
-    F(SHA_NI, "sha_ni"),
-    F(AVX512BW, "avx512bw"),
-    F(AVX512VL, "avx512vl"),
-    F(XSAVEOPT, "xsaveopt"),
-    F(XSAVEC, "xsavec"),
-    F(XGETBV1, "xgetbv1"),
-    F(XSAVES, "xsaves"),
-    H(XFD, "xfd"),
-    H(APIC_MSRS_FENCE, "apic_msrs_fence"),
-    H(SHA512, "sha512"),
-    H(SM3, "sm3"),
-    H(SM4, "sm4"),
-    F(AVX_VNNI, "avx_vnni"),
-    F(AVX512_BF16, "avx512_bf16"),
-    H(CMPCCXADD, "cmpccxadd"),
-    H(FZRM, "fzrm"),
-    H(FSRS, "fsrs"),
-    H(FSRC, "fsrc"),
-    H(AMX_FP16, "amx_fp16"),
-    H(AVX_IFMA, "avx_ifma"),
-    F(CLZERO, "clzero"),
-    F(IRPERF, "irperf"),
-    F(XSAVEERPTR, "xsaveerptr"),
-    F(RDPRU, "rdpru"),
-    F(WBNOINVD, "wbnoinvd"),
-    F(AVX512VBMI, "avx512vbmi"),
-    F(UMIP, "umip"),
-    F(PKU, "pku"),
-    F(OSPKE, "ospke"),
-    F(WAITPKG, "waitpkg"),
-    F(AVX512_VBMI2, "avx512_vbmi2"),
-    H(SHSTK, "shstk"),
-    F(GFNI, "gfni"),
-    F(VAES, "vaes"),
-    F(VPCLMULQDQ, "vpclmulqdq"),
-    F(AVX512_VNNI, "avx512_vnni"),
-    F(AVX512_BITALG, "avx512_bitalg"),
-    F(TME, "tme"),
-    F(AVX512_VPOPCNTDQ, "avx512_vpopcntdq"),
-    F(LA57, "la57"),
-    F(RDPID, "rdpid"),
-    F(BUS_LOCK_DETECT, "bus_lock_detect"),
-    F(CLDEMOTE, "cldemote"),
-    F(MOVDIRI, "movdiri"),
-    F(MOVDIR64B, "movdir64b"),
-    F(ENQCMD, "enqcmd"),
-    F(OVERFLOW_RECOV, "overflow_recov"),
-    F(SUCCOR, "succor"),
-    F(SMCA, "smca"),
-    F(AVX512_4VNNIW, "avx512_4vnniw"),
-    F(AVX512_4FMAPS, "avx512_4fmaps"),
-    F(FSRM, "fsrm"),
-    F(AVX512_VP2INTERSECT, "avx512_vp2intersect"),
-    F(MD_CLEAR, "md_clear"),
-    F(SERIALIZE, "serialize"),
-    H(HYBRID_CPU, "hybrid_cpu"),
-    F(TSXLDTRK, "tsxldtrk"),
-    F(PCONFIG, "pconfig"),
-    F(ARCH_LBR, "arch_lbr"),
-    F(IBT, "ibt"),
-    F(AMX_BF16, "amx_bf16"),
-    F(AVX512_FP16, "avx512_fp16"),
-    F(AMX_TILE, "amx_tile"),
-    F(AMX_INT8, "amx_int8"),
-    H(NO_NESTED_DATA_BP, "no_nested_data_bp"),
-    H(LFENCE_RDTSC, "lfence_rdtsc"),
-    H(NULL_SEL_CLR_BASE, "null_sel_clr_base"),
-    H(AUTOIBRS, "autoibrs"),
-};
+#define AP_FEAT_ROW_F(x, n) {X86_FEATURE_##x, AP_FEAT_CPUINFO, n},
+#define AP_FEAT_ROW_H(x, n) {X86_FEATURE_##x, 0, n},
+#define AP_KNOWN(x, n) [X86_FEATURE_##x] = true,
 
-#undef F
-#undef H
+static const struct ap_feat ap_feat_table[] = {AP_FEATURES(AP_FEAT_ROW_F, AP_FEAT_ROW_H)};
 
 #define AP_NFEAT (sizeof(ap_feat_table) / sizeof(ap_feat_table[0]))
 #define AP_MAX_ID (AP_NCAPWORDS * 32)
+
+/* ap_feat_known_tab[id]: id is in the table. O(1) for the planner, which asks
+ * for every entry of every site. A duplicate id fails to compile
+ * (-Woverride-init / -Winitializer-overrides under -Werror). */
+static const bool ap_feat_known_tab[AP_MAX_ID] = {AP_FEATURES(AP_KNOWN, AP_KNOWN)};
+
+#undef AP_FEAT_ROW_F
+#undef AP_FEAT_ROW_H
+#undef AP_KNOWN
+
 #define AP_VENDOR_UNKNOWN "unknown"
 
 /* ------------------------------------------------------------------------- */
@@ -261,6 +274,8 @@ static const struct ap_feat ap_feat_table[] = {
 
 static const struct ap_feat *ap_feat_by_id(unsigned id)
 {
+    if (id >= AP_MAX_ID || !ap_feat_known_tab[id])
+        return NULL;
     for (size_t i = 0; i < AP_NFEAT; i++)
         if (ap_feat_table[i].id == id)
             return &ap_feat_table[i];
@@ -297,7 +312,7 @@ static int ap_feat_lookup_item(const char *s, size_t len)
 
 bool ap_feature_known(unsigned id)
 {
-    return ap_feat_by_id(id) != NULL;
+    return id < AP_MAX_ID && ap_feat_known_tab[id];
 }
 
 ALTPATCH_API const char *altpatch_feature_name(unsigned feature)
