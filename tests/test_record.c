@@ -268,6 +268,27 @@ Test(sites, empty_site_inside_another_is_only_empty)
     free(s);
 }
 
+Test(sites, empty_entry_does_not_swallow_the_next_site)
+{
+    /* ALTERNATIVE("", "", f) right before another site shares its address:
+     * it must stay a separate, empty site, and so must a 0-length entry
+     * right after a site at the same address. */
+    struct ap_entry e[] = {ent(0x100, 0), ent(0x100, 5), ent(0x100, 0)};
+    struct ap_site *s;
+    size_t n;
+
+    cr_assert_eq(ap_sites_group(e, 3, &s, &n), 0);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(s[0].count, 1);
+    cr_assert_eq(s[0].reason, ALTPATCH_REASON_EMPTY_SITE);
+    cr_assert_eq(s[1].first, 1);
+    cr_assert_eq(s[1].count, 1);
+    cr_assert_eq(s[1].len, 5);
+    cr_assert_eq(s[1].reason, 0);
+    cr_assert_eq(s[2].reason, ALTPATCH_REASON_EMPTY_SITE);
+    free(s);
+}
+
 Test(sites, end_of_address_space)
 {
     struct ap_entry e[] = {ent(UINT64_MAX - 2, 8), ent(0x100, 4)};

@@ -169,7 +169,16 @@ int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out, siz
     if (!s)
         return -ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        if (m == 0 || e[i].site != s[m - 1].addr) {
+        /*
+         * An entry of length 0 (ALTERNATIVE("", "", f): nothing to patch) is
+         * a site of its own: it shares its address with whatever follows it
+         * in the text, and must not be taken for an outer nesting level of
+         * that next site (its replacement would then overwrite that site).
+         */
+        bool joins = m > 0 && e[i].site == s[m - 1].addr && e[i].instrlen != 0 &&
+                     s[m - 1].len != 0;
+
+        if (!joins) {
             s[m].addr = e[i].site;
             s[m].first = (uint32_t)i;
             m++;
