@@ -88,7 +88,7 @@
     "773:\n"
 
 #define ALTPATCH_ENTRY_(ft_flags)                                                          \
-    ".pushsection altinstructions,\"aR\"\n"                                                \
+    ".pushsection altinstructions,\"a?R\"\n"                                                \
     " .long 771b - .\n"                                                                    \
     " .long 774f - .\n"                                                                    \
     " .4byte " ALTPATCH_STR(ft_flags) "\n"                                                 \
@@ -97,7 +97,7 @@
     ".popsection\n"
 
 #define ALTPATCH_REPLACEMENT_(newinstr)                                                    \
-    ".pushsection altinstr_replacement,\"axR\"\n"                                          \
+    ".pushsection altinstr_replacement,\"ax?R\"\n"                                          \
     "774:\n\t" newinstr "\n775:\n"                                                         \
     ".popsection\n"
 
