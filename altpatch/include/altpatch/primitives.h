@@ -37,6 +37,10 @@
 extern "C" {
 #endif
 
+/*
+ * Every instruction string below is written for both assembler dialects
+ * ("{AT&T|Intel}"), so the same bytes come out under -masm=intel.
+ */
 /** Attributes of every site helper: one site per call site, never out of line. */
 #define ALTPATCH_PRIMITIVE_ static inline __attribute__((always_inline))
 
@@ -64,7 +68,7 @@ ALTPATCH_PRIMITIVE_ void altpatch_weak_fence(void)
 ALTPATCH_PRIMITIVE_ void *altpatch_gs_self(void)
 {
     void *p;
-    __asm__ __volatile__(ALTERNATIVE("movq %%gs:0, %0", "rdgsbase %0", X86_FEATURE_FSGSBASE)
+    __asm__ __volatile__(ALTERNATIVE("{movq %%gs:0, %0|mov %0, QWORD PTR gs:0}", "rdgsbase %0", X86_FEATURE_FSGSBASE)
                          : "=a"(p));
     return p;
 }
@@ -79,7 +83,7 @@ ALTPATCH_PRIMITIVE_ void *altpatch_gs_self(void)
 ALTPATCH_PRIMITIVE_ void *altpatch_fs_self(void)
 {
     void *p;
-    __asm__ __volatile__(ALTERNATIVE("movq %%fs:0, %0", "rdfsbase %0", X86_FEATURE_FSGSBASE)
+    __asm__ __volatile__(ALTERNATIVE("{movq %%fs:0, %0|mov %0, QWORD PTR fs:0}", "rdfsbase %0", X86_FEATURE_FSGSBASE)
                          : "=a"(p));
     return p;
 }
@@ -94,7 +98,7 @@ ALTPATCH_PRIMITIVE_ void *altpatch_fs_self(void)
 ALTPATCH_PRIMITIVE_ unsigned altpatch_getcpu(void)
 {
     unsigned long aux;
-    __asm__ __volatile__(ALTERNATIVE("rdtscp", "rdpid %%rcx", X86_FEATURE_RDPID)
+    __asm__ __volatile__(ALTERNATIVE("rdtscp", "{rdpid %%rcx|rdpid rcx}", X86_FEATURE_RDPID)
                          : "=c"(aux)
                          :
                          : "rax", "rdx");
@@ -168,15 +172,15 @@ ALTPATCH_PRIMITIVE_ uint64_t altpatch_rdtsc_ordered(void)
         ALTPATCH_CALL_CHECK_(newfn);                                                       \
         long altpatch_ret_;                                                                \
         long altpatch_arg_ = (long)(arg);                                                  \
-        __asm__ __volatile__("lea -128(%%rsp), %%rsp\n\t"                                  \
-                             "push %%rbp\n\t"                                              \
-                             "mov %%rsp, %%rbp\n\t"                                        \
-                             "and $-16, %%rsp\n\t"                                       \
+        __asm__ __volatile__("{lea -128(%%rsp), %%rsp|lea rsp, [rsp-128]}\n\t"            \
+                             "{push %%rbp|push rbp}\n\t"                                   \
+                             "{mov %%rsp, %%rbp|mov rbp, rsp}\n\t"                         \
+                             "{and $-16, %%rsp|and rsp, -16}\n\t"                          \
                              ALTERNATIVE("call %P[ap_oldfn]", "call %P[ap_newfn]",         \
                                          ft_flags)                                         \
-                             "\n\tmov %%rbp, %%rsp\n\t"                                    \
-                             "pop %%rbp\n\t"                                               \
-                             "lea 128(%%rsp), %%rsp"                                       \
+                             "\n\t{mov %%rbp, %%rsp|mov rsp, rbp}\n\t"                    \
+                             "{pop %%rbp|pop rbp}\n\t"                                     \
+                             "{lea 128(%%rsp), %%rsp|lea rsp, [rsp+128]}"                  \
                              : "=a"(altpatch_ret_), "+D"(altpatch_arg_)                    \
                              : [ap_oldfn] "i"(oldfn), [ap_newfn] "i"(newfn)                \
                              : ALTPATCH_CALL_CLOBBERS_);                                   \
