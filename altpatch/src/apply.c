@@ -188,7 +188,7 @@ static const uint8_t *ap_plan_cached(struct ap_module *m, size_t i,
     }
     ap_plan_site(&m->view, &m->sites[i], m->entries, orig, fs, out);
     if (orig && out->reason == ALTPATCH_REASON_NONE) {
-        m->cache_chosen[i] = (int16_t)out->chosen;
+        m->cache_chosen[i] = (int32_t)out->chosen;
         memcpy(m->cache_final + off, out->final, m->sites[i].len);
     }
     return out->final;
@@ -408,7 +408,7 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
         bool refused = wk->action == AP_ACT_REFUSED || wk->reason;
         if (refused && res->reason != wk->reason)
             ap_warn_refusal(wk);
-        res->chosen = (int8_t)(refused || wk->chosen > INT8_MAX ? -1 : wk->chosen);
+        res->chosen = refused ? -1 : (int32_t)wk->chosen;
         res->reason = (int16_t)wk->reason;
         res->state = refused            ? ALTPATCH_SITE_REFUSED
                      : wk->chosen >= 0 ? ALTPATCH_SITE_PATCHED

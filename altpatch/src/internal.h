@@ -322,7 +322,7 @@ AP_HIDDEN int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *s
 /** Per-site outcome of the last apply. */
 struct ap_site_result {
     uint8_t state;  /* enum altpatch_site_state */
-    int8_t chosen;
+    int32_t chosen; /* entry index within the site (any number of entries), -1 = original */
     int16_t reason;
 };
 
@@ -349,7 +349,7 @@ struct ap_module {
      * a site's plan does not change. Only accepted plans are cached. */
     bool cache_valid;           /* cache_fs holds the set the cache was made for */
     struct altpatch_features cache_fs;
-    int16_t *cache_chosen;      /* per site: AP_NOT_CACHED, -1 (original) or the entry */
+    int32_t *cache_chosen;      /* per site: AP_NOT_CACHED, -1 (original) or the entry */
     uint8_t *cache_final;       /* per site (at orig_off): the planned final bytes */
 };
 
