@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +148,57 @@ static long ap_count_threads(void)
         n += e->d_name[0] != '.';
     closedir(d);
     return n;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Pinning modules                                                           */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * The module list describes what dl_iterate_phdr() saw; once the walk returns
+ * another thread may dlclose() a library and unmap its site and replacement
+ * bytes. Every module with a path is therefore pinned after the refresh with
+ * dlopen(path, RTLD_NOLOAD) and released at the end: a library that is gone
+ * (no handle, or a handle for a new copy at another address) is skipped. The
+ * main program (empty path) cannot be unloaded. A library loaded with
+ * dlmopen() into another namespace is not found by name and is skipped too.
+ */
+
+/** Pin @p m (see above); false when it is gone. */
+static bool ap_pin_one(struct ap_module *m)
+{
+    m->pin = NULL;
+    m->gone = false;
+    if (!m->path[0])
+        return true;
+    void *h = dlopen(m->path, RTLD_NOLOAD | RTLD_LAZY);
+    struct link_map *lm = NULL;
+    if (h && dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_addr == m->base) {
+        m->pin = h;
+        return true;
+    }
+    if (h)
+        dlclose(h);
+    m->gone = true;
+    return false;
+}
+
+/** Pin every module of the list. */
+static void ap_pin(struct ap_module *list)
+{
+    for (struct ap_module *m = list; m; m = m->next)
+        if (!ap_pin_one(m))
+            ap_log(ALTPATCH_DEBUG, "%s: unloaded while applying: skipped\n", m->path);
+}
+
+/** Release the pins (a library dlclose'd meanwhile is unmapped here). */
+static void ap_unpin(struct ap_module *list)
+{
+    for (struct ap_module *m = list; m; m = m->next) {
+        if (m->pin)
+            dlclose(m->pin);
+        m->pin = NULL;
+    }
 }
 
 /* ------------------------------------------------------------------------- */
@@ -332,6 +384,8 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
 {
     size_t n = 0, bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
+        if (m->gone)
+            continue;
         n += m->nsites;
         for (size_t i = 0; i < m->nsites; i++)
             bytes += m->sites[i].len;
@@ -342,6 +396,8 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         return -ENOMEM;
     bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
+        if (m->gone)
+            continue;
         if (m->nsites)
             ap_cache_check(m, fs);
         for (size_t i = 0; i < m->nsites; i++) {
@@ -423,7 +479,7 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
             ap_debug_site(wk);
     }
     for (struct ap_module *m = ap_mods; m; m = m->next)
-        st->modules++;
+        st->modules += !m->gone;
     st->bytes_written = r->pst.bytes;
     st->pages_written = r->pst.pages;
     st->syscalls = r->pst.syscalls;
@@ -436,6 +492,8 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
 {
     struct ap_run r = {0};
     int err = ap_modules_refresh(&ap_mods);
+    if (!err)
+        ap_pin(ap_mods);
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
@@ -455,6 +513,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         ap_record(&r, flags, st);
         ap_applied = true;
     }
+    ap_unpin(ap_mods);
     for (size_t i = 0; i < r.nwork; i++)
         free(r.work[i].detail);
     free(r.work);
@@ -636,13 +695,16 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     /* Drop modules dlclose'd since the last apply (their memory is gone); a
      * module loaded since is listed with its original bytes, as memory holds. */
     int ret = ap_applied ? ap_modules_refresh(&ap_mods) : -ENODATA;
+    if (!ret)
+        ap_pin(ap_mods); /* the callback may read info.current */
     for (struct ap_module *m = ap_mods; m && !ret; m = m->next) {
-        for (size_t i = 0; i < m->nsites && !ret; i++) {
+        for (size_t i = 0; i < m->nsites && !ret && !m->gone; i++) {
             struct altpatch_site_info info;
             ap_site_info(m, i, &info);
             ret = fn(&info, ctx);
         }
     }
+    ap_unpin(ap_mods);
     ap_holding = false;
     pthread_mutex_unlock(&ap_lock);
     return ret;

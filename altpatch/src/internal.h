@@ -344,6 +344,12 @@ struct ap_module {
     size_t *orig_off;           /* per site: offset into orig (and planned), or AP_NO_ORIG */
     struct ap_site_result *res; /* per site */
     bool present;               /* scratch for refresh */
+    /* Pin (apply.c): a dlopen() reference held for the length of one apply or
+     * site walk, so that a concurrent dlclose() cannot unmap bytes being read
+     * or written. gone: the module could not be pinned (unloaded since the
+     * refresh): it is skipped until the next refresh drops it. */
+    void *pin;
+    bool gone;
     uint8_t *planned;           /* per site (at orig_off): the bytes the last apply left */
     /* Plan cache (apply.c): the planner is pure, so for the same feature set
      * a site's plan does not change. Only accepted plans are cached. */
