@@ -88,7 +88,8 @@ struct ap_copy {
 /**
  * mprotect(RW) the window, copy every write with volatile byte stores (so the
  * compiler cannot turn the loop into a memcpy call), mprotect back to @p prot.
- * Returns 0; -errno when the first mprotect failed (nothing written); +errno
+ * Returns 0; -errno when the first mprotect failed (nothing written, the
+ * window's protection restored as far as it had changed); +errno
  * when the restoring mprotect failed even once retried (bytes written, the
  * window keeps PROT_READ|PROT_WRITE: the process is in trouble, the caller
  * reports it).
@@ -99,8 +100,15 @@ static AP_WINDOW_ATTRS long ap_window_write(uintptr_t start, size_t len, long pr
 {
     *calls = 1;
     long r = AP_SYSCALL3(SYS_mprotect, start, len, PROT_READ | PROT_WRITE);
-    if (r < 0)
+    if (r < 0) {
+        /* mprotect is not atomic across mappings: the pages before the one it
+         * refused (a sealed mapping, say) may be RW now. Every page of the
+         * window had @p prot: put it back everywhere (the refused part was
+         * never changed and refuses again harmlessly). */
+        *calls = 2;
+        (void)AP_SYSCALL3(SYS_mprotect, start, len, prot);
         return r;
+    }
     for (size_t i = 0; i < n; i++) {
         volatile uint8_t *dst = (volatile uint8_t *)c[i].addr;
         for (size_t k = 0; k < c[i].len; k++)
