@@ -113,7 +113,7 @@ static const uint8_t *ap_note_in_segment(const uint8_t *p, size_t size, size_t a
     return NULL;
 }
 
-/** The module's altpatch note descriptor, or NULL. */
+/** The module's altpatch note descriptor, or NULL. Only notes inside a PT_LOAD are read. */
 static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *descsz)
 {
     for (size_t i = 0; i < info->dlpi_phnum; i++) {
@@ -121,7 +121,10 @@ static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *de
         if (ph->p_type != PT_NOTE)
             continue;
         size_t align = ph->p_align == 8 ? 8 : 4;
-        const uint8_t *p = (const uint8_t *)(uintptr_t)(info->dlpi_addr + ph->p_vaddr);
+        uint64_t start = info->dlpi_addr + ph->p_vaddr;
+        if (start < info->dlpi_addr || !ap_in_load(info, start, start + ph->p_filesz))
+            continue; /* not mapped by the module (a broken or hostile header): never read */
+        const uint8_t *p = (const uint8_t *)(uintptr_t)start;
         const uint8_t *d = ap_note_in_segment(p, ph->p_filesz, align, descsz);
         if (d)
             return d;
