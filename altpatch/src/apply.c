@@ -542,7 +542,11 @@ static bool ap_opts_valid(const void *opts, size_t sz, size_t known)
     return true;
 }
 
-/** Copy the fields the caller's struct has; the rest stay defaults (zero). */
+/**
+ * Copy the fields the caller's struct has; the rest stay defaults (zero).
+ * The struct has no padding (`reserved` fills what was its tail padding), so
+ * every byte past the known fields, `reserved` included, must be zero.
+ */
 static int ap_read_opts(const struct altpatch_apply_opts *in, struct altpatch_apply_opts *out)
 {
     memset(out, 0, sizeof(*out));
@@ -551,7 +555,7 @@ static int ap_read_opts(const struct altpatch_apply_opts *in, struct altpatch_ap
     if (!ap_opts_valid(in, in->sz, sizeof(*in)))
         return -EINVAL;
     memcpy(out, in, in->sz < sizeof(*out) ? in->sz : sizeof(*out));
-    if (out->flags & ~(unsigned)AP_APPLY_FLAGS)
+    if (out->reserved || (out->flags & ~(unsigned)AP_APPLY_FLAGS))
         return -EINVAL;
     if ((out->flags & ALTPATCH_APPLY_PROCMEM_ONLY) && (out->flags & ALTPATCH_APPLY_NO_PROCMEM))
         return -EINVAL;

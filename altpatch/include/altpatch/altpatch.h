@@ -128,6 +128,12 @@ struct altpatch_apply_opts {
     /** Plan for this set instead of the host's; ALTPATCH_CLEARCPUID is then not applied. */
     const struct altpatch_features *features;
     unsigned flags; /**< enum altpatch_apply_flags */
+    /**
+     * Must be zero (-EINVAL otherwise): a later version may give these bytes a
+     * meaning. Named so that `= {.sz = sizeof(o), ...}` zeroes it; as unnamed
+     * tail padding compilers leave it uninitialized and it could not be checked.
+     */
+    unsigned reserved;
 };
 
 /**
