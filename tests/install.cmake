@@ -2,6 +2,9 @@
 #   exports_only_altpatch  the shared library's dynamic symbols are altpatch_* only
 #   install_consumer       cmake --install into a temp prefix, then build and run
 #                          tests/consumer via find_package and via pkg-config
+#   archive_only_altpatch  the installed libaltpatch.a is one object whose only
+#                          global symbols are altpatch_*
+#   static_clash           a program defining ap_log/ap_poke/ap_nops links it
 find_program(ALTPATCH_NM NAMES nm REQUIRED)
 add_test(NAME exports_only_altpatch
          COMMAND ${CMAKE_COMMAND} -DNM=${ALTPATCH_NM} -DLIB=$<TARGET_FILE:altpatch>
@@ -20,3 +23,15 @@ add_test(NAME install_consumer
                  ${CMAKE_CURRENT_BINARY_DIR}/install_consumer
                  ${CMAKE_INSTALL_LIBDIR} ${CMAKE_C_COMPILER} ${_ap_consumer_cflags})
 set_tests_properties(install_consumer PROPERTIES LABELS "install" TIMEOUT 300)
+
+find_program(ALTPATCH_AR NAMES ar REQUIRED)
+add_test(NAME archive_only_altpatch
+         COMMAND ${CMAKE_COMMAND} -DNM=${ALTPATCH_NM} -DAR=${ALTPATCH_AR}
+                 -DLIB=$<TARGET_FILE:altpatch_static>
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/consumer/check_archive.cmake)
+set_tests_properties(archive_only_altpatch PROPERTIES LABELS "install" TIMEOUT 60)
+add_executable(static_clash static_clash.c)
+target_link_libraries(static_clash PRIVATE altpatch_static)
+add_test(NAME static_clash COMMAND static_clash)
+set_tests_properties(static_clash PROPERTIES LABELS "install" TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "static_clash: OK")
