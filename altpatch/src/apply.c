@@ -90,6 +90,7 @@ static const char *const ap_reason_text[ALTPATCH_REASON__COUNT] = {
     [ALTPATCH_REASON_LIVE_THREAD_INSIDE] = "live: a thread stayed inside the site",
     [ALTPATCH_REASON_LIVE_NO_ANSWER] = "live: a thread did not answer the handshake",
     /* live: end */
+    [ALTPATCH_REASON_UNKNOWN_FLAGS] = "unknown record flags",
 };
 
 const char *altpatch_strreason(int reason)

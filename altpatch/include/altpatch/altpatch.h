@@ -195,6 +195,7 @@ enum altpatch_reason {
     ALTPATCH_REASON_LIVE_THREAD_INSIDE, /**< live: a thread stayed inside the multi-instruction site */
     ALTPATCH_REASON_LIVE_NO_ANSWER,     /**< live: a thread did not answer the handshake */
     /* live: end */
+    ALTPATCH_REASON_UNKNOWN_FLAGS,     /**< record flags other than ALT_FLAG_NOT (e.g. the kernel's ALT_FLAG_DIRECT_CALL) */
     ALTPATCH_REASON__COUNT
 };
 
