@@ -18,6 +18,14 @@
  *      none: final = original, byte for byte (nothing will be written);
  *   6. final = relocated replacement + NOP padding to the site length, then
  *      NOP runs folded, never across a branch target inside the site.
+ *
+ * Speed: every byte is decoded once. The instructions of each replacement
+ * are kept from step 4 (relocation changes only the value of a relative
+ * field, never a length or a kind); ap_reloc() runs only for a replacement
+ * that has a relative field; step 6 decodes only the padding and folds NOP
+ * runs from the kept instructions (the same result as ap_nop_fold() on each
+ * stretch between branch targets). Only the header fields and the site's
+ * bytes of the plan are written, never the whole record.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -75,24 +83,43 @@ static int refuse(struct ap_plan *out, int reason, int entry, const char *fmt, .
     return reason;
 }
 
+/* Instructions of one replacement, as decoded (lengths, kinds, relative fields). */
+struct insn_list {
+    size_t n;
+    bool has_rel; /* some instruction has a relative field */
+    struct ap_insn in[AP_MAX_SITE];
+};
+
 /*
  * Decode @buf instruction by instruction; it must end exactly at @len.
- * Returns NONE or one of the two given reasons, with *bad_off set.
+ * Returns NONE or one of the two given reasons, with *bad_off set. When
+ * @list is not NULL it receives the instructions.
  */
 static int decode_exact(const uint8_t *buf, size_t len, int undecodable, int crosses,
-                        size_t *bad_off)
+                        size_t *bad_off, struct insn_list *list)
 {
-    struct ap_insn in;
+    struct ap_insn tmp, *in = &tmp;
     size_t off = 0;
 
+    if (list) {
+        list->n = 0;
+        list->has_rel = false;
+    }
     while (off < len) {
-        int r = ap_insn_decode(buf + off, len - off, &in);
+        int r;
 
+        if (list)
+            in = &list->in[list->n];
+        r = ap_insn_decode(buf + off, len - off, in);
         if (r < 0) {
             *bad_off = off;
             return r == -ENODATA ? crosses : undecodable;
         }
-        off += in.len;
+        if (list) {
+            list->has_rel |= in->has_rel;
+            list->n++;
+        }
+        off += in->len;
     }
     return ALTPATCH_REASON_NONE;
 }
@@ -116,7 +143,7 @@ static int check_site(const struct ap_view *v, const struct ap_site *s, const ui
     memcpy(out->orig, orig, s->len);
     memcpy(out->final, orig, s->len);
     reason = decode_exact(out->orig, s->len, ALTPATCH_REASON_ORIG_UNDECODABLE,
-                          ALTPATCH_REASON_ORIG_CROSSES_END, &off);
+                          ALTPATCH_REASON_ORIG_CROSSES_END, &off, NULL);
     if (reason)
         return refuse(out, reason, -1, "original insn +%zu %s", off,
                       reason == ALTPATCH_REASON_ORIG_CROSSES_END ? "runs past the site end"
@@ -126,10 +153,12 @@ static int check_site(const struct ap_view *v, const struct ap_site *s, const ui
 
 /*
  * Step 4 for entry @k: validate it and leave its relocated replacement in
- * @buf (repllen bytes). Returns NONE or the refusal (already recorded).
+ * @buf (repllen bytes) and its instructions in @list. Returns NONE or the
+ * refusal (already recorded).
  */
 static int check_entry(const struct ap_view *v, const struct ap_site *s,
-                       const struct ap_entry *e, int k, uint8_t *buf, struct ap_plan *out)
+                       const struct ap_entry *e, int k, uint8_t *buf, struct insn_list *list,
+                       struct ap_plan *out)
 {
     char why[sizeof(out->detail) - 32];
     size_t off = 0;
@@ -148,74 +177,118 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
     if (e->repllen)
         memcpy(buf, v->repl.data + (e->repl - v->repl.addr), e->repllen);
     reason = decode_exact(buf, e->repllen, ALTPATCH_REASON_REPL_UNDECODABLE,
-                          ALTPATCH_REASON_REPL_CROSSES_END, &off);
+                          ALTPATCH_REASON_REPL_CROSSES_END, &off, list);
     if (reason)
         return refuse(out, reason, k, "entry %d: replacement insn +%zu %s", k, off,
                       reason == ALTPATCH_REASON_REPL_CROSSES_END ? "runs past its end"
                                                                  : "does not decode");
+    if (!list->has_rel)
+        return ALTPATCH_REASON_NONE; /* nothing to relocate: ap_reloc() would change nothing */
     reason = ap_reloc(buf, e->repllen, e->repl, s->addr, why, sizeof(why));
     if (reason)
         return refuse(out, reason, k, "entry %d: %s", k, why);
     return ALTPATCH_REASON_NONE;
 }
 
+/* The value of the relative field of @in, read from its bytes at @p
+ * (little-endian, sign-extended: what the decoder reports). */
+static int64_t rel_read(const uint8_t *p, const struct ap_insn *in)
+{
+    uint64_t u = 0;
+
+    for (unsigned i = 0; i < in->rel_size; i++)
+        u |= (uint64_t)p[in->rel_off + i] << (8 * i);
+    if (in->rel_size < 8 && (u >> (8 * in->rel_size - 1)) & 1)
+        u |= ~0ull << (8 * in->rel_size);
+    return (int64_t)u;
+}
+
 /*
- * Fold NOP runs of the final bytes, but never across an offset that a
- * relative branch or RIP-relative operand of the site points to: merging
- * NOPs around a branch target would land the branch inside a longer NOP.
- * If a target is not an instruction boundary, nothing is folded.
+ * Fold NOP runs of the final bytes @buf (@list: their instructions), but
+ * never across an offset that a relative branch or RIP-relative operand of
+ * the site points to: merging NOPs around a branch target would land the
+ * branch inside a longer NOP. If a target is not an instruction boundary,
+ * nothing is folded. Same bytes as ap_nop_fold() on each stretch between
+ * targets: every maximal run of NOPs is re-filled with ap_nop_fill().
  */
-static void fold_site(uint8_t *buf, size_t len)
+static void fold_site(uint8_t *buf, size_t len, const struct insn_list *list)
 {
     bool boundary[AP_MAX_SITE + 1] = {false};
     bool cut[AP_MAX_SITE + 1] = {false};
-    struct ap_insn in;
-    size_t off = 0, start = 0;
+    size_t off = 0, run = 0;
+    bool in_run = false;
 
-    while (off < len) {
-        if (ap_insn_decode(buf + off, len - off, &in) < 0)
-            return; /* cannot happen: every part decoded before */
+    for (size_t i = 0; i < list->n; i++) {
+        const struct ap_insn *in = &list->in[i];
+
         boundary[off] = true;
-        if (in.has_rel) {
+        if (in->has_rel) {
             /* offset of the target within the site (mod 2^64) */
-            uint64_t t = (uint64_t)off + in.len + (uint64_t)in.rel_value;
+            uint64_t t = (uint64_t)off + in->len + (uint64_t)rel_read(buf + off, in);
 
             if (t < len)
                 cut[t] = true;
         }
-        off += in.len;
+        off += in->len;
     }
     for (off = 1; off < len; off++)
         if (cut[off] && !boundary[off])
             return;
-    for (off = 1; off <= len; off++) {
-        if (off == len || cut[off]) {
-            ap_nop_fold(buf + start, off - start);
-            start = off;
+    off = 0;
+    for (size_t i = 0; i < list->n; i++) {
+        if (in_run && cut[off]) { /* a stretch ends here: so does its run */
+            ap_nop_fill(buf + run, off - run);
+            in_run = false;
         }
+        if (list->in[i].is_nop && !in_run) {
+            in_run = true;
+            run = off;
+        } else if (!list->in[i].is_nop && in_run) {
+            ap_nop_fill(buf + run, off - run);
+            in_run = false;
+        }
+        off += list->in[i].len;
     }
+    if (in_run)
+        ap_nop_fill(buf + run, off - run);
 }
 
-/* Steps 5-6. @best holds the relocated replacement of entry @chosen. */
+/* Steps 5-6. @best holds the relocated replacement of entry @chosen, @list
+ * its instructions (extended here by the padding's). */
 static void build_final(const struct ap_site *s, const struct ap_entry *e,
-                        const uint8_t *best, struct ap_plan *out)
+                        const uint8_t *best, struct insn_list *list, struct ap_plan *out)
 {
+    size_t off = e->repllen;
+
     memcpy(out->final, best, e->repllen);
     ap_nop_fill(out->final + e->repllen, s->len - e->repllen);
-    fold_site(out->final, s->len);
+    while (off < s->len) {
+        struct ap_insn *in = &list->in[list->n];
+
+        if (ap_insn_decode(out->final + off, s->len - off, in) < 0)
+            return; /* cannot happen: ap_nop_fill() writes whole instructions */
+        list->n++;
+        off += in->len;
+    }
+    fold_site(out->final, s->len, list);
 }
 
 void ap_plan_site(const struct ap_view *v, const struct ap_site *s,
                   const struct ap_entry *entries, const uint8_t *orig,
                   const struct altpatch_features *fs, struct ap_plan *out)
 {
-    uint8_t buf[AP_MAX_SITE], best[AP_MAX_SITE];
-    int chosen = -1;
+    uint8_t buf[2][AP_MAX_SITE];
+    struct insn_list list[2];
+    int chosen = -1, cur = 0;
 
-    memset(out, 0, sizeof(*out));
+    /* Only the header and the site's bytes: the record is ~600 bytes and a
+     * caller reads orig/final up to len and detail as a string. */
+    out->reason = ALTPATCH_REASON_NONE;
     out->bad_entry = -1;
     out->chosen = -1;
     out->len = s->len;
+    out->detail[0] = '\0';
+    memset(out->orig, 0, s->len);
     if (s->reason) {
         const uint8_t *o = orig ? orig : ap_view_text(v, s->addr, s->len);
 
@@ -234,14 +307,15 @@ void ap_plan_site(const struct ap_view *v, const struct ap_site *s,
     for (uint32_t k = 0; k < s->count; k++) {
         const struct ap_entry *e = &entries[s->first + k];
 
-        if (check_entry(v, s, e, (int)k, buf, out))
+        if (check_entry(v, s, e, (int)k, buf[cur], &list[cur], out))
             return;
         if (ap_entry_eligible(e, fs)) {
             chosen = (int)k;
-            memcpy(best, buf, e->repllen);
+            cur ^= 1; /* keep this one: the next entry goes to the other buffer */
         }
     }
     out->chosen = chosen;
     if (chosen >= 0)
-        build_final(s, &entries[s->first + (uint32_t)chosen], best, out);
+        build_final(s, &entries[s->first + (uint32_t)chosen], buf[cur ^ 1], &list[cur ^ 1],
+                    out);
 }
