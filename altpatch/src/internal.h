@@ -238,6 +238,10 @@ struct ap_plan {
     uint8_t orig[AP_MAX_SITE];
     uint8_t final[AP_MAX_SITE]; /* == orig when chosen == -1 or refused */
     char detail[160]; /* human-readable detail of a refusal */
+    /* Some entry's replacement has a relative field, so the plan depends on
+     * the site's and the replacements' addresses, not on bytes alone (memo.c
+     * stores only plans where this is false). Valid when reason is NONE. */
+    bool relative;
 };
 
 /** Whether entry @p e applies under @p fs (feature present, or absent with ALT_FLAG_NOT). */
@@ -258,6 +262,38 @@ AP_HIDDEN void ap_plan_site(const struct ap_view *v, const struct ap_site *s,
 
 /** Find [addr, addr+len) inside one region of @p v->text; returns its bytes or NULL. */
 AP_HIDDEN const uint8_t *ap_view_text(const struct ap_view *v, uint64_t addr, uint64_t len);
+
+/* ------------------------------------------------------------------------- */
+/* Plan memo (memo.c): identical sites planned once per apply                */
+/* ------------------------------------------------------------------------- */
+
+/**
+ * Plans keyed on a site's content (length, original bytes, every entry's
+ * feature, flags and replacement bytes) for one feature set. Owned by the
+ * caller (one per apply); ap_memo_init() allocates nothing.
+ */
+struct ap_memo {
+    struct altpatch_features fs; /* the set every plan was made for */
+    struct ap_memo_slot *slots;  /* open addressing, power-of-two size */
+    size_t nslots, nplans;
+    uint8_t *arena;              /* keys and final bytes */
+    size_t arena_len, arena_cap;
+    uint64_t hits, misses;       /* sites answered from the memo / by the planner */
+};
+
+/** An empty memo for plans made under @p fs. */
+AP_HIDDEN void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs);
+/** Free what @p m holds; it is then empty (and may be used again). */
+AP_HIDDEN void ap_memo_free(struct ap_memo *m);
+/**
+ * ap_plan_site() with the same arguments and the same result, answered from
+ * @p m when a site of the same content was planned before (the address checks
+ * are made again). Plans accepted without relative replacements are stored.
+ * @p m NULL, or @p fs other than the memo's set: the planner alone.
+ */
+AP_HIDDEN void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+                            const struct ap_entry *entries, const uint8_t *orig,
+                            const struct altpatch_features *fs, struct ap_plan *out);
 
 /* ------------------------------------------------------------------------- */
 /* Writer (poke.c) -- knows nothing of x86                                   */

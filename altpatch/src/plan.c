@@ -184,6 +184,7 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
                                                                  : "does not decode");
     if (!list->has_rel)
         return ALTPATCH_REASON_NONE; /* nothing to relocate: ap_reloc() would change nothing */
+    out->relative = true;
     reason = ap_reloc(buf, e->repllen, e->repl, s->addr, why, sizeof(why));
     if (reason)
         return refuse(out, reason, k, "entry %d: %s", k, why);
@@ -287,6 +288,7 @@ void ap_plan_site(const struct ap_view *v, const struct ap_site *s,
     out->bad_entry = -1;
     out->chosen = -1;
     out->len = s->len;
+    out->relative = false;
     out->detail[0] = '\0';
     memset(out->orig, 0, s->len);
     if (s->reason) {
