@@ -1,0 +1,305 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The plan memo (memo.c) must never change an answer: every site planned
+ * through the memo gives exactly what the planner alone gives (reason,
+ * bad entry, chosen entry, original and final bytes, detail). The module is
+ * generated: many copies of a few site shapes (so the memo answers most of
+ * them) mixed with relative replacements (never memoized: their bytes depend
+ * on the address), refusals, preset reasons, sites outside the text and
+ * replacements outside altinstr_replacement.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ap_hex.h"
+#include "internal.h"
+
+#define TEXT0 0x400000ull
+#define TEXT1 0x7f0000000000ull /* far from REPL: relocations overflow here */
+#define REPL 0x480000ull
+#define TEXT_SIZE 0x8000u
+#define REPL_SIZE 0x8000u
+#define MAX_SITES 2400
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)rng;
+}
+
+/* A site shape: original, up to three replacements with their ft_flags. */
+struct shape {
+    const char *orig;
+    int n;
+    const char *repl[3];
+    uint32_t ft[3];
+};
+
+#define NOT (ALT_FLAG_NOT << ALT_FLAGS_SHIFT)
+
+static const struct shape shapes[] = {
+    /* the six primitives of altbench, and variants */
+    {"0f ae f0 0f ae e8", 1, {""}, {NOT | X86_FEATURE_APIC_MSRS_FENCE}},
+    {"64 48 8b 04 25 00 00 00 00", 1, {"f3 48 0f ae c0"}, {X86_FEATURE_FSGSBASE}},
+    {"65 48 8b 04 25 00 00 00 00", 1, {"f3 48 0f ae c8"}, {X86_FEATURE_FSGSBASE}},
+    {"0f 01 f9 90", 1, {"f3 0f c7 f9"}, {X86_FEATURE_RDPID}},
+    {"0f 31 90 90 90", 2, {"0f ae e8 0f 31", "0f 01 f9"},
+     {X86_FEATURE_LFENCE_RDTSC, X86_FEATURE_RDTSCP}},
+    {"e8 00 00 00 00", 1, {"e8 00 01 00 00"}, {X86_FEATURE_ALWAYS}}, /* relative: never memoized */
+    /* NOP runs to fold, padding over 11 bytes (jmp over int3) */
+    {"90 90 90 90 90 90 90 90 90 90 90 90 90 90 90 90", 1, {"90 66 90"}, {X86_FEATURE_ALWAYS}},
+    {"0f 1f 44 00 00 0f 1f 44 00 00", 1, {"0f 0b 90 90"}, {X86_FEATURE_AVX2}},
+    /* branches inside a replacement: targets inside keep their value (relative: not memoized) */
+    {"90 90 90 90 90 90", 1, {"75 02 90 90 90 90"}, {X86_FEATURE_ALWAYS}},
+    /* jmp rel8 out of the replacement: overflows from far sites */
+    {"90 90 90 90 90", 1, {"eb 10 90 90 90"}, {X86_FEATURE_ALWAYS}},
+    /* RIP-relative load in the replacement */
+    {"48 8b 04 25 00 10 00 00", 1, {"48 8b 05 00 10 00 00"}, {X86_FEATURE_ALWAYS}},
+    /* refusals known from the content alone */
+    {"90 90 90", 1, {"0f 0b"}, {1023u}},                                   /* unknown feature */
+    {"90 90", 1, {"0f 1f 00"}, {X86_FEATURE_ALWAYS}},                      /* too long */
+    {"90 90 90", 1, {"0f ff"}, {X86_FEATURE_ALWAYS}},                      /* undecodable */
+    {"e8 00 00", 1, {"90"}, {X86_FEATURE_ALWAYS}},                         /* orig crosses end */
+    /* nested, none eligible / the last eligible wins */
+    {"0f ae e8 0f 31", 3, {"90", "0f 01 f9", "66 90"},
+     {X86_FEATURE_AVX512F, NOT | X86_FEATURE_ALWAYS, X86_FEATURE_ALWAYS}},
+    {"0f ae e8 0f 31", 2, {"90", "0f 01 f9"}, {X86_FEATURE_AVX512F, X86_FEATURE_SHA512}},
+};
+
+#define NSHAPES (sizeof(shapes) / sizeof(shapes[0]))
+
+struct module {
+    uint8_t text[2][TEXT_SIZE];
+    uint8_t repl[REPL_SIZE];
+    struct ap_view v;
+    struct ap_entry e[MAX_SITES * 3];
+    struct ap_site s[MAX_SITES];
+    const uint8_t *orig[MAX_SITES]; /* caller-supplied original, or NULL */
+    size_t ne, ns;
+    struct altpatch_features fs;
+};
+
+/* Place one copy of @sh: site in text region @t at @*to, replacements at
+ * @*ro; @vary: random gaps, and now and then a refusal that only the address
+ * checks find, or a caller-supplied original. */
+static void add_site(struct module *m, const struct shape *sh, int t, size_t *to, size_t *ro,
+                     bool vary)
+{
+    uint64_t base = t ? TEXT1 : TEXT0;
+    size_t olen = hex(sh->orig, m->text[t] + *to), len = olen;
+    struct ap_site *s = &m->s[m->ns];
+
+    *s = (struct ap_site){.addr = base + *to, .first = (uint32_t)m->ne,
+                          .count = (uint32_t)sh->n};
+    for (int k = 0; k < sh->n; k++) {
+        struct ap_entry *e = &m->e[m->ne++];
+        size_t rl = hex(sh->repl[k], m->repl + *ro);
+
+        *e = (struct ap_entry){.site = s->addr, .repl = REPL + *ro,
+                               .feature = (uint16_t)(sh->ft[k] & 0xffff),
+                               .flags = (uint16_t)(sh->ft[k] >> ALT_FLAGS_SHIFT),
+                               .repllen = (uint8_t)rl, .index = (uint32_t)(m->ne - 1)};
+        *ro += rl + (vary ? rnd() % 3 : 0);
+    }
+    s->len = (uint8_t)len;
+    for (uint32_t k = 0; k < s->count; k++)
+        m->e[s->first + k].instrlen = s->len;
+    /* a few that only the address checks refuse */
+    switch (vary ? rnd() % 40 : 39) {
+    case 0:
+        s->reason = ALTPATCH_REASON_SITE_OVERLAP;
+        break;
+    case 1:
+        s->addr = base + TEXT_SIZE - 1; /* runs past the text region */
+        break;
+    case 2:
+        m->e[s->first].repl = REPL + REPL_SIZE + 16; /* outside altinstr_replacement */
+        break;
+    case 3:
+        m->orig[m->ns] = m->text[t] + *to; /* caller keeps the original */
+        break;
+    default:
+        break;
+    }
+    *to += len + (vary ? rnd() % 4 : 0);
+    m->ns++;
+}
+
+/* A module of @n sites drawn from the shapes, in both text regions. */
+static void module_make(struct module *m, size_t n)
+{
+    size_t to[2] = {16, 16}, ro = 16;
+
+    memset(m, 0, sizeof(*m));
+    memset(m->text, 0xcc, sizeof(m->text));
+    memset(m->repl, 0xcc, sizeof(m->repl));
+    m->v.text[0] = (struct ap_region){TEXT0, TEXT_SIZE, m->text[0]};
+    m->v.text[1] = (struct ap_region){TEXT1, TEXT_SIZE, m->text[1]};
+    m->v.ntext = 2;
+    m->v.repl = (struct ap_region){REPL, REPL_SIZE, m->repl};
+    for (size_t i = 0; i < n; i++) {
+        int t = rnd() % 4 == 0;
+
+        add_site(m, &shapes[rnd() % NSHAPES], t, &to[t], &ro, true);
+        cr_assert_lt(to[t] + 64, TEXT_SIZE, "test module overflows its text");
+        cr_assert_lt(ro + 64, REPL_SIZE, "test module overflows its replacements");
+    }
+    m->fs.word[X86_FEATURE_ALWAYS / 32] |= 1u << (X86_FEATURE_ALWAYS % 32);
+    m->fs.word[X86_FEATURE_FSGSBASE / 32] |= 1u << (X86_FEATURE_FSGSBASE % 32);
+    m->fs.word[X86_FEATURE_RDPID / 32] |= 1u << (X86_FEATURE_RDPID % 32);
+    m->fs.word[X86_FEATURE_RDTSCP / 32] |= 1u << (X86_FEATURE_RDTSCP % 32);
+    m->fs.word[X86_FEATURE_LFENCE_RDTSC / 32] |= 1u << (X86_FEATURE_LFENCE_RDTSC % 32);
+}
+
+/* The two plans are the same answer. */
+static void expect_same(const struct ap_plan *a, const struct ap_plan *b, size_t i)
+{
+    cr_assert_eq(b->reason, a->reason, "site %zu: reason %d, planner %d", i, b->reason,
+                 a->reason);
+    cr_assert_eq(b->bad_entry, a->bad_entry, "site %zu: bad_entry", i);
+    cr_assert_eq(b->chosen, a->chosen, "site %zu: chosen %d, planner %d", i, b->chosen,
+                 a->chosen);
+    cr_assert_eq(b->len, a->len, "site %zu: len", i);
+    cr_assert_arr_eq(b->orig, a->orig, a->len, "site %zu: orig", i);
+    cr_assert_arr_eq(b->final, a->final, a->len, "site %zu: final", i);
+    cr_assert_str_eq(b->detail, a->detail, "site %zu: detail", i);
+    if (a->reason == ALTPATCH_REASON_NONE)
+        cr_assert_eq(b->relative, a->relative, "site %zu: relative", i);
+}
+
+/* Plan every site of @m alone and through @memo; compare. */
+static void compare_all(struct module *m, struct ap_memo *memo, const struct altpatch_features *fs)
+{
+    static struct ap_plan a, b;
+
+    for (size_t i = 0; i < m->ns; i++) {
+        memset(&a, 0x5a, sizeof(a));
+        memset(&b, 0xa5, sizeof(b));
+        ap_plan_site(&m->v, &m->s[i], m->e, m->orig[i], fs, &a);
+        ap_memo_plan(memo, &m->v, &m->s[i], m->e, m->orig[i], fs, &b);
+        expect_same(&a, &b, i);
+    }
+}
+
+static struct module mod;
+
+Test(memo, same_plans_as_the_planner)
+{
+    struct ap_memo memo;
+    size_t accepted = 0, relative = 0, refused = 0;
+    static struct ap_plan p;
+
+    module_make(&mod, MAX_SITES);
+    ap_memo_init(&memo, &mod.fs);
+    compare_all(&mod, &memo, &mod.fs);
+    for (size_t i = 0; i < mod.ns; i++) {
+        ap_plan_site(&mod.v, &mod.s[i], mod.e, mod.orig[i], &mod.fs, &p);
+        accepted += p.reason == ALTPATCH_REASON_NONE && !p.relative;
+        relative += p.reason == ALTPATCH_REASON_NONE && p.relative;
+        refused += p.reason != ALTPATCH_REASON_NONE;
+    }
+    /* the mix covers what it claims, and the memo did answer */
+    cr_assert_gt(accepted, MAX_SITES / 3, "accepted %zu", accepted);
+    cr_assert_gt(relative, 100, "relative %zu", relative);
+    cr_assert_gt(refused, 100, "refused %zu", refused);
+    cr_assert_gt(memo.hits, accepted - 2 * NSHAPES, "hits %llu of %zu",
+                 (unsigned long long)memo.hits, accepted);
+    cr_assert_eq(memo.hits + memo.misses, mod.ns);
+    cr_assert_leq(memo.nplans, NSHAPES, "one plan per distinct shape, %zu", memo.nplans);
+    ap_memo_free(&memo);
+}
+
+Test(memo, second_pass_all_from_the_memo)
+{
+    struct ap_memo memo;
+
+    module_make(&mod, MAX_SITES);
+    ap_memo_init(&memo, &mod.fs);
+    compare_all(&mod, &memo, &mod.fs);
+    uint64_t hits = memo.hits;
+    compare_all(&mod, &memo, &mod.fs); /* every stored shape hits now */
+    cr_assert_gt(memo.hits - hits, hits, "second pass hits %llu",
+                 (unsigned long long)(memo.hits - hits));
+    ap_memo_free(&memo);
+}
+
+Test(memo, relative_replacements_never_stored)
+{
+    struct ap_memo memo;
+    static struct ap_plan a, b;
+    uint8_t prev[5];
+
+    module_make(&mod, 0);
+    size_t to = 16, ro = 16;
+    for (size_t i = 0; i < 50; i++) {
+        add_site(&mod, &shapes[5], 0, &to, &ro, false); /* call rel32: bytes differ per address */
+        ro += i + 1;                                    /* distance site - replacement varies */
+    }
+    ap_memo_init(&memo, &mod.fs);
+    for (size_t i = 0; i < mod.ns; i++) {
+        ap_plan_site(&mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &a);
+        ap_memo_plan(&memo, &mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &b);
+        cr_assert_eq(a.reason, ALTPATCH_REASON_NONE, "site %zu: %s", i, a.detail);
+        cr_assert(a.relative);
+        expect_same(&a, &b, i);
+        if (i)
+            cr_assert_arr_neq(b.final, prev, 5, "site %zu: relocated per address", i);
+        memcpy(prev, b.final, 5);
+    }
+    cr_assert_eq(memo.nplans, 0, "a relative plan was stored");
+    cr_assert_eq(memo.hits, 0);
+    ap_memo_free(&memo);
+}
+
+Test(memo, hit_rechecks_addresses)
+{
+    struct ap_memo memo;
+    static struct ap_plan a, b;
+
+    module_make(&mod, 0);
+    size_t to = 16, ro = 16;
+    for (int i = 0; i < 4; i++)
+        add_site(&mod, &shapes[1], 0, &to, &ro, false); /* fs self: memoizable */
+    cr_assert_eq(mod.s[3].addr, TEXT0 + 16 + 9 * 3);
+    ap_memo_init(&memo, &mod.fs);
+    ap_memo_plan(&memo, &mod.v, &mod.s[0], mod.e, NULL, &mod.fs, &b);
+    cr_assert_eq(b.reason, ALTPATCH_REASON_NONE);
+    cr_assert_eq(memo.nplans, 1);
+    /* same content, but: preset reason / replacement outside / site outside the text */
+    mod.s[1].reason = ALTPATCH_REASON_SITE_OVERLAP;
+    mod.e[mod.s[2].first].repl = REPL + REPL_SIZE - 2;
+    mod.v.text[0].size = 16 + 9 * 3 + 4; /* site 3 now runs past the end */
+    for (size_t i = 1; i < 4; i++) {
+        ap_plan_site(&mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &a);
+        ap_memo_plan(&memo, &mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &b);
+        cr_assert_neq(a.reason, ALTPATCH_REASON_NONE, "site %zu refused by the planner", i);
+        expect_same(&a, &b, i);
+    }
+    cr_assert_eq(memo.hits, 0, "a site failing an address check was answered from the memo");
+    ap_memo_free(&memo);
+}
+
+Test(memo, other_feature_set_goes_to_the_planner)
+{
+    struct ap_memo memo;
+    struct altpatch_features none;
+
+    module_make(&mod, 600);
+    memset(&none, 0, sizeof(none));
+    ap_memo_init(&memo, &mod.fs);
+    compare_all(&mod, &memo, &mod.fs);
+    uint64_t hits = memo.hits;
+    size_t plans = memo.nplans;
+    compare_all(&mod, &memo, &none); /* same sites, no features: different choices */
+    cr_assert_eq(memo.hits, hits, "answered for another feature set");
+    cr_assert_eq(memo.nplans, plans);
+    ap_memo_free(&memo);
+    cr_assert_null(memo.slots);
+    compare_all(&mod, NULL, &mod.fs); /* no memo: the planner */
+}
