@@ -18,6 +18,76 @@
 #include "ap_isolate.h"
 #include "internal.h"
 
+/* ---- planner: unknown flag bits ------------------------------------------ */
+
+/* Site: 5-byte mov at S; replacement: 5-byte mov at R. */
+#define S_ADDR 0x1000u
+#define R_ADDR 0x2000u
+static const uint8_t ORIG[5] = {0xb8, 1, 0, 0, 0};
+static const uint8_t REPL[5] = {0xb8, 2, 0, 0, 0};
+
+static void make_view(struct ap_view *v)
+{
+    memset(v, 0, sizeof(*v));
+    v->text[0] = (struct ap_region){S_ADDR, sizeof(ORIG), ORIG};
+    v->ntext = 1;
+    v->repl = (struct ap_region){R_ADDR, sizeof(REPL), REPL};
+}
+
+static void plan_with_flags(uint16_t flags, struct ap_plan *out)
+{
+    struct ap_view v;
+    make_view(&v);
+    struct ap_entry e = {.site = S_ADDR, .repl = R_ADDR, .feature = X86_FEATURE_ALWAYS,
+                         .flags = flags, .instrlen = 5, .repllen = 5};
+    struct ap_site s = {.addr = S_ADDR, .first = 0, .count = 1, .len = 5};
+    struct altpatch_features fs;
+    memset(&fs, 0, sizeof(fs));
+    fs.word[X86_FEATURE_ALWAYS / 32] |= 1u << (X86_FEATURE_ALWAYS % 32);
+    ap_plan_site(&v, &s, &e, NULL, &fs, out);
+}
+
+Test(flags, no_flags_is_planned)
+{
+    struct ap_plan p;
+    plan_with_flags(0, &p);
+    cr_assert_eq(p.reason, ALTPATCH_REASON_NONE, "reason %d", p.reason);
+    cr_assert_eq(p.chosen, 0);
+    cr_assert_arr_eq(p.final, REPL, 5);
+}
+
+Test(flags, not_flag_is_known)
+{
+    struct ap_plan p;
+    plan_with_flags(ALT_FLAG_NOT, &p); /* ALWAYS is present: NOT keeps the original */
+    cr_assert_eq(p.reason, ALTPATCH_REASON_NONE, "reason %d", p.reason);
+    cr_assert_eq(p.chosen, -1);
+    cr_assert_arr_eq(p.final, ORIG, 5);
+}
+
+Test(flags, unknown_flag_bits_refused)
+{
+    /* The kernel's ALT_FLAG_DIRECT_CALL is bit 1; bit 15 is unassigned. */
+    static const uint16_t bad[] = {1u << 1, (1u << 1) | ALT_FLAG_NOT, 1u << 15, 0xfffe};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct ap_plan p;
+        plan_with_flags(bad[i], &p);
+        cr_assert_eq(p.reason, ALTPATCH_REASON_UNKNOWN_FLAGS, "flags 0x%x: reason %d", bad[i],
+                     p.reason);
+        cr_assert_eq(p.bad_entry, 0, "flags 0x%x", bad[i]);
+        cr_assert_arr_eq(p.final, ORIG, 5, "flags 0x%x: final must be the original", bad[i]);
+        cr_assert(p.detail[0], "flags 0x%x: a detail is given", bad[i]);
+    }
+}
+
+Test(flags, strreason)
+{
+    cr_assert_str_eq(altpatch_strreason(ALTPATCH_REASON_UNKNOWN_FLAGS),
+                     "unknown record flags");
+    cr_assert_eq(ALTPATCH_REASON_UNKNOWN_FLAGS + 1, ALTPATCH_REASON__COUNT,
+                 "new reasons go at the end");
+}
+
 /* ---- a site of 130 entries ------------------------------------------------ */
 
 #define WIDE_N 130

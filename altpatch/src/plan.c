@@ -9,8 +9,8 @@
  *   2. the site lies in one text region (SITE_BOUNDS);
  *   3. the original decodes, instruction by instruction, to exactly the site
  *      length (ORIG_UNDECODABLE / ORIG_CROSSES_END);
- *   4. EVERY entry, eligible or not: feature known (UNKNOWN_FEATURE),
- *      replacement no longer than the site (REPL_TOO_LONG), inside
+ *   4. EVERY entry, eligible or not: feature known (UNKNOWN_FEATURE), no
+ *      flag but ALT_FLAG_NOT (UNKNOWN_FLAGS), replacement no longer than the site (REPL_TOO_LONG), inside
  *      altinstr_replacement (REPL_BOUNDS), decodes to exactly its length
  *      (REPL_UNDECODABLE / REPL_CROSSES_END), relocates to the site address
  *      (RELOC_OVERFLOW). So whether a site is refused never depends on the CPU;
@@ -167,6 +167,9 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
     if (!ap_feature_known(e->feature))
         return refuse(out, ALTPATCH_REASON_UNKNOWN_FEATURE, k, "entry %d: feature %u unknown",
                       k, e->feature);
+    if (e->flags & ~(unsigned)ALT_FLAG_NOT) /* e.g. the kernel's ALT_FLAG_DIRECT_CALL */
+        return refuse(out, ALTPATCH_REASON_UNKNOWN_FLAGS, k, "entry %d: flags 0x%x unknown", k,
+                      (unsigned)(e->flags & ~(unsigned)ALT_FLAG_NOT));
     if (e->repllen > s->len)
         return refuse(out, ALTPATCH_REASON_REPL_TOO_LONG, k,
                       "entry %d: replacement %u bytes, site %u", k, e->repllen, s->len);
