@@ -59,9 +59,11 @@
 #define AP_INT3 0xcc
 /** Threads the handshake can track; more -> multi-instruction sites are refused. */
 #define AP_HS_MAX 1024
-/** Handshake attempts, and how long each waits for the answers. */
-#define AP_HS_TRIES 20
-#define AP_HS_WAIT_NS (10 * 1000 * 1000)
+/** How long the handshake may take in all, and how long one attempt waits for answers. */
+#define AP_HS_BUDGET_NS (250 * 1000 * 1000)
+#define AP_HS_WAIT_NS (25 * 1000 * 1000)
+/** Pause between two attempts (threads inside a site get time to leave it). */
+#define AP_HS_PAUSE_NS (1000 * 1000)
 /** The handshake signal: a real-time one, so that it never merges with an int3's SIGTRAP. */
 #define AP_HS_SIG (SIGRTMAX - 3)
 
@@ -508,7 +510,7 @@ static void ap_hs_wait(const int8_t *state, size_t n, unsigned seq)
     for (;;) {
         size_t missing = 0;
         for (size_t i = 0; i < n; i++)
-            missing += state[i] == 1 && __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq;
+            missing += state[i] && __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq;
         if (!missing || ap_now_ns() > until)
             return;
         syscall(SYS_sched_yield);
@@ -516,8 +518,11 @@ static void ap_hs_wait(const int8_t *state, size_t n, unsigned seq)
 }
 
 /*
- * Per-thread state: 0 done (seen outside, or gone), 1 pending, 2 pending and
- * last seen inside item inside[i].
+ * Per-thread state: 0 done (seen outside every multi-instruction site, or
+ * gone), 1 never answered yet, 2 last seen strictly inside item inside[i].
+ * Once the int3s are in, a thread can enter a site only through its first
+ * byte, so a thread seen outside stays outside, and a thread seen inside X
+ * can only be inside X later: an attempt it does not answer keeps state 2.
  */
 static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_t n)
 {
@@ -527,14 +532,13 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
     for (size_t i = 0; i < n; i++) {
         if (!state[i])
             continue;
-        state[i] = 1;
         r->st->syscalls++;
         if (ap_hs_send(pid, ap_hs[i].tid) == -ESRCH)
             state[i] = 0; /* exited */
     }
     ap_hs_wait(state, n, seq);
     for (size_t i = 0; i < n; i++) {
-        if (state[i] != 1 || __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq)
+        if (!state[i] || __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq)
             continue;
         long k = ap_inside(r, __atomic_load_n(&ap_hs[i].rip, __ATOMIC_RELAXED));
         state[i] = k < 0 ? 0 : 2;
@@ -555,12 +559,16 @@ static int ap_handshake(struct ap_round *r)
         return -ENOMEM;
     }
     memset(state, 1, n);
-    size_t left = n;
-    for (int t = 0; t < AP_HS_TRIES && left; t++) {
+    uint64_t until = ap_now_ns() + AP_HS_BUDGET_NS;
+    for (size_t left = n; left;) {
         ap_hs_attempt(r, state, inside, n);
         left = 0;
         for (size_t i = 0; i < n; i++)
             left += state[i] != 0;
+        if (!left || ap_now_ns() > until)
+            break;
+        struct timespec ts = {0, AP_HS_PAUSE_NS};
+        nanosleep(&ts, NULL);
     }
     __atomic_store_n(&ap_hs_seq, 0, __ATOMIC_RELEASE);
     bool silent = !fits;
