@@ -229,7 +229,8 @@ struct ap_work {
  * and the module live).
  */
 static const uint8_t *ap_plan_cached(struct ap_module *m, size_t i,
-                                     const struct altpatch_features *fs, struct ap_plan *out)
+                                     const struct altpatch_features *fs, struct ap_memo *memo,
+                                     struct ap_plan *out)
 {
     size_t off = m->orig_off[i];
     const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
@@ -239,7 +240,8 @@ static const uint8_t *ap_plan_cached(struct ap_module *m, size_t i,
         out->detail[0] = '\0';
         return m->cache_final + off;
     }
-    ap_plan_site(&m->view, &m->sites[i], m->entries, orig, fs, out);
+    /* perf: the planner through this apply's memo (memo.c): identical sites planned once */
+    ap_memo_plan(memo, &m->view, &m->sites[i], m->entries, orig, fs, out);
     if (orig && out->reason == ALTPATCH_REASON_NONE) {
         m->cache_chosen[i] = (int32_t)out->chosen;
         memcpy(m->cache_final + off, out->final, m->sites[i].len);
@@ -258,7 +260,8 @@ static void ap_cache_check(struct ap_module *m, const struct altpatch_features *
     m->cache_valid = true;
 }
 
-static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs, unsigned flags)
+static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs,
+                      struct ap_memo *memo, unsigned flags)
 {
     struct ap_module *m = wk->m;
     const struct ap_site *s = &m->sites[wk->idx];
@@ -266,7 +269,7 @@ static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs, un
     struct ap_plan plan;
     wk->orig = off != AP_NO_ORIG ? m->orig + off : NULL;
     wk->cur = s->len ? ap_view_text(&m->view, s->addr, s->len) : NULL;
-    const uint8_t *final = ap_plan_cached(m, wk->idx, fs, &plan);
+    const uint8_t *final = ap_plan_cached(m, wk->idx, fs, memo, &plan);
     if (plan.reason && plan.detail[0])
         wk->detail = strndup(plan.detail, sizeof(plan.detail));
     wk->reason = m->reason ? m->reason : plan.reason;
@@ -395,6 +398,8 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     r->arena = malloc(bytes ? bytes : 1);
     if (!r->work || !r->arena)
         return -ENOMEM;
+    struct ap_memo memo; /* perf: plans of identical sites, this apply only */
+    ap_memo_init(&memo, fs);
     bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
         if (m->gone)
@@ -407,9 +412,10 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
             wk->idx = i;
             wk->target = r->arena + bytes;
             bytes += m->sites[i].len;
-            ap_decide(wk, fs, flags);
+            ap_decide(wk, fs, &memo, flags);
         }
     }
+    ap_memo_free(&memo);
     return 0;
 }
 
@@ -435,7 +441,12 @@ static int ap_batch(struct ap_run *r)
             .addr = (uintptr_t)wk->m->sites[wk->idx].addr, .old = wk->old,
             .new = wk->target, .len = wk->m->sites[wk->idx].len, .result = (int)i};
     }
-    qsort(r->writes, r->nwrites, sizeof(*r->writes), ap_cmp_write);
+    /* perf: sites come in table order, usually sorted already: check before sorting */
+    bool sorted = true;
+    for (size_t i = 1; i < r->nwrites && sorted; i++)
+        sorted = r->writes[i - 1].addr < r->writes[i].addr;
+    if (!sorted)
+        qsort(r->writes, r->nwrites, sizeof(*r->writes), ap_cmp_write);
     for (size_t i = 0; i < r->nwrites; i++)
         r->wmap[i] = (size_t)r->writes[i].result;
     return 0;
