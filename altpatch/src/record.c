@@ -126,6 +126,15 @@ static int cmp_key(const void *a, const void *b)
     return x->idx < y->idx ? -1 : (x->idx > y->idx);
 }
 
+/* Already in cmp_key order? (keys are built in index order) */
+static bool keys_sorted(const struct site_key *key, size_t m)
+{
+    for (size_t k = 1; k < m; k++)
+        if (key[k - 1].addr > key[k].addr)
+            return false;
+    return true;
+}
+
 /*
  * In address order, site k overlaps another iff it starts before the largest
  * end seen so far, or ends after the start of the next one. Empty sites take
@@ -142,7 +151,8 @@ static int mark_overlaps(struct ap_site *s, size_t n)
     for (size_t i = 0; i < n; i++)
         if (s[i].len)
             key[m++] = (struct site_key){s[i].addr, site_end(&s[i]), i};
-    qsort(key, m, sizeof(*key), cmp_key);
+    if (!keys_sorted(key, m)) /* tables are usually in address order already */
+        qsort(key, m, sizeof(*key), cmp_key);
     for (size_t k = 0; k < m; k++) {
         bool before = k > 0 && key[k].addr < maxend;
         bool after = k + 1 < m && key[k].end > key[k + 1].addr;
