@@ -9,11 +9,12 @@
  *
  * Speed (the planner decodes every site several times): ap_insn_decode()
  * first decodes in ZYDIS_DECODER_MODE_MINIMAL (length, mnemonic, raw fields
- * and the IS_RELATIVE attribute, no operands, no semantic analysis) and
- * decodes fully, operands included, only when the instruction may have a
- * relative field: Zydis flags it relative, or its ModRM has the RIP-relative
- * form (mod 00, r/m 101). Both triggers are checked so that a RIP-relative
- * operand is found even if a minimal decode did not flag it.
+ * and the IS_RELATIVE attribute, no operands, no semantic analysis). A
+ * relative branch immediate is read from the raw fields. Operands are decoded
+ * (a second, full decode) only when the ModRM byte has the RIP-relative form
+ * (mod 00, r/m 101: the only encoding of a RIP/EIP-relative operand in 64-bit
+ * mode; checked whether or not Zydis flags the instruction relative), or
+ * when Zydis flags it relative without a relative immediate.
  *
  * Facts verified against Zydis 4.0.0 (64-bit mode):
  *   90, 66 90, 48 90, 2e/3e 90, 66 66 90  -> NOP
@@ -61,12 +62,10 @@ static ZyanStatus decode_minimal(const uint8_t *buf, size_t avail, ZydisDecodedI
     return ZydisDecoderDecodeInstruction(&dec, NULL, buf, avail, in);
 }
 
-/* Could this instruction have a relative field? Zydis says so, or the ModRM
- * byte has the RIP-relative memory form (mod 00, r/m 101 in 64-bit mode). */
-static bool maybe_relative(const ZydisDecodedInstruction *in)
+/* ModRM in the RIP-relative memory form (mod 00, r/m 101 in 64-bit mode): the
+ * only encoding of a RIP- (or, with 67, EIP-) relative memory operand. */
+static bool rip_form(const ZydisDecodedInstruction *in)
 {
-    if (in->attributes & ZYDIS_ATTRIB_IS_RELATIVE)
-        return true;
     return in->raw.modrm.offset != 0 && in->raw.modrm.mod == 0 && in->raw.modrm.rm == 5;
 }
 
@@ -157,6 +156,25 @@ static int decode_rel(const ZydisDecodedInstruction *in, const ZydisDecodedOpera
     return r;
 }
 
+/*
+ * The common cases from a minimal decode. 1: done (out filled, or r < 0 in
+ * *err); 0: the operands are needed (RIP-relative ModRM form, or a relative
+ * instruction without a relative immediate).
+ */
+static int decode_rel_minimal(const ZydisDecodedInstruction *in, struct ap_insn *out, int *err)
+{
+    *err = 0;
+    if (rip_form(in))
+        return 0;
+    if (!(in->attributes & ZYDIS_ATTRIB_IS_RELATIVE))
+        return 1; /* no relative immediate, no RIP-relative operand */
+    if (!find_rel_imm(in, out))
+        return 0;
+    /* a branch immediate; without the RIP form there is no second relative field */
+    *err = check_vendor_neutral(in);
+    return 1;
+}
+
 int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out)
 {
     ZydisDecodedInstruction in;
@@ -168,18 +186,22 @@ int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out)
     if (!buf || avail == 0)
         return -ENODATA;
     st = decode_minimal(buf, avail, &in);
-    if (ZYAN_SUCCESS(st) && maybe_relative(&in))
-        st = decode_full(buf, avail, &in, ops);
     if (!ZYAN_SUCCESS(st))
         return status_to_errno(st);
-    out->len = in.length;
-    out->is_nop = insn_is_nop(&in);
-    out->is_int3 = in.mnemonic == ZYDIS_MNEMONIC_INT3;
-    r = decode_rel(&in, ops, out);
+    if (!decode_rel_minimal(&in, out, &r)) {
+        memset(out, 0, sizeof(*out));
+        st = decode_full(buf, avail, &in, ops);
+        if (!ZYAN_SUCCESS(st))
+            return status_to_errno(st);
+        r = decode_rel(&in, ops, out);
+    }
     if (r < 0) {
         memset(out, 0, sizeof(*out));
         return r;
     }
+    out->len = in.length;
+    out->is_nop = insn_is_nop(&in);
+    out->is_int3 = in.mnemonic == ZYDIS_MNEMONIC_INT3;
     return 0;
 }
 
