@@ -15,14 +15,47 @@
 
 
 
+/*
+ * ap_reloc_insns() on the decoded list of @b[0..n) must give what ap_reloc()
+ * gave (@reason, bytes @want) when every instruction decodes.
+ */
+static void reloc_insns_same(const uint8_t *in, size_t n, uint64_t src, uint64_t dst, int reason,
+                             const uint8_t *want)
+{
+    struct ap_insn list[64];
+    uint8_t b[64];
+    char detail[160];
+    size_t k = 0, off = 0;
+
+    while (off < n && k < 64) {
+        if (ap_insn_decode(in + off, n - off, &list[k]) < 0)
+            return; /* undecodable: only ap_reloc() decides that */
+        off += list[k++].len;
+    }
+    memcpy(b, in, n);
+    int r = ap_reloc_insns(b, n, list, k, src, dst, detail, sizeof(detail));
+    cr_assert_eq(r, reason, "ap_reloc_insns: reason %d, ap_reloc %d (%s)", r, reason, detail);
+    if (reason == ALTPATCH_REASON_NONE)
+        cr_assert_arr_eq(b, want, n, "ap_reloc_insns: same bytes as ap_reloc");
+    if (k > 0 && reason == ALTPATCH_REASON_NONE) {
+        /* a list that does not cover the block is refused, never trusted */
+        memcpy(b, in, n);
+        cr_assert_eq(ap_reloc_insns(b, n, list, k - 1, src, dst, NULL, 0),
+                     ALTPATCH_REASON_REPL_CROSSES_END);
+    }
+}
+
 /* Relocate @in from @src to @dst; assert @reason and, when NONE, the bytes. */
 static void reloc_expect(const char *in, uint64_t src, uint64_t dst, int reason,
                          const char *want)
 {
-    uint8_t b[64], w[64];
+    uint8_t b[64], w[64], in_b[64];
     char gs[256], ws[256], detail[160];
     size_t n = hex(in, b);
+    memcpy(in_b, b, n);
     int r = ap_reloc(b, n, src, dst, detail, sizeof(detail));
+
+    reloc_insns_same(in_b, n, src, dst, r, b);
 
     cr_assert_eq(r, reason, "%s: reason %d, want %d (%s)", in, r, reason, detail);
     if (reason != ALTPATCH_REASON_NONE) {

@@ -210,6 +210,15 @@ AP_HIDDEN size_t ap_nop_fold(uint8_t *buf, size_t len);
 AP_HIDDEN int ap_reloc(uint8_t *buf, size_t len, uint64_t src, uint64_t dst, char *detail,
                        size_t detailsz);
 
+/**
+ * ap_reloc() for a block already decoded: @p insns[0..n) are its instructions
+ * in order, as ap_insn_decode() gave them for these bytes (relocating one
+ * field changes no length). Same result as ap_reloc(); a list that does not
+ * cover exactly @p len bytes is refused with ALTPATCH_REASON_REPL_CROSSES_END.
+ */
+AP_HIDDEN int ap_reloc_insns(uint8_t *buf, size_t len, const struct ap_insn *insns, size_t n,
+                             uint64_t src, uint64_t dst, char *detail, size_t detailsz);
+
 /* ------------------------------------------------------------------------- */
 /* Planner (plan.c) -- pure                                                  */
 /* ------------------------------------------------------------------------- */

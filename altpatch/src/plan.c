@@ -21,10 +21,10 @@
  *
  * Speed: every byte is decoded once. The instructions of each replacement
  * are kept from step 4 (relocation changes only the value of a relative
- * field, never a length or a kind); ap_reloc() runs only for a replacement
- * that has a relative field; step 6 decodes only the padding and folds NOP
- * runs from the kept instructions (the same result as ap_nop_fold() on each
- * stretch between branch targets). Only the header fields and the site's
+ * field, never a length or a kind) and relocated from that list
+ * (ap_reloc_insns), only for a replacement that has a relative field; step 6
+ * decodes only the padding and folds NOP runs from the kept instructions
+ * (the same result as ap_nop_fold() on each stretch between branch targets). Only the header fields and the site's
  * bytes of the plan are written, never the whole record.
  */
 #include <errno.h>
@@ -188,7 +188,8 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
     if (!list->has_rel)
         return ALTPATCH_REASON_NONE; /* nothing to relocate: ap_reloc() would change nothing */
     out->relative = true;
-    reason = ap_reloc(buf, e->repllen, e->repl, s->addr, why, sizeof(why));
+    reason = ap_reloc_insns(buf, e->repllen, list->in, list->n, e->repl, s->addr, why,
+                            sizeof(why));
     if (reason)
         return refuse(out, reason, k, "entry %d: %s", k, why);
     return ALTPATCH_REASON_NONE;

@@ -89,6 +89,29 @@ static int decode_refusal(int err, char *detail, size_t detailsz, size_t off)
                            : ALTPATCH_REASON_REPL_UNDECODABLE;
 }
 
+/* Relocate the field of instruction @in at @off (see ap_reloc). */
+static int reloc_one(uint8_t *buf, size_t len, size_t off, const struct ap_insn *in, uint64_t src,
+                     uint64_t dst, char *detail, size_t detailsz)
+{
+    uint64_t src_insn = src + off + in->len;
+    uint64_t dst_insn = dst + off + in->len;
+    uint64_t target = src_insn + (uint64_t)in->rel_value;
+    int64_t nv = (int64_t)(target - dst_insn); /* = old + src - dst */
+
+    if (!in->has_rel)
+        return ALTPATCH_REASON_NONE;
+    /* Unsigned: wraps for targets below src, so one test covers both sides. */
+    if (target - src > len) {
+        if (!rel_fits(nv, in->rel_size)) {
+            reloc_detail(detail, detailsz, buf + off, len - off, off, src + off, in, target,
+                         dst + off);
+            return ALTPATCH_REASON_RELOC_OVERFLOW;
+        }
+        rel_store(buf + off + in->rel_off, nv, in->rel_size);
+    }
+    return ALTPATCH_REASON_NONE;
+}
+
 int ap_reloc(uint8_t *buf, size_t len, uint64_t src, uint64_t dst, char *detail,
              size_t detailsz)
 {
@@ -102,23 +125,29 @@ int ap_reloc(uint8_t *buf, size_t len, uint64_t src, uint64_t dst, char *detail,
         r = ap_insn_decode(buf + off, len - off, &in);
         if (r < 0)
             return decode_refusal(r, detail, detailsz, off);
-        if (in.has_rel) {
-            uint64_t src_insn = src + off + in.len;
-            uint64_t dst_insn = dst + off + in.len;
-            uint64_t target = src_insn + (uint64_t)in.rel_value;
-            int64_t nv = (int64_t)(target - dst_insn); /* = old + src - dst */
-
-            /* Unsigned: wraps for targets below src, so one test covers both sides. */
-            if (target - src > len) {
-                if (!rel_fits(nv, in.rel_size)) {
-                    reloc_detail(detail, detailsz, buf + off, len - off, off, src + off, &in,
-                                 target, dst + off);
-                    return ALTPATCH_REASON_RELOC_OVERFLOW;
-                }
-                rel_store(buf + off + in.rel_off, nv, in.rel_size);
-            }
-        }
+        r = reloc_one(buf, len, off, &in, src, dst, detail, detailsz);
+        if (r)
+            return r;
         off += in.len;
     }
     return ALTPATCH_REASON_NONE;
+}
+
+int ap_reloc_insns(uint8_t *buf, size_t len, const struct ap_insn *insns, size_t n, uint64_t src,
+                   uint64_t dst, char *detail, size_t detailsz)
+{
+    size_t off = 0;
+    int r;
+
+    if (detail && detailsz)
+        detail[0] = '\0';
+    for (size_t i = 0; i < n && off < len; i++) {
+        if (insns[i].len == 0 || insns[i].len > len - off)
+            return decode_refusal(-ENODATA, detail, detailsz, off); /* not this block's list */
+        r = reloc_one(buf, len, off, &insns[i], src, dst, detail, detailsz);
+        if (r)
+            return r;
+        off += insns[i].len;
+    }
+    return off == len ? ALTPATCH_REASON_NONE : decode_refusal(-ENODATA, detail, detailsz, off);
 }
