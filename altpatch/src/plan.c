@@ -218,30 +218,33 @@ static int64_t rel_read(const uint8_t *p, const struct ap_insn *in)
  */
 static void fold_site(uint8_t *buf, size_t len, const struct insn_list *list)
 {
-    bool boundary[AP_MAX_SITE + 1] = {false};
-    bool cut[AP_MAX_SITE + 1] = {false};
+    uint64_t boundary[(AP_MAX_SITE + 64) / 64] = {0}; /* bit sets over offsets 0..len */
+    uint64_t cut[(AP_MAX_SITE + 64) / 64] = {0};
     size_t off = 0, run = 0;
-    bool in_run = false;
+    bool in_run = false, any_cut = false;
 
     for (size_t i = 0; i < list->n; i++) {
         const struct ap_insn *in = &list->in[i];
 
-        boundary[off] = true;
+        boundary[off / 64] |= 1ull << (off % 64);
         if (in->has_rel) {
             /* offset of the target within the site (mod 2^64) */
             uint64_t t = (uint64_t)off + in->len + (uint64_t)rel_read(buf + off, in);
 
-            if (t < len)
-                cut[t] = true;
+            if (t < len) {
+                cut[t / 64] |= 1ull << (t % 64);
+                any_cut = true;
+            }
         }
         off += in->len;
     }
-    for (off = 1; off < len; off++)
-        if (cut[off] && !boundary[off])
+    /* a target inside an instruction (offset 0 is always a boundary) */
+    for (size_t w = 0; any_cut && w < sizeof(cut) / sizeof(cut[0]); w++)
+        if (cut[w] & ~boundary[w])
             return;
     off = 0;
     for (size_t i = 0; i < list->n; i++) {
-        if (in_run && cut[off]) { /* a stretch ends here: so does its run */
+        if (in_run && (cut[off / 64] >> (off % 64) & 1)) { /* a stretch ends here: so does its run */
             ap_nop_fill(buf + run, off - run);
             in_run = false;
         }
