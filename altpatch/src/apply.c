@@ -158,48 +158,102 @@ static long ap_count_threads(void)
 /*
  * The module list describes what dl_iterate_phdr() saw; once the walk returns
  * another thread may dlclose() a library and unmap its site and replacement
- * bytes. Every module with a path is therefore pinned after the refresh with
- * dlopen(path, RTLD_NOLOAD) and released at the end: a library that is gone
- * (no handle, or a handle for a new copy at another address) is skipped. The
- * main program (empty path) cannot be unloaded. A library loaded with
- * dlmopen() into another namespace is not found by name and is skipped too.
+ * bytes. Every loaded library is therefore pinned with dlopen(path,
+ * RTLD_NOLOAD) for the duration of an apply or a site walk, and released at
+ * the end; a module of the list that is not pinned (unloaded meanwhile, or a
+ * new copy at another address, or loaded after the pins were taken) is
+ * skipped this time. The main program (empty path) cannot be unloaded. A
+ * library loaded with dlmopen() into another namespace is not found by name
+ * and is skipped too.
+ *
+ * The pins are taken BEFORE ap_lock and released AFTER it: dlopen() takes the
+ * loader's lock, which a thread running a library constructor holds; if that
+ * constructor calls altpatch_apply() while we held ap_lock and waited for the
+ * loader, both would wait forever.
  */
+struct ap_pins {
+    void **h;
+    uintptr_t *base;
+    char **name;
+    size_t n, cap;
+};
 
-/** Pin @p m (see above); false when it is gone. */
-static bool ap_pin_one(struct ap_module *m)
+static int ap_pins_collect(struct dl_phdr_info *info, size_t size, void *data)
 {
-    m->pin = NULL;
-    m->gone = false;
-    if (!m->path[0])
-        return true;
-    void *h = dlopen(m->path, RTLD_NOLOAD | RTLD_LAZY);
-    struct link_map *lm = NULL;
-    if (h && dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_addr == m->base) {
-        m->pin = h;
-        return true;
+    struct ap_pins *p = data;
+    (void)size;
+    if (!info->dlpi_name || !info->dlpi_name[0])
+        return 0;
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 32;
+        char **nn = realloc(p->name, cap * sizeof(*nn));
+        if (!nn)
+            return 1;
+        p->name = nn;
+        p->cap = cap;
     }
-    if (h)
-        dlclose(h);
-    m->gone = true;
-    return false;
+    if (!(p->name[p->n] = strdup(info->dlpi_name)))
+        return 1;
+    p->n++;
+    return 0;
 }
 
-/** Pin every module of the list. */
-static void ap_pin(struct ap_module *list)
+/** Pin every loaded library (never called with ap_lock held). */
+static void ap_pins_take(struct ap_pins *p)
 {
-    for (struct ap_module *m = list; m; m = m->next)
-        if (!ap_pin_one(m))
-            ap_log(ALTPATCH_DEBUG, "%s: unloaded while applying: skipped\n", m->path);
+    *p = (struct ap_pins){0};
+    dl_iterate_phdr(ap_pins_collect, p); /* dlopen() is not allowed inside the walk */
+    p->h = calloc(p->n ? p->n : 1, sizeof(*p->h));
+    p->base = calloc(p->n ? p->n : 1, sizeof(*p->base));
+    for (size_t i = 0; p->h && p->base && i < p->n; i++) {
+        void *h = dlopen(p->name[i], RTLD_NOLOAD | RTLD_LAZY);
+        struct link_map *lm = NULL;
+        if (h && dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm) {
+            p->h[i] = h;
+            p->base[i] = lm->l_addr;
+        } else if (h) {
+            dlclose(h);
+        }
+    }
 }
 
 /** Release the pins (a library dlclose'd meanwhile is unmapped here). */
-static void ap_unpin(struct ap_module *list)
+static void ap_pins_release(struct ap_pins *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        if (p->h && p->h[i])
+            dlclose(p->h[i]);
+        free(p->name[i]);
+    }
+    free(p->h);
+    free(p->base);
+    free(p->name);
+    *p = (struct ap_pins){0};
+}
+
+/** Mark the modules of @p list that @p p does not pin as gone (skipped). */
+static void ap_pin(struct ap_module *list, const struct ap_pins *p)
 {
     for (struct ap_module *m = list; m; m = m->next) {
-        if (m->pin)
-            dlclose(m->pin);
         m->pin = NULL;
+        m->gone = m->path[0] != '\0';
+        for (size_t i = 0; m->gone && p->h && i < p->n; i++) {
+            if (p->h[i] && p->base[i] == m->base && strcmp(p->name[i], m->path) == 0) {
+                m->pin = p->h[i];
+                m->gone = false;
+            }
+        }
+        if (m->gone)
+            ap_log(ALTPATCH_DEBUG, "%s: unloaded or loaded while applying: skipped\n",
+                   m->path);
     }
+}
+
+/** Forget the pins held by the list (ap_pins_release() drops them). */
+static void ap_unpin(struct ap_module *list)
+{
+    for (struct ap_module *m = list; m; m = m->next)
+        m->pin = NULL;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -500,12 +554,12 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
 }
 
 static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, bool live,
-                         struct altpatch_stats *st)
+                         const struct ap_pins *pins, struct altpatch_stats *st)
 {
     struct ap_run r = {0};
     int err = ap_modules_refresh(&ap_mods);
     if (!err)
-        ap_pin(ap_mods);
+        ap_pin(ap_mods, pins);
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
@@ -613,6 +667,8 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
         return err;
     if (ap_holding)
         return -EDEADLK; /* called from a print or foreach callback */
+    struct ap_pins pins;
+    ap_pins_take(&pins); /* before ap_lock: see ap_pins */
     pthread_mutex_lock(&ap_lock);
     ap_holding = true;
     uint64_t t0 = ap_now_ns();
@@ -624,7 +680,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
         struct altpatch_features host;
         if (!o.features)
             ap_effective_features(&host);
-        err = ap_run_locked(o.features ? o.features : &host, o.flags, live, &st);
+        err = ap_run_locked(o.features ? o.features : &host, o.flags, live, &pins, &st);
     }
     if (err != -EBUSY) {
         st.ns = ap_now_ns() - t0;
@@ -640,6 +696,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     }
     ap_holding = false;
     pthread_mutex_unlock(&ap_lock);
+    ap_pins_release(&pins);
     return err;
 }
 
@@ -706,13 +763,15 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
         return -EINVAL;
     if (ap_holding)
         return -EDEADLK;
+    struct ap_pins pins;
+    ap_pins_take(&pins); /* before ap_lock: see ap_pins */
     pthread_mutex_lock(&ap_lock);
     ap_holding = true;
     /* Drop modules dlclose'd since the last apply (their memory is gone); a
      * module loaded since is listed with its original bytes, as memory holds. */
     int ret = ap_applied ? ap_modules_refresh(&ap_mods) : -ENODATA;
     if (!ret)
-        ap_pin(ap_mods); /* the callback may read info.current */
+        ap_pin(ap_mods, &pins); /* the callback may read info.current */
     for (struct ap_module *m = ap_mods; m && !ret; m = m->next) {
         for (size_t i = 0; i < m->nsites && !ret && !m->gone; i++) {
             struct altpatch_site_info info;
@@ -723,5 +782,6 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     ap_unpin(ap_mods);
     ap_holding = false;
     pthread_mutex_unlock(&ap_lock);
+    ap_pins_release(&pins);
     return ret;
 }
