@@ -103,7 +103,11 @@ ALTPATCH_API int altpatch_apply(void);
 
 /** Flags for altpatch_apply_opts.flags. */
 enum altpatch_apply_flags {
-    /** Plan only: decide and report every site, write nothing. */
+    /**
+     * Plan only: decide and report every site, write nothing. The per-site
+     * states that altpatch_site_foreach() then reports are the plan (PATCHED:
+     * would hold a replacement); `current` shows what memory really holds.
+     */
     ALTPATCH_APPLY_DRY_RUN = 1u << 0,
     /** Write every site's original bytes back (undo). */
     ALTPATCH_APPLY_REVERT = 1u << 1,
@@ -204,7 +208,7 @@ ALTPATCH_API const char *altpatch_strreason(int reason);
 
 enum altpatch_site_state {
     ALTPATCH_SITE_ORIGINAL = 0, /**< no entry eligible: original kept */
-    ALTPATCH_SITE_PATCHED = 1,  /**< a replacement was selected and is in memory */
+    ALTPATCH_SITE_PATCHED = 1,  /**< a replacement was selected and is in memory (after a dry run: would be) */
     ALTPATCH_SITE_REFUSED = 2,  /**< see reason */
 };
 
