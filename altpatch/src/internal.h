@@ -283,6 +283,7 @@ AP_HIDDEN const uint8_t *ap_view_text(const struct ap_view *v, uint64_t addr, ui
  */
 struct ap_memo {
     struct altpatch_features fs; /* the set every plan was made for */
+    const struct altpatch_features *fs_at; /* where the caller keeps it (unchanged while in use) */
     struct ap_memo_slot *slots;  /* open addressing, power-of-two size */
     size_t nslots, nplans;
     uint8_t *arena;              /* keys and final bytes */
@@ -298,7 +299,10 @@ AP_HIDDEN void ap_memo_free(struct ap_memo *m);
  * ap_plan_site() with the same arguments and the same result, answered from
  * @p m when a site of the same content was planned before (the address checks
  * are made again). Plans accepted without relative replacements are stored.
- * @p m NULL, or @p fs other than the memo's set: the planner alone.
+ * @p m NULL, or @p fs other than the memo's set: the planner alone. The set
+ * given to ap_memo_init() is recognised by its address, so the caller must
+ * not change it while it uses the memo; any other pointer is compared by
+ * content.
  */
 AP_HIDDEN void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                             const struct ap_entry *entries, const uint8_t *orig,

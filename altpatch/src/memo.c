@@ -48,8 +48,10 @@ struct ap_memo_slot {
 void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs)
 {
     memset(m, 0, sizeof(*m));
-    if (fs)
+    if (fs) {
         m->fs = *fs;
+        m->fs_at = fs;
+    }
 }
 
 void ap_memo_free(struct ap_memo *m)
@@ -132,7 +134,8 @@ static uint64_t key_hash(const uint8_t *p, size_t n)
     if (n) {
         uint64_t w = 0;
 
-        memcpy(&w, p, n);
+        for (size_t i = 0; i < n; i++) /* not memcpy: a library call for a few bytes */
+            w |= (uint64_t)p[i] << (8 * i);
         h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
     }
     return h ^ (h >> 29);
@@ -236,7 +239,7 @@ void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_si
     size_t keylen = 0;
     uint64_t h = 0;
 
-    if (!m || !fs || memcmp(fs, &m->fs, sizeof(*fs)) != 0) {
+    if (!m || !fs || (fs != m->fs_at && memcmp(fs, &m->fs, sizeof(*fs)) != 0)) {
         ap_plan_site(v, s, entries, orig, fs, out); /* not this memo's feature set */
         return;
     }
