@@ -35,3 +35,21 @@ target_link_libraries(static_clash PRIVATE altpatch_static)
 add_test(NAME static_clash COMMAND static_clash)
 set_tests_properties(static_clash PROPERTIES LABELS "install" TIMEOUT 60
   PASS_REGULAR_EXPRESSION "static_clash: OK")
+
+# The suite "once under valgrind" (issue 5): tests/fixtures.cmake runs the
+# primitive/module/corrupt tests there; these are the remaining unit tests
+# that can run under valgrind (not: live patching and the races, which
+# valgrind does not support; the set-uid AT_SECURE test; tests that spawn the
+# tools). Label "valgrind": tools/dev.sh keeps them out of the ASan run.
+find_program(ALTPATCH_VALGRIND valgrind)
+if(ALTPATCH_VALGRIND)
+  foreach(t test_apply test_badnote test_dialect test_insn test_memo test_nop test_opts
+            test_plan test_poke test_record test_reloc test_seal)
+    if(TARGET ${t})
+      add_test(NAME valgrind_${t}
+               COMMAND ${ALTPATCH_VALGRIND} --quiet --error-exitcode=1 --smc-check=all
+                       --leak-check=no --trace-children=yes $<TARGET_FILE:${t}> --jobs 1)
+      set_tests_properties(valgrind_${t} PROPERTIES LABELS valgrind TIMEOUT 600)
+    endif()
+  endforeach()
+endif()
