@@ -448,7 +448,8 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         for (size_t i = 0; i < m->nsites; i++)
             bytes += m->sites[i].len;
     }
-    r->work = calloc(n ? n : 1, sizeof(*r->work));
+    /* perf: malloc, not calloc: every item is written whole below (one pass, not two) */
+    r->work = malloc((n ? n : 1) * sizeof(*r->work));
     r->arena = malloc(bytes ? bytes : 1);
     if (!r->work || !r->arena)
         return -ENOMEM;
@@ -462,9 +463,7 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
             ap_cache_check(m, fs);
         for (size_t i = 0; i < m->nsites; i++) {
             struct ap_work *wk = &r->work[r->nwork++];
-            wk->m = m;
-            wk->idx = i;
-            wk->target = r->arena + bytes;
+            *wk = (struct ap_work){.m = m, .idx = i, .target = r->arena + bytes};
             bytes += m->sites[i].len;
             ap_decide(wk, fs, &memo, flags);
         }
@@ -482,8 +481,9 @@ static int ap_cmp_write(const void *a, const void *b)
 /** Build the batch (sorted by address; work order is per module, modules interleave). */
 static int ap_batch(struct ap_run *r)
 {
-    r->writes = calloc(r->nwork ? r->nwork : 1, sizeof(*r->writes));
-    r->wmap = calloc(r->nwork ? r->nwork : 1, sizeof(*r->wmap));
+    /* perf: malloc: only the first nwrites entries are written and read */
+    r->writes = malloc((r->nwork ? r->nwork : 1) * sizeof(*r->writes));
+    r->wmap = malloc((r->nwork ? r->nwork : 1) * sizeof(*r->wmap));
     if (!r->writes || !r->wmap)
         return -ENOMEM;
     for (size_t i = 0; i < r->nwork; i++) {
