@@ -71,11 +71,29 @@ build() {
     cmake --build "$1" -j "$JOBS"
 }
 
+# Totals over every ctest run, for the closing "N passed, N failed" line.
+PASSED=0
+FAILED=0
+
 run_ctest() {
-    local dir=$1
+    local dir=$1 out rc=0 line total failed
     shift
     log "ctest $dir $*"
-    ctest --test-dir "$dir" --output-on-failure -j "$CTEST_JOBS" "$@"
+    out=$(mktemp)
+    ctest --test-dir "$dir" --output-on-failure -j "$CTEST_JOBS" "$@" 2>&1 | tee "$out" || rc=$?
+    # "100% tests passed, 0 tests failed out of 48"
+    line=$(grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' "$out" | tail -n 1 || true)
+    rm -f "$out"
+    if [ -n "$line" ]; then
+        failed=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\1/' <<<"$line")
+        total=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\2/' <<<"$line")
+        PASSED=$((PASSED + total - failed))
+        FAILED=$((FAILED + failed))
+    fi
+    if [ "$rc" -ne 0 ]; then
+        echo "ctest: $PASSED passed, $FAILED failed"
+        return "$rc"
+    fi
 }
 
 cmd_demo() {
@@ -100,6 +118,7 @@ cmd_test() {
         run_ctest build-asan -LE '^(valgrind|nosanitize)$'
     CC=clang build build-clang
     log "all done in $((SECONDS - t0)) s"
+    echo "ctest: $PASSED passed, $FAILED failed"
 }
 
 case "${1:-}" in
