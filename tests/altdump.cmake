@@ -35,6 +35,17 @@ add_custom_command(OUTPUT ${AD_FIX}/many.o ${AD_FIX}/many.so
   COMMENT "altdump fixture many" VERBATIM)
 list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/many.o ${AD_FIX}/many.so)
 
+# groups.S: sites in COMDAT groups ("a?R" records, as alternative.h emits for
+# C++ inline functions): several altinstructions sections in the .o -> .o, .so,
+# and a program linked with the shared libaltpatch (runtime side).
+add_custom_command(OUTPUT ${AD_FIX}/groups.o ${AD_FIX}/groups.so
+  COMMAND ${CMAKE_C_COMPILER} -I${AD_SRC} -c ${AD_SRC}/groups.S -o ${AD_FIX}/groups.o
+  COMMAND ${CMAKE_C_COMPILER} -shared -nostdlib -Wl,--build-id=none -Wl,-z,noexecstack
+    -o ${AD_FIX}/groups.so ${AD_FIX}/groups.o
+  DEPENDS ${AD_SRC}/groups.S ${AD_SRC}/altsites.inc
+  COMMENT "altdump fixture groups" VERBATIM)
+list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/groups.o ${AD_FIX}/groups.so)
+
 # --- Corrupt-record fixtures of testdata/ (engineer "fixtures"), rebuilt here
 # so that this test does not depend on their target names.
 set(AD_HAVE_CORRUPT 0)
@@ -64,7 +75,13 @@ target_link_libraries(altdump_live_obj PRIVATE altpatch_static)
 add_executable(altdump_live $<TARGET_OBJECTS:altdump_live_obj>)
 target_link_libraries(altdump_live PRIVATE altpatch_static ${CMAKE_DL_LIBS})
 
+add_executable(altdump_groups_run ${AD_SRC}/groups_main.c ${AD_FIX}/groups.o)
+set_source_files_properties(${AD_FIX}/groups.o PROPERTIES EXTERNAL_OBJECT TRUE GENERATED TRUE)
+target_link_libraries(altdump_groups_run PRIVATE altpatch)
+target_link_options(altdump_groups_run PRIVATE -Wl,-z,noexecstack)
+
 target_compile_definitions(test_altdump PRIVATE
+  ALTDUMP_GROUPS_RUN="$<TARGET_FILE:altdump_groups_run>"
   ALTDUMP_BIN="$<TARGET_FILE:altdump>"
   ALTDUMP_LIVE="$<TARGET_FILE:altdump_live>"
   ALTDUMP_LIVE_OBJ="$<TARGET_OBJECTS:altdump_live_obj>"
@@ -73,7 +90,7 @@ target_compile_definitions(test_altdump PRIVATE
   ALTDUMP_TESTDATA="${PROJECT_SOURCE_DIR}/testdata"
   ALTDUMP_HAVE_CORRUPT=${AD_HAVE_CORRUPT})
 target_link_libraries(test_altdump PRIVATE PkgConfig::LIBELF)
-add_dependencies(test_altdump altdump altdump_live altdump_fixtures)
+add_dependencies(test_altdump altdump altdump_live altdump_fixtures altdump_groups_run)
 
 # --- Fuzz harness: libFuzzer needs clang; built by a test, then run ~60 s ---
 find_program(ALTDUMP_CLANG NAMES clang clang-14)

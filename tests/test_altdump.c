@@ -67,10 +67,10 @@ static int tmpfile_fd(void)
     return fd;
 }
 
-/* Run altdump with @p argv (NULL-terminated, without argv[0]) in the fixture directory. */
-static struct result run_v(const char *const *argv)
+/* Run @p exe with @p argv (NULL-terminated, without argv[0]) in the fixture directory. */
+static struct result run_exe(const char *exe, const char *const *argv)
 {
-    const char *args[32] = {ALTDUMP_BIN};
+    const char *args[32] = {exe};
     size_t n = 1;
     for (; argv[n - 1] && n < 31; n++)
         args[n] = argv[n - 1];
@@ -85,7 +85,7 @@ static struct result run_v(const char *const *argv)
             _exit(126);
         unsetenv("ALTPATCH_CLEARCPUID");
         unsetenv("ALTPATCH_OFF");
-        execv(ALTDUMP_BIN, (char *const *)args);
+        execv(exe, (char *const *)args);
         _exit(127);
     }
     int st;
@@ -95,6 +95,12 @@ static struct result run_v(const char *const *argv)
     close(ofd);
     close(efd);
     return r;
+}
+
+/* Run altdump with @p argv in the fixture directory. */
+static struct result run_v(const char *const *argv)
+{
+    return run_exe(ALTDUMP_BIN, argv);
 }
 
 #define RUN(...) run_v((const char *const[]){__VA_ARGS__, NULL})
@@ -466,6 +472,48 @@ Test(altdump, object_matches_linked_many_sections)
         result_free(&a);
         result_free(&b);
     }
+}
+
+/*
+ * Sites in COMDAT groups ("a?R", as alternative.h emits for C++ inline
+ * functions): the .o holds three altinstructions and three
+ * altinstr_replacement sections, which altdump joins as the linker does.
+ */
+Test(altdump, object_matches_linked_comdat_groups)
+{
+    const char *profiles[] = {"baseline", "all"};
+    for (size_t p = 0; p < 2; p++) {
+        struct result a = RUN("--json", "--cpu", profiles[p], "groups.o");
+        struct result b = RUN("--json", "--cpu", profiles[p], "groups.so");
+        cr_assert_eq(a.rc, 0, "%s", a.err);
+        cr_assert_eq(b.rc, 0, "%s", b.err);
+        char *ka = site_keys(a.out), *kb = site_keys(b.out);
+        /* one site per group and one in .text, every one replaced (feature "always") */
+        cr_assert(strstr(ka, "\"symbol\": \"grp_plain\""), "%s", ka);
+        cr_assert(strstr(ka, "\"symbol\": \"grp_one\""), "%s", ka);
+        cr_assert(strstr(ka, "\"symbol\": \"grp_two\""), "%s", ka);
+        /* call grp_two_helper, relocated from the third replacement section to the site */
+        cr_assert(strstr(ka, "\"bytes\": \"e8 01 00 00 00\""), "%s", ka);
+        cr_assert_str_eq(ka, kb, "profile %s: groups.o and groups.so differ", profiles[p]);
+        free(ka);
+        free(kb);
+        result_free(&a);
+        result_free(&b);
+    }
+    struct result t = RUN("groups.o");
+    cr_assert_eq(t.rc, 0, "%s", t.err);
+    cr_assert(strstr(t.out, "REL, altpatch format 1, 3 records, 3 sites"), "%s", t.out);
+    cr_assert(strstr(t.out, "3 replaced, 0 kept, 0 refused"), "%s", t.out);
+    result_free(&t);
+}
+
+/* The runtime side: groups.o linked into a program with the shared library; apply patches all 3. */
+Test(altdump, comdat_groups_patched_at_runtime)
+{
+    struct result r = run_exe(ALTDUMP_GROUPS_RUN, (const char *const[]){NULL});
+    cr_assert_eq(r.rc, 0, "out: %s err: %s", r.out, r.err);
+    cr_assert_str_eq(r.out, "apply 0 foreach 0 sites 3 patched 3 grp_two 22\n");
+    result_free(&r);
 }
 
 /* --- bad input ------------------------------------------------------------- */

@@ -25,6 +25,9 @@
 
 #include "internal.h"
 
+/** altinstructions and altinstr_replacement: the sections a .o may hold several of. */
+#define AD_NJOINED 2
+
 /** Exit codes (documented in docs/altdump.1). */
 enum ad_exit {
     AD_EXIT_OK = 0,
@@ -86,6 +89,11 @@ struct ad_image {
     size_t table_size;
     struct ap_view view;
     uint8_t *merged;           /* owned: text regions merged to fit AP_MAX_TEXT */
+    /* .o only: the relocated altinstructions [0] and altinstr_replacement [1]
+     * sections, joined at their fake addresses when there are several (one
+     * per COMDAT group); data NULL otherwise. */
+    struct ap_region joined[AD_NJOINED];
+    uint8_t *joined_buf[AD_NJOINED]; /* owned: joined[k].data */
     struct ap_entry *entries;
     size_t nentries;
     struct ap_site *sites;

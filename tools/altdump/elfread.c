@@ -180,29 +180,93 @@ static bool is_code(const struct ad_section *s)
            strcmp(s->name, "altinstr_replacement") != 0;
 }
 
+/* Sections a linker concatenates into one table: index into AD_NJOINED arrays, or -1. */
+static int joined_kind(const char *name)
+{
+    if (strcmp(name, "altinstructions") == 0)
+        return 0;
+    if (strcmp(name, "altinstr_replacement") == 0)
+        return 1;
+    return -1;
+}
+
+/* Place section @p s at or after @p cur, aligned to @p align; returns its end. */
+static uint64_t place(struct ad_section *s, uint64_t cur, uint64_t align)
+{
+    s->addr = align_up(cur, align);
+    return s->addr + (s->size > (1ull << 32) ? (1ull << 32) : s->size);
+}
+
+static uint64_t capped_align(const struct ad_section *s)
+{
+    return s->align > AD_REL_ALIGN ? AD_REL_ALIGN : s->align;
+}
+
+/*
+ * The first allocated section named like @p first (altinstructions or
+ * altinstr_replacement) on a new page, then every later allocated one of that
+ * name right after it at its alignment, in index order: one contiguous
+ * table, as the linker makes of the copies in different section groups.
+ */
+static uint64_t place_joined(struct ad_image *img, size_t first, uint64_t cur)
+{
+    cur = place(&img->secs[first], cur, AD_REL_ALIGN);
+    for (size_t j = first + 1; j < img->nsecs; j++) {
+        struct ad_section *t = &img->secs[j];
+        if ((t->flags & SHF_ALLOC) && strcmp(t->name, img->secs[first].name) == 0)
+            cur = place(t, cur, capped_align(t));
+    }
+    return cur;
+}
+
 /*
  * Fake addresses for a relocatable object: first the code sections packed
  * one after the other at their alignment, in index order (as a linker
  * gathers .text and .text.* into one .text), from AD_REL_BASE; then every
- * other allocated section, each on a new page.
+ * other allocated section, each on a new page, except that all sections
+ * named altinstructions (one per COMDAT group, "a?R") follow one another
+ * as one table, and likewise altinstr_replacement.
  */
 static void layout_rel(struct reader *r)
 {
     struct ad_image *img = r->img;
     uint64_t cur = AD_REL_BASE;
+    bool seen[AD_NJOINED] = {false, false};
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 1; i < img->nsecs; i++) {
             struct ad_section *s = &img->secs[i];
             if (!(s->flags & SHF_ALLOC) || is_code(s) != (pass == 0))
                 continue;
-            uint64_t align = pass == 0 ? (s->align > AD_REL_ALIGN ? AD_REL_ALIGN : s->align)
-                                       : AD_REL_ALIGN;
-            s->addr = align_up(cur, align);
-            cur = s->addr + (s->size > (1ull << 32) ? (1ull << 32) : s->size);
+            int k = pass == 1 ? joined_kind(s->name) : -1;
+            if (k >= 0 && seen[k])
+                continue; /* placed with the first of its name */
+            if (k >= 0) {
+                seen[k] = true;
+                cur = place_joined(img, i, cur);
+            } else {
+                cur = place(s, cur, pass == 0 ? capped_align(s) : AD_REL_ALIGN);
+            }
         }
         cur = align_up(cur, AD_REL_ALIGN);
     }
     r->extern_base = align_up(cur + AD_REL_ALIGN, AD_REL_ALIGN);
+}
+
+/* [*lo, *hi) spanned by the allocated sections named @p name; false if none. */
+static bool name_span(const struct ad_image *img, const char *name, uint64_t *lo, uint64_t *hi)
+{
+    bool any = false;
+    for (size_t i = 1; i < img->nsecs; i++) {
+        const struct ad_section *s = &img->secs[i];
+        if (!(s->flags & SHF_ALLOC) || strcmp(s->name, name) != 0)
+            continue;
+        if (!any || s->addr < *lo)
+            *lo = s->addr;
+        if (!any || s->addr + s->size > *hi)
+            *hi = s->addr + s->size;
+        any = true;
+    }
+    return any;
 }
 
 /* What resolving the symbols of one RELA section needs. */
@@ -236,8 +300,8 @@ static int symctx_init(struct reader *r, size_t symidx, struct symctx *c)
 
 /*
  * Address of symbol @p idx in the fake layout: section address + value for
- * defined symbols, the value for SHN_ABS, section bounds for __start_SEC /
- * __stop_SEC, and a distinct fake address for any other undefined symbol.
+ * defined symbols, the value for SHN_ABS, the bounds of all sections named
+ * SEC for __start_SEC / __stop_SEC, and a distinct fake address for any other undefined symbol.
  */
 static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint64_t *out)
 {
@@ -262,9 +326,9 @@ static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint6
     const char *name = elf_strptr(r->elf, c->strndx, sym.st_name);
     bool start = name && strncmp(name, "__start_", 8) == 0;
     if (name && (start || strncmp(name, "__stop_", 7) == 0)) {
-        const struct ad_section *t = ad_section_by_name(img, name + (start ? 8 : 7));
-        if (t && (t->flags & SHF_ALLOC)) {
-            *out = t->addr + (start ? 0 : t->size);
+        uint64_t lo, hi;
+        if (name_span(img, name + (start ? 8 : 7), &lo, &hi)) {
+            *out = start ? lo : hi;
             return 0;
         }
     }
@@ -347,6 +411,44 @@ static int apply_rela(struct reader *r, size_t relidx)
     return rc;
 }
 
+/*
+ * After relocation: one buffer holding every (relocated) section named like
+ * joined kind @p k, at the span the layout gave them, gaps 0 (table) or int3
+ * (replacements). Only needed when there are several such sections.
+ */
+static int join_sections(struct reader *r, int k)
+{
+    static const char *const names[AD_NJOINED] = {"altinstructions", "altinstr_replacement"};
+    struct ad_image *img = r->img;
+    uint64_t lo = 0, hi = 0;
+    size_t count = 0;
+    for (size_t i = 1; i < img->nsecs; i++) {
+        const struct ad_section *s = &img->secs[i];
+        if (!(s->flags & SHF_ALLOC) || strcmp(s->name, names[k]) != 0)
+            continue;
+        if (!s->data)
+            return fail(r, "section %zu '%s' has no contents", i, s->name);
+        count++;
+    }
+    if (count < 2 || !name_span(img, names[k], &lo, &hi))
+        return 0;
+    if (hi < lo || hi - lo > img->len)
+        return fail(r, "the %zu '%s' sections span 0x%llx bytes, more than the file", count,
+                    names[k], (unsigned long long)(hi - lo));
+    uint8_t *m = malloc(hi - lo ? hi - lo : 1);
+    if (!m)
+        return oom(r);
+    memset(m, k == 0 ? 0 : 0xcc, hi - lo);
+    for (size_t i = 1; i < img->nsecs; i++) {
+        const struct ad_section *s = &img->secs[i];
+        if ((s->flags & SHF_ALLOC) && strcmp(s->name, names[k]) == 0)
+            memcpy(m + (s->addr - lo), s->data, s->size);
+    }
+    img->joined_buf[k] = m;
+    img->joined[k] = (struct ap_region){lo, hi - lo, m};
+    return 0;
+}
+
 static int relocate_rel(struct reader *r)
 {
     layout_rel(r);
@@ -357,24 +459,33 @@ static int relocate_rel(struct reader *r)
         if (rc)
             return rc;
     }
-    return 0;
+    int rc = 0;
+    for (int k = 0; k < AD_NJOINED && !rc; k++)
+        rc = join_sections(r, k);
+    return rc;
 }
 
 /* --- note, tables, view ---------------------------------------------------- */
 
-/* Bytes of [addr, addr+len) if they lie inside one allocated section with contents. */
-static const uint8_t *bytes_at(const struct ad_image *img, uint64_t addr, uint64_t len,
-                               const struct ad_section **sec)
+/*
+ * Bytes of [addr, addr+len) if they lie inside one joined table (.o with
+ * several altinstructions / altinstr_replacement sections) or inside one
+ * allocated section with contents.
+ */
+static const uint8_t *bytes_at(const struct ad_image *img, uint64_t addr, uint64_t len)
 {
+    for (int k = 0; k < AD_NJOINED; k++) {
+        const struct ap_region *j = &img->joined[k];
+        if (j->data && addr >= j->addr && addr - j->addr <= j->size &&
+            len <= j->size - (addr - j->addr))
+            return j->data + (addr - j->addr);
+    }
     for (size_t i = 1; i < img->nsecs; i++) {
         const struct ad_section *s = &img->secs[i];
         if (!(s->flags & SHF_ALLOC) || !s->data)
             continue;
-        if (addr >= s->addr && addr - s->addr <= s->size && len <= s->size - (addr - s->addr)) {
-            if (sec)
-                *sec = s;
+        if (addr >= s->addr && addr - s->addr <= s->size && len <= s->size - (addr - s->addr))
             return s->data + (addr - s->addr);
-        }
     }
     return NULL;
 }
@@ -445,14 +556,14 @@ static int find_tables(struct reader *r)
                     (unsigned long long)n->repl_start, (unsigned long long)n->repl_end);
     img->table_addr = n->table_start;
     img->table_size = n->table_end - n->table_start;
-    img->table = img->table_size ? bytes_at(img, n->table_start, img->table_size, NULL)
+    img->table = img->table_size ? bytes_at(img, n->table_start, img->table_size)
                                  : (const uint8_t *)"";
     if (!img->table)
         return fail(r, "altinstructions [0x%llx, 0x%llx) named by the note lies outside the "
                        "file's sections",
                     (unsigned long long)n->table_start, (unsigned long long)n->table_end);
     uint64_t rlen = n->repl_end - n->repl_start;
-    const uint8_t *repl = rlen ? bytes_at(img, n->repl_start, rlen, NULL) : NULL;
+    const uint8_t *repl = rlen ? bytes_at(img, n->repl_start, rlen) : NULL;
     if (rlen && !repl)
         return fail(r, "altinstr_replacement [0x%llx, 0x%llx) named by the note lies outside "
                        "the file's sections",
@@ -701,6 +812,8 @@ void ad_image_free(struct ad_image *img)
     free(img->secs);
     free(img->loads);
     free(img->merged);
+    for (int k = 0; k < AD_NJOINED; k++)
+        free(img->joined_buf[k]);
     free(img->entries);
     free(img->sites);
     free(img->syms);
