@@ -637,6 +637,73 @@ static void e_note_type(uint8_t *b, size_t *len)
     b[sh.sh_offset + 8] ^= 0xff; /* n_type no longer 'APT1' */
 }
 
+/* Header offsets of every section named altinstructions in the image; returns how many. */
+static size_t alt_shdrs(uint8_t *b, size_t len, size_t *offs, size_t max)
+{
+    cr_assert_neq(elf_version(EV_CURRENT), EV_NONE);
+    Elf *e = elf_memory((char *)b, len);
+    cr_assert_not_null(e);
+    size_t shstrndx, n = 0;
+    cr_assert_eq(elf_getshdrstrndx(e, &shstrndx), 0);
+    GElf_Ehdr eh;
+    cr_assert_not_null(gelf_getehdr(e, &eh));
+    GElf_Shdr sh;
+    for (Elf_Scn *scn = NULL; (scn = elf_nextscn(e, scn));) {
+        cr_assert_not_null(gelf_getshdr(scn, &sh));
+        if (!strcmp(elf_strptr(e, shstrndx, sh.sh_name), "altinstructions") && n < max)
+            offs[n++] = eh.e_shoff + elf_ndxscn(scn) * eh.e_shentsize;
+    }
+    elf_end(e);
+    return n;
+}
+
+/* groups.o with its altinstructions section headers changed by @p edit: refused, one line, exit 3. */
+static void bad_groups(const char *name, void (*edit)(Elf64_Shdr *sh, size_t k, size_t len),
+                       const char *msg)
+{
+    size_t len, offs[8];
+    uint8_t *b = (uint8_t *)read_file(ALTDUMP_FIXDIR "/groups.o", &len);
+    cr_assert_not_null(b);
+    size_t n = alt_shdrs(b, len, offs, 8);
+    cr_assert_eq(n, 3, "groups.o has %zu altinstructions sections", n);
+    for (size_t k = 0; k < n; k++) {
+        Elf64_Shdr sh;
+        memcpy(&sh, b + offs[k], sizeof(sh));
+        edit(&sh, k, len);
+        memcpy(b + offs[k], &sh, sizeof(sh));
+    }
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+    write_file(path, b, len);
+    free(b);
+    struct result r = RUN("--json", path);
+    cr_assert_eq(r.rc, 3, "%s: exit %d, stderr %s", name, r.rc, r.err);
+    cr_assert(strstr(r.err, msg), "%s: want '%s' in '%s'", name, msg, r.err);
+    cr_assert(strchr(r.err, '\n') == r.err + strlen(r.err) - 1, "one line only: %s", r.err);
+    result_free(&r);
+}
+
+static void g_nobits(Elf64_Shdr *sh, size_t k, size_t len)
+{
+    (void)len;
+    if (k == 2)
+        sh->sh_type = SHT_NOBITS;
+}
+
+/* Every copy claims the whole file: together they would span 3x the file. */
+static void g_whole_file(Elf64_Shdr *sh, size_t k, size_t len)
+{
+    (void)k;
+    sh->sh_offset = 0;
+    sh->sh_size = len;
+}
+
+Test(altdump, bad_comdat_groups, .init = mktmp, .fini = rmtmp)
+{
+    bad_groups("nobits.o", g_nobits, "'altinstructions' has no contents");
+    bad_groups("whole.o", g_whole_file, "the 3 'altinstructions' sections span 0x");
+}
+
 struct bad {
     const char *name;
     void (*edit)(uint8_t *, size_t *);
