@@ -4,8 +4,8 @@
  * through the memo gives exactly what the planner alone gives (reason,
  * bad entry, chosen entry, original and final bytes, detail). The module is
  * generated: many copies of a few site shapes (so the memo answers most of
- * them) mixed with relative replacements (never memoized: their bytes depend
- * on the address), refusals, preset reasons, sites outside the text and
+ * them) mixed with relative replacements (memoized, relocated again for each
+ * site's addresses), refusals, preset reasons, sites outside the text and
  * replacements outside altinstr_replacement.
  */
 #include <criterion/criterion.h>
@@ -51,11 +51,11 @@ static const struct shape shapes[] = {
     {"0f 01 f9 90", 1, {"f3 0f c7 f9"}, {X86_FEATURE_RDPID}},
     {"0f 31 90 90 90", 2, {"0f ae e8 0f 31", "0f 01 f9"},
      {X86_FEATURE_LFENCE_RDTSC, X86_FEATURE_RDTSCP}},
-    {"e8 00 00 00 00", 1, {"e8 00 01 00 00"}, {X86_FEATURE_ALWAYS}}, /* relative: never memoized */
+    {"e8 00 00 00 00", 1, {"e8 00 01 00 00"}, {X86_FEATURE_ALWAYS}}, /* relative */
     /* NOP runs to fold, padding over 11 bytes (jmp over int3) */
     {"90 90 90 90 90 90 90 90 90 90 90 90 90 90 90 90", 1, {"90 66 90"}, {X86_FEATURE_ALWAYS}},
     {"0f 1f 44 00 00 0f 1f 44 00 00", 1, {"0f 0b 90 90"}, {X86_FEATURE_AVX2}},
-    /* branches inside a replacement: targets inside keep their value (relative: not memoized) */
+    /* branches inside a replacement: targets inside keep their value (relative) */
     {"90 90 90 90 90 90", 1, {"75 02 90 90 90 90"}, {X86_FEATURE_ALWAYS}},
     /* jmp rel8 out of the replacement: overflows from far sites */
     {"90 90 90 90 90", 1, {"eb 10 90 90 90"}, {X86_FEATURE_ALWAYS}},
@@ -229,7 +229,7 @@ Test(memo, second_pass_all_from_the_memo)
     ap_memo_free(&memo);
 }
 
-Test(memo, relative_replacements_never_stored)
+Test(memo, relative_plans_relocated_per_site)
 {
     struct ap_memo memo;
     static struct ap_plan a, b;
@@ -252,8 +252,145 @@ Test(memo, relative_replacements_never_stored)
             cr_assert_arr_neq(b.final, prev, 5, "site %zu: relocated per address", i);
         memcpy(prev, b.final, 5);
     }
-    cr_assert_eq(memo.nplans, 0, "a relative plan was stored");
-    cr_assert_eq(memo.hits, 0);
+    cr_assert_eq(memo.nplans, 1, "one plan for 50 calls");
+    cr_assert_eq(memo.hits, 49, "hits %llu", (unsigned long long)memo.hits);
+    ap_memo_free(&memo);
+}
+
+/* Relative shapes for the address sweep: original, entries (features), each
+ * replacement 32 bytes after the previous one. */
+static const struct shape rel_shapes[] = {
+    {"e8 00 00 00 00", 1, {"e8 00 01 00 00"}, {X86_FEATURE_ALWAYS}},         /* call rel32 */
+    {"90 90 90 90 90 90 90 90", 1, {"e9 f0 ff ff ff"}, {X86_FEATURE_ALWAYS}},   /* jmp rel32 back */
+    {"90 90 90 90 90 90 90 90", 1, {"0f 85 00 02 00 00"}, {X86_FEATURE_ALWAYS}}, /* jcc rel32 */
+    {"90 90 90 90 90 90", 1, {"75 10 90 90"}, {X86_FEATURE_ALWAYS}},           /* jcc rel8 out */
+    {"90 90 90 90 90 90", 1, {"75 02 90 90 90 90"}, {X86_FEATURE_ALWAYS}},     /* jcc rel8 in */
+    {"90 90 90 90 90 90 90 90", 1, {"eb 02 90 90"}, {X86_FEATURE_ALWAYS}},     /* to its end */
+    {"90 90 90 90 90 90 90 90 90 90", 1, {"eb 04 90 90 90"}, {X86_FEATURE_ALWAYS}}, /* into it? */
+    {"90 90 90 90 90 90 90 90 90 90", 1, {"e3 80 90"}, {X86_FEATURE_ALWAYS}},  /* jrcxz -128 */
+    {"90 90 90 90 90 90 90 90", 1, {"48 8b 05 00 10 00 00"}, {X86_FEATURE_ALWAYS}}, /* rip */
+    {"90 90 90 90 90 90 90 90", 1, {"48 8d 05 00 00 00 80"}, {X86_FEATURE_ALWAYS}}, /* INT32_MIN */
+    {"90 90 90 90 90 90 90 90 90 90", 1, {"0f 1f 05 10 00 00 00"}, {X86_FEATURE_ALWAYS}}, /* nopl rip */
+    {"0f 1f 44 00 00 e8 00 00 00 00 0f 1f 44 00 00", 1, {"48 8b 05 00 00 00 00 e8 f0 ff ff ff"},
+     {X86_FEATURE_ALWAYS}},                                                  /* two fields */
+    {"e8 00 00 00 00", 2, {"eb 7f 90 90 90", "e8 00 00 00 80"},
+     {X86_FEATURE_AVX512F, X86_FEATURE_ALWAYS}},             /* rel8 not chosen, still checked */
+    {"e8 00 00 00 00", 2, {"e8 10 00 00 00", "eb 80 90"},
+     {X86_FEATURE_ALWAYS, X86_FEATURE_AVX512F}},             /* chosen first, rel8 after */
+    {"e8 00 00 00 00", 1, {"e8 00 00 00 00"}, {X86_FEATURE_AVX512F}},        /* none chosen */
+    {"66 90 66 90 66 90", 2, {"eb fe", "74 00 90"}, {X86_FEATURE_ALWAYS, X86_FEATURE_RDPID}},
+};
+
+#define NREL (sizeof(rel_shapes) / sizeof(rel_shapes[0]))
+
+static uint8_t sw_text[64], sw_repl[128];
+static struct ap_entry sw_e[3];
+
+/* Plan shape @sh with the site at @site and entry k's replacement at
+ * @repl + 16 + 32k, alone and through @memo; the two answers must agree. */
+static int sweep_one(struct ap_memo *memo, const struct shape *sh, uint64_t site, uint64_t repl,
+                     const struct altpatch_features *fs)
+{
+    static struct ap_plan a, b;
+    struct ap_view v = {.ntext = 1};
+    struct ap_site s = {.addr = site, .first = 0, .count = (uint32_t)sh->n};
+
+    memset(sw_text, 0xcc, sizeof(sw_text));
+    memset(sw_repl, 0xcc, sizeof(sw_repl));
+    s.len = (uint8_t)hex(sh->orig, sw_text + 16);
+    v.text[0] = (struct ap_region){site - 16, sizeof(sw_text), sw_text};
+    v.repl = (struct ap_region){repl, sizeof(sw_repl), sw_repl};
+    for (int k = 0; k < sh->n; k++)
+        sw_e[k] = (struct ap_entry){.site = site, .repl = repl + 16 + 32 * (uint64_t)k,
+                                    .feature = (uint16_t)(sh->ft[k] & 0xffff),
+                                    .flags = (uint16_t)(sh->ft[k] >> ALT_FLAGS_SHIFT),
+                                    .instrlen = s.len,
+                                    .repllen = (uint8_t)hex(sh->repl[k], sw_repl + 16 + 32 * k)};
+    memset(&a, 0x5a, sizeof(a));
+    memset(&b, 0xa5, sizeof(b));
+    ap_plan_site(&v, &s, sw_e, NULL, fs, &a);
+    ap_memo_plan(memo, &v, &s, sw_e, NULL, fs, &b);
+    expect_same(&a, &b, (size_t)(site - repl));
+    return a.reason;
+}
+
+/*
+ * Every relative shape at many distances replacement - site: around each
+ * field range's ends (rel8, rel16, rel32, both signs; old values up to a few
+ * hundred, so every field crosses its end), near 0 (branches into the site),
+ * and at random; memo and planner give the same answer each time, while the
+ * memo answers many of them.
+ */
+Test(memo, relative_plans_across_addresses)
+{
+    static const int64_t ends[] = {0, 127, -128, 32767, -32768, INT32_MAX, INT32_MIN,
+                                   (int64_t)INT32_MAX + 4096, (int64_t)INT32_MIN - 4096};
+    const uint64_t base = 0x100000000000ull;
+    size_t accepted = 0, overflow = 0, n = 0;
+    struct ap_memo memo;
+
+    module_make(&mod, 0); /* its feature set */
+    ap_memo_init(&memo, &mod.fs);
+    for (size_t k = 0; k < NREL; k++) {
+        for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++)
+            for (int64_t j = -300; j <= 300; j++) {
+                int64_t d = ends[i] + j - 16; /* distance site - (first replacement) */
+                int r = sweep_one(&memo, &rel_shapes[k], base + (uint64_t)d, base, &mod.fs);
+
+                accepted += r == ALTPATCH_REASON_NONE;
+                overflow += r == ALTPATCH_REASON_RELOC_OVERFLOW;
+                n++;
+            }
+        for (int i = 0; i < 400; i++) {
+            int64_t d = (int64_t)(int32_t)rnd() * (rnd() % 3);
+            int r = sweep_one(&memo, &rel_shapes[k], base + (uint64_t)d, base, &mod.fs);
+
+            accepted += r == ALTPATCH_REASON_NONE;
+            overflow += r == ALTPATCH_REASON_RELOC_OVERFLOW;
+            n++;
+        }
+    }
+    cr_assert_gt(accepted, n / 4, "accepted %zu of %zu", accepted, n);
+    cr_assert_gt(overflow, n / 4, "overflow %zu of %zu", overflow, n);
+    cr_assert_gt(memo.hits, accepted / 2, "hits %llu, accepted %zu",
+                 (unsigned long long)memo.hits, accepted);
+    cr_assert_leq(memo.nplans, NREL);
+    cr_assert_eq(memo.hits + memo.misses, n);
+    ap_memo_free(&memo);
+}
+
+/* A relative field of the chosen entry that lands inside the site cuts the
+ * NOP folding there: such a site is planned, never answered from the memo. */
+Test(memo, branch_into_the_site_goes_to_the_planner)
+{
+    const uint64_t base = 0x200000000000ull;
+    const struct shape *sh = &rel_shapes[6]; /* jmp rel8 +4, 3 NOPs, in a 10-byte site */
+    struct ap_memo memo;
+    static struct ap_plan a;
+
+    module_make(&mod, 0);
+    ap_memo_init(&memo, &mod.fs);
+    cr_assert_eq(sweep_one(&memo, sh, base + 100, base, &mod.fs), ALTPATCH_REASON_NONE);
+    cr_assert_eq(memo.nplans, 1);
+    /* site == replacement: the jmp lands at site +6, inside the padding NOP */
+    cr_assert_eq(sweep_one(&memo, sh, base + 16, base, &mod.fs), ALTPATCH_REASON_NONE);
+    cr_assert_eq(memo.hits, 0, "answered from the memo although the jmp lands in the site");
+    /* what the planner made of it: jmp +4, nothing folded (+6 is no instruction boundary) */
+    struct ap_view v = {.ntext = 1};
+    struct ap_site s = {.addr = base + 16, .count = 1, .len = 10};
+    v.text[0] = (struct ap_region){base, sizeof(sw_text), sw_text};
+    v.repl = (struct ap_region){base, sizeof(sw_repl), sw_repl};
+    ap_plan_site(&v, &s, sw_e, NULL, &mod.fs, &a);
+    expect_bytes(a.final, 10, "eb 04 90 90 90 0f 1f 44 00 00");
+    /* another site whose jmp lands before it hits again */
+    cr_assert_eq(sweep_one(&memo, sh, base + 40, base, &mod.fs), ALTPATCH_REASON_NONE);
+    cr_assert_eq(memo.hits, 1);
+    ap_memo_free(&memo);
+    /* first seen where it lands inside: that plan's folding is not kept for others */
+    ap_memo_init(&memo, &mod.fs);
+    cr_assert_eq(sweep_one(&memo, sh, base + 16, base, &mod.fs), ALTPATCH_REASON_NONE);
+    for (uint64_t d = 17; d < 80; d++)
+        cr_assert_eq(sweep_one(&memo, sh, base + d, base, &mod.fs), ALTPATCH_REASON_NONE);
     ap_memo_free(&memo);
 }
 

@@ -249,7 +249,8 @@ struct ap_plan {
     char detail[160]; /* human-readable detail of a refusal */
     /* Some entry's replacement has a relative field, so the plan depends on
      * the site's and the replacements' addresses, not on bytes alone (memo.c
-     * stores only plans where this is false). Valid when reason is NONE. */
+     * relocates such a stored plan again for each site). Valid when reason
+     * is NONE. */
     bool relative;
 };
 
@@ -298,7 +299,8 @@ AP_HIDDEN void ap_memo_free(struct ap_memo *m);
 /**
  * ap_plan_site() with the same arguments and the same result, answered from
  * @p m when a site of the same content was planned before (the address checks
- * are made again). Plans accepted without relative replacements are stored.
+ * are made again, relative fields relocated again for this site's addresses).
+ * Accepted plans are stored.
  * @p m NULL, or @p fs other than the memo's set: the planner alone. The set
  * given to ap_memo_init() is recognised by its address, so the caller must
  * not change it while it uses the memo; any other pointer is compared by

@@ -13,14 +13,36 @@
  * (the feature set is fixed for the life of a memo, so the same key selects
  * the same entry). Two rules keep a memoized answer exactly the planner's:
  *
- *   - only plans that were accepted (reason NONE) and whose replacements have
- *     no relative field (ap_plan.relative false) are stored: a refusal's
- *     detail names addresses, and a relative replacement's final bytes and
- *     its relocation check depend on where the site and replacement lie;
+ *   - only plans that were accepted (reason NONE) are stored: a refusal's
+ *     detail names addresses;
  *   - on a hit, the checks that depend on addresses are made again here
  *     (no preset refusal, the site inside one text region with bytes, every
  *     replacement inside altinstr_replacement with bytes); on any doubt, or
  *     when the key is too long or memory is short, the full planner decides.
+ *
+ * Relative replacements (a `call rel32`, a jcc, a RIP-relative operand).
+ * Same content means the same instructions, so the same relative fields at
+ * the same offsets with the same old values; only the addresses differ. For
+ * a field of an instruction ending at offset `end` of its replacement, with
+ * old value `old`, reloc.c keeps it when end + old (mod 2^64) lies in
+ * [0, repllen] (a target inside the replacement: content alone decides),
+ * else writes  new = old + repl - site  (the entry's replacement address and
+ * the site's address), refused when it does not fit the field. So a stored
+ * plan keeps the list of every entry's OUTSIDE fields (entry, end, position,
+ * size, old value) and a hit recomputes each for this site's addresses: one
+ * that does not fit, in any entry (the planner refuses RELOC_OVERFLOW for a
+ * non-chosen entry too), sends the site to the planner, which refuses it with
+ * its own detail; the chosen entry's new values are written over the stored
+ * final bytes.
+ *
+ * NOP folding (plan.c fold_site) never folds across an offset of the site
+ * that a relative field points to. Targets of kept fields are offsets fixed
+ * by content; a relocated field points to end + new, which depends on the
+ * addresses. A plan is stored only when none of the chosen entry's relocated
+ * fields points inside the site [0, len) and none lies in a NOP instruction
+ * (folding would rewrite its bytes), and a hit whose relocated field points
+ * inside the site goes to the planner: then the cuts, hence the folding, are
+ * those of the content alone, the same for every site of that content.
  *
  * The table belongs to the caller (no globals, nothing shared between
  * threads); the planner itself stays pure. tests/test_memo.c compares memo
@@ -43,7 +65,21 @@ struct ap_memo_slot {
     size_t off;      /* of the key in the arena; the final bytes follow it */
     uint32_t keylen; /* 0: empty slot */
     int32_t chosen;
+    uint16_t nfields; /* relocated fields, after the final bytes (struct ap_memo_field) */
+    bool relative;    /* the planner's ap_plan.relative */
 };
+
+/** A relative field whose target lies outside its replacement (stored unaligned). */
+struct ap_memo_field {
+    int64_t old;   /* value in the replacement's bytes (sign-extended) */
+    uint8_t entry; /* index within the site */
+    uint8_t end;   /* offset of the end of its instruction in the replacement */
+    uint8_t pos;   /* offset of the field in the replacement (= in the site) */
+    uint8_t size;  /* 1, 2 or 4 bytes */
+};
+
+/* Most outside fields kept for one plan; more: not stored. */
+#define AP_MEMO_MAX_FIELDS 64
 
 void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs)
 {
@@ -193,41 +229,184 @@ static bool arena_reserve(struct ap_memo *m, size_t n)
     return true;
 }
 
-/* Remember an accepted, address-independent plan (best effort: skipped when memory is short). */
+/* Does @v fit a signed field of @size bytes? (reloc.c's rule) */
+static bool field_fits(int64_t v, unsigned size)
+{
+    switch (size) {
+    case 1:
+        return v >= INT8_MIN && v <= INT8_MAX;
+    case 2:
+        return v >= INT16_MIN && v <= INT16_MAX;
+    case 4:
+        return v >= INT32_MIN && v <= INT32_MAX;
+    default:
+        return false;
+    }
+}
+
+/* The value of field @f at this site: old + repl - site (mod 2^64, as reloc.c). */
+static int64_t field_value(const struct ap_memo_field *f, uint64_t repl, uint64_t site)
+{
+    return (int64_t)((uint64_t)f->old + repl - site);
+}
+
+/*
+ * Does the relocated field @f of the chosen entry point inside the site
+ * [0, len)? Then NOP folding would depend on the address: not memoized.
+ */
+static bool field_cuts(const struct ap_memo_field *f, int64_t nv, unsigned len)
+{
+    return (uint64_t)f->end + (uint64_t)nv < len;
+}
+
+/* Do the @size bytes at @p hold @v (little-endian)? */
+static bool field_holds(const uint8_t *p, int64_t v, unsigned size)
+{
+    for (unsigned i = 0; i < size; i++)
+        if (p[i] != (uint8_t)((uint64_t)v >> (8 * i)))
+            return false;
+    return true;
+}
+
+/* Store the low @size bytes of @v at @p, little-endian. */
+static void field_store(uint8_t *p, int64_t v, unsigned size)
+{
+    for (unsigned i = 0; i < size; i++)
+        p[i] = (uint8_t)((uint64_t)v >> (8 * i));
+}
+
+/*
+ * The outside fields of one replacement (@n bytes at @b, entry @k) into
+ * @f[*nf..]. @p: the accepted plan when @k is its chosen entry (checked: no
+ * field in a NOP, none pointing inside the site, each holding its relocated
+ * value in the final bytes), else NULL. False when the plan is not to be
+ * stored.
+ */
+static bool fields_of(const uint8_t *b, size_t n, uint32_t k, const struct ap_entry *e,
+                      const struct ap_site *s, const struct ap_plan *p,
+                      struct ap_memo_field *f, size_t *nf, bool *relative)
+{
+    struct ap_insn in;
+
+    for (size_t off = 0; off < n; off += in.len) {
+        if (ap_insn_decode(b + off, n - off, &in) < 0)
+            return false; /* cannot happen: the planner decoded it */
+        *relative |= in.has_rel;
+        if (!in.has_rel || (uint64_t)(off + in.len) + (uint64_t)in.rel_value <= n)
+            continue; /* no field, or a target inside: kept as is */
+        if (*nf >= AP_MEMO_MAX_FIELDS || k > UINT8_MAX)
+            return false;
+        f[*nf] = (struct ap_memo_field){.old = in.rel_value, .entry = (uint8_t)k,
+                                        .end = (uint8_t)(off + in.len),
+                                        .pos = (uint8_t)(off + in.rel_off), .size = in.rel_size};
+        if (p) {
+            int64_t nv = field_value(&f[*nf], e->repl, s->addr);
+
+            if (in.is_nop || field_cuts(&f[*nf], nv, s->len) ||
+                !field_holds(p->final + f[*nf].pos, nv, in.rel_size))
+                return false;
+        }
+        (*nf)++;
+    }
+    return true;
+}
+
+/*
+ * Collect every entry's outside fields from the key (length, original, then
+ * per entry a 5-byte header and the replacement bytes). Returns the count,
+ * or -1 when the plan is not to be stored.
+ */
+static int fields_collect(const uint8_t *key, const struct ap_site *s,
+                          const struct ap_entry *entries, const struct ap_plan *p,
+                          struct ap_memo_field *f, bool *relative)
+{
+    size_t at = 1 + (size_t)key[0], nf = 0;
+
+    *relative = false;
+    for (uint32_t k = 0; k < s->count; k++) {
+        const struct ap_entry *e = &entries[s->first + k];
+        size_t n = key[at + 4];
+
+        if (!fields_of(key + at + 5, n, k, e, s, (int)k == p->chosen ? p : NULL, f, &nf,
+                       relative))
+            return -1;
+        at += 5 + n;
+    }
+    return (int)nf;
+}
+
+/* Remember an accepted plan (best effort: skipped when memory is short). */
 static void memo_store(struct ap_memo *m, uint64_t h, const uint8_t *key, size_t keylen,
+                       const struct ap_site *s, const struct ap_entry *entries,
                        const struct ap_plan *p)
 {
+    struct ap_memo_field f[AP_MEMO_MAX_FIELDS];
     struct ap_memo_slot *sl;
+    size_t fsz;
+    bool relative = false;
+    int nf = 0;
 
     if (m->nplans >= AP_MEMO_MAX_PLANS)
         return;
+    if (p->relative) {
+        nf = fields_collect(key, s, entries, p, f, &relative);
+        if (nf < 0 || !relative)
+            return;
+    }
+    fsz = (size_t)nf * sizeof(f[0]);
     if ((m->nplans + 1) * 2 > m->nslots && !slots_grow(m))
         return;
-    if (!arena_reserve(m, keylen + p->len))
+    if (!arena_reserve(m, keylen + p->len + fsz))
         return;
     sl = slot_find(m, h, key, keylen);
     if (sl->keylen)
         return; /* already there (cannot happen: the caller missed) */
     memcpy(m->arena + m->arena_len, key, keylen);
     memcpy(m->arena + m->arena_len + keylen, p->final, p->len);
+    if (fsz)
+        memcpy(m->arena + m->arena_len + keylen + p->len, f, fsz);
     *sl = (struct ap_memo_slot){.hash = h, .off = m->arena_len, .keylen = (uint32_t)keylen,
-                                .chosen = p->chosen};
-    m->arena_len += keylen + p->len;
+                                .chosen = p->chosen, .nfields = (uint16_t)nf,
+                                .relative = p->relative};
+    m->arena_len += keylen + p->len + fsz;
     m->nplans++;
 }
 
-/* A hit: the stored plan, as the planner writes it for an accepted site. */
-static void memo_fill(const struct ap_memo *m, const struct ap_memo_slot *sl,
-                      const struct ap_site *s, const uint8_t *orig, struct ap_plan *out)
+/*
+ * A hit: the stored plan, as the planner writes it for an accepted site,
+ * with the relocated fields recomputed for this site. False (and @out
+ * unusable) when a field does not fit here or the chosen entry's points
+ * inside the site: the planner decides.
+ */
+static bool memo_fill(const struct ap_memo *m, const struct ap_memo_slot *sl,
+                      const struct ap_site *s, const struct ap_entry *entries,
+                      const uint8_t *orig, struct ap_plan *out)
 {
+    const uint8_t *fp = m->arena + sl->off + sl->keylen + s->len;
+
+    memcpy(out->final, m->arena + sl->off + sl->keylen, s->len);
+    for (unsigned i = 0; i < sl->nfields; i++) {
+        struct ap_memo_field f;
+        int64_t nv;
+
+        memcpy(&f, fp + i * sizeof(f), sizeof(f));
+        nv = field_value(&f, entries[s->first + f.entry].repl, s->addr);
+        if (!field_fits(nv, f.size))
+            return false; /* RELOC_OVERFLOW: the planner says where */
+        if (f.entry == sl->chosen) {
+            if (field_cuts(&f, nv, s->len))
+                return false;
+            field_store(out->final + f.pos, nv, f.size);
+        }
+    }
     out->reason = ALTPATCH_REASON_NONE;
     out->bad_entry = -1;
     out->chosen = sl->chosen;
     out->len = s->len;
-    out->relative = false;
+    out->relative = sl->relative;
     out->detail[0] = '\0';
     memcpy(out->orig, orig, s->len);
-    memcpy(out->final, m->arena + sl->off + sl->keylen, s->len);
+    return true;
 }
 
 void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
@@ -252,14 +431,16 @@ void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_si
             const struct ap_memo_slot *sl = slot_find(m, h, key, keylen);
 
             if (sl->keylen) {
-                m->hits++;
-                memo_fill(m, sl, s, bytes, out);
-                return;
+                if (memo_fill(m, sl, s, entries, bytes, out)) {
+                    m->hits++;
+                    return;
+                }
+                keylen = 0; /* stored, but not valid at this address: the planner alone */
             }
         }
     }
     m->misses++;
     ap_plan_site(v, s, entries, orig, fs, out);
-    if (keylen && out->reason == ALTPATCH_REASON_NONE && !out->relative)
-        memo_store(m, h, key, keylen, out);
+    if (keylen && out->reason == ALTPATCH_REASON_NONE)
+        memo_store(m, h, key, keylen, s, entries, out);
 }
