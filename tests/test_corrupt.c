@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "ap_isolate.h"
+#include "ap_warnlog.h"
 #include <altpatch/altpatch.h>
 
 struct expect {
@@ -198,33 +199,6 @@ static int modwalk_one(const struct altpatch_site_info *s, void *p)
 
 typedef long (*fn_t)(void);
 
-/* Warnings of the library, captured in the child. */
-static char log_buf[4096];
-
-static int capture(enum altpatch_print_level level, const char *fmt, va_list ap)
-{
-    size_t len = strlen(log_buf);
-    if (level == ALTPATCH_WARN && len + 1 < sizeof(log_buf))
-        vsnprintf(log_buf + len, sizeof(log_buf) - len, fmt, ap);
-    return 0;
-}
-
-/* Whether one captured line names @p module and the text of @p reason. */
-static int logged(const char *module, int reason)
-{
-    const char *why = altpatch_strreason(reason);
-    for (const char *line = log_buf; line && *line;) {
-        const char *end = strchr(line, '\n');
-        size_t n = end ? (size_t)(end - line) : strlen(line);
-        char one[512];
-        snprintf(one, sizeof(one), "%.*s", (int)n, line);
-        if (strstr(one, module) && strstr(one, why))
-            return 1;
-        line = end ? end + 1 : NULL;
-    }
-    return 0;
-}
-
 static void body(void *out, void *ctx)
 {
     struct cres *r = out;
@@ -250,10 +224,10 @@ static void body(void *out, void *ctx)
     for (size_t i = 0; i < NEXPECT; i++)
         f.addr[i] = rec_site(h, corrupt_expect[i].rec);
 
-    altpatch_set_print(capture);
+    altpatch_set_print(ap_warn_capture);
     r->apply_rc = altpatch_apply();
-    r->bt_logged = logged("libapfix_corrupt_badtable.so", ALTPATCH_REASON_BAD_TABLE);
-    r->bv_logged = logged("libapfix_corrupt_badversion.so", ALTPATCH_REASON_BAD_VERSION);
+    r->bt_logged = ap_warn_logged("libapfix_corrupt_badtable.so", ALTPATCH_REASON_BAD_TABLE);
+    r->bv_logged = ap_warn_logged("libapfix_corrupt_badversion.so", ALTPATCH_REASON_BAD_VERSION);
 
     uintptr_t lo[2] = {f.addr[0], f.addr[1]}, hi[2] = {f.addr[0] + 5, f.addr[1] + 5};
     r->outside[0] = changed_outside(&sc, lo, hi, 2, &r->ranges_changed);

@@ -40,6 +40,7 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
+#include "ap_warnlog.h"
 
 #ifndef PR_SET_MDWE
 #define PR_SET_MDWE 65
@@ -188,29 +189,6 @@ struct rec_res {
     int mod_listed[NMOD], mod_patched[NMOD], mod_other[NMOD], mod_logged[NMOD];
 };
 
-static char hostile_log[8192];
-
-static int capture(enum altpatch_print_level level, const char *fmt, va_list ap)
-{
-    size_t n = strlen(hostile_log);
-    if (level == ALTPATCH_WARN && n + 1 < sizeof(hostile_log))
-        vsnprintf(hostile_log + n, sizeof(hostile_log) - n, fmt, ap);
-    return 0;
-}
-
-static int logged(const char *module, int reason)
-{
-    for (const char *l = hostile_log; l && *l;) {
-        const char *e = strchr(l, '\n');
-        char line[512];
-        snprintf(line, sizeof(line), "%.*s", (int)(e ? e - l : (long)strlen(l)), l);
-        if (strstr(line, module) && strstr(line, altpatch_strreason(reason)))
-            return 1;
-        l = e ? e + 1 : NULL;
-    }
-    return 0;
-}
-
 typedef long (*fn_t)(void);
 
 static void records_body(void *out, void *ctx)
@@ -244,7 +222,7 @@ static void records_body(void *out, void *ctx)
     for (size_t i = 0; i < NREC; i++)
         w.addr[i] = rec_site(h[0], rec_expect[i].sym);
 
-    altpatch_set_print(capture);
+    altpatch_set_print(ap_warn_capture);
     r->apply_rc = altpatch_apply();
 
     r->outside[0] = segs_changed_outside(&sg[0], w.addr, 2, 5);
@@ -264,7 +242,7 @@ static void records_body(void *out, void *ctx)
         r->mod_listed[i] = m.listed;
         r->mod_patched[i] = m.patched;
         r->mod_other[i] = m.other_reason;
-        r->mod_logged[i] = logged(file[i + 1], mod_expect[i].reason);
+        r->mod_logged[i] = ap_warn_logged(file[i + 1], mod_expect[i].reason);
     }
 }
 
