@@ -316,8 +316,9 @@ static int sweep_one(struct ap_memo *memo, const struct shape *sh, uint64_t site
 
 /*
  * Every relative shape at many distances replacement - site: around each
- * field range's ends (rel8, rel16, rel32, both signs; old values up to a few
- * hundred, so every field crosses its end), near 0 (branches into the site),
+ * field range's ends (rel8, rel16, rel32, both signs; every distance within
+ * 24 of an end, every 5th up to 300, so every field crosses its end, the
+ * small ones at the exact boundary), near 0 (branches into the site),
  * and at random; memo and planner give the same answer each time, while the
  * memo answers many of them.
  */
@@ -333,7 +334,7 @@ Test(memo, relative_plans_across_addresses)
     ap_memo_init(&memo, &mod.fs);
     for (size_t k = 0; k < NREL; k++) {
         for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++)
-            for (int64_t j = -300; j <= 300; j++) {
+            for (int64_t j = -300; j <= 300; j += (j >= -24 && j < 24) ? 1 : 5) {
                 int64_t d = ends[i] + j - 16; /* distance site - (first replacement) */
                 int r = sweep_one(&memo, &rel_shapes[k], base + (uint64_t)d, base, &mod.fs);
 
@@ -341,7 +342,7 @@ Test(memo, relative_plans_across_addresses)
                 overflow += r == ALTPATCH_REASON_RELOC_OVERFLOW;
                 n++;
             }
-        for (int i = 0; i < 400; i++) {
+        for (int i = 0; i < 200; i++) {
             int64_t d = (int64_t)(int32_t)rnd() * (rnd() % 3);
             int r = sweep_one(&memo, &rel_shapes[k], base + (uint64_t)d, base, &mod.fs);
 
@@ -391,6 +392,67 @@ Test(memo, branch_into_the_site_goes_to_the_planner)
     cr_assert_eq(sweep_one(&memo, sh, base + 16, base, &mod.fs), ALTPATCH_REASON_NONE);
     for (uint64_t d = 17; d < 80; d++)
         cr_assert_eq(sweep_one(&memo, sh, base + d, base, &mod.fs), ALTPATCH_REASON_NONE);
+    ap_memo_free(&memo);
+}
+
+/* Store @v at @p as 4 bytes, little-endian. */
+static void put32(uint8_t *p, int64_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)((uint64_t)v >> (8 * i));
+}
+
+/*
+ * ALTPATCH_ALT_CALL as the compiler emits it: every site a `call oldfn`
+ * (its rel32 differs per site) whose replacement is a `call newfn` (its rel32
+ * differs per replacement). One plan serves them all, relocated per site;
+ * with the feature absent, each keeps its own original. Also an original
+ * with a RIP-relative load, and originals that differ in a byte that is not
+ * a relative field (not the same content: no false hit).
+ */
+Test(memo, alt_call_sites_share_one_plan)
+{
+    static const struct shape calls[] = {
+        {"e8 00 00 00 00", 1, {"e8 00 00 00 00"}, {X86_FEATURE_ALWAYS}},
+        {"e8 00 00 00 00", 1, {"e8 00 00 00 00"}, {X86_FEATURE_AVX512F}}, /* none chosen */
+        {"48 8b 05 00 00 00 00", 1, {"e8 00 00 00 00"}, {X86_FEATURE_ALWAYS}},
+        {"48 8b 05 00 00 00 00", 1, {"e8 00 00 00 00"}, {X86_FEATURE_AVX512F}},
+    };
+    const uint64_t oldfn = TEXT0 + 8, newfn = TEXT0 + 12;
+    struct ap_memo memo;
+    static struct ap_plan a, b;
+    size_t per = 60;
+
+    module_make(&mod, 0);
+    size_t to = 16, ro = 16;
+    for (size_t i = 0; i < per * 4; i++) {
+        const struct shape *sh = &calls[i % 4];
+        size_t at = to, rat = ro;
+        struct ap_site *s = &mod.s[mod.ns];
+
+        add_site(&mod, sh, 0, &to, &ro, false);
+        size_t ol = s->len, fo = ol - 4; /* the field ends the instruction */
+        put32(mod.text[0] + at + fo, (int64_t)(oldfn - (s->addr + ol)));
+        put32(mod.repl + rat + 1, (int64_t)(newfn - (mod.e[s->first].repl + 5)));
+        if (i % 7 == 3)
+            mod.text[0][at] ^= 0x01; /* e9 jmp / 49 8b: other content */
+        to += 3 * (i % 5);
+        ro += i % 3;
+    }
+    ap_memo_init(&memo, &mod.fs);
+    for (size_t i = 0; i < mod.ns; i++) {
+        ap_plan_site(&mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &a);
+        ap_memo_plan(&memo, &mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &b);
+        cr_assert_eq(a.reason, ALTPATCH_REASON_NONE, "site %zu: %s", i, a.detail);
+        expect_same(&a, &b, i);
+        if (a.chosen < 0)
+            cr_assert_arr_eq(b.final, a.orig, a.len, "site %zu keeps its original", i);
+        else
+            cr_assert_eq(b.final[0], 0xe8);
+    }
+    cr_assert_gt(memo.hits, mod.ns * 3 / 4, "hits %llu of %zu, plans %zu masks %zu", (unsigned long long)memo.hits,
+                 mod.ns, memo.nplans, memo.nmasks);
+    cr_assert_leq(memo.nplans, 8, "plans %zu", memo.nplans);
     ap_memo_free(&memo);
 }
 

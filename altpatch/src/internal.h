@@ -282,6 +282,17 @@ AP_HIDDEN const uint8_t *ap_view_text(const struct ap_view *v, uint64_t addr, ui
  * feature, flags and replacement bytes) for one feature set. Owned by the
  * caller (one per apply); ap_memo_init() allocates nothing.
  */
+/** Where the relative fields of a site's content lie in its memo key (memo.c
+ * keys such sites without their values). */
+struct ap_memo_mask {
+    uint16_t keylen;
+    uint16_t n;       /* fields */
+    uint16_t pos[8];  /* offset in the key */
+    uint8_t size[8];  /* bytes */
+};
+
+#define AP_MEMO_MAX_MASKS 8
+
 struct ap_memo {
     struct altpatch_features fs; /* the set every plan was made for */
     const struct altpatch_features *fs_at; /* where the caller keeps it (unchanged while in use) */
@@ -290,6 +301,8 @@ struct ap_memo {
     uint8_t *arena;              /* keys and final bytes */
     size_t arena_len, arena_cap;
     uint64_t hits, misses;       /* sites answered from the memo / by the planner */
+    struct ap_memo_mask masks[AP_MEMO_MAX_MASKS]; /* relative field layouts seen */
+    size_t nmasks;
 };
 
 /** An empty memo for plans made under @p fs. */

@@ -20,29 +20,36 @@
  *     replacement inside altinstr_replacement with bytes); on any doubt, or
  *     when the key is too long or memory is short, the full planner decides.
  *
- * Relative replacements (a `call rel32`, a jcc, a RIP-relative operand).
- * Same content means the same instructions, so the same relative fields at
- * the same offsets with the same old values; only the addresses differ. For
- * a field of an instruction ending at offset `end` of its replacement, with
- * old value `old`, reloc.c keeps it when end + old (mod 2^64) lies in
- * [0, repllen] (a target inside the replacement: content alone decides),
- * else writes  new = old + repl - site  (the entry's replacement address and
- * the site's address), refused when it does not fit the field. So a stored
- * plan keeps the list of every entry's OUTSIDE fields (entry, end, position,
- * size, old value) and a hit recomputes each for this site's addresses: one
- * that does not fit, in any entry (the planner refuses RELOC_OVERFLOW for a
- * non-chosen entry too), sends the site to the planner, which refuses it with
- * its own detail; the chosen entry's new values are written over the stored
- * final bytes.
+ * Relative fields (a `call rel32`, a jcc, a RIP-relative operand), in the
+ * original or in a replacement. Every ALTPATCH_ALT_CALL site is a different
+ * `call oldfn` with a different `call newfn` replacement: same instructions,
+ * other field values. So when an accepted plan has relative fields, it is
+ * keyed WITHOUT their values (zeroed in the key, whose last byte names the
+ * field layout, a "mask"; a lookup that misses as it is tries each known
+ * mask of its key length). That is sound because a field's value changes
+ * neither the length nor the validity of an instruction, and:
+ *
+ *   - the original is read only through its decoding, and as the final
+ *     bytes when no entry is chosen (taken from the site itself on a hit);
+ *   - each replacement field is recomputed on a hit from THIS site's value
+ *     `old` and addresses, reloc.c's rule: for an instruction ending at
+ *     offset `end` of a replacement of `repllen` bytes, kept when end + old
+ *     (mod 2^64) lies in [0, repllen] (a target inside), else
+ *     new = old + repl - site (the entry's replacement address and the
+ *     site's), and one that does not fit, in ANY entry (the planner refuses
+ *     RELOC_OVERFLOW for a non-chosen entry too), sends the site to the
+ *     planner, which refuses it with its own detail. The chosen entry's
+ *     values are written over the stored final bytes.
  *
  * NOP folding (plan.c fold_site) never folds across an offset of the site
- * that a relative field points to. Targets of kept fields are offsets fixed
- * by content; a relocated field points to end + new, which depends on the
- * addresses. A plan is stored only when none of the chosen entry's relocated
- * fields points inside the site [0, len) and none lies in a NOP instruction
- * (folding would rewrite its bytes), and a hit whose relocated field points
- * inside the site goes to the planner: then the cuts, hence the folding, are
- * those of the content alone, the same for every site of that content.
+ * that a relative field of the final bytes points to, and those targets now
+ * depend on field values and addresses. A plan is stored only when none of
+ * the chosen entry's fields points inside the site [0, len) (so a branch
+ * within its replacement is never memoized) and none lies in a NOP
+ * instruction (folding would rewrite its bytes), and a hit whose chosen
+ * field points inside the site goes to the planner: folding then has no cut
+ * at all, for the stored site as for this one, and NOP kinds and lengths
+ * come from the instructions, which are the same.
  *
  * The table belongs to the caller (no globals, nothing shared between
  * threads); the planner itself stays pure. tests/test_memo.c compares memo
@@ -69,17 +76,18 @@ struct ap_memo_slot {
     bool relative;    /* the planner's ap_plan.relative */
 };
 
-/** A relative field whose target lies outside its replacement (stored unaligned). */
+/** A relative field of an entry's replacement (stored unaligned). */
 struct ap_memo_field {
-    int64_t old;   /* value in the replacement's bytes (sign-extended) */
-    uint8_t entry; /* index within the site */
-    uint8_t end;   /* offset of the end of its instruction in the replacement */
-    uint8_t pos;   /* offset of the field in the replacement (= in the site) */
-    uint8_t size;  /* 1, 2 or 4 bytes */
+    uint16_t kpos;  /* offset of the field in the key (its value is read from there) */
+    uint8_t entry;  /* index within the site */
+    uint8_t end;    /* offset of the end of its instruction in the replacement */
+    uint8_t pos;    /* offset of the field in the replacement (= in the site) */
+    uint8_t size;   /* 1, 2 or 4 bytes */
+    uint8_t repllen; /* of its replacement */
 };
 
-/* Most outside fields kept for one plan; more: not stored. */
-#define AP_MEMO_MAX_FIELDS 64
+/* Most relative fields kept for one plan (replacements and original); more: not stored. */
+#define AP_MEMO_MAX_FIELDS 8
 
 void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs)
 {
@@ -96,7 +104,7 @@ void ap_memo_free(struct ap_memo *m)
     free(m->arena);
     m->slots = NULL;
     m->arena = NULL;
-    m->nslots = m->nplans = m->arena_len = m->arena_cap = 0;
+    m->nslots = m->nplans = m->arena_len = m->arena_cap = m->nmasks = 0;
 }
 
 /* [addr, addr+len) within @r? (no wrap-around; the planner's region_holds) */
@@ -152,7 +160,7 @@ static size_t key_build(const struct ap_view *v, const struct ap_site *s,
              !key_put(key, &len, v->repl.data + (e->repl - v->repl.addr), e->repllen)))
             return 0;
     }
-    return len;
+    return key_put(key, &len, "", 1) ? len : 0; /* mask 0: the original as it is */
 }
 
 /* 64-bit hash of @n bytes, 8 at a time (multiply-xorshift). */
@@ -244,15 +252,37 @@ static bool field_fits(int64_t v, unsigned size)
     }
 }
 
-/* The value of field @f at this site: old + repl - site (mod 2^64, as reloc.c). */
-static int64_t field_value(const struct ap_memo_field *f, uint64_t repl, uint64_t site)
+/* The value (sign-extended) of the @size-byte field at @p. */
+static int64_t field_read(const uint8_t *p, unsigned size)
 {
-    return (int64_t)((uint64_t)f->old + repl - site);
+    uint64_t u = 0;
+
+    for (unsigned i = 0; i < size; i++)
+        u |= (uint64_t)p[i] << (8 * i);
+    if ((u >> (8 * size - 1)) & 1)
+        u |= ~0ull << (8 * size - 1);
+    return (int64_t)u;
 }
 
 /*
- * Does the relocated field @f of the chosen entry point inside the site
- * [0, len)? Then NOP folding would depend on the address: not memoized.
+ * The value field @f takes at this site, reloc.c's rule: kept when end + old
+ * (mod 2^64) lies in [0, repllen] (a target inside its replacement), else
+ * old + repl - site. False when that does not fit the field (RELOC_OVERFLOW).
+ */
+static bool field_value(const struct ap_memo_field *f, int64_t old, uint64_t repl,
+                        uint64_t site, int64_t *nv)
+{
+    if ((uint64_t)f->end + (uint64_t)old <= f->repllen) {
+        *nv = old;
+        return true;
+    }
+    *nv = (int64_t)((uint64_t)old + repl - site);
+    return field_fits(*nv, f->size);
+}
+
+/*
+ * Does field @f of the chosen entry, of value @nv at the site, point inside
+ * the site [0, len)? Then NOP folding is cut there: not memoized.
  */
 static bool field_cuts(const struct ap_memo_field *f, int64_t nv, unsigned len)
 {
@@ -276,43 +306,44 @@ static void field_store(uint8_t *p, int64_t v, unsigned size)
 }
 
 /*
- * The outside fields of one replacement (@n bytes at @b, entry @k) into
- * @f[*nf..]. @p: the accepted plan when @k is its chosen entry (checked: no
- * field in a NOP, none pointing inside the site, each holding its relocated
- * value in the final bytes), else NULL. False when the plan is not to be
- * stored.
+ * The relative fields of one replacement (@n bytes at key offset @at, entry
+ * @k) into @f[*nf..]. @p: the accepted plan when @k is its chosen entry
+ * (checked: no field in a NOP, none pointing inside the site, each holding
+ * its value in the final bytes), else NULL. False when the plan is not to
+ * be stored.
  */
-static bool fields_of(const uint8_t *b, size_t n, uint32_t k, const struct ap_entry *e,
-                      const struct ap_site *s, const struct ap_plan *p,
-                      struct ap_memo_field *f, size_t *nf, bool *relative)
+static bool fields_of(const uint8_t *key, size_t at, size_t n, uint32_t k,
+                      const struct ap_entry *e, const struct ap_site *s,
+                      const struct ap_plan *p, struct ap_memo_field *f, size_t *nf,
+                      bool *relative)
 {
     struct ap_insn in;
 
     for (size_t off = 0; off < n; off += in.len) {
-        if (ap_insn_decode(b + off, n - off, &in) < 0)
+        int64_t nv;
+
+        if (ap_insn_decode(key + at + off, n - off, &in) < 0)
             return false; /* cannot happen: the planner decoded it */
         *relative |= in.has_rel;
-        if (!in.has_rel || (uint64_t)(off + in.len) + (uint64_t)in.rel_value <= n)
-            continue; /* no field, or a target inside: kept as is */
+        if (!in.has_rel)
+            continue;
         if (*nf >= AP_MEMO_MAX_FIELDS || k > UINT8_MAX)
             return false;
-        f[*nf] = (struct ap_memo_field){.old = in.rel_value, .entry = (uint8_t)k,
-                                        .end = (uint8_t)(off + in.len),
-                                        .pos = (uint8_t)(off + in.rel_off), .size = in.rel_size};
-        if (p) {
-            int64_t nv = field_value(&f[*nf], e->repl, s->addr);
-
-            if (in.is_nop || field_cuts(&f[*nf], nv, s->len) ||
-                !field_holds(p->final + f[*nf].pos, nv, in.rel_size))
-                return false;
-        }
+        f[*nf] = (struct ap_memo_field){.kpos = (uint16_t)(at + off + in.rel_off),
+                                        .entry = (uint8_t)k, .end = (uint8_t)(off + in.len),
+                                        .pos = (uint8_t)(off + in.rel_off), .size = in.rel_size,
+                                        .repllen = (uint8_t)n};
+        if (p && (in.is_nop || !field_value(&f[*nf], in.rel_value, e->repl, s->addr, &nv) ||
+                  field_cuts(&f[*nf], nv, s->len) ||
+                  !field_holds(p->final + f[*nf].pos, nv, in.rel_size)))
+            return false;
         (*nf)++;
     }
     return true;
 }
 
 /*
- * Collect every entry's outside fields from the key (length, original, then
+ * Collect every entry's relative fields from the key (length, original, then
  * per entry a 5-byte header and the replacement bytes). Returns the count,
  * or -1 when the plan is not to be stored.
  */
@@ -327,7 +358,7 @@ static int fields_collect(const uint8_t *key, const struct ap_site *s,
         const struct ap_entry *e = &entries[s->first + k];
         size_t n = key[at + 4];
 
-        if (!fields_of(key + at + 5, n, k, e, s, (int)k == p->chosen ? p : NULL, f, &nf,
+        if (!fields_of(key, at + 5, n, k, e, s, (int)k == p->chosen ? p : NULL, f, &nf,
                        relative))
             return -1;
         at += 5 + n;
@@ -335,8 +366,103 @@ static int fields_collect(const uint8_t *key, const struct ap_site *s,
     return (int)nf;
 }
 
+/* Zero the fields of mask @i in @key (built by key_build) and name the mask in its last byte. */
+static void mask_apply(const struct ap_memo_mask *mk, size_t i, uint8_t *key, size_t keylen)
+{
+    for (unsigned j = 0; j < mk->n; j++)
+        memset(key + mk->pos[j], 0, mk->size[j]);
+    key[keylen - 1] = (uint8_t)(i + 1);
+}
+
+/* The index of mask @mk in @m, added if new; -1 when the list is full. */
+static int mask_find(struct ap_memo *m, const struct ap_memo_mask *mk)
+{
+    for (size_t i = 0; i < m->nmasks; i++)
+        if (memcmp(&m->masks[i], mk, sizeof(*mk)) == 0)
+            return (int)i;
+    if (m->nmasks >= AP_MEMO_MAX_MASKS)
+        return -1;
+    m->masks[m->nmasks] = *mk;
+    return (int)m->nmasks++;
+}
+
+/*
+ * Before storing: when the content has relative fields (the replacements'
+ * @f[0..nf), and the original's, found here), key the plan without their
+ * values: they are zeroed and the mask named in the key's last byte, *@h
+ * recomputed. So every site of that content finds it whatever its fields
+ * hold. Sound because a field's value changes neither the length nor the
+ * validity of an instruction (x86 decodes prefixes, opcode, ModRM and SIB;
+ * displacement and immediate bytes are data); the plan reads the original
+ * only through its decoding and, when no entry is chosen, as the final
+ * bytes, which memo_fill() takes from the site itself; and memo_fill() reads
+ * each replacement field's value from the site's own key. False when the
+ * plan is not to be stored.
+ */
+static bool key_mask(struct ap_memo *m, uint8_t *key, size_t keylen,
+                     const struct ap_memo_field *f, int nf, uint64_t *h)
+{
+    struct ap_memo_mask mk;
+    struct ap_insn in;
+    int i;
+
+    memset(&mk, 0, sizeof(mk)); /* compared with memcmp: no stray padding */
+    mk.keylen = (uint16_t)keylen;
+    for (size_t off = 0; off < key[0]; off += in.len) {
+        if (ap_insn_decode(key + 1 + off, key[0] - off, &in) < 0)
+            return false; /* cannot happen: the planner decoded it */
+        if (!in.has_rel)
+            continue;
+        if (mk.n >= sizeof(mk.size))
+            return false;
+        mk.pos[mk.n] = (uint16_t)(1 + off + in.rel_off);
+        mk.size[mk.n++] = in.rel_size;
+    }
+    for (int j = 0; j < nf; j++) {
+        if (mk.n >= sizeof(mk.size))
+            return false;
+        mk.pos[mk.n] = f[j].kpos;
+        mk.size[mk.n++] = f[j].size;
+    }
+    if (mk.n == 0)
+        return true; /* keyed as it is */
+    i = mask_find(m, &mk);
+    if (i < 0)
+        return false;
+    mask_apply(&m->masks[i], (size_t)i, key, keylen);
+    *h = key_hash(key, keylen);
+    return true;
+}
+
+/*
+ * Look @key up as it is, then under each mask of its length (on a copy:
+ * @key keeps the site's own values). Returns the slot found or NULL.
+ */
+static const struct ap_memo_slot *memo_find(const struct ap_memo *m, const uint8_t *key,
+                                            size_t keylen, uint64_t h)
+{
+    const struct ap_memo_slot *sl;
+    uint8_t mkey[AP_MEMO_KEY_MAX];
+
+    if (!m->nslots)
+        return NULL;
+    sl = slot_find(m, h, key, keylen);
+    if (sl->keylen)
+        return sl;
+    for (size_t i = 0; i < m->nmasks; i++) {
+        if (m->masks[i].keylen != keylen)
+            continue;
+        memcpy(mkey, key, keylen);
+        mask_apply(&m->masks[i], i, mkey, keylen);
+        sl = slot_find(m, key_hash(mkey, keylen), mkey, keylen);
+        if (sl->keylen)
+            return sl;
+    }
+    return NULL;
+}
+
 /* Remember an accepted plan (best effort: skipped when memory is short). */
-static void memo_store(struct ap_memo *m, uint64_t h, const uint8_t *key, size_t keylen,
+static void memo_store(struct ap_memo *m, uint64_t h, uint8_t *key, size_t keylen,
                        const struct ap_site *s, const struct ap_entry *entries,
                        const struct ap_plan *p)
 {
@@ -344,15 +470,13 @@ static void memo_store(struct ap_memo *m, uint64_t h, const uint8_t *key, size_t
     struct ap_memo_slot *sl;
     size_t fsz;
     bool relative = false;
-    int nf = 0;
+    int nf;
 
     if (m->nplans >= AP_MEMO_MAX_PLANS)
         return;
-    if (p->relative) {
-        nf = fields_collect(key, s, entries, p, f, &relative);
-        if (nf < 0 || !relative)
-            return;
-    }
+    nf = fields_collect(key, s, entries, p, f, &relative);
+    if (nf < 0 || relative != p->relative || !key_mask(m, key, keylen, f, nf, &h))
+        return;
     fsz = (size_t)nf * sizeof(f[0]);
     if ((m->nplans + 1) * 2 > m->nslots && !slots_grow(m))
         return;
@@ -374,24 +498,25 @@ static void memo_store(struct ap_memo *m, uint64_t h, const uint8_t *key, size_t
 
 /*
  * A hit: the stored plan, as the planner writes it for an accepted site,
- * with the relocated fields recomputed for this site. False (and @out
- * unusable) when a field does not fit here or the chosen entry's points
- * inside the site: the planner decides.
+ * with every relative field recomputed from this site's own values (@key)
+ * and addresses. False (and @out unusable) when a field does not fit here or
+ * one of the chosen entry's points inside the site: the planner decides.
  */
 static bool memo_fill(const struct ap_memo *m, const struct ap_memo_slot *sl,
                       const struct ap_site *s, const struct ap_entry *entries,
-                      const uint8_t *orig, struct ap_plan *out)
+                      const uint8_t *key, const uint8_t *orig, struct ap_plan *out)
 {
     const uint8_t *fp = m->arena + sl->off + sl->keylen + s->len;
 
-    memcpy(out->final, m->arena + sl->off + sl->keylen, s->len);
+    /* none chosen: the original, this site's own (its relative fields may differ) */
+    memcpy(out->final, sl->chosen < 0 ? orig : m->arena + sl->off + sl->keylen, s->len);
     for (unsigned i = 0; i < sl->nfields; i++) {
         struct ap_memo_field f;
         int64_t nv;
 
         memcpy(&f, fp + i * sizeof(f), sizeof(f));
-        nv = field_value(&f, entries[s->first + f.entry].repl, s->addr);
-        if (!field_fits(nv, f.size))
+        if (!field_value(&f, field_read(key + f.kpos, f.size), entries[s->first + f.entry].repl,
+                         s->addr, &nv))
             return false; /* RELOC_OVERFLOW: the planner says where */
         if (f.entry == sl->chosen) {
             if (field_cuts(&f, nv, s->len))
@@ -426,17 +551,16 @@ void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_si
     if (bytes)
         keylen = key_build(v, s, entries, bytes, key);
     if (keylen) {
-        h = key_hash(key, keylen);
-        if (m->nslots) {
-            const struct ap_memo_slot *sl = slot_find(m, h, key, keylen);
+        const struct ap_memo_slot *sl;
 
-            if (sl->keylen) {
-                if (memo_fill(m, sl, s, entries, bytes, out)) {
-                    m->hits++;
-                    return;
-                }
-                keylen = 0; /* stored, but not valid at this address: the planner alone */
+        h = key_hash(key, keylen);
+        sl = memo_find(m, key, keylen, h);
+        if (sl) {
+            if (memo_fill(m, sl, s, entries, key, bytes, out)) {
+                m->hits++;
+                return;
             }
+            keylen = 0; /* stored, but not valid at this address: the planner alone */
         }
     }
     m->misses++;
