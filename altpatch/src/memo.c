@@ -237,21 +237,6 @@ static bool arena_reserve(struct ap_memo *m, size_t n)
     return true;
 }
 
-/* Does @v fit a signed field of @size bytes? (reloc.c's rule) */
-static bool field_fits(int64_t v, unsigned size)
-{
-    switch (size) {
-    case 1:
-        return v >= INT8_MIN && v <= INT8_MAX;
-    case 2:
-        return v >= INT16_MIN && v <= INT16_MAX;
-    case 4:
-        return v >= INT32_MIN && v <= INT32_MAX;
-    default:
-        return false;
-    }
-}
-
 /* The value (sign-extended) of the @size-byte field at @p. */
 static int64_t field_read(const uint8_t *p, unsigned size)
 {
@@ -277,7 +262,7 @@ static bool field_value(const struct ap_memo_field *f, int64_t old, uint64_t rep
         return true;
     }
     *nv = (int64_t)((uint64_t)old + repl - site);
-    return field_fits(*nv, f->size);
+    return ap_rel_fits(*nv, f->size);
 }
 
 /*
@@ -296,13 +281,6 @@ static bool field_holds(const uint8_t *p, int64_t v, unsigned size)
         if (p[i] != (uint8_t)((uint64_t)v >> (8 * i)))
             return false;
     return true;
-}
-
-/* Store the low @size bytes of @v at @p, little-endian. */
-static void field_store(uint8_t *p, int64_t v, unsigned size)
-{
-    for (unsigned i = 0; i < size; i++)
-        p[i] = (uint8_t)((uint64_t)v >> (8 * i));
 }
 
 /*
@@ -521,7 +499,7 @@ static bool memo_fill(const struct ap_memo *m, const struct ap_memo_slot *sl,
         if (f.entry == sl->chosen) {
             if (field_cuts(&f, nv, s->len))
                 return false;
-            field_store(out->final + f.pos, nv, f.size);
+            ap_rel_store(out->final + f.pos, nv, f.size);
         }
     }
     out->reason = ALTPATCH_REASON_NONE;

@@ -41,8 +41,7 @@
 
 #include "internal.h"
 
-/* Does @v fit a signed field of @size bytes? */
-static bool rel_fits(int64_t v, unsigned size)
+bool ap_rel_fits(int64_t v, unsigned size)
 {
     switch (size) {
     case 1:
@@ -56,8 +55,7 @@ static bool rel_fits(int64_t v, unsigned size)
     }
 }
 
-/* Store the low @size bytes of @v, little-endian (x86). */
-static void rel_store(uint8_t *p, int64_t v, unsigned size)
+void ap_rel_store(uint8_t *p, int64_t v, unsigned size)
 {
     uint64_t u = (uint64_t)v;
 
@@ -102,12 +100,12 @@ static int reloc_one(uint8_t *buf, size_t len, size_t off, const struct ap_insn 
         return ALTPATCH_REASON_NONE;
     /* Unsigned: wraps for targets below src, so one test covers both sides. */
     if (target - src > len) {
-        if (!rel_fits(nv, in->rel_size)) {
+        if (!ap_rel_fits(nv, in->rel_size)) {
             reloc_detail(detail, detailsz, buf + off, len - off, off, src + off, in, target,
                          dst + off);
             return ALTPATCH_REASON_RELOC_OVERFLOW;
         }
-        rel_store(buf + off + in->rel_off, nv, in->rel_size);
+        ap_rel_store(buf + off + in->rel_off, nv, in->rel_size);
     }
     return ALTPATCH_REASON_NONE;
 }
