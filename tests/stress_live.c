@@ -34,6 +34,7 @@
 
 #include <altpatch/altpatch.h>
 #include <altpatch/primitives.h>
+#include "ap_live_sites.h"
 
 static long plus1(long x)
 {
@@ -43,25 +44,6 @@ static long plus1(long x)
 static long plus2(long x)
 {
     return x + 2;
-}
-
-__attribute__((noinline)) static long site_one(void)
-{
-    long v;
-    __asm__ __volatile__(ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", X86_FEATURE_ALWAYS)
-                         : "=a"(v));
-    return v;
-}
-
-__attribute__((noinline)) static long site_pair(void)
-{
-    long v;
-    __asm__ __volatile__(ALTERNATIVE("movl $1, %%eax\n\taddl $10, %%eax",
-                                     "movl $2, %%eax\n\taddl $20, %%eax", X86_FEATURE_ALWAYS)
-                         : "=a"(v)
-                         :
-                         : "cc");
-    return v;
 }
 
 struct worker {
