@@ -619,7 +619,7 @@ static void e_note_field(uint8_t *b, size_t len, size_t field, int32_t add)
 }
 static void e_version(uint8_t *b, size_t *len)
 {
-    e_note_field(b, *len, 0, 1);
+    e_note_field(b, *len, 0, 2); /* version 3: unknown (2 is a pre-patched file) */
 }
 static void e_table_size(uint8_t *b, size_t *len)
 {
@@ -720,7 +720,7 @@ Test(altdump, bad_input, .init = mktmp, .fini = rmtmp)
         {"shoff.elf", e_shoff, 3, "section headers outside the file"},
         {"secoff.elf", e_secoff, 3, "section 3 'altinstructions' [0x7fffff00, +0x8c) lies outside the file"},
         {"record.elf", e_record, 1, "site 0 at 0x501000 (no symbol): site outside the module's executable sections"},
-        {"version.elf", e_version, 3, "unsupported altpatch note (format version 2"},
+        {"version.elf", e_version, 3, "unsupported altpatch note (format version 3"},
         {"tablesize.elf", e_table_size, 3, "altinstructions holds 137 bytes, not a multiple of the 14-byte record"},
         {"notetype.elf", e_note_type, 3, "has altinstructions but no altpatch note"},
         {"tablefar.elf", e_table_far, 3, "altinstructions [0x10403000, 0x1040308c) named by the note lies outside the file's sections"},

@@ -76,9 +76,9 @@ Test(note, bad_version_and_sizes)
     uint8_t d[AP_NOTE_DESCSZ + 4] = {0};
     struct ap_note n;
 
-    make_note(d, 0x1000, 2, 14, 0x2000, 0x2000, 0x3000, 0x3000);
+    make_note(d, 0x1000, 3, 14, 0x2000, 0x2000, 0x3000, 0x3000);
     cr_assert_eq(ap_note_parse(d, AP_NOTE_DESCSZ, 0x1000, &n), ALTPATCH_REASON_BAD_VERSION);
-    cr_assert_eq(n.version, 2, "filled as far as read");
+    cr_assert_eq(n.version, 3, "filled as far as read");
     make_note(d, 0x1000, 1, 16, 0x2000, 0x2000, 0x3000, 0x3000);
     cr_assert_eq(ap_note_parse(d, AP_NOTE_DESCSZ, 0x1000, &n), ALTPATCH_REASON_BAD_VERSION);
     cr_assert_eq(n.record_size, 16);

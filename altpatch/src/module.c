@@ -24,6 +24,9 @@
  * plan from them even when memory already holds a replacement.
  */
 #include "internal.h"
+#include "elfsec.h"
+#include "prepatch.h"
+#include "view.h"
 
 #include <elf.h>
 #include <errno.h>
@@ -51,67 +54,25 @@ static bool ap_in_load(const struct dl_phdr_info *info, uint64_t start, uint64_t
     return false;
 }
 
-/** Add [s, e) to the text regions (nothing if empty or the table is full). */
-static void ap_text_add(struct ap_view *v, uint64_t s, uint64_t e)
+/** The view: every readable executable PT_LOAD (whole p_memsz) minus the replacement range. */
+static void ap_text_regions(const struct dl_phdr_info *info, struct ap_view *v,
+                            const struct ap_region *repl)
 {
-    if (e <= s || v->ntext >= AP_MAX_TEXT)
-        return;
-    v->text[v->ntext++] = (struct ap_region){s, e - s, (const uint8_t *)(uintptr_t)s};
-}
-
-/** Text regions: every PT_LOAD with PF_X (and PF_R), minus the replacement range. */
-static void ap_text_regions(const struct dl_phdr_info *info, struct ap_view *v)
-{
-    uint64_t rs = v->repl.addr, re = v->repl.addr + v->repl.size;
-    for (size_t i = 0; i < info->dlpi_phnum; i++) {
+    struct ap_segment seg[AP_MAX_TEXT];
+    size_t n = 0;
+    for (size_t i = 0; i < info->dlpi_phnum && n < AP_MAX_TEXT; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X) || !(ph->p_flags & PF_R))
             continue;
-        uint64_t s = info->dlpi_addr + ph->p_vaddr, e = s + ph->p_memsz;
-        if (re <= s || rs >= e || rs == re) {
-            ap_text_add(v, s, e);
-            continue;
-        }
-        ap_text_add(v, s, rs > s ? rs : s);
-        ap_text_add(v, re < e ? re : e, e);
+        uint64_t s = info->dlpi_addr + ph->p_vaddr;
+        seg[n++] = (struct ap_segment){s, ph->p_memsz, (const uint8_t *)(uintptr_t)s, true};
     }
+    ap_view_build(v, seg, n, repl->addr, repl->size, repl->data);
 }
 
 /* ------------------------------------------------------------------------- */
 /* Notes                                                                     */
 /* ------------------------------------------------------------------------- */
-
-static size_t ap_align(size_t x, size_t a)
-{
-    return (x + a - 1) & ~(a - 1);
-}
-
-/**
- * Find the altpatch note in one PT_NOTE segment. Returns a pointer to its
- * descriptor (and its size in *descsz) or NULL.
- */
-static const uint8_t *ap_note_in_segment(const uint8_t *p, size_t size, size_t align,
-                                         uint32_t *descsz)
-{
-    size_t off = 0;
-    while (size - off >= sizeof(ElfW(Nhdr))) {
-        const ElfW(Nhdr) *nh = (const ElfW(Nhdr) *)(const void *)(p + off);
-        size_t name = off + sizeof(*nh);
-        size_t desc = ap_align(name + nh->n_namesz, align);
-        size_t next = ap_align(desc + nh->n_descsz, align);
-        if (nh->n_namesz > size || nh->n_descsz > size || desc > size ||
-            next > ap_align(size, align) || next <= off)
-            return NULL; /* malformed: stop, never read past the segment */
-        if (nh->n_type == ALTPATCH_NOTE_TYPE && nh->n_namesz == sizeof(ALTPATCH_NOTE_NAME) &&
-            memcmp(p + name, ALTPATCH_NOTE_NAME, sizeof(ALTPATCH_NOTE_NAME)) == 0 &&
-            desc + nh->n_descsz <= size) {
-            *descsz = nh->n_descsz;
-            return p + desc;
-        }
-        off = next;
-    }
-    return NULL;
-}
 
 /** The module's altpatch note descriptor, or NULL. Only notes inside a PT_LOAD are read. */
 static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *descsz)
@@ -125,7 +86,7 @@ static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *de
         if (start < info->dlpi_addr || !ap_in_load(info, start, start + ph->p_filesz))
             continue; /* not mapped by the module (a broken or hostile header): never read */
         const uint8_t *p = (const uint8_t *)(uintptr_t)start;
-        const uint8_t *d = ap_note_in_segment(p, ph->p_filesz, align, descsz);
+        const uint8_t *d = ap_note_find(p, ph->p_filesz, align, descsz);
         if (d)
             return d;
     }
@@ -182,7 +143,9 @@ static int ap_save_originals(struct ap_module *m)
         m->res[i] = (struct ap_site_result){ALTPATCH_SITE_ORIGINAL, -1, 0};
         m->cache_chosen[i] = AP_NOT_CACHED;
     }
-    return 0;
+    /* A pre-patched file (format 2): memory holds a profile's bytes, the
+     * compiler's originals are in the file (prepatch_load.c). */
+    return m->note.version == AP_FORMAT_PREPATCHED ? ap_prepatch_originals(m) : 0;
 }
 
 /** Decode the table and group it into sites (the module is refused on a bad table). */
@@ -195,9 +158,9 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
         m->reason = ALTPATCH_REASON_BAD_TABLE;
         return 0;
     }
-    m->view.repl = (struct ap_region){n->repl_start, n->repl_end - n->repl_start,
-                                      (const uint8_t *)(uintptr_t)n->repl_start};
-    ap_text_regions(info, &m->view);
+    struct ap_region repl = {n->repl_start, n->repl_end - n->repl_start,
+                             (const uint8_t *)(uintptr_t)n->repl_start};
+    ap_text_regions(info, &m->view, &repl);
     const uint8_t *table = (const uint8_t *)(uintptr_t)n->table_start;
     m->table_size = n->table_end - n->table_start;
     m->table_copy = malloc(m->table_size ? m->table_size : 1);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "prepatch.h"
 
 /* Offsets of the fields of the note descriptor. */
 #define NOTE_OFF_VERSION 0
@@ -51,8 +52,10 @@ int ap_note_parse(const uint8_t *desc, size_t descsz, uint64_t desc_addr, struct
         return ALTPATCH_REASON_BAD_VERSION;
     out->version = rd_u32(desc + NOTE_OFF_VERSION);
     out->record_size = rd_u32(desc + NOTE_OFF_RECSIZE);
-    /* Version 1 has exactly this descriptor; anything else is another format. */
-    if (out->version != ALTPATCH_FORMAT_VERSION || out->record_size != ALTPATCH_RECORD_SIZE ||
+    /* Versions 1 and 2 (pre-patched, same descriptor) have exactly this
+     * descriptor; anything else is another format. */
+    if ((out->version != ALTPATCH_FORMAT_VERSION && out->version != AP_FORMAT_PREPATCHED) ||
+        out->record_size != ALTPATCH_RECORD_SIZE ||
         descsz != AP_NOTE_DESCSZ)
         return ALTPATCH_REASON_BAD_VERSION;
     out->table_start = rd_selfrel(desc + NOTE_OFF_TABLE_START, desc_addr + NOTE_OFF_TABLE_START);

@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: MIT */
+/**
+ * @file image.h
+ * @brief altpatch image API: the sites of an ELF file, planned offline.
+ *
+ * An image is one executable or shared library (ELF64, x86-64) read from a
+ * file or from bytes, never loaded or run. The image API finds its altpatch
+ * tables the way the runtime finds them in a loaded module (the note in a
+ * PT_NOTE segment, the view built from the executable PT_LOAD segments), runs
+ * the runtime's planner for any feature set, lets a tool walk every site with
+ * its original, current and final bytes and the reason for a refusal, and
+ * writes a pre-patched copy: a file whose sites already hold the plan (record
+ * format version 2, docs/format.md).
+ *
+ * Conventions as in <altpatch/altpatch.h>: 0 or a negative errno; options
+ * structs start with `size_t sz`; messages go through altpatch_set_print()
+ * (one WARN line per failure, naming the image).
+ */
+#ifndef ALTPATCH_IMAGE_H
+#define ALTPATCH_IMAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <altpatch/altpatch.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** An opened image. Opaque; free with altpatch_image_close(). Not thread-safe. */
+struct altpatch_image;
+
+/** Options of altpatch_image_open() and altpatch_image_open_mem(). */
+struct altpatch_image_opts {
+    size_t sz;        /**< sizeof(struct altpatch_image_opts) */
+    const char *name; /**< name used in messages (default: the path, or "image") */
+    /** Must be zero (-EINVAL otherwise); a later version may give it a meaning. */
+    unsigned reserved;
+};
+
+/**
+ * Open the ELF file at @p path (read into memory; the file is not kept open).
+ * @p opts may be NULL. On success *@p out is the image and 0 is returned.
+ * Errors: -EINVAL (bad arguments or opts), -ENOEXEC (not an ELF64 x86-64
+ * executable or shared library, or its headers are out of bounds), -ENODATA
+ * (no altpatch tables), -EPROTO (an altpatch note of an unknown version),
+ * -EBADMSG (tables or the record of a pre-patched file that do not hold
+ * together), -ENOMEM, or the error of open()/read().
+ */
+ALTPATCH_API int altpatch_image_open(const char *path, const struct altpatch_image_opts *opts,
+                                     struct altpatch_image **out);
+
+/**
+ * altpatch_image_open() on @p len bytes at @p buf (copied: the caller may free
+ * them on return).
+ */
+ALTPATCH_API int altpatch_image_open_mem(const void *buf, size_t len,
+                                         const struct altpatch_image_opts *opts,
+                                         struct altpatch_image **out);
+
+/** Free @p img and everything it owns (NULL is a no-op). */
+ALTPATCH_API void altpatch_image_close(struct altpatch_image *img);
+
+/** What an image is. Pointers stay valid until altpatch_image_close(). */
+struct altpatch_image_info {
+    size_t sz;               /**< set by the caller: sizeof(struct altpatch_image_info) */
+    const char *name;        /**< as given in the opts, or the path */
+    unsigned format_version; /**< 1, or 2 for a pre-patched file */
+    /** Pre-patched files: the profile text it was written for (as given to the writer); else NULL. */
+    const char *prepatched_profile;
+    size_t entries;          /**< records in the table */
+    size_t sites;            /**< sites (groups of records for one address) */
+    uint64_t table_addr;     /**< link-time address of altinstructions */
+    uint64_t repl_addr;      /**< link-time address of altinstr_replacement */
+    uint64_t repl_size;
+    bool planned;            /**< altpatch_image_plan() succeeded at least once */
+};
+
+/** Fill @p info (info->sz must be set). -EINVAL on a bad argument. */
+ALTPATCH_API int altpatch_image_get_info(const struct altpatch_image *img,
+                                         struct altpatch_image_info *info);
+
+/**
+ * The feature set a pre-patched image was planned for (owned by @p img), or
+ * NULL (errno ENOENT) when the image is not pre-patched.
+ */
+ALTPATCH_API const struct altpatch_features *
+altpatch_image_prepatched_features(const struct altpatch_image *img);
+
+/**
+ * Plan every site for @p fs with the runtime's planner (which also validates
+ * every record, whatever the set). The plan replaces the previous one. Sites
+ * are planned from the compiler's original bytes, also in a pre-patched
+ * image. 0 or -EINVAL / -ENOMEM.
+ */
+ALTPATCH_API int altpatch_image_plan(struct altpatch_image *img,
+                                     const struct altpatch_features *fs);
+
+/** One site of an image. Pointers are valid during the callback only. */
+struct altpatch_image_site {
+    size_t sz;               /**< sizeof(struct altpatch_image_site) of the library */
+    unsigned index;          /**< site number, in table order */
+    uint64_t addr;           /**< link-time address */
+    unsigned len;            /**< bytes */
+    unsigned entries;        /**< records of this site (nested ALTERNATIVE_n) */
+    int chosen;              /**< entry of the plan, -1 for the original (and before a plan) */
+    int reason;              /**< enum altpatch_reason of the plan (or of the table checks) */
+    const char *detail;      /**< text of a refusal, "" when none */
+    const uint8_t *original; /**< the compiler's bytes; NULL when the site lies outside the text */
+    const uint8_t *current;  /**< the bytes the image holds there (a pre-patched file: the profile's) */
+    const uint8_t *final;    /**< the plan's bytes; NULL before a plan or outside the text */
+};
+
+/** Return non-zero to stop the walk. */
+typedef int (*altpatch_image_site_fn)(const struct altpatch_image_site *site, void *ctx);
+
+/**
+ * Walk the sites of @p img in table order. Returns the callback's non-zero
+ * value, 0 at the end, -EINVAL on a bad argument.
+ */
+ALTPATCH_API int altpatch_image_site_foreach(const struct altpatch_image *img,
+                                             altpatch_image_site_fn fn, void *ctx);
+
+/** One record of a site. */
+struct altpatch_image_entry {
+    size_t sz;                  /**< set by the caller: sizeof(struct altpatch_image_entry) */
+    unsigned index;             /**< position in the table */
+    unsigned feature;           /**< X86_FEATURE_* id */
+    unsigned flags;             /**< ALT_FLAG_* */
+    unsigned instrlen;          /**< the record's site length */
+    uint64_t repl_addr;         /**< link-time address of the replacement */
+    unsigned repl_len;
+    const uint8_t *replacement; /**< its bytes; NULL when outside altinstr_replacement */
+};
+
+/**
+ * Entry @p k (0 = first record) of site @p site (its index). @p out->sz must
+ * be set. 0, -EINVAL, or -ENOENT for a site or entry that does not exist.
+ * Pointers stay valid until altpatch_image_close().
+ */
+ALTPATCH_API int altpatch_image_site_entry(const struct altpatch_image *img, unsigned site,
+                                           unsigned k, struct altpatch_image_entry *out);
+
+/** Options of altpatch_image_write(). */
+struct altpatch_image_write_opts {
+    size_t sz;           /**< sizeof(struct altpatch_image_write_opts) */
+    /** Text recorded as the profile (at most 63 bytes; default "custom"). */
+    const char *profile;
+    /** Permissions of the new file; 0: those of the opened file (0755 for bytes). */
+    unsigned mode;
+    /** Must be zero (-EINVAL otherwise). */
+    unsigned reserved;
+};
+
+/**
+ * Write a pre-patched copy of @p img to @p path: every site inside the text
+ * holds the last plan's final bytes (the original where the plan keeps it),
+ * the note says format version 2, and a non-allocated section
+ * `.altpatch.orig` keeps the profile, its feature set and every site's
+ * original bytes, so that altpatch_apply() still converges to the running
+ * CPU's plan and ALTPATCH_APPLY_REVERT restores the compiler's bytes. The
+ * file appears complete or not at all (written beside @p path, then renamed).
+ * Errors: -EINVAL (no plan yet, bad opts), -ENOMEM, -ENOTSUP (the image has
+ * no section header table to extend), or the error of creating or writing
+ * the file.
+ */
+ALTPATCH_API int altpatch_image_write(const struct altpatch_image *img, const char *path,
+                                      const struct altpatch_image_write_opts *opts);
+
+/**
+ * altpatch_image_write() into memory: *@p buf (malloc'ed, free() it) holds
+ * *@p len bytes. Same errors, except those of files.
+ */
+ALTPATCH_API int altpatch_image_write_mem(const struct altpatch_image *img,
+                                          const struct altpatch_image_write_opts *opts,
+                                          void **buf, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ALTPATCH_IMAGE_H */

@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * prepatch_load.c - the runtime side of pre-patched files: a module whose
+ * note says version 2 runs a profile's bytes at its sites; the compiler's
+ * originals are in a non-allocated section of its file, which is not mapped,
+ * so they are read from the file (the module's path, /proc/self/exe for the
+ * main program).
+ *
+ * The file on disk may not be the one mapped (replaced since it was loaded),
+ * so nothing is believed before it is checked against memory: the same table
+ * address and size, the same sites in the same order with the same lengths,
+ * and every site in memory holding exactly the bytes the file says were
+ * written there. Then the originals are taken; otherwise the module is
+ * refused and runs as it is.
+ */
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "elfsec.h"
+#include "prepatch.h"
+
+/** Largest section of originals read (sites are at most 255 bytes each). */
+#define AP_PREPATCH_MAX_READ (256u << 20)
+
+static int fd_read(void *ctx, uint64_t off, void *dst, size_t len)
+{
+    int fd = *(int *)ctx;
+    uint8_t *p = dst;
+    while (len) {
+        ssize_t n = pread(fd, p, len, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? -errno : -EIO;
+        p += n;
+        off += (uint64_t)n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* The section of originals of the file @p path, malloc'ed; 0 or -errno. */
+static int read_section(const char *path, uint8_t **buf, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    struct ap_elf_section sec;
+    int r = fstat(fd, &st) ? -errno : 0;
+    if (!r)
+        r = ap_elf_find_section(fd_read, &fd, (uint64_t)st.st_size, AP_PREPATCH_SECTION, &sec);
+    if (!r && (sec.type == SHT_NOBITS || sec.size > AP_PREPATCH_MAX_READ))
+        r = -ENOEXEC;
+    if (!r && !(*buf = malloc(sec.size ? sec.size : 1)))
+        r = -ENOMEM;
+    if (!r) {
+        r = fd_read(&fd, sec.offset, *buf, sec.size);
+        if (r) {
+            free(*buf);
+            *buf = NULL;
+        }
+        *len = sec.size;
+    }
+    close(fd);
+    return r;
+}
+
+/* Check the record against the module; NULL when it matches, else why not. */
+static const char *mismatch(const struct ap_module *m, const struct ap_prepatch *p)
+{
+    if (p->table_addr + m->base != m->note.table_start || p->table_size != m->table_size)
+        return "its table is not the one in memory";
+    if (p->nsites != m->nsites)
+        return "its number of sites differs";
+    size_t pos = 0;
+    struct ap_prepatch_site ps;
+    for (size_t i = 0; i < m->nsites; i++) {
+        const struct ap_site *s = &m->sites[i];
+        if (ap_prepatch_next(p, &pos, &ps) || ps.addr + m->base != s->addr || ps.len != s->len)
+            return "its sites are not the ones in memory";
+        if (m->orig_off[i] != AP_NO_ORIG && memcmp(m->orig + m->orig_off[i], ps.written, ps.len))
+            return "memory does not hold the bytes it says were written";
+    }
+    return NULL;
+}
+
+int ap_prepatch_originals(struct ap_module *m)
+{
+    const char *path = m->path[0] ? m->path : "/proc/self/exe";
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    struct ap_prepatch p;
+    const char *why = NULL;
+    int r = read_section(path, &buf, &len);
+    if (r == -ENOMEM)
+        return r;
+    if (r)
+        why = r == -ENOENT ? "no " AP_PREPATCH_SECTION " section" : strerror(-r);
+    else if (ap_prepatch_parse(buf, len, &p))
+        why = "malformed " AP_PREPATCH_SECTION " section";
+    else
+        why = mismatch(m, &p);
+    if (why) {
+        ap_log(ALTPATCH_WARN, "%s: pre-patched file: originals not usable: %s\n", path, why);
+        m->reason = ALTPATCH_REASON_BAD_TABLE;
+        free(buf);
+        return 0;
+    }
+    size_t pos = 0;
+    struct ap_prepatch_site ps;
+    for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++)
+        if (m->orig_off[i] != AP_NO_ORIG)
+            memcpy(m->orig + m->orig_off[i], ps.orig, ps.len);
+    free(buf);
+    return 0;
+}

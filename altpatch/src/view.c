@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * view.c - a module's view for the planner, built one way for live memory and
+ * for ELF files: where sites may lie (executable segments, without the
+ * replacement range, which is code that never runs in place) and where the
+ * replacements are.
+ */
+#include <string.h>
+
+#include "view.h"
+
+/* Add [s, e) of segment @p g to the text regions (nothing if empty or full). */
+static void text_add(struct ap_view *v, const struct ap_segment *g, uint64_t s, uint64_t e)
+{
+    if (e <= s || v->ntext >= AP_MAX_TEXT)
+        return;
+    v->text[v->ntext++] = (struct ap_region){s, e - s, g->data + (s - g->addr)};
+}
+
+void ap_view_build(struct ap_view *v, const struct ap_segment *seg, size_t nseg,
+                   uint64_t repl_addr, uint64_t repl_size, const uint8_t *repl_data)
+{
+    uint64_t rs = repl_addr, re = repl_addr + repl_size;
+
+    memset(v, 0, sizeof(*v));
+    v->repl = (struct ap_region){repl_addr, repl_size, repl_data};
+    for (size_t i = 0; i < nseg; i++) {
+        const struct ap_segment *g = &seg[i];
+        uint64_t s = g->addr, e = g->addr + g->size;
+
+        if (!g->exec || !g->data || e < s)
+            continue;
+        if (re <= s || rs >= e || rs == re) {
+            text_add(v, g, s, e);
+            continue;
+        }
+        text_add(v, g, s, rs > s ? rs : s);
+        text_add(v, g, re < e ? re : e, e);
+    }
+}
