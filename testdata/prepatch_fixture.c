@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Fixture for pre-patched files (test_prepatch): a program with primitive
+ * sites that executes none of them before its first decision, so that a copy
+ * pre-patched for another CPU never runs that CPU's bytes here.
+ *
+ *   prepatch_fixture apply     altpatch_apply() first; then run every primitive
+ *   prepatch_fixture revert    apply, then ALTPATCH_APPLY_REVERT; then run them
+ *   prepatch_fixture noapply   run them at once (a file pre-patched for this CPU)
+ *
+ * Each run checks the primitives' values against oracles outside the
+ * planner (pthread_self, sched_getcpu, the functions called), refuses to run
+ * anything if an apply refused a site, then prints one line per site of its
+ * own module, "site ADDR HEX" (link-time address, the bytes in memory, read
+ * through the image API's site list of /proc/self/exe), and a last line
+ * "prepatch_fixture MODE: ok" (exit 0) or FAIL lines (exit 1).
+ */
+#include <link.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <altpatch/altpatch.h>
+#include <altpatch/image.h>
+#include <altpatch/primitives.h>
+
+static int failures;
+
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("prepatch_fixture: FAIL ");
+    vprintf(fmt, ap);
+    putchar('\n');
+    va_end(ap);
+    failures++;
+}
+
+static long twice(long x) { return 2 * x; }
+static long thrice(long x) { return 3 * x; }
+static long plus10(long x) { return x + 10; }
+static long plus20(long x) { return x + 20; }
+static long minus1(long x) { return x - 1; }
+static long minus2(long x) { return x - 2; }
+
+/* Every primitive; @p decided: the sites hold this CPU's plan (else the originals). */
+static __attribute__((noinline)) void run(void *gs_block, int decided)
+{
+    altpatch_weak_fence();
+    if (altpatch_fs_self() != (void *)pthread_self())
+        fail("fs_self %p != pthread_self %p", altpatch_fs_self(), (void *)pthread_self());
+    if (altpatch_gs_self() != gs_block)
+        fail("gs_self %p != block %p", altpatch_gs_self(), gs_block);
+    int cpu = sched_getcpu();
+    unsigned got = altpatch_getcpu();
+    if (cpu < 0 || got != (unsigned)cpu)
+        fail("getcpu %u != sched_getcpu %d", got, cpu);
+    uint64_t a0 = altpatch_rdtsc_ordered(), a1 = altpatch_rdtsc_ordered();
+    if (a1 < a0)
+        fail("rdtsc_ordered went backwards");
+    long a = ALTPATCH_ALT_CALL(twice, thrice, X86_FEATURE_ALWAYS, 7);
+    long b = ALTPATCH_ALT_CALL(plus10, plus20, ALT_NOT(X86_FEATURE_ALWAYS), 7);
+    long c = ALTPATCH_ALT_CALL(minus1, minus2, X86_FEATURE_FSGSBASE, 7);
+    long want_c = decided && altpatch_cpu_has(X86_FEATURE_FSGSBASE) ? 5 : 6;
+    if (a != (decided ? 21 : 14) || b != 17 || c != want_c)
+        fail("alt calls returned %ld %ld %ld, want %d 17 %ld", a, b, c, decided ? 21 : 14, want_c);
+}
+
+static int first_base(struct dl_phdr_info *info, size_t size, void *ctx)
+{
+    (void)size;
+    *(uintptr_t *)ctx = info->dlpi_addr;
+    return 1; /* the main program comes first */
+}
+
+static int dump_site(const struct altpatch_image_site *s, void *ctx)
+{
+    const uint8_t *mem = (const uint8_t *)(*(uintptr_t *)ctx + s->addr);
+    printf("site %llx ", (unsigned long long)s->addr);
+    for (unsigned i = 0; i < s->len; i++)
+        printf("%02x", mem[i]);
+    putchar('\n');
+    return 0;
+}
+
+static void dump(void)
+{
+    uintptr_t base = 0;
+    struct altpatch_image *img;
+    dl_iterate_phdr(first_base, &base);
+    int rc = altpatch_image_open("/proc/self/exe", NULL, &img);
+    if (rc) {
+        fail("altpatch_image_open(/proc/self/exe) -> %d", rc);
+        return;
+    }
+    altpatch_image_site_foreach(img, dump_site, &base);
+    altpatch_image_close(img);
+}
+
+/* An apply with @p flags; false (and a FAIL line) unless every site was decided. */
+static bool apply(unsigned flags)
+{
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = flags};
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    int rc = altpatch_apply_opts(&o);
+    if (rc || altpatch_get_stats(&st)) {
+        fail("altpatch_apply_opts(%#x) -> %d", flags, rc);
+        return false;
+    }
+    if (st.sites_refused || !st.sites_seen) {
+        fail("apply %#x: %llu of %llu sites refused", flags,
+             (unsigned long long)st.sites_refused, (unsigned long long)st.sites_seen);
+        return false;
+    }
+    return true;
+}
+
+int main(int argc, char **argv)
+{
+    static void *gs_block[8];
+    const char *mode = argc > 1 ? argv[1] : "";
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(sched_getcpu() < 0 ? 0 : sched_getcpu(), &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0)
+        fail("sched_setaffinity");
+    if (altpatch_gs_install(gs_block) != 0)
+        fail("altpatch_gs_install");
+    if (strcmp(mode, "apply") == 0) {
+        if (!apply(0))
+            return 1;
+        run(gs_block, 1);
+    } else if (strcmp(mode, "revert") == 0) {
+        if (!apply(0) || !apply(ALTPATCH_APPLY_REVERT))
+            return 1;
+        run(gs_block, 0);
+    } else if (strcmp(mode, "noapply") == 0) {
+        run(gs_block, 1);
+    } else {
+        fail("usage: prepatch_fixture apply|revert|noapply");
+        return 2;
+    }
+    dump();
+    printf("prepatch_fixture %s: %s\n", mode, failures ? "FAIL" : "ok");
+    return failures ? 1 : 0;
+}
