@@ -1,0 +1,536 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Pre-patched files (record format version 2): the image API writes a copy of
+ * testdata/prepatch_fixture whose sites hold a profile's plan; the copy is
+ * then run.
+ *
+ * Oracles: the plain fixture run the same way (a pre-patched copy must end
+ * with exactly the bytes a plain program gets from apply, whatever profile it
+ * was written for, and with the compiler's bytes after REVERT), the plain
+ * file's own bytes, and the fixture's value checks (pthread_self,
+ * sched_getcpu, the functions called). A copy made for another CPU is only
+ * ever checked, never executed before apply: the fixture applies first.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <altpatch/altpatch.h>
+#include <altpatch/image.h>
+
+#ifndef PREPATCH_FIXTURE
+#error "PREPATCH_FIXTURE must be defined by tests/prepatch.cmake"
+#endif
+
+static const char *const profiles[] = {"baseline", "amd-zen4", "intel-spr", "all", "host"};
+#define NPROFILES (sizeof(profiles) / sizeof(profiles[0]))
+
+static char tmpdir[64];
+
+static void setup(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/ap_prepatch.XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir));
+}
+
+static void teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        cr_log_warn("could not remove %s", tmpdir);
+}
+
+/* Run "[env] path arg" with stdout into *out (malloc'ed) and stderr into *err; exit status. */
+static int run(const char *env, const char *path, const char *arg, char **out, char **err)
+{
+    char cmd[1024], ef[128];
+    snprintf(ef, sizeof(ef), "%s/stderr", tmpdir);
+    snprintf(cmd, sizeof(cmd), "%s '%s' %s 2>'%s'", env ? env : "", path, arg, ef);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    cr_assert_not_null(buf);
+    size_t n;
+    while ((n = fread(buf + len, 1, cap - 1 - len, p)) > 0) {
+        len += n;
+        if (len + 1 == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            cr_assert_not_null(buf);
+        }
+    }
+    buf[len] = '\0';
+    int st = pclose(p);
+    *out = buf;
+    if (err) {
+        FILE *f = fopen(ef, "r");
+        char *e = calloc(1, 4096);
+        cr_assert_not_null(e);
+        if (f) {
+            size_t k = fread(e, 1, 4095, f);
+            e[k] = '\0';
+            fclose(f);
+        }
+        *err = e;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* The "site ADDR HEX" lines of a fixture's output. */
+static char *site_lines(const char *out)
+{
+    char *r = calloc(1, strlen(out) + 1);
+    cr_assert_not_null(r);
+    for (const char *l = out; *l;) {
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) + 1 : strlen(l);
+        if (strncmp(l, "site ", 5) == 0)
+            strncat(r, l, n);
+        l += n;
+    }
+    return r;
+}
+
+struct lines {
+    char *buf;
+    size_t len, cap;
+    bool original; /* the original bytes, else current */
+};
+
+static int add_line(const struct altpatch_image_site *s, void *ctx)
+{
+    struct lines *l = ctx;
+    const uint8_t *b = l->original ? s->original : s->current;
+    cr_assert_not_null(b, "site %#llx outside the text", (unsigned long long)s->addr);
+    if (l->cap - l->len < 600) {
+        l->cap = l->cap * 2 + 4096;
+        l->buf = realloc(l->buf, l->cap);
+        cr_assert_not_null(l->buf);
+    }
+    l->len += (size_t)sprintf(l->buf + l->len, "site %llx ", (unsigned long long)s->addr);
+    for (unsigned i = 0; i < s->len; i++)
+        l->len += (size_t)sprintf(l->buf + l->len, "%02x", b[i]);
+    l->len += (size_t)sprintf(l->buf + l->len, "\n");
+    return 0;
+}
+
+/* "site ADDR HEX" lines of a file's original or current bytes, as the fixture prints them. */
+static char *file_lines(const char *path, bool original)
+{
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(path, NULL, &img), 0, "open %s", path);
+    struct lines l = {calloc(1, 1), 0, 1, original};
+    cr_assert_eq(altpatch_image_site_foreach(img, add_line, &l), 0);
+    altpatch_image_close(img);
+    return l.buf;
+}
+
+/* Pre-patch @p src for @p profile into tmpdir; returns the path (static buffer). */
+static const char *prepatch(const char *src, const char *profile)
+{
+    static char out[128];
+    struct altpatch_features *fs = altpatch_features_profile(profile);
+    cr_assert_not_null(fs, "profile %s", profile);
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(src, NULL, &img), 0);
+    cr_assert_eq(altpatch_image_plan(img, fs), 0);
+    snprintf(out, sizeof(out), "%s/%s", tmpdir, profile);
+    struct altpatch_image_write_opts wo = {.sz = sizeof(wo), .profile = profile};
+    cr_assert_eq(altpatch_image_write(img, out, &wo), 0);
+    altpatch_image_close(img);
+    altpatch_features_free(fs);
+    return out;
+}
+
+struct cmp {
+    unsigned sites, differ;
+};
+
+static int cmp_site(const struct altpatch_image_site *s, void *ctx)
+{
+    struct cmp *c = ctx;
+    c->sites++;
+    cr_assert_not_null(s->original);
+    cr_assert_not_null(s->current);
+    cr_assert_not_null(s->final);
+    /* In the pre-patched file, planned for the profile it was written for:
+     * it holds that plan, and its final bytes are that plan. */
+    cr_assert_eq(memcmp(s->current, s->final, s->len), 0, "site %#llx does not hold the plan",
+                 (unsigned long long)s->addr);
+    c->differ += memcmp(s->current, s->original, s->len) != 0;
+    return 0;
+}
+
+static void check_written(const char *plain, const char *pre, const char *profile)
+{
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(pre, NULL, &img), 0, "reopen %s", pre);
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
+    cr_assert_eq(info.format_version, 2);
+    cr_assert_str_eq(info.prepatched_profile, profile);
+    struct altpatch_features *fs = altpatch_features_profile(profile);
+    const struct altpatch_features *rec = altpatch_image_prepatched_features(img);
+    cr_assert_not_null(rec);
+    for (unsigned id = 0; id < 32 * 32; id++)
+        cr_assert_eq(altpatch_features_has(rec, id), altpatch_features_has(fs, id),
+                     "recorded set differs from %s at feature %u", profile, id);
+    cr_assert_eq(altpatch_image_plan(img, fs), 0);
+    struct cmp c = {0};
+    cr_assert_eq(altpatch_image_site_foreach(img, cmp_site, &c), 0);
+    cr_assert_gt(c.sites, 5);
+    altpatch_image_close(img);
+    altpatch_features_free(fs);
+    /* The originals it keeps are the plain file's bytes. */
+    char *a = file_lines(plain, false), *b = file_lines(pre, true);
+    cr_assert_str_eq(a, b, "originals kept in %s differ from %s", pre, plain);
+    free(a);
+    free(b);
+}
+
+/* Pre-patch @p plain for every profile; each copy converges under apply and reverts. */
+static void each_profile(const char *plain)
+{
+    char *out0, *rev0;
+    cr_assert_eq(run(NULL, plain, "apply", &out0, NULL), 0, "plain apply:\n%s", out0);
+    cr_assert_eq(run(NULL, plain, "revert", &rev0, NULL), 0, "plain revert:\n%s", rev0);
+    char *want_apply = site_lines(out0), *want_revert = site_lines(rev0);
+    char *orig = file_lines(plain, false);
+    cr_assert_str_eq(want_revert, orig, "REVERT must restore the file's bytes");
+    for (size_t i = 0; i < NPROFILES; i++) {
+        const char *pre = prepatch(plain, profiles[i]);
+        check_written(plain, pre, profiles[i]);
+        char *out, *err;
+        int st = run(NULL, pre, "apply", &out, &err);
+        cr_assert_eq(st, 0, "%s apply -> %d:\n%s%s", profiles[i], st, out, err);
+        char *got = site_lines(out);
+        cr_assert_str_eq(got, want_apply, "%s: apply did not converge to this CPU's plan",
+                         profiles[i]);
+        free(got);
+        free(out);
+        free(err);
+        st = run(NULL, pre, "revert", &out, &err);
+        cr_assert_eq(st, 0, "%s revert -> %d:\n%s%s", profiles[i], st, out, err);
+        got = site_lines(out);
+        cr_assert_str_eq(got, orig, "%s: REVERT did not restore the compiler's bytes",
+                         profiles[i]);
+        free(got);
+        free(out);
+        free(err);
+    }
+    free(want_apply);
+    free(want_revert);
+    free(orig);
+    free(out0);
+    free(rev0);
+}
+
+TestSuite(prepatch, .init = setup, .fini = teardown, .timeout = 120);
+
+Test(prepatch, every_profile_converges_pie)
+{
+    each_profile(PREPATCH_FIXTURE);
+}
+
+Test(prepatch, every_profile_converges_nopie)
+{
+    each_profile(PREPATCH_FIXTURE_NOPIE);
+}
+
+/* A copy for this CPU runs its bytes without any apply. */
+static void host_without_apply(const char *plain)
+{
+    const char *pre = prepatch(plain, "host");
+    char *out, *err;
+    int st = run("ALTPATCH_OFF=1", pre, "noapply", &out, &err);
+    cr_assert_eq(st, 0, "noapply -> %d:\n%s%s", st, out, err);
+    char *got = site_lines(out), *want = file_lines(pre, false);
+    cr_assert_str_eq(got, want, "memory must hold the file's pre-patched bytes");
+    /* and they are the host's plan: the plain program's bytes after apply */
+    char *out0;
+    cr_assert_eq(run(NULL, plain, "apply", &out0, NULL), 0);
+    char *applied = site_lines(out0);
+    /* ALTPATCH_CLEARCPUID would make the two differ; the test runs without it. */
+    if (!getenv("ALTPATCH_CLEARCPUID"))
+        cr_assert_str_eq(got, applied, "host copy differs from the host's apply");
+    free(applied);
+    free(out0);
+    free(got);
+    free(want);
+    free(out);
+    free(err);
+}
+
+Test(prepatch, host_copy_runs_without_apply_pie)
+{
+    host_without_apply(PREPATCH_FIXTURE);
+}
+
+Test(prepatch, host_copy_runs_without_apply_nopie)
+{
+    host_without_apply(PREPATCH_FIXTURE_NOPIE);
+}
+
+/* Pre-patching a pre-patched file starts from the originals it keeps. */
+Test(prepatch, prepatch_again)
+{
+    char first[160];
+    snprintf(first, sizeof(first), "%s", prepatch(PREPATCH_FIXTURE, "all"));
+    char again[160];
+    snprintf(again, sizeof(again), "%s/again", tmpdir);
+    struct altpatch_image *img;
+    struct altpatch_features *fs = altpatch_features_profile("baseline");
+    cr_assert_eq(altpatch_image_open(first, NULL, &img), 0);
+    cr_assert_eq(altpatch_image_plan(img, fs), 0);
+    struct altpatch_image_write_opts wo = {.sz = sizeof(wo), .profile = "baseline"};
+    cr_assert_eq(altpatch_image_write(img, again, &wo), 0);
+    altpatch_image_close(img);
+    altpatch_features_free(fs);
+    const char *direct = prepatch(PREPATCH_FIXTURE, "baseline");
+    char *a = file_lines(direct, false), *b = file_lines(again, false);
+    char *c = file_lines(direct, true), *d = file_lines(again, true);
+    cr_assert_str_eq(a, b, "re-pre-patched sites differ from a direct pre-patch");
+    cr_assert_str_eq(c, d, "re-pre-patched originals differ");
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+}
+
+/* Read a whole file. */
+static uint8_t *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+struct first_changed {
+    uint64_t addr;
+    unsigned len;
+    uint8_t orig[255];
+};
+
+static int find_changed(const struct altpatch_image_site *s, void *ctx)
+{
+    struct first_changed *f = ctx;
+    if (memcmp(s->current, s->original, s->len) == 0)
+        return 0;
+    f->addr = s->addr;
+    f->len = s->len;
+    memcpy(f->orig, s->original, s->len);
+    return 1;
+}
+
+/*
+ * A pre-patched file whose site bytes do not match its record: the image API
+ * refuses to open it, and the runtime refuses the module (which then runs
+ * what the file holds: here the compiler's bytes, always correct).
+ */
+Test(prepatch, mismatched_record_refused)
+{
+    const char *pre = prepatch(PREPATCH_FIXTURE, "host");
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(pre, NULL, &img), 0);
+    struct first_changed fc = {0};
+    if (altpatch_image_site_foreach(img, find_changed, &fc) != 1) {
+        altpatch_image_close(img);
+        cr_skip_test("no site holds a replacement for this CPU");
+    }
+    altpatch_image_close(img);
+    /* File offset of the site: the same bytes in the plain file. */
+    size_t len, plen;
+    uint8_t *b = slurp(pre, &len), *p = slurp(PREPATCH_FIXTURE, &plen);
+    size_t off = 0;
+    bool found = false;
+    for (size_t i = 0; i + fc.len <= plen && i + fc.len <= len; i++)
+        if (memcmp(p + i, fc.orig, fc.len) == 0 && memcmp(b + i, fc.orig, fc.len) != 0) {
+            off = i;
+            found = true;
+            break;
+        }
+    cr_assert(found);
+    memcpy(b + off, fc.orig, fc.len); /* put the original back behind the record's back */
+    char bad[160];
+    snprintf(bad, sizeof(bad), "%s/bad", tmpdir);
+    int fd = open(bad, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, b, len), (ssize_t)len);
+    close(fd);
+    altpatch_print_fn old = altpatch_set_print(NULL);
+    cr_assert_eq(altpatch_image_open(bad, NULL, &img), -EBADMSG);
+    altpatch_set_print(old);
+    char *out, *err;
+    int st = run(NULL, bad, "apply", &out, &err);
+    cr_assert_eq(st, 1, "a module with a mismatched record must be refused:\n%s", out);
+    cr_assert(strstr(out, "refused"), "%s", out);
+    cr_assert(strstr(err, "pre-patched file: originals not usable"), "%s", err);
+    free(out);
+    free(err);
+    free(b);
+    free(p);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The API's argument checks                                                 */
+/* ------------------------------------------------------------------------- */
+
+static int quiet(enum altpatch_print_level l, const char *f, va_list ap)
+{
+    (void)l;
+    (void)f;
+    (void)ap;
+    return 0;
+}
+
+Test(image_api, bad_arguments)
+{
+    altpatch_print_fn old = altpatch_set_print(quiet);
+    struct altpatch_image *img = (void *)1;
+    cr_assert_eq(altpatch_image_open_mem("hello", 5, NULL, &img), -ENOEXEC);
+    cr_assert_null(img);
+    cr_assert_eq(altpatch_image_open(NULL, NULL, &img), -EINVAL);
+    cr_assert_eq(altpatch_image_open("/nonexistent/x", NULL, &img), -ENOENT);
+    struct altpatch_image_opts o = {.sz = sizeof(o), .reserved = 1};
+    cr_assert_eq(altpatch_image_open(PREPATCH_FIXTURE, &o, &img), -EINVAL);
+    o.reserved = 0;
+    o.name = "fixture";
+    cr_assert_eq(altpatch_image_open(PREPATCH_FIXTURE, &o, &img), 0);
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
+    cr_assert_str_eq(info.name, "fixture");
+    cr_assert_eq(info.format_version, 1);
+    cr_assert_null(info.prepatched_profile);
+    cr_assert_null(altpatch_image_prepatched_features(img));
+    cr_assert_eq(errno, ENOENT);
+    cr_assert(!info.planned);
+    void *buf;
+    size_t len;
+    cr_assert_eq(altpatch_image_write_mem(img, NULL, &buf, &len), -EINVAL, "no plan yet");
+    struct altpatch_image_entry e = {.sz = sizeof(e)};
+    cr_assert_eq(altpatch_image_site_entry(img, (unsigned)info.sites, 0, &e), -ENOENT);
+    cr_assert_eq(altpatch_image_site_entry(img, 0, 99, &e), -ENOENT);
+    cr_assert_eq(altpatch_image_site_entry(img, 0, 0, &e), 0);
+    cr_assert_not_null(e.replacement);
+    struct altpatch_features *fs = altpatch_features_profile("baseline");
+    cr_assert_eq(altpatch_image_plan(img, fs), 0);
+    struct altpatch_image_write_opts wo = {.sz = sizeof(wo), .reserved = 1};
+    cr_assert_eq(altpatch_image_write_mem(img, &wo, &buf, &len), -EINVAL);
+    wo.reserved = 0;
+    wo.profile = "0123456789012345678901234567890123456789012345678901234567890123";
+    cr_assert_eq(altpatch_image_write_mem(img, &wo, &buf, &len), -EINVAL, "profile too long");
+    wo.profile = "baseline";
+    cr_assert_eq(altpatch_image_write_mem(img, &wo, &buf, &len), 0);
+    altpatch_image_close(img);
+    /* The bytes written open as a pre-patched image. */
+    cr_assert_eq(altpatch_image_open_mem(buf, len, NULL, &img), 0);
+    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
+    cr_assert_eq(info.format_version, 2);
+    cr_assert_str_eq(info.prepatched_profile, "baseline");
+    altpatch_image_close(img);
+    /* Truncated: headers out of bounds, no tables found, never a crash. */
+    for (size_t cut = 0; cut < len; cut += len / 97 + 1) {
+        int r = altpatch_image_open_mem(buf, cut, NULL, &img);
+        cr_assert_lt(r, 0, "a file cut at %zu bytes opened", cut);
+    }
+    free(buf);
+    altpatch_features_free(fs);
+    altpatch_set_print(old);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The tool                                                                  */
+/* ------------------------------------------------------------------------- */
+
+static void tool_fails(const char *args, int want, const char *msg, const char *out)
+{
+    char *o, *e;
+    int st = run(NULL, ALTPREPATCH, args, &o, &e);
+    cr_assert_eq(st, want, "altprepatch %s -> %d, want %d\n%s", args, st, want, e);
+    cr_assert(strstr(e, msg), "altprepatch %s: stderr '%s' lacks '%s'", args, e, msg);
+    char *nl = strchr(e, '\n');
+    cr_assert(nl && nl[1] == '\0', "altprepatch %s: one line expected, got '%s'", args, e);
+    cr_assert_eq(access(out, F_OK), -1, "altprepatch %s left %s behind", args, out);
+    free(o);
+    free(e);
+}
+
+Test(prepatch, tool_bad_input)
+{
+    char out[160], args[512], txt[160];
+    snprintf(out, sizeof(out), "%s/out", tmpdir);
+    snprintf(txt, sizeof(txt), "%s/text", tmpdir);
+    FILE *f = fopen(txt, "w");
+    cr_assert_not_null(f);
+    fputs("not an ELF file\n", f);
+    fclose(f);
+    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", txt, out);
+    tool_fails(args, 3, "not an ELF file", out);
+    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", ALTPREPATCH, out);
+    tool_fails(args, 3, "no altpatch tables", out);
+    snprintf(args, sizeof(args), "--cpu pentium '%s' '%s'", PREPATCH_FIXTURE, out);
+    tool_fails(args, 2, "unknown CPU profile 'pentium'", out);
+    snprintf(args, sizeof(args), "--cpu host,+nosuchfeature '%s' '%s'", PREPATCH_FIXTURE, out);
+    tool_fails(args, 2, "bad feature edit list", out);
+    snprintf(args, sizeof(args), "'%s' '%s'", PREPATCH_FIXTURE, out);
+    tool_fails(args, 2, "--cpu is required", out);
+    char nodir[200];
+    snprintf(nodir, sizeof(nodir), "%s/no/such/dir/out", tmpdir);
+    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", PREPATCH_FIXTURE, nodir);
+    tool_fails(args, 3, "cannot create", nodir);
+    /* An output that is a directory: rename fails, the temporary file goes. */
+    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", PREPATCH_FIXTURE, tmpdir);
+    char *o, *e;
+    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 3, "%s", e);
+    cr_assert(strstr(e, "cannot write"), "%s", e);
+    free(o);
+    free(e);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "ls '%s' | grep -q XXXX\\|'\\.[A-Za-z0-9]\\{6\\}$'", tmpdir);
+    cr_assert_neq(system(cmd), 0, "a temporary file was left in %s", tmpdir);
+}
+
+Test(prepatch, tool_writes_and_reports)
+{
+    char out[160], args[512];
+    snprintf(out, sizeof(out), "%s/tool-out", tmpdir);
+    snprintf(args, sizeof(args), "--cpu amd-zen4,-avx2 '%s' '%s'", PREPATCH_FIXTURE, out);
+    char *o, *e;
+    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, "hold a replacement for amd-zen4,-avx2"), "%s", o);
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(out, NULL, &img), 0);
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
+    cr_assert_str_eq(info.prepatched_profile, "amd-zen4,-avx2");
+    const struct altpatch_features *rec = altpatch_image_prepatched_features(img);
+    cr_assert(!altpatch_features_has(rec, X86_FEATURE_AVX2));
+    cr_assert(altpatch_features_has(rec, X86_FEATURE_FSGSBASE));
+    altpatch_image_close(img);
+    struct stat st;
+    cr_assert_eq(stat(out, &st), 0);
+    cr_assert(st.st_mode & S_IXUSR, "the copy of an executable is executable");
+    free(o);
+    free(e);
+    cr_assert_eq(run(NULL, ALTPREPATCH, "--help", &o, NULL), 0);
+    cr_assert(strstr(o, "Usage: altprepatch"));
+    free(o);
+    cr_assert_eq(run(NULL, ALTPREPATCH, "--version", &o, NULL), 0);
+    cr_assert(strstr(o, "record format 2"));
+    free(o);
+}
