@@ -5,15 +5,20 @@
  *  - its own ALTERNATIVE site returns the original value before
  *    altpatch_apply() and the replacement's value after it, and memory at the
  *    site holds the replacement's bytes;
- *  - the primitives from <altpatch/primitives.h> compute the right values.
+ *  - the primitives from <altpatch/primitives.h> compute the right values;
+ *  - the image API (<altpatch/image.h>) finds the same site in the program's
+ *    file and plans the replacement for it, and a pre-patched copy written to
+ *    memory opens as format version 2.
  */
 #include <altpatch/altpatch.h>
 #include <altpatch/alternative.h>
+#include <altpatch/image.h>
 #include <altpatch/primitives.h>
 
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const uint8_t orig_bytes[5] = {0xb8, 0x01, 0x00, 0x00, 0x00}; /* movl $1, %eax */
@@ -54,8 +59,53 @@ static int find_site(const struct altpatch_site_info *s, void *ctx)
         }                                                                                  \
     } while (0)
 
+struct file_site {
+    int hits;
+    int final_ok;
+};
+
+static int find_file_site(const struct altpatch_image_site *s, void *ctx)
+{
+    struct file_site *f = ctx;
+    if (s->len != sizeof orig_bytes || !s->original ||
+        memcmp(s->original, orig_bytes, sizeof orig_bytes) != 0)
+        return 0;
+    f->hits++;
+    f->final_ok = s->final && memcmp(s->final, repl_bytes, sizeof repl_bytes) == 0;
+    return 0;
+}
+
+/* The image API on this program's own file. */
+static int check_image(void)
+{
+    struct altpatch_image *img;
+    CHECK(altpatch_image_open("/proc/self/exe", NULL, &img) == 0);
+    struct altpatch_features *fs = altpatch_features_profile("baseline");
+    CHECK(fs != NULL);
+    CHECK(altpatch_image_plan(img, fs) == 0);
+    struct file_site f = {0, 0};
+    CHECK(altpatch_image_site_foreach(img, find_file_site, &f) == 0);
+    CHECK(f.hits >= 1);
+    CHECK(f.final_ok);
+    struct altpatch_image_write_opts wo = {.sz = sizeof wo, .profile = "baseline"};
+    void *buf;
+    size_t len;
+    CHECK(altpatch_image_write_mem(img, &wo, &buf, &len) == 0);
+    altpatch_image_close(img);
+    CHECK(altpatch_image_open_mem(buf, len, NULL, &img) == 0);
+    struct altpatch_image_info info = {.sz = sizeof info};
+    CHECK(altpatch_image_get_info(img, &info) == 0);
+    CHECK(info.format_version == 2);
+    CHECK(info.prepatched_profile && strcmp(info.prepatched_profile, "baseline") == 0);
+    altpatch_image_close(img);
+    free(buf);
+    altpatch_features_free(fs);
+    return 0;
+}
+
 int main(void)
 {
+    CHECK(check_image() == 0);
     CHECK(consumer_site() == 1);
 
     int rc = altpatch_apply();

@@ -27,6 +27,7 @@ cmake --install "$build" --prefix "$prefix" >"$work/install.log" || {
     cat "$work/install.log" >&2; exit 1; }
 for f in include/altpatch/altpatch.h include/altpatch/alternative.h \
          include/altpatch/cpufeatures.h include/altpatch/primitives.h \
+         include/altpatch/image.h bin/altprepatch share/man/man1/altprepatch.1 \
          "$libdir/libaltpatch.a" "$libdir/libaltpatch.so" \
          "$libdir/cmake/altpatch/altpatchConfig.cmake" \
          "$libdir/cmake/altpatch/altpatchConfigVersion.cmake" \
@@ -71,4 +72,12 @@ mkdir -p "$work/pc"
 "$cc" -std=gnu11 $cflags $pcflags "$consumer/consumer.c" -o "$work/pc/consumer" $pclibs -lpthread
 check_loads_prefix "$work/pc/consumer" shared
 "$work/pc/consumer"
+
+step "altprepatch from its source, against the installed headers only"
+# shellcheck disable=SC2086
+"$cc" -std=gnu11 $cflags $pcflags "$src/tools/altprepatch/altprepatch.c" \
+      -o "$work/pc/altprepatch" $pclibs -lpthread
+"$work/pc/altprepatch" --cpu baseline "$work/pc/consumer" "$work/pc/consumer.baseline"
+readelf -SW "$work/pc/consumer.baseline" | grep -q '\.altpatch\.orig' || {
+    echo "altprepatch wrote no .altpatch.orig section" >&2; exit 1; }
 echo "== install + consumer: OK"
