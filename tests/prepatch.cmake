@@ -1,8 +1,9 @@
 # Pre-patched files: the fixture program (testdata/prepatch_fixture.c) and the tool.
-if(TARGET test_prepatch AND TARGET prepatch_fixture AND TARGET altprepatch)
+if(TARGET test_prepatch AND TARGET prepatch_fixture AND TARGET altprepatch AND TARGET altdump)
   target_compile_definitions(test_prepatch PRIVATE
     PREPATCH_FIXTURE="$<TARGET_FILE:prepatch_fixture>"
     PREPATCH_FIXTURE_NOPIE="$<TARGET_FILE:prepatch_fixture_nopie>"
-    ALTPREPATCH="$<TARGET_FILE:altprepatch>")
-  add_dependencies(test_prepatch prepatch_fixture prepatch_fixture_nopie altprepatch)
+    ALTPREPATCH="$<TARGET_FILE:altprepatch>"
+    ALTDUMP="$<TARGET_FILE:altdump>")
+  add_dependencies(test_prepatch prepatch_fixture prepatch_fixture_nopie altprepatch altdump)
 endif()

@@ -382,6 +382,12 @@ Test(prepatch, mismatched_record_refused)
     cr_assert(strstr(err, "pre-patched file: originals not usable"), "%s", err);
     free(out);
     free(err);
+    char args[256];
+    snprintf(args, sizeof(args), "--check '%s'", bad);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &out, &err), 3, "%s%s", out, err);
+    cr_assert(strstr(err, "does not hold the bytes"), "%s", err);
+    free(out);
+    free(err);
     free(b);
     free(p);
 }
@@ -533,4 +539,72 @@ Test(prepatch, tool_writes_and_reports)
     cr_assert_eq(run(NULL, ALTPREPATCH, "--version", &o, NULL), 0);
     cr_assert(strstr(o, "record format 2"));
     free(o);
+}
+
+/* ------------------------------------------------------------------------- */
+/* altdump on pre-patched files                                              */
+/* ------------------------------------------------------------------------- */
+
+Test(prepatch, altdump_shows_and_checks)
+{
+    const char *pre = prepatch(PREPATCH_FIXTURE, "amd-zen4");
+    char args[512], *o, *e;
+    snprintf(args, sizeof(args), "'%s'", pre);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, "altpatch format 2"), "%s", o);
+    cr_assert(strstr(o, "pre-patched for amd-zen4"), "%s", o);
+    free(o);
+    free(e);
+    snprintf(args, sizeof(args), "--check '%s'", pre);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s%s", o, e);
+    cr_assert(strstr(o, "ok, ") && strstr(o, "pre-patched for amd-zen4"), "%s", o);
+    free(o);
+    free(e);
+    /* The originals are put back: the plain file and the copy show the same plan. */
+    snprintf(args, sizeof(args), "--json --cpu intel-spr '%s'", pre);
+    char *a, *b;
+    cr_assert_eq(run(NULL, ALTDUMP, args, &a, &e), 0, "%s", e);
+    free(e);
+    snprintf(args, sizeof(args), "--json --cpu intel-spr '%s'", PREPATCH_FIXTURE);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &b, &e), 0, "%s", e);
+    free(e);
+    const char *sa = strstr(a, "\"sites\""), *sb = strstr(b, "\"sites\"");
+    cr_assert(sa && sb);
+    cr_assert_str_eq(sa, sb, "altdump plans a pre-patched copy differently from its source");
+    free(a);
+    free(b);
+}
+
+/*
+ * A record whose feature set is not the one the sites were planned for:
+ * --check reports every site that does not hold the recorded set's plan.
+ */
+Test(prepatch, altdump_check_finds_wrong_plan)
+{
+    struct altpatch_image *img;
+    struct altpatch_features *fs = altpatch_features_profile("baseline");
+    cr_assert_eq(altpatch_image_open(PREPATCH_FIXTURE, NULL, &img), 0);
+    cr_assert_eq(altpatch_image_plan(img, fs), 0);
+    struct altpatch_image_write_opts wo = {.sz = sizeof(wo), .profile = "baseline"};
+    void *buf;
+    size_t len;
+    cr_assert_eq(altpatch_image_write_mem(img, &wo, &buf, &len), 0);
+    altpatch_image_close(img);
+    altpatch_features_free(fs);
+    uint8_t *rec = memmem(buf, len, "ALTPREP1", 8);
+    cr_assert_not_null(rec);
+    memset(rec + 96, 0xff, 128); /* every feature bit: the record now claims "all" */
+    char bad[160];
+    snprintf(bad, sizeof(bad), "%s/wrongplan", tmpdir);
+    FILE *f = fopen(bad, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(buf, 1, len, f), len);
+    fclose(f);
+    free(buf);
+    char args[256], *o, *e;
+    snprintf(args, sizeof(args), "--check '%s'", bad);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 1, "%s%s", o, e);
+    cr_assert(strstr(o, ", the plan for baseline is "), "%s", o);
+    free(o);
+    free(e);
 }

@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "internal.h"
+#include "prepatch.h"
 
 /** altinstructions and altinstr_replacement: the sections a .o may hold several of. */
 #define AD_NJOINED 2
@@ -100,6 +101,14 @@ struct ad_image {
     size_t nsites;
     struct ad_symbol *syms;
     size_t nsyms;
+    /* A pre-patched file (format 2): the sites' bytes in the view are the
+     * originals kept in .altpatch.orig (put back by ad_prepatched_read);
+     * what the file holds at site i is pp_written + pp_off[i]. */
+    bool prepatched;
+    char pp_profile[64];
+    struct altpatch_features pp_fs; /* the set the file was planned for */
+    uint8_t *pp_written;            /* owned */
+    size_t *pp_off;                 /* owned; SIZE_MAX: site outside the text */
 };
 
 /**
@@ -116,6 +125,21 @@ int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *e
 void ad_image_free(struct ad_image *img);
 /** Section by exact name, or NULL. */
 const struct ad_section *ad_section_by_name(const struct ad_image *img, const char *name);
+
+/**
+ * For a file whose note says format 2 (called by the reader): check the
+ * .altpatch.orig record against the tables and the file's bytes, keep what
+ * the file holds at each site, and put the originals back into the view.
+ * Returns 0, or AD_EXIT_BADINPUT / AD_EXIT_INTERNAL with a message in @p err.
+ */
+int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz);
+/**
+ * --check of a pre-patched file: every site must hold the plan for the set
+ * it was written for. One line per site that does not, to @p f ("FILE: site
+ * N at 0xADDR (sym+off): holds HEX, the plan for PROFILE is HEX"). Returns
+ * the number of such sites, or (size_t)-1 when out of memory.
+ */
+size_t ad_prepatched_check(FILE *f, const struct ad_image *img);
 
 /** Write "sym+0xoff" (or "" when no symbol covers @p addr) into @p out. */
 void ad_symbolize(const struct ad_image *img, uint64_t addr, char *out, size_t outsz);

@@ -732,6 +732,8 @@ static int read_all(struct reader *r, unsigned flags)
         rc = build_view(r);
     if (!rc)
         rc = read_records(r);
+    if (!rc && img->note.version == AP_FORMAT_PREPATCHED)
+        rc = ad_prepatched_read(img, r->err, r->errsz);
     if (!rc)
         img->has_alt = true;
     return rc;
@@ -817,6 +819,8 @@ void ad_image_free(struct ad_image *img)
     free(img->entries);
     free(img->sites);
     free(img->syms);
+    free(img->pp_written);
+    free(img->pp_off);
     free(img->buf);
     memset(img, 0, sizeof(*img));
 }

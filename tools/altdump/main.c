@@ -138,6 +138,16 @@ static int one_file(const struct args *a, const struct ad_opts *o, const char *f
     struct ad_size sz;
     ad_size_compute(&img, plans, &sz);
     size_t refused = ad_count_refused(&img, plans);
+    size_t mismatched = 0;
+    if (a->mode == MODE_CHECK && img.prepatched) {
+        mismatched = ad_prepatched_check(stdout, &img);
+        if (mismatched == (size_t)-1) {
+            fprintf(stderr, "altdump: %s: out of memory\n", file);
+            free(plans);
+            ad_image_free(&img);
+            return AD_EXIT_INTERNAL;
+        }
+    }
     if (o->json)
         ad_json_image(j, &img, plans, a->mode == MODE_SIZE ? &sz : NULL, o);
     else if (a->mode == MODE_TABLE)
@@ -146,7 +156,10 @@ static int one_file(const struct args *a, const struct ad_opts *o, const char *f
         ad_print_size(stdout, &img, &sz, o);
     if (a->mode == MODE_CHECK && !o->json) {
         ad_print_refusals(stdout, "", &img, plans);
-        if (!refused)
+        if (!refused && !mismatched && img.prepatched)
+            printf("%s: ok, %zu sites, %zu records, pre-patched for %s\n", file, img.nsites,
+                   img.nentries, img.pp_profile);
+        else if (!refused && !mismatched)
             printf("%s: ok, %zu sites, %zu records\n", file, img.nsites, img.nentries);
     } else if (refused) {
         fflush(stdout);
@@ -154,7 +167,7 @@ static int one_file(const struct args *a, const struct ad_opts *o, const char *f
     }
     free(plans);
     ad_image_free(&img);
-    return refused ? AD_EXIT_REFUSED : AD_EXIT_OK;
+    return refused || mismatched ? AD_EXIT_REFUSED : AD_EXIT_OK;
 }
 
 static int files_mode(const struct args *a, const struct ad_opts *o)
