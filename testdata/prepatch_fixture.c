@@ -7,6 +7,9 @@
  *   prepatch_fixture apply     altpatch_apply() first; then run every primitive
  *   prepatch_fixture revert    apply, then ALTPATCH_APPLY_REVERT; then run them
  *   prepatch_fixture noapply   run them at once (a file pre-patched for this CPU)
+ *   prepatch_fixture dl LIB    dlopen LIB (a copy of libapfix_dl.so), apply, call
+ *                              it; REVERT, call it; apply again, call it
+ *   prepatch_fixture dlnoapply LIB   dlopen LIB and call it without any apply
  *
  * Each run checks the primitives' values against oracles outside the
  * planner (pthread_self, sched_getcpu, the functions called), refuses to run
@@ -15,6 +18,7 @@
  * through the image API's site list of /proc/self/exe), and a last line
  * "prepatch_fixture MODE: ok" (exit 0) or FAIL lines (exit 1).
  */
+#include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
@@ -118,6 +122,48 @@ static bool apply(unsigned flags)
     return true;
 }
 
+/* libapfix_dl.so's two ALWAYS calls: x+1 / x+2 and x+3 / x+4 (testdata/apfix_mod.c). */
+static void dl_calls(void *h, bool replaced, const char *when)
+{
+    long (*call)(long) = (long (*)(long))dlsym(h, "apfix_dl_call");
+    long (*call2)(long) = (long (*)(long))dlsym(h, "apfix_dl_call2");
+    void *(*fs)(void) = (void *(*)(void))dlsym(h, "apfix_dl_fs");
+    if (!call || !call2 || !fs) {
+        fail("%s: symbols missing", when);
+        return;
+    }
+    long a = call(1), b = call2(1);
+    if (a != (replaced ? 3 : 2) || b != (replaced ? 5 : 4))
+        fail("%s: library calls returned %ld %ld, want %d %d", when, a, b, replaced ? 3 : 2,
+             replaced ? 5 : 4);
+    if (fs() != (void *)pthread_self())
+        fail("%s: library fs_self %p != pthread_self", when, fs());
+}
+
+static int dl_mode(const char *mode, const char *lib)
+{
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fail("dlopen %s: %s", lib, dlerror());
+        return 1;
+    }
+    if (strcmp(mode, "dlnoapply") == 0) {
+        dl_calls(h, true, "without apply");
+    } else {
+        if (!apply(0))
+            return 1;
+        dl_calls(h, true, "after apply");
+        if (!apply(ALTPATCH_APPLY_REVERT))
+            return 1;
+        dl_calls(h, false, "after revert");
+        if (!apply(0))
+            return 1;
+        dl_calls(h, true, "after apply again");
+    }
+    printf("prepatch_fixture %s: %s\n", mode, failures ? "FAIL" : "ok");
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     static void *gs_block[8];
@@ -129,6 +175,8 @@ int main(int argc, char **argv)
         fail("sched_setaffinity");
     if (altpatch_gs_install(gs_block) != 0)
         fail("altpatch_gs_install");
+    if ((strcmp(mode, "dl") == 0 || strcmp(mode, "dlnoapply") == 0) && argc > 2)
+        return dl_mode(mode, argv[2]);
     if (strcmp(mode, "apply") == 0) {
         if (!apply(0))
             return 1;
@@ -140,7 +188,7 @@ int main(int argc, char **argv)
     } else if (strcmp(mode, "noapply") == 0) {
         run(gs_block, 1);
     } else {
-        fail("usage: prepatch_fixture apply|revert|noapply");
+        fail("usage: prepatch_fixture apply|revert|noapply | dl|dlnoapply LIB");
         return 2;
     }
     dump();

@@ -4,6 +4,7 @@ if(TARGET test_prepatch AND TARGET prepatch_fixture AND TARGET altprepatch AND T
     PREPATCH_FIXTURE="$<TARGET_FILE:prepatch_fixture>"
     PREPATCH_FIXTURE_NOPIE="$<TARGET_FILE:prepatch_fixture_nopie>"
     ALTPREPATCH="$<TARGET_FILE:altprepatch>"
-    ALTDUMP="$<TARGET_FILE:altdump>")
-  add_dependencies(test_prepatch prepatch_fixture prepatch_fixture_nopie altprepatch altdump)
+    ALTDUMP="$<TARGET_FILE:altdump>"
+    PREPATCH_LIB="$<TARGET_FILE:apfix_dl>")
+  add_dependencies(test_prepatch prepatch_fixture prepatch_fixture_nopie altprepatch altdump apfix_dl)
 endif()

@@ -186,7 +186,7 @@ static void check_written(const char *plain, const char *pre, const char *profil
     cr_assert_eq(altpatch_image_plan(img, fs), 0);
     struct cmp c = {0};
     cr_assert_eq(altpatch_image_site_foreach(img, cmp_site, &c), 0);
-    cr_assert_gt(c.sites, 5);
+    cr_assert_gt(c.sites, 2);
     altpatch_image_close(img);
     altpatch_features_free(fs);
     /* The originals it keeps are the plain file's bytes. */
@@ -277,6 +277,30 @@ Test(prepatch, host_copy_runs_without_apply_pie)
 Test(prepatch, host_copy_runs_without_apply_nopie)
 {
     host_without_apply(PREPATCH_FIXTURE_NOPIE);
+}
+
+/* A shared library pre-patched for every profile: dlopen'ed, applied, reverted. */
+Test(prepatch, shared_library_every_profile)
+{
+    for (size_t i = 0; i < NPROFILES; i++) {
+        const char *pre = prepatch(PREPATCH_LIB, profiles[i]);
+        char lib[160], args[256], *out, *err;
+        snprintf(lib, sizeof(lib), "%s.so", pre);
+        cr_assert_eq(rename(pre, lib), 0);
+        check_written(PREPATCH_LIB, lib, profiles[i]);
+        snprintf(args, sizeof(args), "dl '%s'", lib);
+        int st = run(NULL, PREPATCH_FIXTURE, args, &out, &err);
+        cr_assert_eq(st, 0, "%s: dl -> %d\n%s%s", profiles[i], st, out, err);
+        free(out);
+        free(err);
+        if (strcmp(profiles[i], "host") == 0) {
+            snprintf(args, sizeof(args), "dlnoapply '%s'", lib);
+            st = run("ALTPATCH_OFF=1", PREPATCH_FIXTURE, args, &out, &err);
+            cr_assert_eq(st, 0, "host: dlnoapply -> %d\n%s%s", st, out, err);
+            free(out);
+            free(err);
+        }
+    }
 }
 
 /* Pre-patching a pre-patched file starts from the originals it keeps. */
@@ -607,4 +631,73 @@ Test(prepatch, altdump_check_finds_wrong_plan)
     cr_assert(strstr(o, ", the plan for baseline is "), "%s", o);
     free(o);
     free(e);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The .altpatch.orig record itself (prepatch.c)                             */
+/* ------------------------------------------------------------------------- */
+
+#include "prepatch.h"
+
+/* A record of two sites (3 and 5 bytes); returns its length. */
+static size_t two_sites(uint8_t *b)
+{
+    static const uint8_t o1[3] = {1, 2, 3}, w1[3] = {4, 5, 6};
+    static const uint8_t o2[5] = {7, 8, 9, 10, 11}, w2[5] = {12, 13, 14, 15, 16};
+    struct ap_prepatch h = {.nsites = 2, .table_addr = 0x4000, .table_size = 28};
+    snprintf(h.profile, sizeof(h.profile), "amd-zen4");
+    snprintf(h.fs.vendor, sizeof(h.fs.vendor), "AuthenticAMD");
+    h.fs.word[9] = 1;
+    ap_prepatch_put_header(b, &h);
+    size_t n = AP_PREPATCH_HDR;
+    n += ap_prepatch_put_site(b + n, &(struct ap_prepatch_site){0x1000, 3, 0, o1, w1});
+    n += ap_prepatch_put_site(b + n, &(struct ap_prepatch_site){0x1010, 5, -1, o2, w2});
+    cr_assert_eq(n, ap_prepatch_size(2, 8));
+    return n;
+}
+
+Test(prepatch_record, round_trip_and_every_cut_refused)
+{
+    uint8_t b[512];
+    size_t n = two_sites(b);
+    struct ap_prepatch p;
+    struct ap_prepatch_site s;
+    cr_assert_eq(ap_prepatch_parse(b, n, &p), 0);
+    cr_assert_eq(p.nsites, 2);
+    cr_assert_eq(p.table_addr, 0x4000);
+    cr_assert_eq(p.table_size, 28);
+    cr_assert_str_eq(p.profile, "amd-zen4");
+    cr_assert_str_eq(p.fs.vendor, "AuthenticAMD");
+    cr_assert_eq(p.fs.word[9], 1);
+    size_t pos = 0;
+    cr_assert_eq(ap_prepatch_next(&p, &pos, &s), 0);
+    cr_assert_eq(s.addr, 0x1000);
+    cr_assert_eq(s.len, 3);
+    cr_assert_eq(s.chosen, 0);
+    cr_assert_eq(s.orig[2], 3);
+    cr_assert_eq(s.written[0], 4);
+    cr_assert_eq(ap_prepatch_next(&p, &pos, &s), 0);
+    cr_assert_eq(s.addr, 0x1010);
+    cr_assert_eq(s.chosen, -1);
+    cr_assert_eq(s.written[4], 16);
+    cr_assert_eq(ap_prepatch_next(&p, &pos, &s), -ENOENT);
+    for (size_t cut = 0; cut < n; cut++)
+        cr_assert_eq(ap_prepatch_parse(b, cut, &p), -EINVAL, "cut at %zu accepted", cut);
+    uint8_t c[512];
+    memcpy(c, b, n);
+    c[n] = 0;
+    cr_assert_eq(ap_prepatch_parse(c, n + 1, &p), -EINVAL, "a trailing byte");
+    memcpy(c, b, n);
+    c[0] = 'X';
+    cr_assert_eq(ap_prepatch_parse(c, n, &p), -EINVAL, "magic");
+    memcpy(c, b, n);
+    memset(c + 32, 'a', AP_PREPATCH_PROFILE);
+    cr_assert_eq(ap_prepatch_parse(c, n, &p), -EINVAL, "profile without NUL");
+    memcpy(c, b, n);
+    c[AP_PREPATCH_HDR + 9] = 1;
+    cr_assert_eq(ap_prepatch_parse(c, n, &p), -EINVAL, "reserved site bytes");
+    memcpy(c, b, n);
+    c[8] = 3;
+    cr_assert_eq(ap_prepatch_parse(c, n, &p), -EINVAL, "nsites larger than the records");
+    cr_assert_eq(ap_prepatch_parse(NULL, n, &p), -EINVAL);
 }
