@@ -637,6 +637,8 @@ static uint8_t *with_section(const struct altpatch_image *img, const uint8_t *re
     if (img->has_origsec) {
         Elf64_Shdr sh;
         memcpy(&sh, out + img->origsec.hdr_off, sizeof(sh));
+        sh.sh_type = SHT_PROGBITS;
+        sh.sh_flags = 0;
         sh.sh_offset = rec_off;
         sh.sh_size = reclen;
         memcpy(out + img->origsec.hdr_off, &sh, sizeof(sh));

@@ -83,8 +83,9 @@ static int parse(int argc, char **argv, struct args *a)
         }
         case 'h': usage(stdout); exit(AD_EXIT_OK);
         case 'V':
-            printf("altdump (altpatch) %d.%d.%d, record format %d\n", ALTPATCH_VERSION_MAJOR,
-                   ALTPATCH_VERSION_MINOR, ALTPATCH_VERSION_PATCH, ALTPATCH_FORMAT_VERSION);
+            printf("altdump (altpatch) %d.%d.%d, record format %d (and %u: pre-patched)\n",
+                   ALTPATCH_VERSION_MAJOR, ALTPATCH_VERSION_MINOR, ALTPATCH_VERSION_PATCH,
+                   ALTPATCH_FORMAT_VERSION, AP_FORMAT_PREPATCHED);
             exit(AD_EXIT_OK);
         default:
             fprintf(stderr, "altdump: unknown or incomplete option '%s' (try --help)\n",
