@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <link.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,58 @@ static pthread_mutex_t ap_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ap_module *ap_mods;    /* modules with tables, load order */
 static struct altpatch_stats ap_last; /* stats of the last apply */
 static bool ap_applied;              /* an apply has planned at least once */
-static __thread bool ap_holding;     /* this thread holds ap_lock (callbacks run under it) */
+/*
+ * Where this thread is in the entry points: AP_IN_NONE outside, AP_IN_ENTRY
+ * inside one without ap_lock (pins being taken or released), AP_IN_LOCKED
+ * holding ap_lock (callbacks run there). A second entry on the same thread --
+ * from a print or foreach callback, or from a signal handler that interrupted
+ * an entry point -- is refused with -EDEADLK before it takes a lock or
+ * allocates: the interrupted call may hold ap_lock, the loader's lock or
+ * malloc's.
+ */
+enum { AP_IN_NONE, AP_IN_ENTRY, AP_IN_LOCKED };
+static __thread volatile sig_atomic_t ap_in;
+
+/* ------------------------------------------------------------------------- */
+/* fork                                                                      */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * fork() in one thread while another runs an entry point would give a child
+ * whose ap_lock is held by a thread that does not exist there: every later
+ * call in the child would wait forever. So fork waits: the prepare handler
+ * takes ap_lock (and then the live round's lock, in the order an apply takes
+ * them) and both processes release them. A fork from inside an entry point
+ * on this very thread (a callback, a signal handler) must not wait for
+ * itself: it takes the lock only if it is free, and the child, whose copy of
+ * this thread still runs that call, releases it when the call returns.
+ */
+static __thread bool ap_fork_took;
+
+static void ap_atfork_prepare(void)
+{
+    if (ap_in == AP_IN_NONE) {
+        pthread_mutex_lock(&ap_lock);
+        ap_fork_took = true;
+    } else {
+        ap_fork_took = pthread_mutex_trylock(&ap_lock) == 0;
+    }
+    ap_live_fork_prepare();
+}
+
+static void ap_atfork_done(void)
+{
+    ap_live_fork_release();
+    if (ap_fork_took) {
+        ap_fork_took = false;
+        pthread_mutex_unlock(&ap_lock);
+    }
+}
+
+__attribute__((constructor)) static void ap_atfork_register(void)
+{
+    pthread_atfork(ap_atfork_prepare, ap_atfork_done, ap_atfork_done);
+}
 
 /* ------------------------------------------------------------------------- */
 /* Small helpers: version, environment, clock, reasons                       */
@@ -528,8 +580,12 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
         struct ap_module *m = wk->m;
         struct ap_site_result *res = &m->res[wk->idx];
         bool refused = wk->action == AP_ACT_REFUSED || wk->reason;
-        if (refused && res->reason != wk->reason)
+        /* One WARN per site and reason: a site that toggles between refused
+         * and unchanged (REVERT, another feature set) does not warn again. */
+        uint32_t bit = refused && wk->reason > 0 && wk->reason < 32 ? 1u << wk->reason : 0;
+        if (refused && res->reason != wk->reason && !(res->warned & bit))
             ap_warn_refusal(wk);
+        res->warned |= bit;
         res->chosen = refused ? -1 : (int32_t)wk->chosen;
         res->reason = (int16_t)wk->reason;
         res->state = refused            ? ALTPATCH_SITE_REFUSED
@@ -665,12 +721,13 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     int err = ap_read_opts(opts, &o);
     if (err)
         return err;
-    if (ap_holding)
-        return -EDEADLK; /* called from a print or foreach callback */
+    if (ap_in != AP_IN_NONE)
+        return -EDEADLK; /* from a callback, or a signal handler that interrupted a call */
+    ap_in = AP_IN_ENTRY;
     struct ap_pins pins;
     ap_pins_take(&pins); /* before ap_lock: see ap_pins */
     pthread_mutex_lock(&ap_lock);
-    ap_holding = true;
+    ap_in = AP_IN_LOCKED;
     uint64_t t0 = ap_now_ns();
     bool live = false; /* live */
     struct altpatch_stats st = {.sz = sizeof(st)};
@@ -694,9 +751,10 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
                (unsigned long)st.pages_written, (unsigned long)st.syscalls,
                (unsigned long)st.ns, (o.flags & ALTPATCH_APPLY_DRY_RUN) ? " (dry run)" : "");
     }
-    ap_holding = false;
+    ap_in = AP_IN_ENTRY;
     pthread_mutex_unlock(&ap_lock);
     ap_pins_release(&pins);
+    ap_in = AP_IN_NONE;
     return err;
 }
 
@@ -707,6 +765,12 @@ int altpatch_apply(void)
 
 void *altpatch_dlopen(const char *path, int flags)
 {
+    if (ap_in != AP_IN_NONE) {
+        /* From a callback or a signal handler that interrupted a call: the
+         * interrupted code may hold the loader's lock or malloc's. */
+        errno = EDEADLK;
+        return NULL;
+    }
     void *h = dlopen(path, flags);
     if (!h)
         return NULL;
@@ -722,9 +786,16 @@ int altpatch_get_stats(struct altpatch_stats *st)
     if (!st || st->sz < sizeof(size_t))
         return -EINVAL;
     size_t sz = st->sz;
-    bool lock = !ap_holding; /* from a callback: the lock is already ours */
-    if (lock)
+    /* From a callback (or a handler that interrupted one of our calls while
+     * it held ap_lock): the lock is already ours. From a handler that
+     * interrupted a call around its lock: take it only if it is free. */
+    bool lock = ap_in != AP_IN_LOCKED;
+    if (ap_in == AP_IN_ENTRY) {
+        if (pthread_mutex_trylock(&ap_lock))
+            return -EDEADLK;
+    } else if (lock) {
         pthread_mutex_lock(&ap_lock);
+    }
     struct altpatch_stats cp = ap_last;
     if (lock)
         pthread_mutex_unlock(&ap_lock);
@@ -761,12 +832,13 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
 {
     if (!fn)
         return -EINVAL;
-    if (ap_holding)
+    if (ap_in != AP_IN_NONE)
         return -EDEADLK;
+    ap_in = AP_IN_ENTRY;
     struct ap_pins pins;
     ap_pins_take(&pins); /* before ap_lock: see ap_pins */
     pthread_mutex_lock(&ap_lock);
-    ap_holding = true;
+    ap_in = AP_IN_LOCKED;
     /* Drop modules dlclose'd since the last apply (their memory is gone); a
      * module loaded since is listed with its original bytes, as memory holds. */
     int ret = ap_applied ? ap_modules_refresh(&ap_mods) : -ENODATA;
@@ -780,8 +852,9 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
         }
     }
     ap_unpin(ap_mods);
-    ap_holding = false;
+    ap_in = AP_IN_ENTRY;
     pthread_mutex_unlock(&ap_lock);
     ap_pins_release(&pins);
+    ap_in = AP_IN_NONE;
     return ret;
 }

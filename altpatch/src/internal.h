@@ -382,6 +382,15 @@ AP_HIDDEN int ap_live_ready(const char **why);
  * may also be the ALTPATCH_REASON_LIVE_* reasons.
  */
 AP_HIDDEN int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st);
+/**
+ * fork() waits while a round runs (no child starts with int3s in its text):
+ * apply.c's pthread_atfork handlers call these after taking its own lock,
+ * the order an apply takes both.
+ */
+AP_HIDDEN void ap_live_fork_prepare(void);
+/** A module's text [start, end) was unloaded: its sites leave the trap handler's set. */
+AP_HIDDEN void ap_live_forget(uintptr_t start, uintptr_t end);
+AP_HIDDEN void ap_live_fork_release(void);
 /* live: end */
 
 /* ------------------------------------------------------------------------- */
@@ -393,6 +402,7 @@ struct ap_site_result {
     uint8_t state;  /* enum altpatch_site_state */
     int32_t chosen; /* entry index within the site (any number of entries), -1 = original */
     int16_t reason;
+    uint32_t warned; /* bit r: a WARN line was printed for reason r (once per site and reason) */
 };
 
 struct ap_module {
@@ -405,6 +415,7 @@ struct ap_module {
     int reason;                 /* module-wide refusal (BAD_TABLE, BAD_VERSION), else 0 */
     uint8_t *table_copy;        /* the table as first seen: identity check after dlclose */
     size_t table_size;
+    uint8_t *repl_copy;         /* the replacement bytes as first seen: identity too */
     struct ap_entry *entries;
     size_t nentries;
     struct ap_site *sites;

@@ -38,8 +38,8 @@
  *
  * Nomenclature: "round" = steps 1-4 for one batch; "busy" = the global flag
  * telling the trap handler that int3s of a round may be in memory; "live set"
- * = every address ever written live (the handler's lookup table; append-only,
- * published as immutable snapshots).
+ * = every address written live in a module still loaded (the handler's lookup
+ * table, published as immutable snapshots).
  */
 #include "internal.h"
 
@@ -97,12 +97,22 @@ static void ap_pause(void)
 /* ------------------------------------------------------------------------- */
 
 struct ap_live_set {
+    struct ap_live_set *retired; /* next older snapshot waiting to be freed */
     size_t n;
     uintptr_t a[]; /* sorted */
 };
 
-/** Current snapshot; replaced (never freed: a handler may be reading it) when it grows. */
+/*
+ * Current snapshot. A trap handler reads it between an increment and a
+ * decrement of ap_set_readers; the writer (under the apply lock) replaces it
+ * and frees the snapshots it replaced once it sees no reader: a reader that
+ * starts after that sees the new snapshot (sequentially consistent order).
+ * The set holds the sites of loaded modules only (ap_live_forget() drops an
+ * unloaded module's addresses), so its size follows what is loaded.
+ */
 static struct ap_live_set *ap_live_sites;
+static int ap_set_readers;
+static struct ap_live_set *ap_set_retired; /* replaced snapshots not freed yet */
 /** 1 while int3s of a round may be in memory. */
 static int ap_live_busy;
 
@@ -119,6 +129,32 @@ static bool ap_set_has(const struct ap_live_set *s, uintptr_t a)
             hi = mid;
     }
     return false;
+}
+
+/** The handler's lookup (async-signal-safe). */
+static bool ap_set_lookup(uintptr_t a)
+{
+    __atomic_add_fetch(&ap_set_readers, 1, __ATOMIC_SEQ_CST);
+    bool has = ap_set_has(__atomic_load_n(&ap_live_sites, __ATOMIC_SEQ_CST), a);
+    __atomic_sub_fetch(&ap_set_readers, 1, __ATOMIC_SEQ_CST);
+    return has;
+}
+
+/** Make @p s current; free the replaced snapshots no handler can be reading. */
+static void ap_set_publish(struct ap_live_set *s)
+{
+    struct ap_live_set *old = __atomic_exchange_n(&ap_live_sites, s, __ATOMIC_SEQ_CST);
+    if (old) {
+        old->retired = ap_set_retired;
+        ap_set_retired = old;
+    }
+    if (__atomic_load_n(&ap_set_readers, __ATOMIC_SEQ_CST) != 0)
+        return; /* a handler may hold one: the next publish tries again */
+    while (ap_set_retired) {
+        struct ap_live_set *next = ap_set_retired->retired;
+        free(ap_set_retired);
+        ap_set_retired = next;
+    }
 }
 
 /** Publish old set + the addresses of @p w (sorted by address). 0 or -ENOMEM. */
@@ -146,8 +182,29 @@ static int ap_set_add(const struct ap_write *w, size_t n)
             s->a[k++] = w[j++].addr;
     }
     s->n = k;
-    __atomic_store_n(&ap_live_sites, s, __ATOMIC_RELEASE);
-    return 0; /* the old snapshot leaks on purpose: see ap_live_sites */
+    s->retired = NULL;
+    ap_set_publish(s);
+    return 0;
+}
+
+void ap_live_forget(uintptr_t start, uintptr_t end)
+{
+    struct ap_live_set *old = __atomic_load_n(&ap_live_sites, __ATOMIC_ACQUIRE);
+    size_t drop = 0;
+    for (size_t i = 0; old && i < old->n; i++)
+        drop += old->a[i] >= start && old->a[i] < end;
+    if (!drop)
+        return;
+    struct ap_live_set *s = malloc(sizeof(*s) + (old->n - drop) * sizeof(uintptr_t));
+    if (!s)
+        return; /* keeps the addresses: a larger set, never a wrong one */
+    size_t k = 0;
+    for (size_t i = 0; i < old->n; i++)
+        if (old->a[i] < start || old->a[i] >= end)
+            s->a[k++] = old->a[i];
+    s->n = k;
+    s->retired = NULL;
+    ap_set_publish(s);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -220,7 +277,7 @@ static void ap_chain(const struct sigaction *prev, int sig, siginfo_t *si, void 
 /** True when the int3 at @p at belongs to a live round (current or past). */
 static bool ap_is_our_int3(uintptr_t at)
 {
-    if (!ap_set_has(__atomic_load_n(&ap_live_sites, __ATOMIC_ACQUIRE), at))
+    if (!ap_set_lookup(at))
         return false;
     return __atomic_load_n(&ap_live_busy, __ATOMIC_ACQUIRE) ||
            *(const volatile uint8_t *)at != AP_INT3;
@@ -312,23 +369,18 @@ static void ap_sync_all(struct ap_poke_stats *st)
     ap_sync_core();
 }
 
-/* fork() waits while a round runs: no child starts with int3s in its text. */
+/* fork() waits while a round runs: no child starts with int3s in its text
+ * (registered by apply.c, after its own lock). */
 static pthread_mutex_t ap_fork_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t ap_fork_once = PTHREAD_ONCE_INIT;
 
-static void ap_fork_prepare(void)
+void ap_live_fork_prepare(void)
 {
     pthread_mutex_lock(&ap_fork_lock);
 }
 
-static void ap_fork_release(void)
+void ap_live_fork_release(void)
 {
     pthread_mutex_unlock(&ap_fork_lock);
-}
-
-static void ap_fork_register(void)
-{
-    pthread_atfork(ap_fork_prepare, ap_fork_release, ap_fork_release);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -353,7 +405,6 @@ int ap_live_ready(const char **why)
         return fd;
     }
     close(fd);
-    pthread_once(&ap_fork_once, ap_fork_register);
     err = ap_install(SIGTRAP, ap_trap_handler, &ap_prev_trap);
     if (!err)
         err = ap_install(AP_HS_SIG, ap_hs_handler, &ap_prev_hs);

@@ -14,12 +14,17 @@
  * bytes are only read when the site lies inside an executable segment (sites
  * outside are refused by the planner with SITE_BOUNDS).
  *
- * A module is identified by (path, base, phdr). The list is kept across calls:
+ * A module is identified by (path, base, phdr) and its content (table and
+ * replacement bytes; after an unload, also its site bytes). The list is kept
+ * across calls:
  *   - unchanged dlpi_adds/dlpi_subs counters: nothing was loaded or unloaded,
  *     the walk is skipped;
  *   - a module no longer listed (dlclose) is freed: nothing dangles;
- *   - a listed module whose table bytes differ from the copy taken when it was
- *     first seen (another library at the same address) is read again.
+ *   - a listed module whose table or replacement bytes differ from the copies
+ *     taken when it was first seen, or -- after any library was unloaded --
+ *     whose sites hold neither their saved original nor the bytes the last
+ *     apply wrote (another library, or a new build of the same file, at the
+ *     same address) is read again.
  * Original site bytes are saved when a module is first seen: later applies
  * plan from them even when memory already holds a replacement.
  */
@@ -103,6 +108,7 @@ static void ap_module_free(struct ap_module *m)
         return;
     free(m->path);
     free(m->table_copy);
+    free(m->repl_copy);
     free(m->entries);
     free(m->sites);
     free(m->orig);
@@ -140,7 +146,7 @@ static int ap_save_originals(struct ap_module *m)
             memcpy(m->planned + off, live, s->len);
             off += s->len;
         }
-        m->res[i] = (struct ap_site_result){ALTPATCH_SITE_ORIGINAL, -1, 0};
+        m->res[i] = (struct ap_site_result){ALTPATCH_SITE_ORIGINAL, -1, 0, 0};
         m->cache_chosen[i] = AP_NOT_CACHED;
     }
     /* A pre-patched file (format 2): memory holds a profile's bytes, the
@@ -167,6 +173,10 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     if (!m->table_copy)
         return -ENOMEM;
     memcpy(m->table_copy, table, m->table_size);
+    m->repl_copy = malloc(m->view.repl.size ? m->view.repl.size : 1);
+    if (!m->repl_copy)
+        return -ENOMEM;
+    memcpy(m->repl_copy, m->view.repl.data, m->view.repl.size);
     int r = ap_records_parse(table, m->table_size, n->table_start, &m->entries, &m->nentries);
     if (r < 0)
         return r;
@@ -217,6 +227,7 @@ struct ap_walk {
     int err;
     bool skip;      /* counters unchanged: nothing to do */
     bool first;     /* first callback of this walk */
+    bool reload;    /* a library was unloaded since the last walk */
 };
 
 /* Loader counters at the last complete walk, and the list they describe. */
@@ -230,15 +241,41 @@ static bool ap_same_identity(const struct ap_module *m, const struct dl_phdr_inf
            strcmp(m->path, name) == 0;
 }
 
-/** True when the module's table in memory still matches the copy taken at first sight. */
-static bool ap_table_unchanged(const struct ap_module *m, const struct dl_phdr_info *info)
+/** True when every site holds its saved original or the bytes the last apply left. */
+static bool ap_sites_unchanged(const struct ap_module *m)
+{
+    for (size_t i = 0; i < m->nsites; i++) {
+        size_t off = m->orig_off[i];
+        if (off == AP_NO_ORIG)
+            continue;
+        const struct ap_site *s = &m->sites[i];
+        const uint8_t *cur = ap_view_text(&m->view, s->addr, s->len);
+        if (!cur || (memcmp(cur, m->orig + off, s->len) != 0 &&
+                     memcmp(cur, m->planned + off, s->len) != 0))
+            return false;
+    }
+    return true;
+}
+
+/**
+ * True when the module in memory is still the one first seen: the same table
+ * and replacement bytes, and -- when a library may have been unloaded since
+ * (@p reload: the loader's unload counter moved) -- every site holding its
+ * saved original or what the last apply wrote. A file replaced on disk and
+ * loaded again at the same address fails one of these and is read again.
+ */
+static bool ap_content_unchanged(const struct ap_module *m, const struct dl_phdr_info *info,
+                                 bool reload)
 {
     if (!m->table_copy)
         return true; /* refused before the table was read: nothing to compare */
-    if (!ap_in_load(info, m->note.table_start, m->note.table_end))
+    if (!ap_in_load(info, m->note.table_start, m->note.table_end) ||
+        !ap_in_load(info, m->note.repl_start, m->note.repl_end))
         return false;
-    return memcmp((const void *)(uintptr_t)m->note.table_start, m->table_copy,
-                  m->table_size) == 0;
+    if (memcmp((const void *)(uintptr_t)m->note.table_start, m->table_copy, m->table_size) ||
+        memcmp(m->view.repl.data, m->repl_copy, m->view.repl.size))
+        return false;
+    return !reload || !m->path[0] || ap_sites_unchanged(m);
 }
 
 /** Put @p nm in the place of @p old (or at the end when @p old is NULL). */
@@ -263,13 +300,14 @@ static int ap_walk_one(struct dl_phdr_info *info, size_t size, void *data)
             w->skip = true;
             return 1;
         }
+        w->reload = info->dlpi_subs != ap_last_subs;
         ap_last_adds = info->dlpi_adds;
         ap_last_subs = info->dlpi_subs;
     }
     struct ap_module *m = *w->list;
     while (m && !ap_same_identity(m, info))
         m = m->next;
-    if (m && ap_table_unchanged(m, info)) {
+    if (m && ap_content_unchanged(m, info, w->reload)) {
         m->present = true;
         return 0;
     }
@@ -307,6 +345,8 @@ int ap_modules_refresh(struct ap_module **list)
             continue;
         }
         *pp = m->next;
+        for (size_t i = 0; i < m->view.ntext; i++) /* live: its sites leave the trap set */
+            ap_live_forget(m->view.text[i].addr, m->view.text[i].addr + m->view.text[i].size);
         ap_module_free(m);
     }
     ap_last_list = list;

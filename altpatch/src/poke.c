@@ -284,6 +284,7 @@ struct ap_batch {
     struct ap_maps maps;
     bool maps_ok;
     bool mdwe;        /* this process may not make a page executable again */
+    int exec_probe;   /* 0 not asked yet; 1 RW -> RX may be refused; -1 it is allowed */
     int memfd;        /* /proc/self/mem, opened on first use; -1 / -errno */
     bool memfd_tried;
     bool wrote_any;
@@ -445,9 +446,61 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
     return r > 0 ? -ENOTRECOVERABLE : 0;
 }
 
+/** True when SELinux is enforcing (it may refuse execmod: RX on a modified file page). */
+static bool ap_selinux_enforcing(struct ap_batch *b)
+{
+    char c = '0';
+    int fd = open("/sys/fs/selinux/enforce", O_RDONLY | O_CLOEXEC);
+    b->st->syscalls++;
+    if (fd < 0)
+        return false;
+    ssize_t r = read(fd, &c, 1);
+    close(fd);
+    b->st->syscalls += 2;
+    return r == 1 && c != '0';
+}
+
+/**
+ * Whether making a page executable again after RW may be refused, learnt
+ * before any window opens (a refusal then would leave text writable and not
+ * executable: the next call into it is a SIGSEGV). Under a seccomp filter
+ * (or when the mode cannot be read) the filter itself is asked, on a scratch
+ * page: RW, one store, then @p prot, exactly the calls a window makes. Under
+ * SELinux enforcing, execmod may refuse for a modified file page what the
+ * scratch page passed: assumed refused.
+ */
+static bool ap_exec_restore_unsure(struct ap_batch *b, int prot)
+{
+    if (b->exec_probe)
+        return b->exec_probe > 0;
+    bool unsure = false;
+    int sc = prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L);
+    b->st->syscalls++;
+    if (sc != 0) {
+        void *p = mmap(NULL, b->pgsz, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        b->st->syscalls++;
+        unsure = p == MAP_FAILED;
+        if (!unsure) {
+            unsure = mprotect(p, b->pgsz, PROT_READ | PROT_WRITE) != 0;
+            if (!unsure) {
+                *(volatile uint8_t *)p = 0xc3;
+                unsure = mprotect(p, b->pgsz, prot) != 0;
+            }
+            munmap(p, b->pgsz);
+            b->st->syscalls += 3;
+        }
+    }
+    if (!unsure)
+        unsure = ap_selinux_enforcing(b);
+    b->exec_probe = unsure ? 1 : -1;
+    if (unsure)
+        ap_log(ALTPATCH_DEBUG, "RW -> RX may be refused here: text written through "
+                               "/proc/self/mem\n");
+    return unsure;
+}
+
 /** True when a window must be written through /proc/self/mem. */
-static bool ap_window_needs_procmem(const struct ap_batch *b, uintptr_t start, uintptr_t end,
-                                    int prot)
+static bool ap_window_needs_procmem(struct ap_batch *b, uintptr_t start, uintptr_t end, int prot)
 {
     if (b->flags & AP_POKE_PROCMEM_ONLY)
         return true;
@@ -455,7 +508,10 @@ static bool ap_window_needs_procmem(const struct ap_batch *b, uintptr_t start, u
         return true; /* unknown (maps unreadable) or mixed protection: never guess */
     if ((prot & PROT_EXEC) && b->mdwe)
         return true; /* RW would succeed, RX again would be refused */
-    return ap_overlaps_self(b, start, end);
+    if (ap_overlaps_self(b, start, end))
+        return true;
+    /* RW may pass and RX again be refused (seccomp, SELinux execmod) */
+    return (prot & PROT_EXEC) && ap_exec_restore_unsure(b, prot);
 }
 
 /** Write the pending writes of w[first..last) (one window) by whatever works. */
