@@ -24,3 +24,32 @@ if(TARGET test_badnote)
   target_compile_definitions(test_badnote PRIVATE APFIX_BADNOTE_PATH="${apfix_badnote}"
     APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>")
 endif()
+
+# Robustness of re-patching (tests/test_robust.c, tests/robust_dlcycles.c):
+#   libreload_v{1,2,3}.so  one plugin built with three contents (reload_plugin.c)
+#   robust_dlcycles        altpatch_dlopen/dlclose at moving addresses with a
+#                          thread running sites: heap growth (ctest: 1000 cycles)
+foreach(v 1 2 3)
+  add_library(reload_v${v} SHARED reload_plugin.c)
+  target_include_directories(reload_v${v} PRIVATE ${PROJECT_SOURCE_DIR}/altpatch/include)
+  set_target_properties(reload_v${v} PROPERTIES C_VISIBILITY_PRESET hidden)
+endforeach()
+target_compile_definitions(reload_v1 PRIVATE RELOAD_ORIG=1 RELOAD_REPL=2)
+target_compile_definitions(reload_v2 PRIVATE RELOAD_ORIG=1 RELOAD_REPL=3)
+target_compile_definitions(reload_v3 PRIVATE RELOAD_ORIG=7 RELOAD_REPL=3)
+if(TARGET test_robust)
+  add_dependencies(test_robust reload_v1 reload_v2 reload_v3 apfix_dl)
+  target_link_libraries(test_robust PRIVATE ${CMAKE_DL_LIBS} pthread)
+  target_compile_definitions(test_robust PRIVATE
+    RELOAD_V1="$<TARGET_FILE:reload_v1>" RELOAD_V2="$<TARGET_FILE:reload_v2>"
+    RELOAD_V3="$<TARGET_FILE:reload_v3>")
+endif()
+
+add_executable(robust_dlcycles robust_dlcycles.c)
+target_compile_definitions(robust_dlcycles PRIVATE _GNU_SOURCE
+  APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>")
+target_link_libraries(robust_dlcycles PRIVATE altpatch pthread ${CMAKE_DL_LIBS})
+add_dependencies(robust_dlcycles apfix_dl)
+add_test(NAME robust_dlcycles COMMAND robust_dlcycles --cycles 1000)
+set_tests_properties(robust_dlcycles PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "robust_dlcycles: ok")

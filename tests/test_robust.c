@@ -1,0 +1,607 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Re-patching must never kill, hang or disturb the program: fork() while
+ * another thread applies, the entry points re-entered from a signal handler,
+ * a policy that refuses RX after RW, a plugin rebuilt and reloaded at the same
+ * address, and one WARN line per site and reason.
+ *
+ * Every body runs in a fork()ed child with a watchdog: a body that hangs is
+ * killed after its time and fails the test instead of stalling the suite.
+ */
+#include <criterion/criterion.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+
+#include "ap_live_sites.h"
+#include "ap_warnlog.h"
+
+/* ---- helpers ----------------------------------------------------------------- */
+
+typedef void (*body_fn)(void *out);
+
+/**
+ * Run @p fn in a fork()ed child with a shared result block of @p size bytes;
+ * kill it after @p limit_s seconds. Returns the block; *status gets the
+ * wait status (or -1 when the child had to be killed: it hung).
+ */
+static void *run_child(size_t size, body_fn fn, int limit_s, int *status)
+{
+    void *out = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(out != MAP_FAILED);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        fn(out);
+        fflush(NULL);
+        _exit(0);
+    }
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        pid_t w = waitpid(pid, status, WNOHANG);
+        if (w == pid)
+            return out;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > limit_s) {
+            kill(pid, SIGKILL);
+            waitpid(pid, status, 0);
+            *status = -1;
+            return out;
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void assert_clean_exit(int status, const char *what)
+{
+    cr_assert_neq(status, -1, "%s: the child hung and was killed", what);
+    cr_assert(WIFEXITED(status), "%s: the child died (signal %d)", what,
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    cr_assert_eq(WEXITSTATUS(status), 0, "%s: exit status %d", what, WEXITSTATUS(status));
+}
+
+static int apply_flags(unsigned flags)
+{
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = flags};
+    return altpatch_apply_opts(&o);
+}
+
+static int count_cb(const struct altpatch_site_info *s, void *p)
+{
+    (void)s;
+    ++*(long *)p;
+    return 0;
+}
+
+/* ---- fork while another thread applies ---------------------------------------- */
+
+#define FORK_CHILDREN 20
+
+struct fork_res {
+    int forked, hung, died, bad;
+    int applies;
+    long child_status[FORK_CHILDREN];
+};
+
+static volatile int fork_stop;
+
+static void *applier(void *p)
+{
+    int *n = p;
+    for (unsigned i = 0; !__atomic_load_n(&fork_stop, __ATOMIC_ACQUIRE); i++) {
+        apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0);
+        (*n)++;
+    }
+    return NULL;
+}
+
+/* In the child: every entry point must return (the watchdog is SIGALRM). */
+static void fork_child(void)
+{
+    alarm(3);
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    long sites = 0;
+    int bad = altpatch_get_stats(&st) != 0;
+    bad |= altpatch_site_foreach(count_cb, &sites) != 0;
+    bad |= apply_flags(0) != 0;
+    bad |= site_one() != 2 || site_pair() != 22;
+    void *h = altpatch_dlopen(NULL, RTLD_NOW);
+    bad |= h == NULL;
+    bad |= apply_flags(ALTPATCH_APPLY_REVERT) != 0;
+    bad |= site_one() != 1 || site_pair() != 11;
+    _exit(bad ? 1 : 0);
+}
+
+static void fork_body(void *out)
+{
+    struct fork_res *r = out;
+    altpatch_set_print(NULL);
+    pthread_t t;
+    if (pthread_create(&t, NULL, applier, &r->applies))
+        _exit(2);
+    for (int i = 0; i < FORK_CHILDREN; i++) {
+        struct timespec ts = {0, 300 * 1000}; /* let the applier get into a call */
+        nanosleep(&ts, NULL);
+        pid_t pid = fork();
+        if (pid == 0)
+            fork_child();
+        if (pid < 0)
+            continue;
+        r->forked++;
+        int st = 0;
+        waitpid(pid, &st, 0);
+        r->child_status[i] = st;
+        if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
+            r->hung++;
+        else if (WIFSIGNALED(st))
+            r->died++;
+        else if (WEXITSTATUS(st))
+            r->bad++;
+    }
+    __atomic_store_n(&fork_stop, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+}
+
+Test(robust, fork_while_another_thread_applies, .timeout = 120)
+{
+    int status;
+    struct fork_res *r = run_child(sizeof(*r), fork_body, 100, &status);
+    assert_clean_exit(status, "forking parent");
+    cr_assert_eq(r->forked, FORK_CHILDREN);
+    cr_assert_gt(r->applies, 0);
+    cr_assert_eq(r->hung, 0, "%d of %d children hung in an entry point", r->hung, r->forked);
+    cr_assert_eq(r->died, 0, "%d children died", r->died);
+    cr_assert_eq(r->bad, 0, "%d children got wrong results", r->bad);
+}
+
+/* ---- the entry points from a signal handler that interrupted one ---------------- */
+
+struct sig_res {
+    volatile long handled;
+    long apply_ok, apply_deadlk, apply_other;
+    long stats_ok, stats_deadlk, stats_other;
+    long walk_ok, walk_deadlk, walk_other;
+    long dl_null_deadlk, dl_other;
+    int loops, one, pair, one_rev, pair_rev;
+};
+
+static struct sig_res *sig_r;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    struct sig_res *r = sig_r;
+    r->handled++;
+    int rc = apply_flags(r->handled % 2 ? ALTPATCH_APPLY_REVERT : 0);
+    bool reentered = rc == -EDEADLK;
+    r->apply_ok += rc == 0;
+    r->apply_deadlk += rc == -EDEADLK;
+    r->apply_other += rc != 0 && rc != -EDEADLK;
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    rc = altpatch_get_stats(&st);
+    r->stats_ok += rc == 0;
+    r->stats_deadlk += rc == -EDEADLK;
+    r->stats_other += rc != 0 && rc != -EDEADLK;
+    long n = 0;
+    rc = altpatch_site_foreach(count_cb, &n);
+    r->walk_ok += rc == 0;
+    r->walk_deadlk += rc == -EDEADLK;
+    r->walk_other += rc != 0 && rc != -EDEADLK;
+    if (reentered) {
+        /* this handler interrupted an entry point: altpatch_dlopen refuses too */
+        errno = 0;
+        void *h = altpatch_dlopen(NULL, RTLD_NOW);
+        r->dl_null_deadlk += !h && errno == EDEADLK;
+        r->dl_other += h != NULL;
+    }
+    errno = saved;
+}
+
+static void sig_body(void *out)
+{
+    struct sig_res *r = sig_r = out;
+    altpatch_set_print(NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_alarm;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    /* A handler that lands outside an apply runs a whole one: the period
+     * leaves the loop time to progress. Until 200 signals or 3 s. */
+    struct itimerval it = {{0, 300}, {0, 300}};
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    setitimer(ITIMER_REAL, &it, NULL);
+    for (r->loops = 0; r->handled < 200; r->loops++) {
+        apply_flags(r->loops % 2 ? ALTPATCH_APPLY_REVERT : 0);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec >= 3)
+            break;
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    /* the program and the library are still whole */
+    apply_flags(0);
+    r->one = (int)site_one();
+    r->pair = (int)site_pair();
+    apply_flags(ALTPATCH_APPLY_REVERT);
+    r->one_rev = (int)site_one();
+    r->pair_rev = (int)site_pair();
+}
+
+Test(robust, entry_points_from_a_handler_that_interrupted_one, .timeout = 120)
+{
+    int status;
+    struct sig_res *r = run_child(sizeof(*r), sig_body, 100, &status);
+    assert_clean_exit(status, "signal child");
+    cr_assert_gt(r->loops, 0);
+    cr_assert_gt(r->handled, 20, "%ld signals in %d applies", r->handled, r->loops);
+    cr_assert_gt(r->apply_deadlk, 0, "no signal interrupted an apply (%ld handled)", r->handled);
+    cr_assert_eq(r->apply_other, 0);
+    cr_assert_eq(r->stats_other, 0);
+    cr_assert_eq(r->walk_other, 0);
+    cr_assert_eq(r->dl_other, 0, "altpatch_dlopen re-entered loaded anyway");
+    cr_assert_eq(r->dl_null_deadlk, r->apply_deadlk);
+    cr_assert_eq(r->one, 2);
+    cr_assert_eq(r->pair, 22);
+    cr_assert_eq(r->one_rev, 1);
+    cr_assert_eq(r->pair_rev, 11);
+}
+
+/* altpatch_dlopen from a print callback: refused with EDEADLK, nothing loaded. */
+struct cbdl_res {
+    int calls, null_deadlk, loaded;
+};
+static struct cbdl_res *cbdl_r;
+
+static int dl_print(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level;
+    (void)fmt;
+    (void)ap;
+    cbdl_r->calls++;
+    errno = 0;
+    void *h = altpatch_dlopen(NULL, RTLD_NOW);
+    if (h) {
+        cbdl_r->loaded++;
+        dlclose(h);
+    } else if (errno == EDEADLK) {
+        cbdl_r->null_deadlk++;
+    }
+    return 0;
+}
+
+static void cbdl_body(void *out)
+{
+    cbdl_r = out;
+    altpatch_set_print(dl_print);
+    setenv("ALTPATCH_DEBUG", "1", 1);
+    apply_flags(0);
+    altpatch_set_print(NULL);
+}
+
+Test(robust, altpatch_dlopen_from_a_callback_is_refused)
+{
+    int status;
+    struct cbdl_res *r = run_child(sizeof(*r), cbdl_body, 60, &status);
+    assert_clean_exit(status, "callback child");
+    cr_assert_gt(r->calls, 0);
+    cr_assert_eq(r->loaded, 0);
+    cr_assert_eq(r->null_deadlk, r->calls);
+}
+
+/* ---- RX refused after RW ----------------------------------------------------- */
+
+/* seccomp: mprotect/pkey_mprotect asking for PROT_EXEC fail with EACCES (what an
+ * SELinux execmod denial does to a modified text page); everything else passes. */
+static int install_no_exec_gain_filter(void)
+{
+#define RB_ARG2_LO (offsetof(struct seccomp_data, args) + 2 * sizeof(uint64_t))
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mprotect, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pkey_mprotect, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, RB_ARG2_LO),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, PROT_EXEC, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L))
+        return -errno;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) ? -errno : 0;
+}
+
+/* The protection /proc/self/maps shows for @p addr ("r-xp"), into @p out. */
+static void maps_perms(uintptr_t addr, char out[5])
+{
+    strcpy(out, "????");
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long s, e;
+        char perms[5];
+        if (sscanf(line, "%lx-%lx %4s", &s, &e, perms) == 3 && addr >= s && addr < e) {
+            memcpy(out, perms, 5);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+struct rx_res {
+    int set, control;
+    int rc, one, pair;
+    struct altpatch_stats st;
+    char perms[5], perms_nomem[5];
+    int rc_revert, one_rev;
+    int rc_nomem, one_nomem;
+    struct altpatch_stats st_nomem;
+};
+
+static void rx_body(void *out)
+{
+    struct rx_res *r = out;
+    altpatch_set_print(NULL);
+    r->set = install_no_exec_gain_filter();
+    if (r->set)
+        return;
+    /* the filter does what it says */
+    void *p = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    r->control = mprotect(p, 4096, PROT_READ | PROT_EXEC) == -1 && errno == EACCES &&
+                 mprotect(p, 4096, PROT_READ | PROT_WRITE) == 0;
+    munmap(p, 4096);
+    r->rc = apply_flags(0);
+    r->st.sz = sizeof(r->st);
+    altpatch_get_stats(&r->st);
+    maps_perms((uintptr_t)site_one, r->perms);
+    r->one = (int)site_one(); /* a stranded page: SIGSEGV here */
+    r->pair = (int)site_pair();
+    r->rc_revert = apply_flags(ALTPATCH_APPLY_REVERT);
+    r->one_rev = (int)site_one();
+    /* /proc/self/mem forbidden: nothing may be written, the text stays executable */
+    r->rc_nomem = apply_flags(ALTPATCH_APPLY_NO_PROCMEM);
+    r->st_nomem.sz = sizeof(r->st_nomem);
+    altpatch_get_stats(&r->st_nomem);
+    maps_perms((uintptr_t)site_one, r->perms_nomem);
+    r->one_nomem = (int)site_one();
+}
+
+Test(robust, rx_refused_after_rw_never_strands_text, .timeout = 120)
+{
+    int status;
+    struct rx_res *r = run_child(sizeof(*r), rx_body, 60, &status);
+    assert_clean_exit(status, "RX-refusing child");
+    cr_assert_eq(r->set, 0, "seccomp filter: %s", strerror(-r->set));
+    cr_assert(r->control, "the filter must refuse PROT_EXEC and allow RW");
+    cr_assert_eq(r->rc, 0);
+    cr_assert_str_eq(r->perms, "r-xp", "text left %s", r->perms);
+    cr_assert_eq(r->one, 2);
+    cr_assert_eq(r->pair, 22);
+    cr_assert_eq(r->st.mprotect_windows, 0, "no window may open when RX may be refused");
+    cr_assert_gt(r->st.procmem_writes, 0);
+    cr_assert_eq(r->rc_revert, 0);
+    cr_assert_eq(r->one_rev, 1);
+    cr_assert_eq(r->rc_nomem, 0);
+    cr_assert_str_eq(r->perms_nomem, "r-xp", "text left %s", r->perms_nomem);
+    cr_assert_eq(r->one_nomem, 1, "nothing written without /proc/self/mem");
+    cr_assert_gt(r->st_nomem.sites_refused, 0);
+    cr_assert_eq(r->st_nomem.bytes_written, 0);
+    cr_assert_eq(r->st_nomem.mprotect_windows, 0);
+}
+
+/* ---- a plugin rebuilt and reloaded at the same address ---------------------------- */
+
+struct reload_res {
+    char msg[256];
+    long v[3];
+    uintptr_t base[3];
+    int state[3], reason[3];
+};
+
+struct site_find {
+    uintptr_t lo, hi;
+    int state, reason, found;
+};
+
+static int find_in(const struct altpatch_site_info *s, void *p)
+{
+    struct site_find *f = p;
+    if (s->addr >= f->lo && s->addr < f->hi) {
+        f->state = s->state;
+        f->reason = s->reason;
+        f->found++;
+    }
+    return 0;
+}
+
+static int copy_file(const char *from, const char *to)
+{
+    char tmp[512];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", to);
+    FILE *in = fopen(from, "rb"), *out = fopen(tmp, "wb");
+    int ok = in && out;
+    char buf[8192];
+    for (size_t n; ok && (n = fread(buf, 1, sizeof(buf), in)) > 0;)
+        ok = fwrite(buf, 1, n, out) == n;
+    if (in)
+        fclose(in);
+    if (out)
+        fclose(out);
+    return ok && rename(tmp, to) == 0 ? 0 : -1;
+}
+
+static void reload_body(void *out)
+{
+    struct reload_res *r = out;
+    altpatch_set_print(NULL);
+    char dir[] = "/tmp/altpatch-reload-XXXXXX";
+    if (!mkdtemp(dir)) {
+        snprintf(r->msg, sizeof(r->msg), "mkdtemp failed");
+        return;
+    }
+    char path[512];
+    snprintf(path, sizeof(path), "%s/libplugin.so", dir);
+    static const char *const versions[3] = {RELOAD_V1, RELOAD_V2, RELOAD_V3};
+    apply_flags(0);
+    for (int i = 0; i < 3; i++) {
+        if (copy_file(versions[i], path)) {
+            snprintf(r->msg, sizeof(r->msg), "copy %s failed", versions[i]);
+            break;
+        }
+        void *h = altpatch_dlopen(path, RTLD_NOW);
+        if (!h) {
+            snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
+            break;
+        }
+        long (*fn)(void) = (long (*)(void))dlsym(h, "reload_value");
+        Dl_info di;
+        if (!fn || !dladdr((void *)fn, &di)) {
+            snprintf(r->msg, sizeof(r->msg), "dlsym failed");
+            break;
+        }
+        r->base[i] = (uintptr_t)di.dli_fbase;
+        r->v[i] = fn();
+        struct site_find f = {(uintptr_t)fn, (uintptr_t)fn + 64, -1, -1, 0};
+        altpatch_site_foreach(find_in, &f);
+        r->state[i] = f.state;
+        r->reason[i] = f.reason;
+        dlclose(h);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
+Test(robust, reloaded_plugin_is_planned_from_its_own_bytes, .timeout = 60)
+{
+    int status;
+    struct reload_res *r = run_child(sizeof(*r), reload_body, 50, &status);
+    assert_clean_exit(status, "reload child");
+    cr_assert_eq(r->msg[0], '\0', "%s", r->msg);
+    cr_assert_eq(r->base[1], r->base[0], "the loader did not reuse the address: nothing tested");
+    cr_assert_eq(r->base[2], r->base[0], "the loader did not reuse the address: nothing tested");
+    cr_assert_eq(r->v[0], 2, "v1 patched");
+    cr_assert_eq(r->v[1], 3, "v2 (new replacement) must run its own replacement, got %ld",
+                 r->v[1]);
+    cr_assert_eq(r->v[2], 3, "v3 (new original) must be patched, got %ld", r->v[2]);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(r->state[i], ALTPATCH_SITE_PATCHED, "version %d: state %d, %s", i + 1,
+                     r->state[i], altpatch_strreason(r->reason[i]));
+    }
+}
+
+/* ---- one WARN line per site and reason ------------------------------------------ */
+
+__attribute__((used)) static long five(void)
+{
+    return 5;
+}
+
+/* A call that is not the site's last instruction: never patched live. */
+__attribute__((noinline)) static long site_callin(void)
+{
+    long v;
+    __asm__ __volatile__("lea -128(%%rsp), %%rsp\n\t"
+                         "push %%rbp\n\t"
+                         "mov %%rsp, %%rbp\n\t"
+                         "and $-16, %%rsp\n\t" ALTERNATIVE("call %P[fn]\n\tnop",
+                                                           "movl $7, %%eax",
+                                                           X86_FEATURE_ALWAYS)
+                         "\n\tmov %%rbp, %%rsp\n\t"
+                         "pop %%rbp\n\t"
+                         "lea 128(%%rsp), %%rsp"
+                         : "=a"(v)
+                         : [fn] "i"(five)
+                         : "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "memory", "cc");
+    return v;
+}
+
+struct warn_res {
+    int rc_bad;
+    long v;
+    int lines, sites, max_per_site;
+    int callin_lines;
+};
+
+static void warn_body(void *out)
+{
+    struct warn_res *r = out;
+    ap_warn_log[0] = '\0';
+    altpatch_set_print(ap_warn_capture);
+    for (int i = 0; i < 100; i++)
+        r->rc_bad += apply_flags(ALTPATCH_APPLY_LIVE | (i % 2 ? ALTPATCH_APPLY_REVERT : 0)) != 0;
+    altpatch_set_print(NULL);
+    r->v = site_callin();
+    /* count lines per site address "(0x...)" for the call-inside reason */
+    const char *why = altpatch_strreason(ALTPATCH_REASON_LIVE_CALL_INSIDE);
+    unsigned long addrs[64];
+    int counts[64] = {0};
+    int n = 0;
+    for (const char *line = ap_warn_log; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char one[512];
+        snprintf(one, sizeof(one), "%.*s", (int)len, line);
+        line = end ? end + 1 : NULL;
+        if (!strstr(one, why))
+            continue;
+        r->lines++;
+        const char *p = strstr(one, "(0x");
+        unsigned long a = p ? strtoul(p + 1, NULL, 16) : 0;
+        if (a >= (uintptr_t)site_callin && a < (uintptr_t)site_callin + 64)
+            r->callin_lines++;
+        int k = 0;
+        while (k < n && addrs[k] != a)
+            k++;
+        if (k == n && n < 64)
+            addrs[n++] = a;
+        if (k < 64 && ++counts[k] > r->max_per_site)
+            r->max_per_site = counts[k];
+    }
+    r->sites = n;
+}
+
+Test(robust, a_refused_site_warns_once_per_reason)
+{
+    int status;
+    struct warn_res *r = run_child(sizeof(*r), warn_body, 60, &status);
+    assert_clean_exit(status, "warn child");
+    cr_assert_eq(r->rc_bad, 0);
+    cr_assert_eq(r->v, 5, "the call-inside site stays original under live applies");
+    cr_assert_eq(r->callin_lines, 1, "%d WARN lines for one site and one reason",
+                 r->callin_lines);
+    cr_assert_eq(r->max_per_site, 1, "%d lines for %d sites", r->lines, r->sites);
+}
