@@ -16,8 +16,10 @@
  *             inside ap_window_write(), which lives in its own section so
  *             that the code running while a page is not executable is never on
  *             a page being written. A window that would contain that section,
- *             or that the process may not make executable again (PR_SET_MDWE),
- *             or whose mprotect is denied, is written with pwrite() on
+ *             or that the process may not make executable again (PR_SET_MDWE,
+ *             or a seccomp filter or SELinux that may refuse RW -> RX: asked
+ *             before the first window, ap_exec_restore_unsure()), or whose
+ *             mprotect is denied, is written with pwrite() on
  *             /proc/self/mem instead (unless AP_POKE_NO_PROCMEM); when that
  *             fails too, its writes are WRITE_DENIED and memory is untouched.
  *
@@ -284,7 +286,8 @@ struct ap_batch {
     struct ap_maps maps;
     bool maps_ok;
     bool mdwe;        /* this process may not make a page executable again */
-    int exec_probe;   /* 0 not asked yet; 1 RW -> RX may be refused; -1 it is allowed */
+    int exec_probe;   /* 0 not asked yet; 1 RW -> probe_prot may be refused; -1 allowed */
+    int probe_prot;
     int memfd;        /* /proc/self/mem, opened on first use; -1 / -errno */
     bool memfd_tried;
     bool wrote_any;
@@ -471,7 +474,7 @@ static bool ap_selinux_enforcing(struct ap_batch *b)
  */
 static bool ap_exec_restore_unsure(struct ap_batch *b, int prot)
 {
-    if (b->exec_probe)
+    if (b->exec_probe && b->probe_prot == prot)
         return b->exec_probe > 0;
     bool unsure = false;
     int sc = prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L);
@@ -493,6 +496,7 @@ static bool ap_exec_restore_unsure(struct ap_batch *b, int prot)
     if (!unsure)
         unsure = ap_selinux_enforcing(b);
     b->exec_probe = unsure ? 1 : -1;
+    b->probe_prot = prot;
     if (unsure)
         ap_log(ALTPATCH_DEBUG, "RW -> RX may be refused here: text written through "
                                "/proc/self/mem\n");
