@@ -94,8 +94,11 @@ ALTPATCH_API bool altpatch_cpu_has(unsigned feature);
  * call writes nothing. Thread-safe (calls are serialized). Returns 0 when every
  * module was processed, even if some sites were refused (see the stats and
  * altpatch_site_foreach()); a negative errno when apply could not run at all
- * (-EBUSY: other threads exist and live patching is not possible; -ENOMEM).
- * With other threads running, the sites are rewritten with the live protocol
+ * (-EBUSY: other threads exist and live patching is not possible; -ENOMEM;
+ * -EDEADLK: called from a print or site-walk callback, or from a signal
+ * handler that interrupted an altpatch call on the same thread -- it returns
+ * at once, takes no lock and writes nothing). fork() in another thread waits
+ * until a running call returns. With other threads running, the sites are rewritten with the live protocol
  * (docs/live.md) unless ALTPATCH_APPLY_NO_LIVE.
  * Honors ALTPATCH_OFF, ALTPATCH_CLEARCPUID and ALTPATCH_DEBUG (not when AT_SECURE).
  */
@@ -144,6 +147,8 @@ struct altpatch_apply_opts {
  * dlopen() @p path and patch the new module at once (libraries loaded by plain
  * dlopen() are patched at the next altpatch_apply()). NULL and dlerror() on failure
  * to load; a failed patch keeps the library loaded and original (see stats).
+ * From a callback or a signal handler that interrupted an altpatch call on the
+ * same thread: NULL with errno EDEADLK, nothing loaded.
  */
 ALTPATCH_API void *altpatch_dlopen(const char *path, int flags);
 
@@ -169,7 +174,11 @@ struct altpatch_stats {
     /* live: end */
 };
 
-/** Copy the stats of the last apply into @p st (st->sz must be set). -EINVAL on a bad sz. */
+/**
+ * Copy the stats of the last apply into @p st (st->sz must be set). -EINVAL on a
+ * bad sz; -EDEADLK from a signal handler that interrupted an altpatch call on the
+ * same thread while the lock was not free.
+ */
 ALTPATCH_API int altpatch_get_stats(struct altpatch_stats *st);
 
 /* ------------------------------------------------------------------------- */
@@ -231,7 +240,8 @@ struct altpatch_site_info {
 typedef int (*altpatch_site_fn)(const struct altpatch_site_info *site, void *ctx);
 /**
  * Walk every site known to the last apply, module by module in load order.
- * Returns the callback's non-zero value, 0 at the end, -ENODATA before any apply.
+ * Returns the callback's non-zero value, 0 at the end, -ENODATA before any apply,
+ * -EDEADLK from a callback or a signal handler that interrupted an altpatch call.
  */
 ALTPATCH_API int altpatch_site_foreach(altpatch_site_fn fn, void *ctx);
 
