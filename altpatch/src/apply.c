@@ -60,11 +60,42 @@ static __thread volatile sig_atomic_t ap_in;
  * itself: it takes the lock only if it is free, and the child, whose copy of
  * this thread still runs that call, releases it when the call returns.
  */
-static __thread bool ap_fork_took;
+static __thread bool ap_fork_took, ap_fork_gated;
+
+/*
+ * The pins are taken and released outside ap_lock (see ap_pins), inside the
+ * loader (dl_iterate_phdr, dlopen, dlclose): a child forked meanwhile would
+ * inherit the loader's locks held and hang in its first dlopen or
+ * dl_iterate_phdr. Those phases pass a gate: any number of threads at once,
+ * none while a fork holds it. The prepare handler waits until no thread is
+ * in one, then keeps the gate's mutex across the fork, so none can start.
+ */
+static pthread_mutex_t ap_gate_mx = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ap_gate_cv = PTHREAD_COND_INITIALIZER;
+static unsigned ap_gate_in; /* threads taking or releasing pins */
+
+static void ap_gate_enter(void)
+{
+    pthread_mutex_lock(&ap_gate_mx);
+    ap_gate_in++;
+    pthread_mutex_unlock(&ap_gate_mx);
+}
+
+static void ap_gate_leave(void)
+{
+    pthread_mutex_lock(&ap_gate_mx);
+    if (--ap_gate_in == 0)
+        pthread_cond_broadcast(&ap_gate_cv);
+    pthread_mutex_unlock(&ap_gate_mx);
+}
 
 static void ap_atfork_prepare(void)
 {
     if (ap_in == AP_IN_NONE) {
+        pthread_mutex_lock(&ap_gate_mx);
+        while (ap_gate_in)
+            pthread_cond_wait(&ap_gate_cv, &ap_gate_mx);
+        ap_fork_gated = true;
         pthread_mutex_lock(&ap_lock);
         ap_fork_took = true;
     } else {
@@ -79,6 +110,10 @@ static void ap_atfork_done(void)
     if (ap_fork_took) {
         ap_fork_took = false;
         pthread_mutex_unlock(&ap_lock);
+    }
+    if (ap_fork_gated) {
+        ap_fork_gated = false;
+        pthread_mutex_unlock(&ap_gate_mx);
     }
 }
 
@@ -253,6 +288,7 @@ static int ap_pins_collect(struct dl_phdr_info *info, size_t size, void *data)
 /** Pin every loaded library (never called with ap_lock held). */
 static void ap_pins_take(struct ap_pins *p)
 {
+    ap_gate_enter(); /* see ap_gate_mx */
     *p = (struct ap_pins){0};
     dl_iterate_phdr(ap_pins_collect, p); /* dlopen() is not allowed inside the walk */
     p->h = calloc(p->n ? p->n : 1, sizeof(*p->h));
@@ -267,11 +303,13 @@ static void ap_pins_take(struct ap_pins *p)
             dlclose(h);
         }
     }
+    ap_gate_leave();
 }
 
 /** Release the pins (a library dlclose'd meanwhile is unmapped here). */
 static void ap_pins_release(struct ap_pins *p)
 {
+    ap_gate_enter();
     for (size_t i = 0; i < p->n; i++) {
         if (p->h && p->h[i])
             dlclose(p->h[i]);
@@ -281,6 +319,7 @@ static void ap_pins_release(struct ap_pins *p)
     free(p->base);
     free(p->name);
     *p = (struct ap_pins){0};
+    ap_gate_leave();
 }
 
 /** Mark the modules of @p list that @p p does not pin as gone (skipped). */
@@ -771,7 +810,9 @@ void *altpatch_dlopen(const char *path, int flags)
         errno = EDEADLK;
         return NULL;
     }
+    ap_gate_enter(); /* a fork waits: no child with the loader's locks held */
     void *h = dlopen(path, flags);
+    ap_gate_leave();
     if (!h)
         return NULL;
     int err = altpatch_apply();
