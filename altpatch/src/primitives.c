@@ -24,3 +24,7 @@ ALTPATCH_API int altpatch_gs_install(void *block)
         return -errno;
     return 0;
 }
+
+ALTPATCH_API void altpatch_call_unwinds(void)
+{
+}
