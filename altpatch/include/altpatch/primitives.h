@@ -63,7 +63,10 @@ ALTPATCH_PRIMITIVE_ void altpatch_weak_fence(void)
  * `movq %gs:0, %rax` (65 48 8b 04 25 00 00 00 00); under X86_FEATURE_FSGSBASE
  * `rdgsbase %rax` (f3 48 0f ae c8) + NOP4. Only valid after
  * altpatch_gs_install() on this thread (glibc does not use GS on x86-64: a
- * GS base of 0 makes the original fault).
+ * GS base of 0 makes the original fault). A thread that never called
+ * altpatch_gs_install() inherits its creator's GS base, so there this returns
+ * the *creator's* block without any error: altpatch_gs_check() tells a thread
+ * whether the block at its GS base is the one it installed.
  */
 ALTPATCH_PRIMITIVE_ void *altpatch_gs_self(void)
 {
@@ -246,6 +249,18 @@ ALTPATCH_API void altpatch_call_unwinds(void);
  * a NULL block, or the negative errno of arch_prctl.
  */
 ALTPATCH_API int altpatch_gs_install(void *block);
+
+/**
+ * Whether altpatch_gs_self() returns this thread's own block: 0 when this
+ * thread called altpatch_gs_install() and its GS base is still that block;
+ * -ENOENT when this thread never installed one (a new thread starts with its
+ * creator's GS base, so altpatch_gs_self() would return the creator's block;
+ * a GS base of 0 would make it fault); -ESTALE when the GS base was changed
+ * since by other means (arch_prctl, wrgsbase); or the negative errno of
+ * arch_prctl(ARCH_GET_GS). Never faults; a system call, not for hot paths:
+ * check once per thread, e.g. at its start.
+ */
+ALTPATCH_API int altpatch_gs_check(void);
 
 #ifdef __cplusplus
 }
