@@ -2,7 +2,7 @@
 /*
  * Out-of-line part of <altpatch/primitives.h>: installing the per-thread GS
  * block that altpatch_gs_self() reads, checking that this thread installed
- * the block its GS base points to, and the unwind anchor of ALTPATCH_ALT_CALL.
+ * the block its GS base points to.
  */
 #include <asm/prctl.h>
 #include <errno.h>
@@ -42,8 +42,4 @@ ALTPATCH_API int altpatch_gs_check(void)
     if (syscall(SYS_arch_prctl, ARCH_GET_GS, &base) != 0)
         return -errno;
     return (void *)base == ap_gs_installed ? 0 : -ESTALE;
-}
-
-ALTPATCH_API void altpatch_call_unwinds(void)
-{
 }

@@ -154,15 +154,6 @@ ALTPATCH_PRIMITIVE_ uint64_t altpatch_rdtsc_ordered(void)
 #endif
 
 /**
- * Does nothing and is never called: the target of a jump that the compiler
- * must assume each ALTPATCH_ALT_CALL site may take (an empty `asm goto` that
- * emits no instruction). It tells the compiler that the function holding a
- * site may throw, as the callee may, so that the callers of that function keep
- * their exception regions and cleanups.
- */
-ALTPATCH_API void altpatch_call_unwinds(void);
-
-/**
  * Expression of type long: `oldfn(arg)`, or `newfn(arg)` once altpatch_apply()
  * found @p ft_flags (a feature id, or ALT_NOT(id)) true. Both functions must
  * have the type `long (long)` and be *local to the module*: `static`, or
@@ -178,13 +169,19 @@ ALTPATCH_API void altpatch_call_unwinds(void);
  * twice (alignment stays 16) and reloads it after the call; every
  * caller-saved register is clobbered.
  *
- * Unwinding: the macro takes `__builtin_frame_address(0)`, which makes gcc and
- * clang give the enclosing function a frame pointer and describe its frame
+ * Unwinding: the macro takes `__builtin_frame_address(0)` (operand ap_frame,
+ * which the template never reads), which makes gcc and clang give the
+ * enclosing function a frame pointer and describe its frame
  * (CFA) from rbp for the whole body; the asm never writes rbp, so the
  * compiler's own CFI stays true while rsp moves, before and after apply (the
  * site stays a call at the same address). Exceptions thrown by the callee,
  * thread cancellation (forced unwinding) and backtrace(3) /
- * _Unwind_Backtrace() pass through the site. The compiler itself sees an asm
+ * _Unwind_Backtrace() pass through the site. An empty `asm goto` (no
+ * instruction) that the compiler must assume may jump to a call through an
+ * unknown pointer (never executed) keeps it from deciding that the function
+ * holding the site cannot throw, so the callers of that function keep their
+ * exception regions and cleanups; the site needs no symbol of the library.
+ * The compiler itself sees an asm
  * statement that cannot throw: a C++ `catch`, a destructor or a
  * `pthread_cleanup_push()` handler that must see an exception or cancellation
  * coming out of the callee belongs in a function that *calls* the one holding
@@ -234,8 +231,11 @@ ALTPATCH_API void altpatch_call_unwinds(void);
                              : ALTPATCH_CALL_CLOBBERS_);                                   \
         __asm__ goto("" : : : : altpatch_unwinds_);                                        \
         if (0) {                                                                           \
-        altpatch_unwinds_:                                                                 \
-            altpatch_call_unwinds();                                                       \
+        altpatch_unwinds_: {                                                               \
+            void (*altpatch_any_)(void);                                                   \
+            __asm__("" : "=r"(altpatch_any_));                                             \
+            altpatch_any_();                                                               \
+        }                                                                                  \
         }                                                                                  \
         altpatch_ret_;                                                                     \
     })
