@@ -710,7 +710,7 @@ ALTPATCH_API struct altpatch_features *altpatch_features_host(void)
 /* ALTPATCH_CLEARCPUID                                                       */
 /* ------------------------------------------------------------------------- */
 
-/* Clear each listed name; warn about unknown ones when @p warn. */
+/* Clear each listed name (never ALWAYS); warn about unknown ones and ALWAYS when @p warn. */
 static int ap_clear_names(struct altpatch_features *f, const char *list, bool warn)
 {
     int n = 0;
@@ -721,7 +721,14 @@ static int ap_clear_names(struct altpatch_features *f, const char *list, bool wa
         ap_trim(&item, &ilen);
         if (ilen) {
             int id = ap_feat_lookup_item(item, ilen);
-            if (id >= 0) {
+            if (id == X86_FEATURE_ALWAYS) {
+                /* ALWAYS is in every set: an ALT_NOT(ALWAYS) site is never patched. */
+                if (warn)
+                    ap_log(ALTPATCH_WARN,
+                           "ALTPATCH_CLEARCPUID: '%.*s' cannot be cleared (ALWAYS is in every "
+                           "feature set), ignored\n",
+                           (int)ilen, item);
+            } else if (id >= 0) {
                 ap_bit_clear(f, (unsigned)id);
                 n++;
             } else if (warn) {

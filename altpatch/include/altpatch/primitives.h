@@ -63,7 +63,10 @@ ALTPATCH_PRIMITIVE_ void altpatch_weak_fence(void)
  * `movq %gs:0, %rax` (65 48 8b 04 25 00 00 00 00); under X86_FEATURE_FSGSBASE
  * `rdgsbase %rax` (f3 48 0f ae c8) + NOP4. Only valid after
  * altpatch_gs_install() on this thread (glibc does not use GS on x86-64: a
- * GS base of 0 makes the original fault).
+ * GS base of 0 makes the original fault). A thread that never called
+ * altpatch_gs_install() inherits its creator's GS base, so there this returns
+ * the *creator's* block without any error: altpatch_gs_check() tells a thread
+ * whether the block at its GS base is the one it installed.
  */
 ALTPATCH_PRIMITIVE_ void *altpatch_gs_self(void)
 {
@@ -124,7 +127,7 @@ ALTPATCH_PRIMITIVE_ uint64_t altpatch_rdtsc_ordered(void)
 }
 
 /* Every register the SysV ABI lets a callee change, except rax and rdi
- * (the asm's operands) and rsp/rbp (saved by hand around the call). */
+ * (the asm's operands) and rsp (saved by hand around the call). */
 #define ALTPATCH_CALL_CLOBBERS_BASE_                                                       \
     "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", \
         "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13",        \
@@ -161,31 +164,82 @@ ALTPATCH_PRIMITIVE_ uint64_t altpatch_rdtsc_ordered(void)
  * The site is exactly one `call rel32` (e8 + 4 bytes) to @p oldfn; the
  * replacement is `call newfn`, whose rel32 the planner relocates from the
  * replacement's address to the site's (new_disp = disp + repl - site). Around
- * the site the asm steps over the 128-byte red zone, saves rbp, aligns rsp to
- * 16 (the ABI's alignment at a call), and restores both after; every
- * caller-saved register is clobbered. Unwinding from inside the callee through
- * this frame is not described by CFI (backtraces may stop here).
+ * the site the asm keeps the caller's rsp in rax, steps over the 128-byte red
+ * zone, aligns rsp to 16 (the ABI's alignment at a call), pushes the old rsp
+ * twice (alignment stays 16) and reloads it after the call; every
+ * caller-saved register is clobbered.
+ *
+ * Unwinding: the macro takes `__builtin_frame_address(0)` (operand ap_frame,
+ * which the template never reads), which makes gcc and clang give the
+ * enclosing function a frame pointer and describe its frame
+ * (CFA) from rbp for the whole body; the asm never writes rbp, so the
+ * compiler's own CFI stays true while rsp moves, before and after apply (the
+ * site stays a call at the same address). Exceptions thrown by the callee,
+ * thread cancellation (forced unwinding) and backtrace(3) /
+ * _Unwind_Backtrace() pass through the site. An empty `asm goto` (no
+ * instruction) that the compiler must assume may jump to a call through an
+ * unknown pointer (never executed) keeps it from deciding that the function
+ * holding the site cannot throw, so the callers of that function keep their
+ * exception regions and cleanups; the site needs no symbol of the library.
+ * The compiler itself sees an asm
+ * statement that cannot throw: a C++ `catch`, a destructor or a
+ * `pthread_cleanup_push()` handler that must see an exception or cancellation
+ * coming out of the callee belongs in a function that *calls* the one holding
+ * the site (in the same function, C++ calls std::terminate() and C skips the
+ * handler, as for any asm).
+ *
+ * Not available under `-mcmodel=large` (a function's address is no 32-bit
+ * immediate there, and a `call rel32` may not reach): using the macro stops
+ * the compilation with a message saying so. `-mcmodel=small` (the default)
+ * and `medium` are supported.
  */
+#if defined(__code_model_large__)
 #define ALTPATCH_ALT_CALL(oldfn, newfn, ft_flags, arg)                                     \
     __extension__({                                                                        \
+        ALTPATCH_CALL_LARGE_MODEL_();                                                      \
+        (void)(arg);                                                                       \
+        0L;                                                                                \
+    })
+#ifdef __cplusplus
+#define ALTPATCH_CALL_LARGE_MODEL_()                                                       \
+    static_assert(0, "ALTPATCH_ALT_CALL is not available under -mcmodel=large: "           \
+                     "the site is a call rel32 to a 32-bit immediate address")
+#else
+#define ALTPATCH_CALL_LARGE_MODEL_()                                                       \
+    _Static_assert(0, "ALTPATCH_ALT_CALL is not available under -mcmodel=large: "          \
+                      "the site is a call rel32 to a 32-bit immediate address")
+#endif
+#else
+#define ALTPATCH_ALT_CALL(oldfn, newfn, ft_flags, arg)                                     \
+    __extension__({                                                                        \
+        __label__ altpatch_unwinds_;                                                       \
         ALTPATCH_CALL_CHECK_(oldfn);                                                       \
         ALTPATCH_CALL_CHECK_(newfn);                                                       \
         long altpatch_ret_;                                                                \
         long altpatch_arg_ = (long)(arg);                                                  \
-        __asm__ __volatile__("{lea -128(%%rsp), %%rsp|lea rsp, [rsp-128]}\n\t"            \
-                             "{push %%rbp|push rbp}\n\t"                                   \
-                             "{mov %%rsp, %%rbp|mov rbp, rsp}\n\t"                         \
-                             "{and $-16, %%rsp|and rsp, -16}\n\t"                          \
+        __asm__ __volatile__("{mov %%rsp, %%rax|mov rax, rsp}\n\t"                        \
+                             "{lea -128(%%rsp), %%rsp|lea rsp, [rsp-128]}\n\t"            \
+                             "{and $-16, %%rsp|and rsp, -16}\n\t"                         \
+                             "{push %%rax|push rax}\n\t"                                  \
+                             "{push %%rax|push rax}\n\t"                                  \
                              ALTERNATIVE("call %P[ap_oldfn]", "call %P[ap_newfn]",         \
                                          ft_flags)                                         \
-                             "\n\t{mov %%rbp, %%rsp|mov rsp, rbp}\n\t"                    \
-                             "{pop %%rbp|pop rbp}\n\t"                                     \
-                             "{lea 128(%%rsp), %%rsp|lea rsp, [rsp+128]}"                  \
+                             "\n\t{mov 8(%%rsp), %%rsp|mov rsp, [rsp+8]}"                 \
                              : "=a"(altpatch_ret_), "+D"(altpatch_arg_)                    \
-                             : [ap_oldfn] "i"(oldfn), [ap_newfn] "i"(newfn)                \
+                             : [ap_oldfn] "i"(oldfn), [ap_newfn] "i"(newfn),               \
+                               [ap_frame] "r"(__builtin_frame_address(0))                  \
                              : ALTPATCH_CALL_CLOBBERS_);                                   \
+        __asm__ goto("" : : : : altpatch_unwinds_);                                        \
+        if (0) {                                                                           \
+        altpatch_unwinds_: {                                                               \
+            void (*altpatch_any_)(void);                                                   \
+            __asm__("" : "=r"(altpatch_any_));                                             \
+            altpatch_any_();                                                               \
+        }                                                                                  \
+        }                                                                                  \
         altpatch_ret_;                                                                     \
     })
+#endif
 
 /**
  * Make @p block this thread's GS base and store @p block in its first word, so
@@ -195,6 +249,18 @@ ALTPATCH_PRIMITIVE_ uint64_t altpatch_rdtsc_ordered(void)
  * a NULL block, or the negative errno of arch_prctl.
  */
 ALTPATCH_API int altpatch_gs_install(void *block);
+
+/**
+ * Whether altpatch_gs_self() returns this thread's own block: 0 when this
+ * thread called altpatch_gs_install() and its GS base is still that block;
+ * -ENOENT when this thread never installed one (a new thread starts with its
+ * creator's GS base, so altpatch_gs_self() would return the creator's block;
+ * a GS base of 0 would make it fault); -ESTALE when the GS base was changed
+ * since by other means (arch_prctl, wrgsbase); or the negative errno of
+ * arch_prctl(ARCH_GET_GS). Never faults; a system call, not for hot paths:
+ * check once per thread, e.g. at its start.
+ */
+ALTPATCH_API int altpatch_gs_check(void);
 
 #ifdef __cplusplus
 }
