@@ -43,12 +43,12 @@
  */
 #include "internal.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -90,6 +90,215 @@ static void ap_restore_mask(const uint64_t *saved)
 static void ap_pause(void)
 {
     __asm__ __volatile__("pause" ::: "memory");
+}
+
+/* ------------------------------------------------------------------------- */
+/* Threads, read from /proc without allocating                               */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * Between the first int3 and the last write the applying thread must not call
+ * anything that may run a site of the round (a malloc or opendir wrapper of
+ * the program can hold one): it would trap with every signal blocked. So the
+ * round reads /proc with raw system calls into static buffers, on a
+ * /proc/self/task descriptor opened before the round.
+ */
+
+struct ap_dirent64 {
+    uint64_t ino;
+    int64_t off;
+    unsigned short reclen;
+    unsigned char type;
+    char name[];
+};
+
+/** Decimal @p v at @p p; returns the end. */
+static char *ap_put_dec(char *p, unsigned long v)
+{
+    char tmp[24];
+    int n = 0;
+    do
+        tmp[n++] = (char)('0' + v % 10);
+    while (v /= 10);
+    while (n)
+        *p++ = tmp[--n];
+    return p;
+}
+
+/** Read /proc/self/task/@p tid/@p file into @p buf (NUL-terminated). Bytes read or -errno. */
+static long ap_task_read(pid_t tid, const char *file, char *buf, size_t size)
+{
+    char path[64] = "/proc/self/task/";
+    char *p = ap_put_dec(path + strlen(path), (unsigned long)tid);
+    *p++ = '/';
+    size_t fl = strlen(file);
+    memcpy(p, file, fl + 1);
+    long fd = syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    long n = syscall(SYS_read, (int)fd, buf, size - 1);
+    int err = errno;
+    syscall(SYS_close, (int)fd);
+    if (n < 0)
+        return -err;
+    buf[n] = 0;
+    return n;
+}
+
+/** Hexadecimal value after "@p key:" in @p text (a /proc status file); 0 when absent. */
+static uint64_t ap_status_hex(const char *text, const char *key)
+{
+    size_t kl = strlen(key);
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, key, kl) || l[kl] != ':')
+            continue;
+        uint64_t v = 0;
+        for (const char *c = l + kl + 1; *c && *c != '\n'; c++) {
+            int d = *c >= '0' && *c <= '9'   ? *c - '0'
+                    : *c >= 'a' && *c <= 'f' ? *c - 'a' + 10
+                                             : -1;
+            if (d >= 0)
+                v = v << 4 | (uint64_t)d;
+        }
+        return v;
+    }
+    return 0;
+}
+
+/**
+ * Call @p fn(tid, ctx) for every thread of the process but the caller, from
+ * the /proc/self/task descriptor @p dirfd (rewound). Stops when @p fn returns
+ * non-zero and returns that; -errno when the directory cannot be read.
+ */
+static int ap_tasks_each(int dirfd, int (*fn)(pid_t tid, void *ctx), void *ctx)
+{
+    static _Alignas(8) char buf[4096];
+    pid_t self = ap_gettid();
+    if (syscall(SYS_lseek, dirfd, 0L, SEEK_SET) < 0)
+        return -errno;
+    for (;;) {
+        long n = syscall(SYS_getdents64, dirfd, buf, sizeof(buf));
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return 0;
+        for (long off = 0; off < n;) {
+            const struct ap_dirent64 *e = (const void *)(buf + off);
+            off += e->reclen;
+            pid_t tid = 0;
+            for (const char *c = e->name; *c >= '0' && *c <= '9'; c++)
+                tid = tid * 10 + (*c - '0');
+            if (tid <= 0 || tid == self)
+                continue;
+            int r = fn(tid, ctx);
+            if (r)
+                return r;
+        }
+    }
+}
+
+static int ap_task_dir_open(void)
+{
+    long fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    return fd < 0 ? -errno : (int)fd;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Who cannot take SIGTRAP                                                   */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * The kernel forces the SIGTRAP of an int3 on the thread that executed it: when
+ * that thread blocks or ignores SIGTRAP, the action is reset to the default and
+ * the process dies. So no int3 goes into memory while some thread of the
+ * process blocks, ignores or already has pending SIGTRAP, or while a signal
+ * handler runs with SIGTRAP in its sa_mask (a site run by that handler would
+ * trap with SIGTRAP blocked): the apply is refused with -EBUSY and the reason
+ * names the thread or the signal.
+ */
+
+static char ap_trap_why[160];
+
+#define AP_SIGTRAP_BIT (1ull << (SIGTRAP - 1))
+
+static int ap_trap_check_task(pid_t tid, void *ctx)
+{
+    static char st[4096];
+    (void)ctx;
+    if (ap_task_read(tid, "status", st, sizeof(st)) <= 0)
+        return 0; /* exited meanwhile */
+    const char *what = NULL;
+    if (ap_status_hex(st, "SigBlk") & AP_SIGTRAP_BIT)
+        what = "blocks SIGTRAP";
+    else if (ap_status_hex(st, "SigIgn") & AP_SIGTRAP_BIT)
+        what = "ignores SIGTRAP";
+    else if ((ap_status_hex(st, "SigPnd") | ap_status_hex(st, "ShdPnd")) & AP_SIGTRAP_BIT)
+        what = "has a SIGTRAP pending";
+    if (!what)
+        return 0;
+    char name[20] = "?";
+    const char *n = strstr(st, "Name:\t");
+    if (n) {
+        n += 6;
+        size_t k = 0;
+        while (n[k] && n[k] != '\n' && k < sizeof(name) - 1) {
+            name[k] = n[k];
+            k++;
+        }
+        name[k] = 0;
+    }
+    char *p = ap_put_dec(memcpy(ap_trap_why, "thread ", 7) + 7, (unsigned long)tid);
+    size_t left = sizeof(ap_trap_why) - (size_t)(p - ap_trap_why);
+    snprintf(p, left, " (%s) %s: an int3 it runs would kill the process", name, what);
+    return -EBUSY;
+}
+
+/** Signal handlers that run with SIGTRAP blocked. Not used during a round (sigaction is libc). */
+static int ap_trap_check_handlers(void)
+{
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction sa;
+        if (sig == SIGKILL || sig == SIGSTOP || sig == SIGTRAP || sigaction(sig, NULL, &sa))
+            continue;
+        if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)
+            continue;
+        if (sigismember(&sa.sa_mask, SIGTRAP)) {
+            snprintf(ap_trap_why, sizeof(ap_trap_why),
+                     "the handler of signal %d blocks SIGTRAP (sa_mask): an int3 it runs would "
+                     "kill the process",
+                     sig);
+            return -EBUSY;
+        }
+    }
+    return 0;
+}
+
+static int ap_count_task(pid_t tid, void *ctx)
+{
+    (void)tid;
+    ++*(size_t *)ctx;
+    return 0;
+}
+
+/**
+ * 0 when every other thread can take the SIGTRAP of an int3; -EBUSY with
+ * ap_trap_why set otherwise (or when /proc/self/task cannot be read).
+ */
+static int ap_trap_check(int dirfd)
+{
+    size_t others = 0;
+    int err = ap_tasks_each(dirfd, ap_count_task, &others);
+    if (!err && !others)
+        return 0; /* the applying thread blocks every signal during the round */
+    if (!err)
+        err = ap_tasks_each(dirfd, ap_trap_check_task, NULL);
+    if (!err)
+        err = ap_trap_check_handlers();
+    if (err && err != -EBUSY) {
+        snprintf(ap_trap_why, sizeof(ap_trap_why), "/proc/self/task cannot be read");
+        err = -EBUSY;
+    }
+    return err;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -197,6 +406,13 @@ static struct sigaction ap_prev_trap, ap_prev_hs; /* actions installed before ou
 /** Hand a signal that is not ours to the action that was installed before. */
 static void ap_chain(const struct sigaction *prev, int sig, siginfo_t *si, void *uc)
 {
+    if (prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN) {
+        /* The mask the kernel would have set for that handler (sigreturn restores ours). */
+        sigset_t m = prev->sa_mask;
+        if (!(prev->sa_flags & SA_NODEFER))
+            sigaddset(&m, sig);
+        syscall(SYS_rt_sigprocmask, SIG_BLOCK, &m, NULL, sizeof(uint64_t));
+    }
     if (prev->sa_flags & SA_SIGINFO) {
         if (prev->sa_sigaction)
             prev->sa_sigaction(sig, si, uc);
@@ -246,6 +462,9 @@ static void ap_trap_handler(int sig, siginfo_t *si, void *ucv)
     ucontext_t *uc = ucv;
     uintptr_t rip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     if (si->si_code == SI_KERNEL && ap_is_our_int3(rip - 1)) {
+        /* SA_NODEFER: SIGTRAP stays open while we wait, so a signal handler
+         * that runs here (even before our first instruction) and executes a
+         * site of the round traps again instead of being killed. */
         ap_park(rip - 1);
         uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(rip - 1);
     } else {
@@ -269,18 +488,21 @@ static void ap_hs_handler(int sig, siginfo_t *si, void *ucv)
  * Install @p fn for @p sig unless it is already there, remembering the action
  * it replaces in @p prev (re-installed when someone replaced ours since).
  */
-static int ap_install(int sig, void (*fn)(int, siginfo_t *, void *), struct sigaction *prev)
+static int ap_install(int sig, void (*fn)(int, siginfo_t *, void *), int flags,
+                      struct sigaction *prev)
 {
     struct sigaction cur, sa;
+    flags |= SA_SIGINFO | SA_RESTART | SA_ONSTACK;
     if (sigaction(sig, NULL, &cur))
         return -errno;
-    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == fn)
+    if (cur.sa_sigaction == fn && (cur.sa_flags & flags) == flags)
         return 0;
     memset(&sa, 0, sizeof(sa));
     sa.sa_sigaction = fn;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+    sa.sa_flags = flags;
     sigemptyset(&sa.sa_mask);
-    *prev = cur;
+    if (cur.sa_sigaction != fn)
+        *prev = cur;
     return sigaction(sig, &sa, NULL) ? -errno : 0;
 }
 
@@ -354,11 +576,19 @@ int ap_live_ready(const char **why)
     }
     close(fd);
     pthread_once(&ap_fork_once, ap_fork_register);
-    err = ap_install(SIGTRAP, ap_trap_handler, &ap_prev_trap);
+    err = ap_install(SIGTRAP, ap_trap_handler, SA_NODEFER, &ap_prev_trap);
     if (!err)
-        err = ap_install(AP_HS_SIG, ap_hs_handler, &ap_prev_hs);
-    if (err)
+        err = ap_install(AP_HS_SIG, ap_hs_handler, 0, &ap_prev_hs);
+    if (err) {
         *why = msgs[2];
+        return err;
+    }
+    int dirfd = ap_task_dir_open();
+    err = dirfd < 0 ? dirfd : ap_trap_check(dirfd);
+    if (dirfd >= 0)
+        close(dirfd);
+    if (err)
+        *why = dirfd < 0 ? "/proc/self/task cannot be opened" : ap_trap_why;
     return err;
 }
 
@@ -413,6 +643,7 @@ struct ap_round {
     struct ap_live_item *it;
     size_t n;
     int fd;
+    int taskfd; /* /proc/self/task, opened before the round */
     struct ap_poke_stats *st;
 };
 
@@ -465,30 +696,51 @@ static long ap_inside(const struct ap_round *r, uintptr_t rip)
     return -1;
 }
 
-/** The other threads of this process into ap_hs[]; false when there are too many. */
-static bool ap_hs_collect(void)
+static int ap_hs_collect_one(pid_t tid, void *ctx)
 {
-    pid_t self = ap_gettid();
+    size_t *n = ctx;
+    if (*n == AP_HS_MAX)
+        return 1;
+    __atomic_store_n(&ap_hs[*n].tid, tid, __ATOMIC_RELAXED);
+    __atomic_store_n(&ap_hs[*n].seq, 0, __ATOMIC_RELAXED);
+    ++*n;
+    return 0;
+}
+
+/** The other threads of this process into ap_hs[]; false when there are too many. */
+static bool ap_hs_collect(int dirfd)
+{
     size_t n = 0;
-    bool fits = true;
-    DIR *d = opendir("/proc/self/task");
-    if (!d)
-        return false;
-    for (struct dirent *e; (e = readdir(d));) {
-        pid_t tid = (pid_t)atoi(e->d_name);
-        if (tid <= 0 || tid == self)
-            continue;
-        if (n == AP_HS_MAX) {
-            fits = false;
-            break;
-        }
-        __atomic_store_n(&ap_hs[n].tid, tid, __ATOMIC_RELAXED);
-        __atomic_store_n(&ap_hs[n].seq, 0, __ATOMIC_RELAXED);
-        n++;
-    }
-    closedir(d);
+    int r = ap_tasks_each(dirfd, ap_hs_collect_one, &n);
     __atomic_store_n(&ap_hs_n, n, __ATOMIC_RELEASE);
-    return fits;
+    return r == 0;
+}
+
+/*
+ * Where a sleeping thread is, without disturbing it: /proc/self/task/TID/syscall
+ * holds "nr args... sp pc" (or "-1 sp pc") with the user RIP of a thread that
+ * sleeps in the kernel, and "running" for one that runs. A thread seen asleep
+ * at pc after the int3s went in answers the handshake as well as a signal
+ * would, and a signal would make its wait fail with EINTR (epoll_wait, ...).
+ * Returns true and *pc for a sleeping thread.
+ */
+static bool ap_task_pc(pid_t tid, uintptr_t *pc)
+{
+    char buf[256];
+    long n = ap_task_read(tid, "syscall", buf, sizeof(buf));
+    if (n <= 0 || buf[0] < '-' || (buf[0] > '9' && buf[0] != '-'))
+        return false; /* "running", gone, or not available */
+    const char *last = NULL;
+    for (const char *c = buf; *c; c++)
+        if (c[0] == '0' && c[1] == 'x')
+            last = c + 2;
+    if (!last)
+        return false;
+    uintptr_t v = 0;
+    for (const char *c = last; (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f'); c++)
+        v = v << 4 | (uintptr_t)(*c <= '9' ? *c - '0' : *c - 'a' + 10);
+    *pc = v;
+    return true;
 }
 
 static int ap_hs_send(pid_t pid, pid_t tid)
@@ -532,6 +784,13 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
     for (size_t i = 0; i < n; i++) {
         if (!state[i])
             continue;
+        uintptr_t pc;
+        r->st->syscalls += 3;
+        if (ap_task_pc(ap_hs[i].tid, &pc)) {
+            __atomic_store_n(&ap_hs[i].rip, pc, __ATOMIC_RELAXED);
+            __atomic_store_n(&ap_hs[i].seq, seq, __ATOMIC_RELEASE);
+            continue;
+        }
         r->st->syscalls++;
         if (ap_hs_send(pid, ap_hs[i].tid) == -ESRCH)
             state[i] = 0; /* exited */
@@ -549,15 +808,10 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
 /** Step 2: refuse the multi-instruction sites a thread is (or may be) inside. */
 static int ap_handshake(struct ap_round *r)
 {
-    bool fits = ap_hs_collect();
+    static int8_t state[AP_HS_MAX];
+    static long inside[AP_HS_MAX];
+    bool fits = ap_hs_collect(r->taskfd);
     size_t n = __atomic_load_n(&ap_hs_n, __ATOMIC_RELAXED);
-    int8_t *state = calloc(n ? n : 1, 1);
-    long *inside = calloc(n ? n : 1, sizeof(long));
-    if (!state || !inside) {
-        free(state);
-        free(inside);
-        return -ENOMEM;
-    }
     memset(state, 1, n);
     uint64_t until = ap_now_ns() + AP_HS_BUDGET_NS;
     for (size_t left = n; left;) {
@@ -568,7 +822,7 @@ static int ap_handshake(struct ap_round *r)
         if (!left || ap_now_ns() > until)
             break;
         struct timespec ts = {0, AP_HS_PAUSE_NS};
-        nanosleep(&ts, NULL);
+        syscall(SYS_nanosleep, &ts, NULL);
     }
     __atomic_store_n(&ap_hs_seq, 0, __ATOMIC_RELEASE);
     bool silent = !fits;
@@ -580,8 +834,6 @@ static int ap_handshake(struct ap_round *r)
     for (size_t i = 0; silent && i < r->n; i++)
         if (!r->it[i].out && r->it[i].multi)
             ap_item_refuse(r, &r->it[i], ALTPATCH_REASON_LIVE_NO_ANSWER);
-    free(state);
-    free(inside);
     return 0;
 }
 
@@ -673,31 +925,41 @@ static size_t ap_live_pending(struct ap_write *w, size_t n, struct ap_live_item 
 int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
 {
     struct ap_poke_stats dummy = {0};
-    struct ap_round r = {.st = st ? st : &dummy, .fd = -1};
+    struct ap_round r = {.st = st ? st : &dummy, .fd = -1, .taskfd = -1};
     r.it = calloc(n ? n : 1, sizeof(*r.it));
     if (!r.it)
         return -ENOMEM;
     r.n = ap_live_pending(w, n, r.it);
     int err = 0;
     if (r.n && ap_classify(&r)) {
+        /* Everything the round needs is allocated and opened here (see ap_tasks_each). */
         r.fd = ap_procmem_open();
-        r.st->syscalls++;
-        err = r.fd < 0 ? r.fd : ap_set_add(w, n);
+        r.taskfd = ap_task_dir_open();
+        r.st->syscalls += 2;
+        err = r.fd < 0 ? r.fd : r.taskfd < 0 ? r.taskfd : ap_set_add(w, n);
         if (!err) {
             uint64_t mask;
             ap_block_all(&mask);
             pthread_mutex_lock(&ap_fork_lock);
-            ap_round_run(&r);
+            /* Again, right before the first int3: threads change their masks. */
+            err = ap_trap_check(r.taskfd);
+            if (!err)
+                ap_round_run(&r);
             pthread_mutex_unlock(&ap_fork_lock);
             ap_restore_mask(&mask);
+            if (err)
+                ap_log(ALTPATCH_WARN, "live patching refused: %s\n", ap_trap_why);
         }
-        if (r.fd >= 0) {
+        if (r.fd >= 0)
             close(r.fd);
-            r.st->syscalls++;
-        }
+        if (r.taskfd >= 0)
+            close(r.taskfd);
+        r.st->syscalls += 2;
     }
     for (size_t i = 0; err && i < r.n; i++)
-        r.it[i].w->result = r.it[i].w->result ? r.it[i].w->result : ALTPATCH_REASON_WRITE_DENIED;
+        r.it[i].w->result = r.it[i].w->result ? r.it[i].w->result
+                            : err == -EBUSY   ? ALTPATCH_REASON_LIVE_NO_ANSWER
+                                              : ALTPATCH_REASON_WRITE_DENIED;
     r.st->pages += ap_live_pages(w, n);
     free(r.it);
     return err;
