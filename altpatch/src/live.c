@@ -232,8 +232,6 @@ static int ap_trap_check_task(pid_t tid, void *ctx)
         what = "blocks SIGTRAP";
     else if (ap_status_hex(st, "SigIgn") & AP_SIGTRAP_BIT)
         what = "ignores SIGTRAP";
-    else if ((ap_status_hex(st, "SigPnd") | ap_status_hex(st, "ShdPnd")) & AP_SIGTRAP_BIT)
-        what = "has a SIGTRAP pending";
     if (!what)
         return 0;
     char name[20] = "?";
