@@ -51,7 +51,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -219,6 +221,11 @@ static int ap_task_dir_open(void)
 
 static char ap_trap_why[160];
 
+/** The sa_restorer of the process' handlers: marks signal frames (see ap_frames_find). */
+#define AP_RESTORERS 4
+static uintptr_t ap_restorer[AP_RESTORERS];
+static size_t ap_nrestorer;
+
 #define AP_SIGTRAP_BIT (1ull << (SIGTRAP - 1))
 
 static int ap_trap_check_task(pid_t tid, void *ctx)
@@ -252,13 +259,28 @@ static int ap_trap_check_task(pid_t tid, void *ctx)
 }
 
 /** Signal handlers that run with SIGTRAP blocked. Not used during a round (sigaction is libc). */
+static void ap_note_restorer(const struct sigaction *sa)
+{
+    uintptr_t r = (uintptr_t)sa->sa_restorer;
+    for (size_t i = 0; i < ap_nrestorer; i++)
+        if (ap_restorer[i] == r)
+            return;
+    if (r && ap_nrestorer < AP_RESTORERS) {
+        ap_restorer[ap_nrestorer] = r;
+        __atomic_store_n(&ap_nrestorer, ap_nrestorer + 1, __ATOMIC_RELEASE);
+    }
+}
+
 static int ap_trap_check_handlers(void)
 {
     for (int sig = 1; sig < NSIG; sig++) {
         struct sigaction sa;
-        if (sig == SIGKILL || sig == SIGSTOP || sig == SIGTRAP || sigaction(sig, NULL, &sa))
+        if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &sa))
             continue;
         if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)
+            continue;
+        ap_note_restorer(&sa);
+        if (sig == SIGTRAP)
             continue;
         if (sigismember(&sa.sa_mask, SIGTRAP)) {
             snprintf(ap_trap_why, sizeof(ap_trap_why),
@@ -286,10 +308,21 @@ static int ap_trap_check(int dirfd)
 {
     size_t others = 0;
     int err = ap_tasks_each(dirfd, ap_count_task, &others);
-    if (!err && !others)
+    if (!err && !others) {
+        ap_trap_check_handlers(); /* for the restorers only */
         return 0; /* the applying thread blocks every signal during the round */
-    if (!err)
+    }
+    /* glibc blocks every signal for a moment in pthread_kill(), pthread_create(),
+     * fork(), ...: a block that goes away within a few milliseconds is no reason
+     * to refuse. */
+    for (int tries = 0; !err; tries++) {
         err = ap_tasks_each(dirfd, ap_trap_check_task, NULL);
+        if (err != -EBUSY || tries == 20)
+            break;
+        struct timespec ts = {0, 100 * 1000};
+        syscall(SYS_nanosleep, &ts, NULL);
+        err = 0;
+    }
     if (!err)
         err = ap_trap_check_handlers();
     if (err && err != -EBUSY) {
@@ -365,6 +398,7 @@ struct ap_hs_slot {
     pid_t tid;
     unsigned seq;  /* the handshake attempt this answer belongs to */
     uintptr_t rip; /* where the thread was interrupted */
+    bool stuck;    /* it waits in the trap handler: it cannot move before the round ends */
 };
 
 static struct ap_hs_slot ap_hs[AP_HS_MAX];
@@ -373,8 +407,137 @@ static unsigned ap_hs_seq; /* current attempt; 0 = no handshake running */
 static unsigned ap_hs_last;
 static const char ap_hs_cookie = 'L'; /* si_value of our handshake signals */
 
-/** Answer the running handshake (if any) for thread @p tid, interrupted at @p rip. */
-static void ap_hs_answer(pid_t tid, uintptr_t rip)
+/*
+ * Signal frames. A thread that runs a signal handler was interrupted
+ * somewhere, maybe strictly inside a multi-instruction site; its RIP (in the
+ * handler) does not tell. The interrupted context lies in the handler's
+ * rt_sigframe, on the thread's stack above the handler's frames: the return
+ * address of the handler (the sa_restorer of the process' handlers, glibc's
+ * __restore_rt), then the ucontext. So a thread's answer also looks up its
+ * stack (and the stacks the frames it finds were interrupted on) for such
+ * frames, and answers with a saved RIP that lies inside a multi-instruction
+ * site of the round, when one does. Memory is read with process_vm_readv()
+ * on our own pid, which fails on unmapped or PROT_NONE memory (it cannot
+ * fault); a word that merely looks like a frame can only make a site refused.
+ */
+struct ap_range {
+    uintptr_t a, e; /* [a, e): a multi-instruction site of the running round */
+};
+static const struct ap_range *ap_hs_rng; /* sorted; published for the handshake */
+static size_t ap_hs_nrng;
+/*
+ * Our own handlers mark their frames (uc_link, which sigreturn ignores): a
+ * thread waiting in the trap handler is at the site start, not at the int3's
+ * RIP, and the frames our handlers leave behind on the stack are not live.
+ */
+#define AP_OUR_FRAME ((struct ucontext_t *)1)
+/** How far up one stack the frames are looked for. */
+#define AP_SCAN_MAX (256 * 1024)
+
+/** True when @p rip is strictly inside a multi-instruction site of the round. */
+static bool ap_in_round(uintptr_t rip)
+{
+    const struct ap_range *r = __atomic_load_n(&ap_hs_rng, __ATOMIC_ACQUIRE);
+    size_t lo = 0, hi = __atomic_load_n(&ap_hs_nrng, __ATOMIC_ACQUIRE);
+    if (!r)
+        return false;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (rip <= r[mid].a)
+            hi = mid;
+        else if (rip >= r[mid].e)
+            lo = mid + 1;
+        else
+            return true;
+    }
+    return false;
+}
+
+/** Copy @p len bytes at @p addr of our own memory; bytes copied, or -1 (cannot fault). */
+static long ap_peek(uintptr_t addr, void *dst, size_t len)
+{
+    struct iovec l = {dst, len}, r = {(void *)addr, len};
+    return syscall(SYS_process_vm_readv, syscall(SYS_getpid), &l, 1UL, &r, 1UL, 0UL);
+}
+
+static bool ap_is_restorer(uint64_t v)
+{
+    for (size_t i = 0; i < ap_nrestorer; i++)
+        if (ap_restorer[i] == v)
+            return true;
+    return false;
+}
+
+/**
+ * A RIP saved in a signal frame on the stack from @p sp up that lies inside a
+ * multi-instruction site of the round, or 0. @p depth bounds the stacks followed.
+ */
+static uintptr_t ap_frames_find(uintptr_t sp, uintptr_t top, uint64_t *buf, size_t size,
+                                int depth)
+{
+    enum { HDR = offsetof(ucontext_t, uc_mcontext) + sizeof(gregset_t) };
+    uintptr_t base = sp & ~(uintptr_t)7, end = base + AP_SCAN_MAX;
+    if (top > base && top < end)
+        end = top;
+    for (uintptr_t a = base; a < end; a += size) {
+        long n = ap_peek(a, buf, a + size <= end ? size : end - a);
+        if (n <= 0)
+            return 0;
+        for (long i = 0; i < n / 8; i++) {
+            if (!ap_is_restorer(buf[i]))
+                continue;
+            union {
+                ucontext_t uc;
+                char b[HDR];
+            } u;
+            if (ap_peek(a + (uintptr_t)i * 8 + 8, u.b, HDR) != HDR || u.uc.uc_link ||
+                (u.uc.uc_mcontext.gregs[REG_CSGSFS] & 0xffff) != 0x33)
+                continue;
+            uintptr_t rip = (uintptr_t)u.uc.uc_mcontext.gregs[REG_RIP];
+            uintptr_t rsp = (uintptr_t)u.uc.uc_mcontext.gregs[REG_RSP];
+            if (ap_in_round(rip))
+                return rip;
+            /* Interrupted on another stack (a sigaltstack handler): look there too. */
+            if (depth > 0 && (rsp < base || rsp >= end)) {
+                uintptr_t in = ap_frames_find(rsp, 0, buf, size, depth - 1);
+                if (in)
+                    return in;
+            }
+        }
+        if (n < (long)size)
+            return 0;
+    }
+    return 0;
+}
+
+/**
+ * What a thread interrupted at @p rip with stack pointer @p rsp answers.
+ * @p top: where its stack ends, when known (0: where the mapping ends).
+ */
+static uintptr_t ap_hs_where(uintptr_t rip, uintptr_t rsp, uintptr_t top, uint64_t *buf,
+                             size_t size)
+{
+    if (ap_in_round(rip) || !ap_nrestorer)
+        return rip;
+    uintptr_t in = ap_frames_find(rsp, top, buf, size, 3);
+    return in ? in : rip;
+}
+
+/**
+ * The calling thread's answer: glibc puts a thread's control block (its
+ * %fs base) right above the stack it allocated, which bounds the search;
+ * otherwise (the main thread, a stack of the program's) the mapping's end does.
+ */
+static uintptr_t ap_hs_where_self(uintptr_t rip, uintptr_t rsp)
+{
+    uint64_t buf[64];
+    uintptr_t tcb;
+    __asm__("mov %%fs:0, %0" : "=r"(tcb));
+    return ap_hs_where(rip, rsp, tcb, buf, sizeof(buf));
+}
+
+/** Answer the running handshake (if any) for thread @p tid, at @p rip (see ap_hs_where). */
+static void ap_hs_answer(pid_t tid, uintptr_t rip, bool stuck)
 {
     unsigned seq = __atomic_load_n(&ap_hs_seq, __ATOMIC_ACQUIRE);
     if (!seq)
@@ -384,6 +547,7 @@ static void ap_hs_answer(pid_t tid, uintptr_t rip)
         if (__atomic_load_n(&ap_hs[i].tid, __ATOMIC_RELAXED) != tid)
             continue;
         __atomic_store_n(&ap_hs[i].rip, rip, __ATOMIC_RELAXED);
+        __atomic_store_n(&ap_hs[i].stuck, stuck, __ATOMIC_RELAXED);
         __atomic_store_n(&ap_hs[i].seq, seq, __ATOMIC_RELEASE);
         return;
     }
@@ -440,12 +604,23 @@ static bool ap_is_our_int3(uintptr_t at)
            *(const volatile uint8_t *)at != AP_INT3;
 }
 
-/** Wait until the round is over; answer handshakes meanwhile (we sit at the site start). */
-static void ap_park(uintptr_t at)
+/**
+ * Wait until the round is over; answer handshakes meanwhile: we sit at the
+ * site start @p at, unless a signal frame below us was interrupted inside a
+ * site (a handler that runs sites; @p sp is our interrupted stack pointer).
+ */
+static void ap_park(uintptr_t at, uintptr_t sp)
 {
     pid_t tid = ap_gettid();
+    unsigned seen = 0;
+    uintptr_t where = at;
     for (unsigned spins = 1; __atomic_load_n(&ap_live_busy, __ATOMIC_ACQUIRE); spins++) {
-        ap_hs_answer(tid, at);
+        unsigned seq = __atomic_load_n(&ap_hs_seq, __ATOMIC_ACQUIRE);
+        if (seq && seq != seen) {
+            where = ap_hs_where_self(at, sp);
+            seen = seq;
+        }
+        ap_hs_answer(tid, where, where != at);
         if (spins % 64 == 0)
             syscall(SYS_sched_yield);
         else
@@ -460,10 +635,11 @@ static void ap_trap_handler(int sig, siginfo_t *si, void *ucv)
     ucontext_t *uc = ucv;
     uintptr_t rip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     if (si->si_code == SI_KERNEL && ap_is_our_int3(rip - 1)) {
+        uc->uc_link = AP_OUR_FRAME;
         /* SA_NODEFER: SIGTRAP stays open while we wait, so a signal handler
          * that runs here (even before our first instruction) and executes a
          * site of the round traps again instead of being killed. */
-        ap_park(rip - 1);
+        ap_park(rip - 1, (uintptr_t)uc->uc_mcontext.gregs[REG_RSP]);
         uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(rip - 1);
     } else {
         ap_chain(&ap_prev_trap, sig, si, ucv);
@@ -475,10 +651,14 @@ static void ap_hs_handler(int sig, siginfo_t *si, void *ucv)
 {
     int saved = errno;
     ucontext_t *uc = ucv;
-    if (ap_is_handshake(si))
-        ap_hs_answer(ap_gettid(), (uintptr_t)uc->uc_mcontext.gregs[REG_RIP]);
-    else
+    if (ap_is_handshake(si)) {
+        uc->uc_link = AP_OUR_FRAME;
+        ap_hs_answer(ap_gettid(), ap_hs_where_self((uintptr_t)uc->uc_mcontext.gregs[REG_RIP],
+                                                   (uintptr_t)uc->uc_mcontext.gregs[REG_RSP]),
+                     false);
+    } else {
         ap_chain(&ap_prev_hs, sig, si, ucv);
+    }
     errno = saved;
 }
 
@@ -722,23 +902,42 @@ static bool ap_hs_collect(int dirfd)
  * would, and a signal would make its wait fail with EINTR (epoll_wait, ...).
  * Returns true and *pc for a sleeping thread.
  */
-static bool ap_task_pc(pid_t tid, uintptr_t *pc)
+static bool ap_task_regs(pid_t tid, uintptr_t *sp, uintptr_t *pc)
 {
     char buf[256];
     long n = ap_task_read(tid, "syscall", buf, sizeof(buf));
     if (n <= 0 || buf[0] < '-' || (buf[0] > '9' && buf[0] != '-'))
         return false; /* "running", gone, or not available */
-    const char *last = NULL;
-    for (const char *c = buf; *c; c++)
-        if (c[0] == '0' && c[1] == 'x')
-            last = c + 2;
-    if (!last)
+    uintptr_t v[2] = {0, 0}; /* the last two hexadecimal fields: sp, pc */
+    for (const char *c = buf; *c; c++) {
+        if (c[0] != '0' || c[1] != 'x')
+            continue;
+        uintptr_t x = 0;
+        for (c += 2; (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f'); c++)
+            x = x << 4 | (uintptr_t)(*c <= '9' ? *c - '0' : *c - 'a' + 10);
+        v[0] = v[1], v[1] = x;
+        c--;
+    }
+    if (!v[1])
         return false;
-    uintptr_t v = 0;
-    for (const char *c = last; (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f'); c++)
-        v = v << 4 | (uintptr_t)(*c <= '9' ? *c - '0' : *c - 'a' + 10);
-    *pc = v;
+    *sp = v[0], *pc = v[1];
     return true;
+}
+
+/**
+ * Where a sleeping thread is (see ap_hs_where: a signal frame on its stack
+ * may hold a RIP inside a site). Its stack is read while it sleeps, so the
+ * registers are read again after: a thread that moved meanwhile is not
+ * located this way.
+ */
+static bool ap_task_pc(pid_t tid, uintptr_t *where)
+{
+    uintptr_t sp, pc, sp2, pc2;
+    if (!ap_task_regs(tid, &sp, &pc))
+        return false;
+    static uint64_t buf[2048];
+    *where = ap_hs_where(pc, sp, 0, buf, sizeof(buf));
+    return ap_task_regs(tid, &sp2, &pc2) && sp2 == sp && pc2 == pc;
 }
 
 static int ap_hs_send(pid_t pid, pid_t tid)
@@ -760,7 +959,8 @@ static void ap_hs_wait(const int8_t *state, size_t n, unsigned seq)
     for (;;) {
         size_t missing = 0;
         for (size_t i = 0; i < n; i++)
-            missing += state[i] && __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq;
+            missing += (state[i] == 1 || state[i] == 2) &&
+                       __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq;
         if (!missing || ap_now_ns() > until)
             return;
         syscall(SYS_sched_yield);
@@ -773,6 +973,8 @@ static void ap_hs_wait(const int8_t *state, size_t n, unsigned seq)
  * Once the int3s are in, a thread can enter a site only through its first
  * byte, so a thread seen outside stays outside, and a thread seen inside X
  * can only be inside X later: an attempt it does not answer keeps state 2.
+ * 3: inside item inside[i] through a signal frame below the trap handler it
+ * waits in; it cannot leave before the round ends, so it is not asked again.
  */
 static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_t n)
 {
@@ -780,12 +982,13 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
     unsigned seq = ++ap_hs_last ? ap_hs_last : ++ap_hs_last;
     __atomic_store_n(&ap_hs_seq, seq, __ATOMIC_RELEASE);
     for (size_t i = 0; i < n; i++) {
-        if (!state[i])
+        if (state[i] != 1 && state[i] != 2)
             continue;
         uintptr_t pc;
-        r->st->syscalls += 3;
+        r->st->syscalls += 6;
         if (ap_task_pc(ap_hs[i].tid, &pc)) {
             __atomic_store_n(&ap_hs[i].rip, pc, __ATOMIC_RELAXED);
+            __atomic_store_n(&ap_hs[i].stuck, false, __ATOMIC_RELAXED);
             __atomic_store_n(&ap_hs[i].seq, seq, __ATOMIC_RELEASE);
             continue;
         }
@@ -795,10 +998,12 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
     }
     ap_hs_wait(state, n, seq);
     for (size_t i = 0; i < n; i++) {
-        if (!state[i] || __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq)
+        if ((state[i] != 1 && state[i] != 2) ||
+            __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq)
             continue;
         long k = ap_inside(r, __atomic_load_n(&ap_hs[i].rip, __ATOMIC_RELAXED));
-        state[i] = k < 0 ? 0 : 2;
+        /* 3: inside, and waiting for this very round to end: asking again is useless. */
+        state[i] = k < 0 ? 0 : __atomic_load_n(&ap_hs[i].stuck, __ATOMIC_RELAXED) ? 3 : 2;
         inside[i] = k;
     }
 }
@@ -816,7 +1021,7 @@ static int ap_handshake(struct ap_round *r)
         ap_hs_attempt(r, state, inside, n);
         left = 0;
         for (size_t i = 0; i < n; i++)
-            left += state[i] != 0;
+            left += state[i] == 1 || state[i] == 2;
         if (!left || ap_now_ns() > until)
             break;
         struct timespec ts = {0, AP_HS_PAUSE_NS};
@@ -825,7 +1030,7 @@ static int ap_handshake(struct ap_round *r)
     __atomic_store_n(&ap_hs_seq, 0, __ATOMIC_RELEASE);
     bool silent = !fits;
     for (size_t i = 0; i < n; i++) {
-        if (state[i] == 2 && !r->it[inside[i]].out)
+        if (state[i] >= 2 && !r->it[inside[i]].out)
             ap_item_refuse(r, &r->it[inside[i]], ALTPATCH_REASON_LIVE_THREAD_INSIDE);
         silent |= state[i] == 1;
     }
@@ -920,6 +1125,35 @@ static size_t ap_live_pending(struct ap_write *w, size_t n, struct ap_live_item 
     return k;
 }
 
+/**
+ * Publish the multi-instruction sites of the round for ap_in_round(). The
+ * buffer only grows (a late handler may still read an old one) and is filled
+ * before the round. 0 or -ENOMEM.
+ */
+static int ap_ranges_prepare(const struct ap_round *r)
+{
+    static struct ap_range *buf;
+    static size_t cap;
+    size_t k = 0;
+    for (size_t i = 0; i < r->n; i++)
+        k += !r->it[i].out && r->it[i].multi;
+    __atomic_store_n(&ap_hs_nrng, 0, __ATOMIC_RELEASE);
+    if (k > cap) {
+        struct ap_range *nb = malloc((k > 2 * cap ? k : 2 * cap) * sizeof(*nb));
+        if (!nb)
+            return -ENOMEM;
+        cap = k > 2 * cap ? k : 2 * cap;
+        buf = nb; /* the old buffer leaks on purpose */
+    }
+    k = 0;
+    for (size_t i = 0; i < r->n; i++)
+        if (!r->it[i].out && r->it[i].multi)
+            buf[k++] = (struct ap_range){r->it[i].w->addr, r->it[i].w->addr + r->it[i].w->len};
+    __atomic_store_n(&ap_hs_rng, buf, __ATOMIC_RELEASE);
+    __atomic_store_n(&ap_hs_nrng, k, __ATOMIC_RELEASE);
+    return 0;
+}
+
 int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
 {
     struct ap_poke_stats dummy = {0};
@@ -935,6 +1169,8 @@ int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
         r.taskfd = ap_task_dir_open();
         r.st->syscalls += 2;
         err = r.fd < 0 ? r.fd : r.taskfd < 0 ? r.taskfd : ap_set_add(w, n);
+        if (!err)
+            err = ap_ranges_prepare(&r);
         if (!err) {
             uint64_t mask;
             ap_block_all(&mask);
