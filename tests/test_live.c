@@ -836,3 +836,63 @@ Test(live, blocked_epoll_wait_sees_no_eintr)
     cr_assert_eq(r->pair, 11, "200 toggles end reverted");
     cr_assert_eq(r->eintr, 0, "epoll_wait failed with EINTR %ld times", r->eintr);
 }
+
+/* ---- a handler that interrupted a multi-instruction site ----------------------------- */
+
+static volatile int hide_in_handler, hide_release;
+
+static void on_hide(int sig)
+{
+    (void)sig;
+    hide_in_handler = 1;
+    while (!hide_release)
+        usleep(1000); /* asleep in the handler: located through /proc */
+}
+
+struct hide_res {
+    int rc, rc2;
+    long spin_result, spin_after;
+    struct site_view v[S_COUNT], v2[S_COUNT];
+};
+
+static void hide_body(void *out, void *ctx)
+{
+    struct hide_res *r = out;
+    (void)ctx;
+    pthread_t t;
+    altpatch_set_print(NULL);
+    signal(SIGUSR2, on_hide);
+    spin_flag = 1;
+    if (pthread_create(&t, NULL, spinner, NULL))
+        _exit(3);
+    while (!spin_entered)
+        sched_yield();
+    usleep(10000); /* well inside site_spin's loop */
+    pthread_kill(t, SIGUSR2);
+    while (!hide_in_handler)
+        sched_yield();
+    /* The thread's RIP is in the handler; the RIP it resumes at is inside site_spin. */
+    r->rc = altpatch_apply();
+    snap(r->v);
+    spin_flag = 0;
+    hide_release = 1;
+    void *ret;
+    pthread_join(t, &ret);
+    r->spin_result = (long)ret;
+    r->rc2 = altpatch_apply();
+    snap(r->v2);
+    r->spin_after = site_spin();
+}
+
+Test(live, handler_over_a_site_keeps_the_site)
+{
+    struct hide_res *r = ap_isolated(sizeof(*r), hide_body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->v[S_SPIN].state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(r->v[S_SPIN].reason, ALTPATCH_REASON_LIVE_THREAD_INSIDE);
+    cr_assert_eq(memcmp(r->v[S_SPIN].cur, r->v[S_SPIN].orig, r->v[S_SPIN].len), 0);
+    cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED, "the other sites are patched");
+    cr_assert_eq(r->spin_result, 0, "the interrupted thread left through the original");
+    cr_assert_eq(r->v2[S_SPIN].state, ALTPATCH_SITE_PATCHED);
+    cr_assert_eq(r->spin_after, 2);
+}
