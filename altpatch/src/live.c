@@ -981,20 +981,40 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
     pid_t pid = (pid_t)syscall(SYS_getpid);
     unsigned seq = ++ap_hs_last ? ap_hs_last : ++ap_hs_last;
     __atomic_store_n(&ap_hs_seq, seq, __ATOMIC_RELEASE);
-    for (size_t i = 0; i < n; i++) {
-        if (state[i] != 1 && state[i] != 2)
-            continue;
-        uintptr_t pc;
-        r->st->syscalls += 6;
-        if (ap_task_pc(ap_hs[i].tid, &pc)) {
-            __atomic_store_n(&ap_hs[i].rip, pc, __ATOMIC_RELAXED);
-            __atomic_store_n(&ap_hs[i].stuck, false, __ATOMIC_RELAXED);
-            __atomic_store_n(&ap_hs[i].seq, seq, __ATOMIC_RELEASE);
-            continue;
+    /* Sleeping threads are located through /proc; a thread that runs is read
+     * again after a yield (it may be about to sleep: a signal then would
+     * interrupt its wait) and signalled only when it still runs. */
+    static bool need[AP_HS_MAX];
+    for (int pass = 0; pass < 3; pass++) {
+        size_t left = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (pass ? !need[i] : (need[i] = state[i] == 1 || state[i] == 2, !need[i]))
+                continue;
+            if (__atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) == seq) {
+                need[i] = false; /* answered from the trap handler */
+                continue;
+            }
+            uintptr_t pc;
+            r->st->syscalls += 6;
+            if (ap_task_pc(ap_hs[i].tid, &pc)) {
+                __atomic_store_n(&ap_hs[i].rip, pc, __ATOMIC_RELAXED);
+                __atomic_store_n(&ap_hs[i].stuck, false, __ATOMIC_RELAXED);
+                __atomic_store_n(&ap_hs[i].seq, seq, __ATOMIC_RELEASE);
+                need[i] = false;
+                continue;
+            }
+            if (pass < 2) {
+                left++;
+                continue;
+            }
+            r->st->syscalls++;
+            if (ap_hs_send(pid, ap_hs[i].tid) == -ESRCH)
+                state[i] = 0; /* exited */
         }
-        r->st->syscalls++;
-        if (ap_hs_send(pid, ap_hs[i].tid) == -ESRCH)
-            state[i] = 0; /* exited */
+        if (pass < 2 && !left)
+            break;
+        if (pass < 2)
+            syscall(SYS_sched_yield);
     }
     ap_hs_wait(state, n, seq);
     for (size_t i = 0; i < n; i++) {
