@@ -431,6 +431,10 @@ static size_t ap_hs_nrng;
  * RIP, and the frames our handlers leave behind on the stack are not live.
  */
 #define AP_OUR_FRAME ((struct ucontext_t *)1)
+/** process_vm_readv() works on our own memory (a seccomp filter may deny it). */
+static bool ap_peek_ok;
+/** An answer that locates nothing: the stacks cannot be read (the thread counts as silent). */
+#define AP_WHERE_UNKNOWN ((uintptr_t)1)
 /** How far up one stack the frames are looked for. */
 #define AP_SCAN_MAX (256 * 1024)
 
@@ -519,6 +523,8 @@ static uintptr_t ap_hs_where(uintptr_t rip, uintptr_t rsp, uintptr_t top, uint64
 {
     if (ap_in_round(rip) || !ap_nrestorer)
         return rip;
+    if (!ap_peek_ok)
+        return AP_WHERE_UNKNOWN;
     uintptr_t in = ap_frames_find(rsp, top, buf, size, 3);
     return in ? in : rip;
 }
@@ -761,6 +767,8 @@ int ap_live_ready(const char **why)
         *why = msgs[2];
         return err;
     }
+    uint64_t probe = 0x5a, got = 0;
+    ap_peek_ok = ap_peek((uintptr_t)&probe, &got, sizeof(got)) == sizeof(got) && got == probe;
     int dirfd = ap_task_dir_open();
     err = dirfd < 0 ? dirfd : ap_trap_check(dirfd);
     if (dirfd >= 0)
@@ -1021,7 +1029,10 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
         if ((state[i] != 1 && state[i] != 2) ||
             __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq)
             continue;
-        long k = ap_inside(r, __atomic_load_n(&ap_hs[i].rip, __ATOMIC_RELAXED));
+        uintptr_t at = __atomic_load_n(&ap_hs[i].rip, __ATOMIC_RELAXED);
+        if (at == AP_WHERE_UNKNOWN)
+            continue; /* stays 1: as if it had not answered */
+        long k = ap_inside(r, at);
         /* 3: inside, and waiting for this very round to end: asking again is useless. */
         state[i] = k < 0 ? 0 : __atomic_load_n(&ap_hs[i].stuck, __ATOMIC_RELAXED) ? 3 : 2;
         inside[i] = k;
