@@ -45,6 +45,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <asm/prctl.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <signal.h>
@@ -537,9 +538,10 @@ static uintptr_t ap_hs_where(uintptr_t rip, uintptr_t rsp, uintptr_t top, uint64
 static uintptr_t ap_hs_where_self(uintptr_t rip, uintptr_t rsp)
 {
     uint64_t buf[64];
-    uintptr_t tcb;
-    __asm__("mov %%fs:0, %0" : "=r"(tcb));
-    return ap_hs_where(rip, rsp, tcb, buf, sizeof(buf));
+    unsigned long tcb = 0; /* asked, not read through %fs: a thread may have none */
+    if (syscall(SYS_arch_prctl, ARCH_GET_FS, &tcb))
+        tcb = 0;
+    return ap_hs_where(rip, rsp, (uintptr_t)tcb, buf, sizeof(buf));
 }
 
 /** Answer the running handshake (if any) for thread @p tid, at @p rip (see ap_hs_where). */
