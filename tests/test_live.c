@@ -217,12 +217,35 @@ Test(live, bad_flag_combinations)
 
 static int g_pipe[2];
 static volatile int g_release;
+static volatile pid_t g_sleeper_tid;
+
+/* Wait (up to 5 s) until thread @p tid sleeps in the kernel: the oracle is
+ * /proc/self/task/TID/syscall, which says "running" otherwise. */
+static void wait_asleep(volatile pid_t *tid)
+{
+    for (int i = 0; i < 5000; i++) {
+        char path[64], buf[32] = "";
+        if (*tid) {
+            snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", (int)*tid);
+            FILE *f = fopen(path, "r");
+            if (f) {
+                if (!fgets(buf, sizeof(buf), f))
+                    buf[0] = 0;
+                fclose(f);
+            }
+            if (buf[0] && strncmp(buf, "running", 7))
+                return;
+        }
+        usleep(1000);
+    }
+}
 
 /* ctx: 0 sleeps in read(); 1 blocks every signal but SIGTRAP and runs (the
  * handshake cannot reach it, /proc shows it "running"); 2 blocks the same
  * signals and sleeps in read() (/proc shows where). */
 static void *sleeper(void *arg)
 {
+    g_sleeper_tid = (pid_t)syscall(SYS_gettid);
     if (arg) {
         sigset_t all;
         sigfillset(&all);
@@ -255,6 +278,8 @@ static void threads_body(void *out, void *ctx)
     altpatch_set_print(NULL);
     if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, ctx))
         _exit(3);
+    if (ctx == (void *)2)
+        wait_asleep(&g_sleeper_tid);
     r->rc_nolive = apply_flags(ALTPATCH_APPLY_NO_LIVE, NULL);
     r->rc_default = altpatch_apply();
     stats(&r->st);
@@ -789,9 +814,12 @@ Test(live, site_in_a_function_the_round_calls)
 static volatile long ep_waits, ep_eintr;
 static int ep_fd;
 
+static volatile pid_t ep_tid;
+
 static void *epoll_waiter(void *arg)
 {
     (void)arg;
+    ep_tid = (pid_t)syscall(SYS_gettid);
     struct epoll_event ev;
     for (;;) {
         int n = epoll_wait(ep_fd, &ev, 1, 10000);
@@ -819,7 +847,7 @@ static void ep_body(void *out, void *ctx)
     if (ep_fd < 0 || pipe(g_pipe) || epoll_ctl(ep_fd, EPOLL_CTL_ADD, g_pipe[0], &ev) ||
         pthread_create(&t, NULL, epoll_waiter, NULL))
         _exit(3);
-    usleep(20000); /* asleep in epoll_wait by now */
+    wait_asleep(&ep_tid);
     for (int i = 0; i < 200; i++) /* site_pair: a multi-instruction site in every round */
         r->apply_errors += apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0, NULL) != 0;
     r->pair = site_pair();
