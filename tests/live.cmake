@@ -1,4 +1,4 @@
-# Live re-patching and hardening (issue 5; owner: engineer "live").
+# Live re-patching and hardening (docs/live.md, docs/hardening.md).
 #   stress_live          worker threads run sites while main toggles them live
 #                        (tests/stress_live.c); ctest runs 200 toggles, the
 #                        `stress` target 100k (not part of ctest)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Live re-patching stress (issue 5, docs/live.md).
+ * Live re-patching stress (docs/live.md).
  *
  *   stress_live [--toggles N] [--threads T] [--quiet]
  *
