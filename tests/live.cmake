@@ -1,4 +1,4 @@
-# Live re-patching and hardening (issue 5; owner: engineer "live").
+# Live re-patching and hardening (docs/live.md, docs/hardening.md).
 #   stress_live          worker threads run sites while main toggles them live
 #                        (tests/stress_live.c); ctest runs 200 toggles, the
 #                        `stress` target 100k (not part of ctest)
@@ -12,6 +12,9 @@ target_link_libraries(stress_live PRIVATE altpatch pthread)
 add_test(NAME stress_live_short COMMAND stress_live --toggles 200)
 set_tests_properties(stress_live_short PROPERTIES TIMEOUT 120
   PASS_REGULAR_EXPRESSION "wrong=0 apply_errors=0")
+add_test(NAME stress_live_sigtrap_blocked COMMAND stress_live --toggles 300 --sigtrap-blocked)
+set_tests_properties(stress_live_sigtrap_blocked PROPERTIES TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "wrong=0 apply_errors=0 \\(first 0\\) ebusy=300 ")
 set(ALTPATCH_STRESS_TOGGLES 100000 CACHE STRING "toggles of the `stress` target")
 add_custom_target(stress
   COMMAND stress_live --toggles ${ALTPATCH_STRESS_TOGGLES}

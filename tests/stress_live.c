@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Live re-patching stress (issue 5, docs/live.md).
+ * Live re-patching stress (docs/live.md).
  *
  *   stress_live [--toggles N] [--threads T] [--quiet]
  *
@@ -19,13 +19,33 @@
  *   fence  altpatch_weak_fence()
  *   tsc    altpatch_rdtsc_ordered() never goes backwards in a thread
  *
- * Prints one line of figures and exits 0 when every apply returned 0 and no
- * result was wrong; 1 otherwise. A crash (a thread executing a torn site)
- * kills the process: the caller sees a signal, not 0.
+ * Around them, threads written the ordinary ways:
+ *
+ *   worker 0 also runs one and pair from a SIGUSR1 handler (a kicker thread
+ *            signals it every 200 us), often while it waits at an int3 or
+ *            while it is inside a multi-instruction site;
+ *   worker 1 runs with every signal blocked but SIGTRAP (and the handshake
+ *            signal blocked too: it is located by the handshake's retries);
+ *   sigwait  a thread with every signal blocked but SIGTRAP, waiting in
+ *            sigwait() for the SIGUSR2 the kicker sends every 5 ms;
+ *   epoll    a thread blocked in epoll_wait() (1 s timeout);
+ *
+ * sigwait, epoll and the kicker run no site: each EINTR they see is counted
+ * (an apply must not disturb them). With --sigtrap-blocked the sigwait thread
+ * blocks SIGTRAP too: then every apply must return -EBUSY and leave the
+ * sites alone (an int3 that thread ran would kill the process).
+ *
+ * Prints one line of figures and exits 0 when every apply returned 0 (or
+ * -EBUSY, with --sigtrap-blocked), no result was wrong and no thread that
+ * runs no site saw EINTR; 1 otherwise. A crash kills the process: the caller
+ * sees a signal, not 0.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,10 +104,77 @@ static void pass(struct worker *w, uint64_t *tsc)
     w->runs++;
 }
 
+static struct worker *w0; /* worker 0: the one whose handler runs sites */
+static volatile uint64_t handler_runs, handler_wrong;
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    long one = site_one(), pair = site_pair();
+    handler_wrong += (one != 1 && one != 2) + (pair != 11 && pair != 22);
+    handler_runs++;
+}
+
+static void block_all_but_trap(int trap_too)
+{
+    sigset_t m;
+    sigfillset(&m);
+    if (!trap_too)
+        sigdelset(&m, SIGTRAP);
+    pthread_sigmask(SIG_SETMASK, &m, NULL);
+}
+
+/* Threads that run no site: what they saw. */
+static volatile long sigwait_eintr, sigwait_got, epoll_eintr, epoll_waits, kick_eintr;
+static int sigtrap_blocked, epfd, eppipe[2];
+
+static void *sigwaiter(void *p)
+{
+    (void)p;
+    block_all_but_trap(sigtrap_blocked);
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGUSR2);
+    while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
+        int sig = 0;
+        int rc = sigwait(&s, &sig);
+        sigwait_eintr += rc == EINTR;
+        sigwait_got += rc == 0;
+    }
+    return NULL;
+}
+
+static void *epoller(void *p)
+{
+    (void)p;
+    struct epoll_event ev;
+    while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
+        int n = epoll_wait(epfd, &ev, 1, 1000);
+        epoll_waits++;
+        epoll_eintr += n < 0 && errno == EINTR;
+    }
+    return NULL;
+}
+
+static void *kicker(void *p)
+{
+    pthread_t t0 = *(pthread_t *)p;
+    for (long i = 0; !__atomic_load_n(&stop, __ATOMIC_RELAXED); i++) {
+        pthread_kill(t0, SIGUSR1);
+        if (i % 25 == 0)
+            kill(getpid(), SIGUSR2); /* blocked everywhere but in sigwait() */
+        struct timespec ts = {0, 200 * 1000};
+        kick_eintr += nanosleep(&ts, NULL) < 0 && errno == EINTR;
+    }
+    return NULL;
+}
+
 static void *work(void *p)
 {
     struct worker *w = p;
     uint64_t tsc = 0;
+    if (w == w0 + 1)
+        block_all_but_trap(0);
     while (!__atomic_load_n(&stop, __ATOMIC_RELAXED))
         pass(w, &tsc);
     return NULL;
@@ -101,7 +188,7 @@ static double now_s(void)
 }
 
 struct tally {
-    long toggles, apply_errors, refused, written;
+    long toggles, apply_errors, busy, refused, written;
     int first_err;
 };
 
@@ -116,7 +203,9 @@ static void toggle(long i, struct altpatch_features *host, struct altpatch_featu
     int rc = altpatch_apply_opts(&o);
     struct altpatch_stats st = {.sz = sizeof(st)};
     altpatch_get_stats(&st);
-    if (rc && !t->apply_errors++)
+    if (rc == -EBUSY && sigtrap_blocked)
+        t->busy++;
+    else if (rc && !t->apply_errors++)
         t->first_err = rc;
     t->refused += (long)st.sites_refused;
     t->written += (long)st.bytes_written;
@@ -134,21 +223,47 @@ int main(int argc, char **argv)
             nthreads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quiet"))
             quiet = 1;
+        else if (!strcmp(argv[i], "--sigtrap-blocked"))
+            sigtrap_blocked = 1;
         else {
-            fprintf(stderr, "usage: %s [--toggles N] [--threads T] [--quiet]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--toggles N] [--threads T] [--quiet] [--sigtrap-blocked]\n",
+                    argv[0]);
             return 2;
         }
     }
-    if (nthreads < 1 || nthreads > 64 || toggles < 1)
+    if (nthreads < 2 || nthreads > 64 || toggles < 1)
         return 2;
-    altpatch_set_print(NULL);
+    if (!getenv("STRESS_LIVE_WARN"))
+        altpatch_set_print(NULL);
     struct altpatch_features *host = altpatch_features_host(), *none = altpatch_features_new();
     struct worker *w = calloc((size_t)nthreads, sizeof(*w));
     if (!host || !none || !w)
         return 2;
+    w0 = w;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_usr1;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    /* SIGUSR2 goes to the sigwait() thread only: blocked here, so in every thread created. */
+    sigset_t u2;
+    sigemptyset(&u2);
+    sigaddset(&u2, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &u2, NULL);
+    struct epoll_event ev = {.events = EPOLLIN};
+    epfd = epoll_create1(0);
+    if (epfd < 0 || pipe(eppipe) || epoll_ctl(epfd, EPOLL_CTL_ADD, eppipe[0], &ev))
+        return 2;
+    pthread_t sw, ep, kk;
     for (int i = 0; i < nthreads; i++)
         if (pthread_create(&w[i].t, NULL, work, &w[i]))
             return 2;
+    if (pthread_create(&sw, NULL, sigwaiter, NULL) || pthread_create(&ep, NULL, epoller, NULL) ||
+        pthread_create(&kk, NULL, kicker, &w[0].t))
+        return 2;
+    while (!__atomic_load_n(&handler_runs, __ATOMIC_RELAXED))
+        sched_yield();
     double t0 = now_s();
     struct tally t = {0};
     for (long i = 0; i < toggles; i++) {
@@ -158,7 +273,13 @@ int main(int argc, char **argv)
     }
     double dt = now_s() - t0;
     __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
-    uint64_t runs = 0, bad = 0;
+    pthread_join(kk, NULL);
+    kill(getpid(), SIGUSR2);
+    if (write(eppipe[1], "x", 1) != 1)
+        return 2;
+    pthread_join(sw, NULL);
+    pthread_join(ep, NULL);
+    uint64_t runs = handler_runs, bad = handler_wrong;
     for (int i = 0; i < nthreads; i++) {
         pthread_join(w[i].t, NULL);
         runs += w[i].runs;
@@ -167,12 +288,18 @@ int main(int argc, char **argv)
             printf("stress_live: thread %d: %lu wrong, first: %s\n", i,
                    (unsigned long)w[i].wrong, w[i].what);
     }
-    printf("stress_live: toggles=%ld threads=%d executions=%lu wrong=%lu apply_errors=%ld "
-           "(first %d) sites_refused=%ld bytes_written=%ld seconds=%.2f crashes=0\n",
-           t.toggles, nthreads, (unsigned long)runs, (unsigned long)bad, t.apply_errors,
-           t.first_err, t.refused, t.written, dt);
+    long eintr = sigwait_eintr + epoll_eintr; /* the kicker wakes every 200 us: see docs/live.md */
+    printf("stress_live: toggles=%ld threads=%d executions=%lu (%lu in handlers) wrong=%lu "
+           "apply_errors=%ld (first %d) ebusy=%ld sites_refused=%ld bytes_written=%ld "
+           "seconds=%.2f eintr=%ld (sigwait %ld, epoll %ld of %ld waits, kicker %ld) "
+           "sigwait_signals=%ld crashes=0\n",
+           t.toggles, nthreads, (unsigned long)runs, (unsigned long)handler_runs,
+           (unsigned long)bad, t.apply_errors, t.first_err, t.busy, t.refused, t.written, dt,
+           eintr, sigwait_eintr, epoll_eintr, epoll_waits, kick_eintr, sigwait_got);
     altpatch_features_free(host);
     altpatch_features_free(none);
     free(w);
-    return bad || t.apply_errors || !runs ? 1 : 0;
+    if (sigtrap_blocked && (t.busy != t.toggles || t.written))
+        return 1; /* every apply refused, nothing written */
+    return bad || t.apply_errors || eintr || !runs ? 1 : 0;
 }

@@ -13,6 +13,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +30,7 @@
 
 #include "ap_isolate.h"
 #include "ap_live_sites.h"
+#include "ap_warnlog.h"
 
 /* ---- sites ------------------------------------------------------------------ */
 
@@ -213,14 +216,46 @@ Test(live, bad_flag_combinations)
 /* ---- other threads ------------------------------------------------------------ */
 
 static int g_pipe[2];
+static volatile int g_release;
+static volatile pid_t g_sleeper_tid;
 
+/* Wait (up to 5 s) until thread @p tid sleeps in the kernel: the oracle is
+ * /proc/self/task/TID/syscall, which says "running" otherwise. */
+static void wait_asleep(volatile pid_t *tid)
+{
+    for (int i = 0; i < 5000; i++) {
+        char path[64], buf[32] = "";
+        if (*tid) {
+            snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", (int)*tid);
+            FILE *f = fopen(path, "r");
+            if (f) {
+                if (!fgets(buf, sizeof(buf), f))
+                    buf[0] = 0;
+                fclose(f);
+            }
+            if (buf[0] && strncmp(buf, "running", 7))
+                return;
+        }
+        usleep(1000);
+    }
+}
+
+/* ctx: 0 sleeps in read(); 1 blocks every signal but SIGTRAP and runs (the
+ * handshake cannot reach it, /proc shows it "running"); 2 blocks the same
+ * signals and sleeps in read() (/proc shows where). */
 static void *sleeper(void *arg)
 {
-    if (arg) { /* block every signal but SIGTRAP: the handshake cannot reach us */
+    g_sleeper_tid = (pid_t)syscall(SYS_gettid);
+    if (arg) {
         sigset_t all;
         sigfillset(&all);
         sigdelset(&all, SIGTRAP);
         pthread_sigmask(SIG_SETMASK, &all, NULL);
+    }
+    if (arg == (void *)1) {
+        while (!g_release)
+            __asm__ __volatile__("pause");
+        return NULL;
     }
     char c;
     while (read(g_pipe[0], &c, 1) < 0 && errno == EINTR)
@@ -243,11 +278,14 @@ static void threads_body(void *out, void *ctx)
     altpatch_set_print(NULL);
     if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, ctx))
         _exit(3);
+    if (ctx == (void *)2)
+        wait_asleep(&g_sleeper_tid);
     r->rc_nolive = apply_flags(ALTPATCH_APPLY_NO_LIVE, NULL);
     r->rc_default = altpatch_apply();
     stats(&r->st);
     snap(r->v);
     r->one = site_one(), r->pair = site_pair();
+    g_release = 1;
     if (write(g_pipe[1], "x", 1) != 1)
         _exit(4);
     pthread_join(t, NULL);
@@ -276,6 +314,16 @@ Test(live, silent_thread_refuses_multi_instruction_sites)
     cr_assert_eq(memcmp(r->v[S_PAIR].cur, r->v[S_PAIR].orig, r->v[S_PAIR].len), 0,
                  "first byte restored");
     cr_assert_eq(r->v[S_SPIN].reason, ALTPATCH_REASON_LIVE_NO_ANSWER);
+}
+
+/* A sleeping thread is located through /proc/self/task/TID/syscall: no signal needed. */
+Test(live, sleeping_thread_answers_without_a_signal)
+{
+    struct threads_res *r = ap_isolated(sizeof(*r), threads_body, (void *)2);
+    cr_assert_eq(r->rc_default, 0);
+    cr_assert_eq(r->st.live, 1);
+    cr_assert_eq(r->pair, 22, "multi-instruction site patched: the sleeper was located");
+    cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED);
 }
 
 static void *spinner(void *arg)
@@ -531,4 +579,348 @@ Test(live, reasons_have_texts)
                      "not live-patchable: a call inside the site");
     cr_assert(strstr(altpatch_strreason(ALTPATCH_REASON_LIVE_THREAD_INSIDE), "inside"));
     cr_assert(strstr(altpatch_strreason(ALTPATCH_REASON_LIVE_NO_ANSWER), "answer"));
+}
+
+/* ---- threads that cannot take SIGTRAP -------------------------------------------- */
+
+static volatile int nt_stop;
+static volatile long nt_runs, nt_bad;
+static volatile pid_t nt_tid;
+
+/* A sigwait()-style worker: every signal blocked, runs the sites all the time. */
+static void *blocked_worker(void *arg)
+{
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, NULL);
+    nt_tid = (pid_t)syscall(SYS_gettid);
+    while (!nt_stop) {
+        long one = site_one(), pair = site_pair();
+        nt_bad += !((one == 1 || one == 2) && (pair == 11 || pair == 22));
+        nt_runs++;
+    }
+    return NULL;
+}
+
+struct notrap_res {
+    int busy, other, tid_named, sig_named;
+    long one, pair, runs, bad;
+    int rc_after;
+    long one_after;
+};
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+}
+
+static void notrap_body(void *out, void *ctx)
+{
+    struct notrap_res *r = out;
+    pthread_t t;
+    altpatch_set_print(ap_warn_capture);
+    if (ctx) { /* a handler that runs with SIGTRAP blocked, and an idle thread */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_usr1;
+        sigfillset(&sa.sa_mask);
+        sigaction(SIGUSR1, &sa, NULL);
+        if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, NULL))
+            _exit(3);
+    } else if (pthread_create(&t, NULL, blocked_worker, NULL)) {
+        _exit(3);
+    }
+    while (!ctx && !nt_runs)
+        sched_yield();
+    for (int i = 0; i < 50; i++) {
+        int rc = apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0, NULL);
+        r->busy += rc == -EBUSY;
+        r->other += rc != -EBUSY;
+    }
+    r->one = site_one(), r->pair = site_pair();
+    char tid[32];
+    snprintf(tid, sizeof(tid), "thread %d ", (int)nt_tid);
+    r->tid_named = strstr(ap_warn_log, tid) && strstr(ap_warn_log, "blocks SIGTRAP");
+    r->sig_named = strstr(ap_warn_log, "signal 10") && strstr(ap_warn_log, "blocks SIGTRAP");
+    nt_stop = 1;
+    g_release = 1;
+    if (ctx && write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+    r->runs = nt_runs, r->bad = nt_bad;
+    /* Alone again: the same apply patches. */
+    signal(SIGUSR1, SIG_DFL);
+    r->rc_after = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
+    r->one_after = site_one();
+}
+
+Test(live, thread_blocking_sigtrap_gets_ebusy_not_death)
+{
+    struct notrap_res *r = ap_isolated(sizeof(*r), notrap_body, NULL);
+    cr_assert_eq(r->busy, 50, "every apply refused (%d other results)", r->other);
+    cr_assert(r->tid_named, "the warning names the thread");
+    cr_assert_eq(r->one, 1, "nothing written");
+    cr_assert_eq(r->pair, 11);
+    cr_assert_gt(r->runs, 0);
+    cr_assert_eq(r->bad, 0);
+    cr_assert_eq(r->rc_after, 0);
+    cr_assert_eq(r->one_after, 2);
+}
+
+Test(live, handler_blocking_sigtrap_gets_ebusy)
+{
+    struct notrap_res *r = ap_isolated(sizeof(*r), notrap_body, (void *)1);
+    cr_assert_eq(r->busy, 50, "every apply refused (%d other results)", r->other);
+    cr_assert(r->sig_named, "the warning names the signal");
+    cr_assert_eq(r->one, 1, "nothing written");
+    cr_assert_eq(r->rc_after, 0);
+    cr_assert_eq(r->one_after, 2);
+}
+
+/* ---- a signal handler runs a site while its thread waits in the trap handler -------- */
+
+static volatile long nest_runs, nest_bad, nest_sigs;
+static volatile int nest_stop;
+
+static void on_nest(int sig)
+{
+    (void)sig;
+    long one = site_one(), pair = site_pair();
+    nest_bad += !((one == 1 || one == 2) && (pair == 11 || pair == 22));
+    nest_sigs++;
+}
+
+static void *nest_worker(void *arg)
+{
+    (void)arg;
+    while (!nest_stop) {
+        long one = site_one();
+        nest_bad += one != 1 && one != 2;
+        nest_runs++;
+    }
+    return NULL;
+}
+
+struct nest_res {
+    int apply_errors;
+    long runs, sigs, bad;
+};
+
+static volatile int kick_stop;
+
+static void *kicker(void *arg)
+{
+    pthread_t worker = *(pthread_t *)arg;
+    while (!kick_stop) {
+        pthread_kill(worker, SIGUSR1);
+        usleep(500);
+    }
+    return NULL;
+}
+
+static void nest_body(void *out, void *ctx)
+{
+    struct nest_res *r = out;
+    (void)ctx;
+    pthread_t t, k, sp;
+    altpatch_set_print(NULL);
+    signal(SIGUSR1, on_nest);
+    /* A thread stays inside site_spin: the handshake retries for its whole
+     * budget, so the round lasts long and the worker, which traps on
+     * site_one's int3, waits in the trap handler meanwhile; the kicker's
+     * SIGUSR1 handler runs sites on top of that wait. */
+    spin_flag = 1;
+    if (pthread_create(&sp, NULL, spinner, NULL))
+        _exit(3);
+    while (!spin_entered)
+        sched_yield();
+    if (pthread_create(&t, NULL, nest_worker, NULL) || pthread_create(&k, NULL, kicker, &t))
+        _exit(3);
+    while (!nest_runs || !nest_sigs)
+        sched_yield();
+    /* Every other apply tries site_spin again (refused: a thread is inside). */
+    for (int i = 0; i < 6; i++)
+        r->apply_errors += apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0, NULL) != 0;
+    kick_stop = 1;
+    pthread_join(k, NULL);
+    spin_flag = 0;
+    pthread_join(sp, NULL);
+    nest_stop = 1;
+    pthread_join(t, NULL);
+    r->runs = nest_runs, r->sigs = nest_sigs, r->bad = nest_bad;
+}
+
+Test(live, handler_runs_site_while_thread_is_parked_in_the_trap)
+{
+    struct nest_res *r = ap_isolated(sizeof(*r), nest_body, NULL);
+    cr_assert_eq(r->apply_errors, 0);
+    cr_assert_gt(r->sigs, 0, "the kicks arrived");
+    cr_assert_gt(r->runs, 0);
+    cr_assert_eq(r->bad, 0);
+}
+
+/* ---- a site in a function the apply itself calls ------------------------------------ */
+
+/* The program's calloc holds a multi-instruction site: the round must not call
+ * it between the first int3 and the last write (it would trap with every
+ * signal blocked). */
+static volatile int calloc_hook;
+extern void *__libc_calloc(size_t n, size_t size);
+
+void *calloc(size_t n, size_t size)
+{
+    if (calloc_hook)
+        (void)site_pair();
+    return __libc_calloc(n, size);
+}
+
+struct selfcall_res {
+    int apply_errors;
+    long pair;
+    struct site_view v[S_COUNT];
+};
+
+static void selfcall_body(void *out, void *ctx)
+{
+    struct selfcall_res *r = out;
+    (void)ctx;
+    pthread_t t;
+    altpatch_set_print(NULL);
+    if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, NULL))
+        _exit(3);
+    calloc_hook = 1;
+    for (int i = 0; i < 20; i++)
+        r->apply_errors += apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0, NULL) != 0;
+    r->apply_errors += apply_flags(0, NULL) != 0;
+    calloc_hook = 0;
+    snap(r->v);
+    r->pair = site_pair();
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+}
+
+Test(live, site_in_a_function_the_round_calls)
+{
+    struct selfcall_res *r = ap_isolated(sizeof(*r), selfcall_body, NULL);
+    cr_assert_eq(r->apply_errors, 0);
+    cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED);
+    cr_assert_eq(r->pair, 22);
+}
+
+/* ---- threads that run no site are not disturbed -------------------------------------- */
+
+static volatile long ep_waits, ep_eintr;
+static int ep_fd;
+
+static volatile pid_t ep_tid;
+
+static void *epoll_waiter(void *arg)
+{
+    (void)arg;
+    ep_tid = (pid_t)syscall(SYS_gettid);
+    struct epoll_event ev;
+    for (;;) {
+        int n = epoll_wait(ep_fd, &ev, 1, 10000);
+        ep_waits++;
+        if (n < 0 && errno == EINTR)
+            ep_eintr++;
+        else if (n != 0)
+            return NULL; /* released */
+    }
+}
+
+struct ep_res {
+    int apply_errors;
+    long eintr, waits, pair;
+};
+
+static void ep_body(void *out, void *ctx)
+{
+    struct ep_res *r = out;
+    (void)ctx;
+    pthread_t t;
+    altpatch_set_print(NULL);
+    ep_fd = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN};
+    if (ep_fd < 0 || pipe(g_pipe) || epoll_ctl(ep_fd, EPOLL_CTL_ADD, g_pipe[0], &ev) ||
+        pthread_create(&t, NULL, epoll_waiter, NULL))
+        _exit(3);
+    wait_asleep(&ep_tid);
+    for (int i = 0; i < 200; i++) /* site_pair: a multi-instruction site in every round */
+        r->apply_errors += apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0, NULL) != 0;
+    r->pair = site_pair();
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+    r->eintr = ep_eintr, r->waits = ep_waits;
+}
+
+Test(live, blocked_epoll_wait_sees_no_eintr)
+{
+    struct ep_res *r = ap_isolated(sizeof(*r), ep_body, NULL);
+    cr_assert_eq(r->apply_errors, 0);
+    cr_assert_eq(r->pair, 11, "200 toggles end reverted");
+    cr_assert_eq(r->eintr, 0, "epoll_wait failed with EINTR %ld times", r->eintr);
+}
+
+/* ---- a handler that interrupted a multi-instruction site ----------------------------- */
+
+static volatile int hide_in_handler, hide_release;
+
+static void on_hide(int sig)
+{
+    (void)sig;
+    hide_in_handler = 1;
+    while (!hide_release)
+        usleep(1000); /* asleep in the handler: located through /proc */
+}
+
+struct hide_res {
+    int rc, rc2;
+    long spin_result, spin_after;
+    struct site_view v[S_COUNT], v2[S_COUNT];
+};
+
+static void hide_body(void *out, void *ctx)
+{
+    struct hide_res *r = out;
+    (void)ctx;
+    pthread_t t;
+    altpatch_set_print(NULL);
+    signal(SIGUSR2, on_hide);
+    spin_flag = 1;
+    if (pthread_create(&t, NULL, spinner, NULL))
+        _exit(3);
+    while (!spin_entered)
+        sched_yield();
+    usleep(10000); /* well inside site_spin's loop */
+    pthread_kill(t, SIGUSR2);
+    while (!hide_in_handler)
+        sched_yield();
+    /* The thread's RIP is in the handler; the RIP it resumes at is inside site_spin. */
+    r->rc = altpatch_apply();
+    snap(r->v);
+    spin_flag = 0;
+    hide_release = 1;
+    void *ret;
+    pthread_join(t, &ret);
+    r->spin_result = (long)ret;
+    r->rc2 = altpatch_apply();
+    snap(r->v2);
+    r->spin_after = site_spin();
+}
+
+Test(live, handler_over_a_site_keeps_the_site)
+{
+    struct hide_res *r = ap_isolated(sizeof(*r), hide_body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->v[S_SPIN].state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(r->v[S_SPIN].reason, ALTPATCH_REASON_LIVE_THREAD_INSIDE);
+    cr_assert_eq(memcmp(r->v[S_SPIN].cur, r->v[S_SPIN].orig, r->v[S_SPIN].len), 0);
+    cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED, "the other sites are patched");
+    cr_assert_eq(r->spin_result, 0, "the interrupted thread left through the original");
+    cr_assert_eq(r->v2[S_SPIN].state, ALTPATCH_SITE_PATCHED);
+    cr_assert_eq(r->spin_after, 2);
 }
