@@ -714,7 +714,7 @@ struct bad {
 Test(altdump, bad_input, .init = mktmp, .fini = rmtmp)
 {
     static const struct bad cases[] = {
-        {"truncated.elf", e_truncate, 3, "section headers outside the file"},
+        {"truncated.elf", e_truncate, 3, "section headers outside the file ([0x"},
         {"class32.elf", e_class32, 3, "not a 64-bit ELF"},
         {"aarch64.elf", e_machine, 3, "not an x86-64 ELF (e_machine 183)"},
         {"shoff.elf", e_shoff, 3, "section headers outside the file"},
@@ -742,6 +742,8 @@ Test(altdump, bad_input, .init = mktmp, .fini = rmtmp)
             if (c->rc == 3)
                 cr_assert(strchr(r.err, '\n') == r.err + strlen(r.err) - 1,
                           "one line only: %s", r.err);
+            cr_assert(!strstr(r.err, "no error") && !strstr(r.err, " 0 headers"),
+                      "%s: a message that says nothing: %s", c->name, r.err);
             result_free(&r);
         }
     }
@@ -776,6 +778,30 @@ Test(altdump, bad_files, .init = mktmp, .fini = rmtmp)
     cr_assert_eq(r.rc, 3);
     cr_assert(strstr(r.out, "sites.elf: ok"), "%s", r.out);
     result_free(&r);
+}
+
+/* A FIFO, a directory and a device: refused by type before any open that could block. */
+Test(altdump, not_regular, .init = mktmp, .fini = rmtmp, .timeout = 20)
+{
+    char fifo[256];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", tmpdir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    const struct {
+        const char *path, *what;
+    } cases[] = {{fifo, "a FIFO"}, {tmpdir, "a directory"}, {"/dev/null", "a character device"}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *modes[] = {"--check", "--size", "--json", "--compare"};
+        for (size_t m = 0; m < 4; m++) {
+            struct result r = m == 3 ? RUN(modes[m], "sites.elf", cases[i].path)
+                                     : RUN(modes[m], cases[i].path);
+            char want[512];
+            snprintf(want, sizeof(want), "altdump: %s: not a regular file (%s)\n", cases[i].path,
+                     cases[i].what);
+            cr_assert_eq(r.rc, 3, "%s %s: exit %d", cases[i].path, modes[m], r.rc);
+            cr_assert_str_eq(r.err, want, "%s %s", cases[i].path, modes[m]);
+            result_free(&r);
+        }
+    }
 }
 
 Test(altdump, usage)

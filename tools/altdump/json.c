@@ -165,10 +165,10 @@ static void entry(struct ad_json *j, const struct ad_image *img, const struct ap
                   const struct ad_opts *o)
 {
     char flags[32];
-    ad_flags_str(e->flags, flags, sizeof(flags));
+    ad_flags_str(img, e->flags, flags, sizeof(flags));
     ad_json_obj(j, NULL);
     ad_json_uint(j, "record", e->index);
-    ad_json_str(j, "feature", ad_feature_name(e->feature));
+    ad_json_str(j, "feature", ad_feature_name(img, e->feature));
     ad_json_uint(j, "feature_id", e->feature);
     ad_json_uint(j, "feature_word", e->feature / 32u);
     ad_json_uint(j, "feature_bit", e->feature % 32u);
@@ -270,7 +270,23 @@ void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct a
     ad_json_obj(j, NULL);
     ad_json_str(j, "file", img->file);
     ad_json_str(j, "type", img->elf_type == ET_EXEC ? "EXEC" : img->elf_type == ET_DYN ? "DYN" : "REL");
-    if (img->has_alt) {
+    if (img->kernel.on) {
+        ad_json_null(j, "note");
+        ad_json_obj(j, "kernel");
+        ad_json_bool(j, "module", img->kernel.module);
+        if (img->kernel.release[0])
+            ad_json_str(j, "release", img->kernel.release);
+        else
+            ad_json_null(j, "release");
+        ad_json_str(j, "release_from", img->kernel.source ? img->kernel.source : "");
+        ad_json_uint(j, "record_size", img->kernel.record_size);
+        ad_json_str(j, "feature_names", img->kernel.tab->version);
+        ad_json_hex(j, "table_start", img->table_addr);
+        ad_json_hex(j, "table_end", img->table_addr + img->table_size);
+        ad_json_hex(j, "replacement_start", img->view.repl.addr);
+        ad_json_hex(j, "replacement_end", img->view.repl.addr + img->view.repl.size);
+        ad_json_end_obj(j);
+    } else if (img->has_alt) {
         ad_json_obj(j, "note");
         ad_json_uint(j, "version", img->note.version);
         ad_json_uint(j, "record_size", img->note.record_size);

@@ -34,9 +34,9 @@ static void print_entry(FILE *f, const struct ad_image *img, const struct ap_ent
                         unsigned k, const struct ad_opts *o)
 {
     char flags[32];
-    ad_flags_str(e->flags, flags, sizeof(flags));
+    ad_flags_str(img, e->flags, flags, sizeof(flags));
     fprintf(f, "  entry %u (record %u): %s (%u*32+%u), flags %s, instrlen %u, replacementlen %u\n",
-            k, e->index, ad_feature_name(e->feature), e->feature / 32u, e->feature % 32u, flags,
+            k, e->index, ad_feature_name(img, e->feature), e->feature / 32u, e->feature % 32u, flags,
             e->instrlen, e->repllen);
     const uint8_t *r = NULL;
     if (img->view.repl.data && e->repl >= img->view.repl.addr &&
@@ -60,8 +60,9 @@ static void print_decision(FILE *f, const struct ad_image *img, const struct ap_
         fprintf(f, "%s%s\n", p->detail[0] ? ": " : "", p->detail);
     } else if (p->chosen >= 0) {
         const struct ap_entry *e = &img->entries[s->first + (unsigned)p->chosen];
-        fprintf(f, "  decision: replaced by entry %d (%s%s)\n", p->chosen,
-                (e->flags & ALT_FLAG_NOT) ? "not " : "", ad_feature_name(e->feature));
+        fprintf(f, "  decision: replaced by entry %d (%s%s)%s%s\n", p->chosen,
+                (e->flags & ALT_FLAG_NOT) ? "not " : "", ad_feature_name(img, e->feature),
+                p->detail[0] ? ": " : "", p->detail);
     } else {
         fprintf(f, "  decision: kept original (no entry eligible)\n");
     }
@@ -99,8 +100,18 @@ void ad_print_table(FILE *f, const struct ad_image *img, const struct ap_plan *p
         repl += plans[i].reason == ALTPATCH_REASON_NONE && plans[i].chosen >= 0;
         kept += plans[i].reason == ALTPATCH_REASON_NONE && plans[i].chosen < 0;
     }
-    fprintf(f, "%s: ELF64 x86-64 %s, altpatch format %u, %zu records, %zu sites\n", img->file,
-            type_name(img->elf_type), img->note.version, img->nentries, img->nsites);
+    if (img->kernel.on)
+        fprintf(f, "%s: ELF64 x86-64 %s, Linux kernel %s%s (%s), %u-byte records (%s), "
+                   "feature names of %s, %zu records, %zu sites\n",
+                img->file, type_name(img->elf_type), img->kernel.module ? "module " : "",
+                img->kernel.release[0] ? img->kernel.release : "of unknown version",
+                img->kernel.source ? img->kernel.source : "no version string",
+                img->kernel.record_size, img->kernel.layout_why, img->kernel.tab->version,
+                img->nentries, img->nsites);
+    else
+        fprintf(f, "%s: ELF64 x86-64 %s, altpatch format %u, %zu records, %zu sites\n",
+                img->file, type_name(img->elf_type), img->note.version, img->nentries,
+                img->nsites);
     if (img->prepatched)
         fprintf(f, "pre-patched for %s: the sites hold its plan; originals in %s\n",
                 img->pp_profile, AP_PREPATCH_SECTION);
