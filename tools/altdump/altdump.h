@@ -230,8 +230,15 @@ void ad_print_table(FILE *f, const struct ad_image *img, const struct ap_plan *p
 size_t ad_print_refusals(FILE *f, const char *prefix, const struct ad_image *img,
                          const struct ap_plan *plans);
 /** Disassemble @p len bytes at @p addr, one "    0xADDR  bytes  insn" line each. */
-void ad_print_insns(FILE *f, const uint8_t *bytes, size_t len, uint64_t addr, bool intel,
-                    const char *indent);
+void ad_print_insns(FILE *f, const struct ad_image *img, const uint8_t *bytes, size_t len,
+                    uint64_t addr, bool intel, const char *indent);
+/**
+ * Format the instruction at @p buf (at @p addr) the way objdump prints it,
+ * targets named by the symbols of @p img (may be NULL). Returns its length,
+ * or a negative errno with "(bad)" in @p out.
+ */
+int ad_format_insn(const struct ad_image *img, const uint8_t *buf, size_t avail, uint64_t addr,
+                   bool intel, char *out, size_t outsz);
 
 /** Text-size figures of one image (see docs/altdump.md for each rule). */
 struct ad_size {

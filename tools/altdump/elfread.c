@@ -28,6 +28,9 @@
 #define AD_REL_BASE 0x100000ull
 #define AD_REL_ALIGN 0x1000ull
 #define AD_MAX_FILE (1ull << 31)
+/* .o: distance between the fake addresses of undefined symbols, so that
+ * "sym+addend" (a field of a structure such as pv_ops) still names sym. */
+#define AD_EXTERN_STRIDE 0x1000ull
 
 struct reader {
     struct ad_image *img;
@@ -351,7 +354,7 @@ static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint6
             return 0;
         }
     }
-    *out = r->extern_base + 16 * (uint64_t)idx;
+    *out = r->extern_base + AD_EXTERN_STRIDE * (uint64_t)idx;
     return 0;
 }
 
@@ -677,16 +680,28 @@ static int read_symbols(struct reader *r)
         if (!gelf_getsym(d, (int)i, &s))
             return fail(r, "cannot read symbol %zu%s", i, elfmsg());
         int t = GELF_ST_TYPE(s.st_info);
-        if ((t != STT_FUNC && t != STT_OBJECT && t != STT_NOTYPE && t != STT_GNU_IFUNC) ||
-            s.st_shndx == SHN_UNDEF || s.st_shndx >= SHN_LORESERVE || s.st_shndx >= img->nsecs)
+        if (t != STT_FUNC && t != STT_OBJECT && t != STT_NOTYPE && t != STT_GNU_IFUNC)
+            continue;
+        if (s.st_shndx == SHN_UNDEF && img->elf_type == ET_REL && r->extern_base) {
+            /* The fake address sym_value() gives it: names call targets such as BUG_func. */
+            const char *name = elf_strptr(r->elf, sh.sh_link, s.st_name);
+            if (name && *name && strncmp(name, "__start_", 8) != 0 &&
+                strncmp(name, "__stop_", 7) != 0) {
+                uint64_t a = r->extern_base + AD_EXTERN_STRIDE * (uint64_t)i;
+                img->syms[img->nsyms++] =
+                    (struct ad_symbol){a, 0, a + AD_EXTERN_STRIDE, name, false};
+            }
+            continue;
+        }
+        if (s.st_shndx == SHN_UNDEF || s.st_shndx >= SHN_LORESERVE || s.st_shndx >= img->nsecs)
             continue;
         const char *name = elf_strptr(r->elf, sh.sh_link, s.st_name);
         if (!name || !*name || (name[0] == '.' && name[1] == 'L'))
             continue;
         if (t == STT_OBJECT && strcmp(name, "linux_banner") == 0 && img->elf_type != ET_REL)
             img->banner_addr = s.st_value; /* a kernel's version string (kernel.c) */
-        if (!(img->secs[s.st_shndx].flags & SHF_EXECINSTR))
-            continue; /* sites live in code: name them by code symbols only */
+        if (!(img->secs[s.st_shndx].flags & SHF_ALLOC))
+            continue; /* sites and operands name allocated bytes only */
         uint64_t addr = s.st_value;
         if (img->elf_type == ET_REL)
             addr += img->secs[s.st_shndx].addr;

@@ -135,8 +135,8 @@ static void hexstr(char *out, size_t outsz, const uint8_t *b, size_t n)
 }
 
 /* {"address", "bytes", "insns": [{"address","bytes","text"}...]} */
-static void code(struct ad_json *j, const char *key, const uint8_t *b, size_t n, uint64_t addr,
-                 const struct ad_opts *o)
+static void code(struct ad_json *j, const struct ad_image *img, const char *key,
+                 const uint8_t *b, size_t n, uint64_t addr, const struct ad_opts *o)
 {
     char hex[3 * AP_MAX_SITE + 4];
     ad_json_obj(j, key);
@@ -146,8 +146,8 @@ static void code(struct ad_json *j, const char *key, const uint8_t *b, size_t n,
     ad_json_arr(j, "insns");
     size_t off = 0;
     while (off < n) {
-        char text[256];
-        int k = ap_insn_format(b + off, n - off, addr + off, o->intel, text, sizeof(text));
+        char text[512];
+        int k = ad_format_insn(img, b + off, n - off, addr + off, o->intel, text, sizeof(text));
         size_t take = k > 0 ? (size_t)k : n - off;
         ad_json_obj(j, NULL);
         ad_json_hex(j, "address", addr + off);
@@ -179,7 +179,7 @@ static void entry(struct ad_json *j, const struct ad_image *img, const struct ap
     const struct ap_region *r = &img->view.repl;
     if (r->data && e->repl >= r->addr && e->repl - r->addr <= r->size &&
         e->repllen <= r->size - (e->repl - r->addr))
-        code(j, "replacement", r->data + (e->repl - r->addr), e->repllen, e->repl, o);
+        code(j, img, "replacement", r->data + (e->repl - r->addr), e->repllen, e->repl, o);
     else
         ad_json_null(j, "replacement");
     ad_json_hex(j, "replacement_address", e->repl);
@@ -209,7 +209,7 @@ static void site(struct ad_json *j, const struct ad_image *img, size_t i, const 
     ad_json_end_arr(j);
     const uint8_t *orig = ap_view_text(&img->view, s->addr, s->len);
     if (orig)
-        code(j, "original", orig, s->len, s->addr, o);
+        code(j, img, "original", orig, s->len, s->addr, o);
     else
         ad_json_null(j, "original");
     ad_json_str(j, "decision", ad_decision_name(p));
@@ -219,7 +219,7 @@ static void site(struct ad_json *j, const struct ad_image *img, size_t i, const 
     ad_json_int(j, "bad_entry", p->bad_entry);
     ad_json_str(j, "detail", p->detail);
     if (orig)
-        code(j, "final", p->final, p->len, s->addr, o);
+        code(j, img, "final", p->final, p->len, s->addr, o);
     else
         ad_json_null(j, "final");
     ad_json_bool(j, "changes", orig && p->reason == 0 && memcmp(orig, p->final, s->len) != 0);

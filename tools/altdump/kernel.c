@@ -379,9 +379,15 @@ void ad_kernel_direct_calls(const struct ad_image *img, struct ap_plan *plans)
             target = target << 8 | v[k];
         int64_t rel = (int64_t)(target - (s->addr + 5));
         if (!v || target == 0 || img->elf_type == ET_REL || rel != (int32_t)rel) {
+            /* Shown as the original: the indirect call reaches what the kernel's direct
+             * call will. */
+            char ssym[64];
+            ad_symbolize(img, slot, ssym, sizeof(ssym));
+            memcpy(p->final, p->orig, p->len);
             snprintf(p->detail, sizeof(p->detail),
-                     "direct call through the pointer at 0x%llx: target decided at boot",
-                     (unsigned long long)slot);
+                     "direct call via *0x%llx%s%.64s%s: target decided at boot (final shows "
+                     "the indirect call)",
+                     (unsigned long long)slot, ssym[0] ? " <" : "", ssym, ssym[0] ? ">" : "");
             continue;
         }
         p->final[0] = 0xe8;

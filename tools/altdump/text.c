@@ -7,15 +7,15 @@
 
 #define BYTES_COL 34 /* width of the bytes column: 11 bytes */
 
-void ad_print_insns(FILE *f, const uint8_t *bytes, size_t len, uint64_t addr, bool intel,
-                    const char *indent)
+void ad_print_insns(FILE *f, const struct ad_image *img, const uint8_t *bytes, size_t len,
+                    uint64_t addr, bool intel, const char *indent)
 {
     size_t off = 0;
     if (len == 0)
         fprintf(f, "%s(empty)\n", indent);
     while (off < len) {
-        char text[256], hex[3 * AP_MAX_SITE + 1] = "";
-        int n = ap_insn_format(bytes + off, len - off, addr + off, intel, text, sizeof(text));
+        char text[512], hex[3 * AP_MAX_SITE + 1] = "";
+        int n = ad_format_insn(img, bytes + off, len - off, addr + off, intel, text, sizeof(text));
         size_t take = n > 0 ? (size_t)n : len - off; /* (bad): show the rest at once */
         for (size_t k = 0; k < take; k++)
             snprintf(hex + 3 * k, sizeof(hex) - 3 * k, "%02x ", bytes[off + k]);
@@ -45,7 +45,7 @@ static void print_entry(FILE *f, const struct ad_image *img, const struct ap_ent
         r = img->view.repl.data + (e->repl - img->view.repl.addr);
     fprintf(f, "  replacement %u at 0x%llx:\n", k, (unsigned long long)e->repl);
     if (r)
-        ad_print_insns(f, r, e->repllen, e->repl, o->intel, "    ");
+        ad_print_insns(f, img, r, e->repllen, e->repl, o->intel, "    ");
     else
         fprintf(f, "    (outside altinstr_replacement)\n");
 }
@@ -81,13 +81,13 @@ static void print_site(FILE *f, const struct ad_image *img, size_t i, const stru
     const uint8_t *orig = ap_view_text(&img->view, s->addr, s->len);
     fprintf(f, "  original:\n");
     if (orig)
-        ad_print_insns(f, orig, s->len, s->addr, o->intel, "    ");
+        ad_print_insns(f, img, orig, s->len, s->addr, o->intel, "    ");
     else
         fprintf(f, "    (outside the executable sections)\n");
     print_decision(f, img, s, p);
     if (orig) {
         fprintf(f, "  final:\n");
-        ad_print_insns(f, p->final, p->len, s->addr, o->intel, "    ");
+        ad_print_insns(f, img, p->final, p->len, s->addr, o->intel, "    ");
     }
 }
 
