@@ -46,6 +46,27 @@ add_custom_command(OUTPUT ${AD_FIX}/groups.o ${AD_FIX}/groups.so
   COMMENT "altdump fixture groups" VERBATIM)
 list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/groups.o ${AD_FIX}/groups.so)
 
+# kernel.S: Linux-kernel-style tables (.altinstructions, no altpatch note) in
+# both record layouts: a module (.o with RELA, vermagic) and a linked image
+# (linux_banner) per layout, and a module without any version string.
+foreach(k "61;12;6.1.0-99-test;" "612;14;6.12.99+test;" "nover;14;x;-DNOVERSION")
+  list(GET k 0 kname)
+  list(GET k 1 krec)
+  list(GET k 2 kver)
+  list(GET k 3 kextra)
+  set(kdefs -DKREC_SIZE=${krec} "-DKVERSION=\"${kver}\"" ${kextra})
+  add_custom_command(OUTPUT ${AD_FIX}/kernel${kname}.o ${AD_FIX}/kernel${kname}.elf
+    COMMAND ${CMAKE_C_COMPILER} ${kdefs} -DMODULE -c ${AD_SRC}/kernel.S
+      -o ${AD_FIX}/kernel${kname}.o
+    COMMAND ${CMAKE_C_COMPILER} ${kdefs} -c ${AD_SRC}/kernel.S -o ${AD_FIX}/kernel${kname}-img.o
+    COMMAND ${CMAKE_C_COMPILER} -nostdlib -static -Wl,-T,${AD_SRC}/kernel.ld
+      -Wl,--build-id=none -Wl,-z,noexecstack -o ${AD_FIX}/kernel${kname}.elf
+      ${AD_FIX}/kernel${kname}-img.o
+    DEPENDS ${AD_SRC}/kernel.S ${AD_SRC}/kernel.ld
+    COMMENT "altdump fixture kernel${kname}" VERBATIM)
+  list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/kernel${kname}.o ${AD_FIX}/kernel${kname}.elf)
+endforeach()
+
 # --- Corrupt-record fixtures of testdata/ (engineer "fixtures"), rebuilt here
 # so that this test does not depend on their target names.
 set(AD_HAVE_CORRUPT 0)

@@ -150,6 +150,8 @@ size_t ad_prepatched_check(FILE *f, const struct ad_image *img);
 
 /** Write "sym+0xoff" (or "" when no symbol covers @p addr) into @p out. */
 void ad_symbolize(const struct ad_image *img, uint64_t addr, char *out, size_t outsz);
+/** objdump's " <sym>" / " <sym+0x10>" for @p addr, or "" (disasm.c). */
+void ad_symbol_ref(const struct ad_image *img, uint64_t addr, char *out, size_t outsz);
 /** Symbol covering @p addr or NULL; *off gets addr - symbol address. */
 const struct ad_symbol *ad_symbol_at(const struct ad_image *img, uint64_t addr, uint64_t *off);
 /** Sort and index img->syms (called by the reader). */
@@ -159,6 +161,10 @@ void ad_symbols_sort(struct ad_image *img);
 struct ad_cpu {
     char spec[128];                 /* as given, e.g. "amd-zen4,-fsgsbase" */
     struct altpatch_features *fs;
+    /* An edit names no feature of this library (it may be a kernel's name:
+     * kernel images resolve the spec themselves): the message for other
+     * files, "" when every edit applied. */
+    char edit_err[192];
 };
 
 /**

@@ -44,6 +44,11 @@ int ad_cpu_parse(const char *spec, struct ad_cpu *cpu, char *err, size_t errsz)
     }
     if (edits && *edits) {
         int rc = altpatch_features_edit(cpu->fs, edits);
+        if (rc == -ENOENT) {
+            snprintf(cpu->edit_err, sizeof(cpu->edit_err),
+                     "--cpu: bad feature edit list '%.100s' (unknown feature name)", edits);
+            return 0;
+        }
         if (rc) {
             snprintf(err, errsz, "bad feature edit list '%s' (%s)", edits,
                      rc == -ENOENT ? "unknown feature name" : strerror(-rc));
@@ -84,6 +89,10 @@ int ad_decide_cpu(const struct ad_image *img, const struct ad_cpu *cpu, struct a
                   char *err, size_t errsz)
 {
     *out = NULL;
+    if (!img->kernel.on && cpu->edit_err[0]) {
+        snprintf(err, errsz, "%s", cpu->edit_err);
+        return AD_EXIT_USAGE;
+    }
     if (!img->kernel.on)
         return ad_decide(img, cpu->fs, out) ? AD_EXIT_INTERNAL : 0;
     struct altpatch_features *fs = NULL;

@@ -13,7 +13,7 @@
 #include "altdump.h"
 
 /* "<sym>" or "<sym+0x10>" for @p addr, or "" when no symbol covers it. */
-static void sym_suffix(const struct ad_image *img, uint64_t addr, char *out, size_t outsz)
+void ad_symbol_ref(const struct ad_image *img, uint64_t addr, char *out, size_t outsz)
 {
     uint64_t off = 0;
     const struct ad_symbol *s = img ? ad_symbol_at(img, addr, &off) : NULL;
@@ -43,7 +43,7 @@ static ZyanStatus print_abs(const ZydisFormatter *fmt, ZydisFormatterBuffer *buf
     char text[256], sym[240];
     ZYAN_CHECK(ZydisCalcAbsoluteAddress(ctx->instruction, ctx->operand, ctx->runtime_address,
                                         &addr));
-    sym_suffix(ctx->user_data, addr, sym, sizeof(sym));
+    ad_symbol_ref(ctx->user_data, addr, sym, sizeof(sym));
     snprintf(text, sizeof(text), "%" PRIx64 "%s", (uint64_t)addr, sym);
     ZYAN_CHECK(ZydisFormatterBufferAppend(buffer, ZYDIS_TOKEN_ADDRESS_ABS));
     return append(buffer, text);
@@ -114,7 +114,7 @@ int ad_format_insn(const struct ad_image *img, const uint8_t *buf, size_t avail,
         if (ops[i].type != ZYDIS_OPERAND_TYPE_MEMORY || ops[i].mem.base != ZYDIS_REGISTER_RIP ||
             !ZYAN_SUCCESS(ZydisCalcAbsoluteAddress(&in, &ops[i], addr, &target)))
             continue;
-        sym_suffix(img, target, sym, sizeof(sym));
+        ad_symbol_ref(img, target, sym, sizeof(sym));
         size_t used = strlen(out);
         snprintf(out + used, outsz - used, "  # %" PRIx64 "%s", (uint64_t)target, sym);
         break;

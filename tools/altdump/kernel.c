@@ -275,7 +275,7 @@ static int kedit(const struct ad_ktable *t, struct altpatch_features *fs, const 
         }
         const struct ad_kfeat *f = nlen ? kfeat_by_name(t, name, nlen) : NULL;
         if (!f) {
-            snprintf(err, errsz, "'%.*s' is no X86_FEATURE or X86_BUG name of Linux %s",
+            snprintf(err, errsz, "--cpu: '%.*s' is no X86_FEATURE or X86_BUG name of Linux %s",
                      (int)(nlen > 64 ? 64 : nlen), name, t->version);
             return AD_EXIT_USAGE;
         }
@@ -309,7 +309,7 @@ int ad_kernel_cpu(const struct ad_image *img, const char *spec, struct altpatch_
     }
     struct altpatch_features *base = altpatch_features_profile(name);
     if (!base) {
-        snprintf(err, errsz, "unknown CPU profile '%s'", name);
+        snprintf(err, errsz, "--cpu: unknown CPU profile '%s'", name);
         return AD_EXIT_USAGE;
     }
     struct altpatch_features *fs = calloc(1, sizeof(*fs));
@@ -382,22 +382,22 @@ void ad_kernel_direct_calls(const struct ad_image *img, struct ap_plan *plans)
             /* Shown as the original: the indirect call reaches what the kernel's direct
              * call will. */
             char ssym[64];
-            ad_symbolize(img, slot, ssym, sizeof(ssym));
+            ad_symbol_ref(img, slot, ssym, sizeof(ssym));
             memcpy(p->final, p->orig, p->len);
             snprintf(p->detail, sizeof(p->detail),
-                     "direct call via *0x%llx%s%.64s%s: target decided at boot (final shows "
-                     "the indirect call)",
-                     (unsigned long long)slot, ssym[0] ? " <" : "", ssym, ssym[0] ? ">" : "");
+                     "direct call via *0x%llx%.64s: target decided at boot (final shows the "
+                     "indirect call)",
+                     (unsigned long long)slot, ssym);
             continue;
         }
         p->final[0] = 0xe8;
         for (int k = 0; k < 4; k++)
             p->final[1 + k] = (uint8_t)((uint64_t)rel >> (8 * k));
         p->final[5] = 0x90;
-        char sym[64];
-        ad_symbolize(img, target, sym, sizeof(sym));
-        snprintf(p->detail, sizeof(p->detail), "direct call via *0x%llx: 0x%llx%s%.64s%s",
-                 (unsigned long long)slot, (unsigned long long)target, sym[0] ? " <" : "", sym,
-                 sym[0] ? ">" : "");
+        char sym[64], ssym[64];
+        ad_symbol_ref(img, target, sym, sizeof(sym));
+        ad_symbol_ref(img, slot, ssym, sizeof(ssym));
+        snprintf(p->detail, sizeof(p->detail), "direct call via *0x%llx%.40s: 0x%llx%.64s",
+                 (unsigned long long)slot, ssym, (unsigned long long)target, sym);
     }
 }

@@ -250,6 +250,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "altdump: --cpu: %s\n", err);
         return rc;
     }
+    if (a.mode == MODE_PID && cpu.edit_err[0]) {
+        fprintf(stderr, "altdump: %s\n", cpu.edit_err);
+        ad_cpu_free(&cpu);
+        return AD_EXIT_USAGE;
+    }
     altpatch_set_print(NULL); /* the library's own warnings would repeat ours */
     struct ad_opts o = {.intel = a.intel, .json = a.json, .cpu = &cpu};
     switch (a.mode) {
