@@ -121,13 +121,17 @@ pv_irq_disable:
 #ifdef MODULE
 	.section .modinfo, "a"
 	.asciz "license=MIT"
-	.asciz "vermagic=" KVERSION " SMP mod_unload modversions "
+	.ascii "vermagic="
+	.ascii KVERSION
+	.asciz " SMP mod_unload modversions "
 #else
 	.section .rodata, "a"
 	.globl linux_banner
 	.type linux_banner, @object
 linux_banner:
-	.asciz "Linux version " KVERSION " (altdump@fixture) #1 SMP\n"
+	.ascii "Linux version "
+	.ascii KVERSION
+	.asciz " (altdump@fixture) #1 SMP\n"
 	.size linux_banner, .-linux_banner
 #endif
 #endif
