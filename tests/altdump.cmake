@@ -48,8 +48,10 @@ list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/groups.o ${AD_FIX}/groups.so)
 
 # kernel.S: Linux-kernel-style tables (.altinstructions, no altpatch note) in
 # both record layouts: a module (.o with RELA, vermagic) and a linked image
-# (linux_banner) per layout, and a module without any version string.
-foreach(k "61;12;6.1.0-99-test;" "612;14;6.12.99+test;" "nover;14;x;-DNOVERSION")
+# (linux_banner) per layout, and modules without any version string (one
+# whose table size tells the layout, one whose size fits both).
+foreach(k "61;12;6.1.0-99-test;" "612;14;6.12.99+test;" "nover;14;x;-DNOVERSION=1"
+         "ambig;14;x;-DNOVERSION=2")
   list(GET k 0 kname)
   list(GET k 1 krec)
   list(GET k 2 kver)

@@ -1090,7 +1090,7 @@ Test(altdump, kernel_layouts)
         {"kernel61.elf", "EXEC, Linux kernel 6.1.0-99-test (linux_banner), 12-byte records", 12,
          {"LFENCE_RDTSC (3*32+18)", "XENPV (8*32+16), flags NOT", "BUG_SPECTRE_V1", NULL}},
         {"kernel612.o", "Linux kernel module 6.12.99+test (vermagic), 14-byte records (version >= "
-                        "6.3), feature names of 6.12, 5 records, 5 sites",
+                        "6.3), feature names of 6.12, 6 records, 6 sites",
          14, {"LFENCE_RDTSC (20*32+2), flags none", "XENPV (8*32+16), flags NOT",
               "ALWAYS (3*32+21), flags DIRECT_CALL", NULL}},
         {"kernel612.elf", "EXEC, Linux kernel 6.12.99+test (linux_banner), 14-byte records", 14,
@@ -1179,10 +1179,12 @@ Test(altdump, kernel_profiles)
 /* ALT_FLAG_DIRECT_CALL: the target from the image's own pointer, else decided at boot. */
 Test(altdump, kernel_direct_call)
 {
+    uint64_t nop_site = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "nop_call");
+    uint64_t nop_slot = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "pv_nop");
     uint64_t site = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "direct_call");
     uint64_t target = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "native_irq_disable");
     uint64_t slot = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "pv_irq_disable");
-    cr_assert(site && target && slot);
+    cr_assert(site && target && slot && nop_site && nop_slot);
     uint32_t rel = (uint32_t)(target - (site + 5));
     char dec[256], fin[64];
     snprintf(dec, sizeof(dec),
@@ -1195,18 +1197,26 @@ Test(altdump, kernel_direct_call)
     for (size_t p = 0; p < 2; p++) {
         struct result r = RUN("--cpu", profiles[p], "kernel612.elf");
         cr_assert_eq(r.rc, 0, "%s", r.err);
-        want_site(r.out, 4, dec, fin);
-        char *b = site_block(r.out, 4);
+        want_site(r.out, 5, dec, fin);
+        char *b = site_block(r.out, 5);
         cr_assert(strstr(b, "nop\n"), "%s", b); /* call + one-byte NOP fill the 6 bytes */
         free(b);
+        /* a pointer to nop_func: no call left, the 6 bytes are one NOP */
+        char nop[160];
+        snprintf(nop, sizeof(nop), "site 4 at 0x%llx <nop_call+0x0>", (unsigned long long)nop_site);
+        want_site(r.out, 4, nop, NULL);
+        snprintf(nop, sizeof(nop), "direct call via *0x%llx <pv_nop>: nop_func, the call becomes NOPs",
+                 (unsigned long long)nop_slot);
+        want_site(r.out, 4, nop, "66 0f 1f 44 00 00");
         result_free(&r);
     }
     /* a module's pointer is set at load: the final shown is the indirect call itself */
     struct result r = RUN("--cpu", "all", "kernel612.o");
     cr_assert_eq(r.rc, 0, "%s", r.err);
-    want_site(r.out, 4, "<pv_irq_disable>: target decided at boot", "ff 15 ");
-    want_site(r.out, 4, "call *0x", NULL); /* objdump's form of the indirect call */
-    want_site(r.out, 4, "<BUG_func>", NULL);
+    want_site(r.out, 5, "<pv_irq_disable>: target decided at boot", "ff 15 ");
+    want_site(r.out, 5, "call *0x", NULL); /* objdump's form of the indirect call */
+    want_site(r.out, 5, "<BUG_func>", NULL);
+    want_site(r.out, 4, "<pv_nop>: target decided at boot", "ff 15 ");
     cr_assert(!strstr(r.out, "0x0000"), "no zero-padded operands:\n%s", r.out);
     result_free(&r);
 }
@@ -1215,15 +1225,33 @@ Test(altdump, kernel_size_compare)
 {
     struct result r = RUN("--size", "kernel612.elf");
     cr_assert_eq(r.rc, 0, "%s", r.err);
-    cr_assert(strstr(r.out, "  sites                                         5\n"), "%s", r.out);
-    cr_assert(strstr(r.out, "  records                                       5\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  sites                                         6\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  records                                       6\n"), "%s", r.out);
     result_free(&r);
     r = RUN("--compare", "kernel61.o", "kernel612.o");
     cr_assert_eq(r.rc, 0, "%s", r.err);
-    cr_assert(strstr(r.out, "sites: 4 -> 5;"), "%s", r.out);
+    cr_assert(strstr(r.out, "sites: 4 -> 6;"), "%s", r.out);
     result_free(&r);
     r = RUN("--compare", "--json", "kernel61.elf", "kernel612.elf");
     cr_assert_eq(r.rc, 0, "%s", r.err);
-    cr_assert(strstr(r.out, "\"sites\": 4") && strstr(r.out, "\"sites\": 5"), "%s", r.out);
+    cr_assert(strstr(r.out, "\"sites\": 4") && strstr(r.out, "\"sites\": 6"), "%s", r.out);
     result_free(&r);
+}
+
+/* No version string and a table size that fits both layouts: refused, one line. */
+Test(altdump, kernel_layout_ambiguous)
+{
+    const char *files[] = {"kernelambig.o", "kernelambig.elf"};
+    for (size_t i = 0; i < 2; i++) {
+        struct result r = RUN("--check", files[i]);
+        char want[256];
+        snprintf(want, sizeof(want),
+                 "altdump: %s: kernel .altinstructions of 84 bytes and no kernel version in the "
+                 "image (vermagic, linux_banner): cannot tell 12-byte from 14-byte records\n",
+                 files[i]);
+        cr_assert_eq(r.rc, 3, "%s: %d", files[i], r.rc);
+        cr_assert_str_eq(r.err, want);
+        cr_assert_str_eq(r.out, "");
+        result_free(&r);
+    }
 }

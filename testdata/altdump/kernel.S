@@ -10,7 +10,8 @@
  *   -DKVERSION="..."  the release the image carries
  *   -DMODULE   a module: vermagic in .modinfo, pointer and BUG_func undefined
  *              (else linux_banner in .rodata and everything defined)
- *   -DNOVERSION  no version string at all
+ *   -DNOVERSION=1  no version string at all, 5 records (70 bytes: 14-byte only)
+ *   -DNOVERSION=2  no version string, 6 records (84 bytes: 12 or 14, ambiguous)
  */
 #if KREC_SIZE == 12
 #define K_LFENCE_RDTSC (3*32+18)        /* 6.1 */
@@ -78,6 +79,14 @@ alt_call:
 	ret
 	.size alt_call, .-alt_call
 
+#if KREC_SIZE == 14 && (!defined(NOVERSION) || NOVERSION == 2)
+	.type nop_call, @function
+nop_call:
+	KALT "call *pv_nop(%rip)", "call BUG_func", K_DIRECT_CALL(K_ALWAYS)
+	ret
+	.size nop_call, .-nop_call
+#endif
+
 #if KREC_SIZE == 14
 	.type direct_call, @function
 direct_call:
@@ -96,6 +105,10 @@ new_impl:
 	mov $1, %eax
 	ret
 	.size new_impl, .-new_impl
+	.type nop_func, @function
+nop_func:
+	ret
+	.size nop_func, .-nop_func
 	.type native_irq_disable, @function
 native_irq_disable:
 	cli
@@ -115,6 +128,10 @@ BUG_func:
 pv_irq_disable:
 	.quad native_irq_disable
 	.size pv_irq_disable, 8
+	.type pv_nop, @object
+pv_nop:
+	.quad nop_func
+	.size pv_nop, 8
 #endif
 
 #ifndef NOVERSION

@@ -76,15 +76,13 @@ int ad_kernel_layout(struct ad_kernel *k, uint64_t size, char *err, size_t errsz
                  (unsigned long long)size, k->record_size, k->release[0] ? k->release : "?");
         return AD_EXIT_BADINPUT;
     }
-    /* Numbering: the 6.12 table from 6.3 on (and when unknown with new records). */
+    /* Numbering: the 6.1 table before 6.3, the 6.12 one from 6.3 (the record
+     * size says which when the version is unknown). */
+    const char *want = k->record_size == AD_KREC_NEW ? "6.12" : "6.1";
     k->tab = &ad_ktables[0];
-    for (size_t i = 0; i < ad_nktables; i++) {
-        const struct ad_ktable *t = &ad_ktables[i];
-        if (k->major ? version_ge(k, t->major, t->minor) || (t->major == 6 && t->minor == 12 &&
-                                                             version_ge(k, 6, 3))
-                     : (k->record_size == AD_KREC_NEW) == (t->minor >= 3))
-            k->tab = t;
-    }
+    for (size_t i = 0; i < ad_nktables; i++)
+        if (strcmp(ad_ktables[i].version, want) == 0)
+            k->tab = &ad_ktables[i];
     return 0;
 }
 
@@ -352,7 +350,8 @@ int ad_kernel_cpu(const struct ad_image *img, const char *spec, struct altpatch_
  * The kernel (alt_replace_call, 6.10 on) takes such an entry only for an
  * original "call *disp32(%rip)" (ff 15, 6 bytes) and a replacement
  * "call BUG_func": it reads the 8-byte function pointer the original calls
- * through and writes "call TARGET; nop" (a zero pointer stays BUG_func). The
+ * through and writes "call TARGET; nop" (a zero pointer stays BUG_func; a
+ * pointer to nop_func leaves no call at all: the site becomes NOPs). The
  * pointer's value in the image is its static initialiser (pv_ops: the native
  * functions); a Xen PV guest changes it before alternatives run.
  */
@@ -390,11 +389,22 @@ void ad_kernel_direct_calls(const struct ad_image *img, struct ap_plan *plans)
                      (unsigned long long)slot, ssym);
             continue;
         }
+        char sym[64], ssym[64];
+        uint64_t off = 1;
+        const struct ad_symbol *ts = ad_symbol_at(img, target, &off);
+        if (ts && off == 0 && strcmp(ts->name, "nop_func") == 0) {
+            /* alt_replace_call returns length 0 for nop_func: the site becomes NOPs */
+            ap_nop_fill(p->final, p->len);
+            ad_symbol_ref(img, slot, ssym, sizeof(ssym));
+            snprintf(p->detail, sizeof(p->detail),
+                     "direct call via *0x%llx%.40s: nop_func, the call becomes NOPs",
+                     (unsigned long long)slot, ssym);
+            continue;
+        }
         p->final[0] = 0xe8;
         for (int k = 0; k < 4; k++)
             p->final[1 + k] = (uint8_t)((uint64_t)rel >> (8 * k));
         p->final[5] = 0x90;
-        char sym[64], ssym[64];
         ad_symbol_ref(img, target, sym, sizeof(sym));
         ad_symbol_ref(img, slot, ssym, sizeof(ssym));
         snprintf(p->detail, sizeof(p->detail), "direct call via *0x%llx%.40s: 0x%llx%.64s",
