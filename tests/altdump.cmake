@@ -132,13 +132,19 @@ endif()
 if(AD_FUZZ_OK)
   file(GLOB AD_LIB_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/altpatch/src/*.c)
   set(fuzz_bin ${CMAKE_CURRENT_BINARY_DIR}/altdump_fuzz)
+  # disasm.c formats through Zydis' formatter buffer, which is Zycore's string.
+  if(TARGET Zycore::Zycore)
+    set(AD_ZYCORE $<TARGET_FILE:Zycore::Zycore>)
+  else()
+    set(AD_ZYCORE -lZycore)
+  endif()
   add_custom_command(OUTPUT ${fuzz_bin}
     COMMAND ${ALTDUMP_CLANG} -std=gnu11 -g -O1 -D_GNU_SOURCE
       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
       -I${PROJECT_SOURCE_DIR}/altpatch/include -I${PROJECT_SOURCE_DIR}/altpatch/src
       -I${PROJECT_SOURCE_DIR}/tools/altdump
       ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}
-      -o ${fuzz_bin} $<TARGET_FILE:Zydis::Zydis> -lelf -ldl -lpthread
+      -o ${fuzz_bin} $<TARGET_FILE:Zydis::Zydis> ${AD_ZYCORE} -lelf -ldl -lpthread
     DEPENDS ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}
     COMMENT "Building the altdump fuzz harness with clang (libFuzzer, ASan, UBSan)" VERBATIM)
   add_custom_target(altdump_fuzz DEPENDS ${fuzz_bin})
