@@ -46,6 +46,29 @@ add_custom_command(OUTPUT ${AD_FIX}/groups.o ${AD_FIX}/groups.so
   COMMENT "altdump fixture groups" VERBATIM)
 list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/groups.o ${AD_FIX}/groups.so)
 
+# kernel.S: Linux-kernel-style tables (.altinstructions, no altpatch note) in
+# both record layouts: a module (.o with RELA, vermagic) and a linked image
+# (linux_banner) per layout, and modules without any version string (one
+# whose table size tells the layout, one whose size fits both).
+foreach(k "61;12;6.1.0-99-test;" "612;14;6.12.99+test;" "nover;14;x;-DNOVERSION=1"
+         "ambig;14;x;-DNOVERSION=2")
+  list(GET k 0 kname)
+  list(GET k 1 krec)
+  list(GET k 2 kver)
+  list(GET k 3 kextra)
+  set(kdefs -DKREC_SIZE=${krec} "-DKVERSION=\"${kver}\"" ${kextra})
+  add_custom_command(OUTPUT ${AD_FIX}/kernel${kname}.o ${AD_FIX}/kernel${kname}.elf
+    COMMAND ${CMAKE_C_COMPILER} ${kdefs} -DMODULE -c ${AD_SRC}/kernel.S
+      -o ${AD_FIX}/kernel${kname}.o
+    COMMAND ${CMAKE_C_COMPILER} ${kdefs} -c ${AD_SRC}/kernel.S -o ${AD_FIX}/kernel${kname}-img.o
+    COMMAND ${CMAKE_C_COMPILER} -nostdlib -static -Wl,-T,${AD_SRC}/kernel.ld
+      -Wl,--build-id=none -Wl,-z,noexecstack -o ${AD_FIX}/kernel${kname}.elf
+      ${AD_FIX}/kernel${kname}-img.o
+    DEPENDS ${AD_SRC}/kernel.S ${AD_SRC}/kernel.ld
+    COMMENT "altdump fixture kernel${kname}" VERBATIM)
+  list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/kernel${kname}.o ${AD_FIX}/kernel${kname}.elf)
+endforeach()
+
 # --- Corrupt-record fixtures of testdata/ (engineer "fixtures"), rebuilt here
 # so that this test does not depend on their target names.
 set(AD_HAVE_CORRUPT 0)
@@ -109,13 +132,19 @@ endif()
 if(AD_FUZZ_OK)
   file(GLOB AD_LIB_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/altpatch/src/*.c)
   set(fuzz_bin ${CMAKE_CURRENT_BINARY_DIR}/altdump_fuzz)
+  # disasm.c formats through Zydis' formatter buffer, which is Zycore's string.
+  if(TARGET Zycore::Zycore)
+    set(AD_ZYCORE $<TARGET_FILE:Zycore::Zycore>)
+  else()
+    set(AD_ZYCORE -lZycore)
+  endif()
   add_custom_command(OUTPUT ${fuzz_bin}
     COMMAND ${ALTDUMP_CLANG} -std=gnu11 -g -O1 -D_GNU_SOURCE
       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
       -I${PROJECT_SOURCE_DIR}/altpatch/include -I${PROJECT_SOURCE_DIR}/altpatch/src
       -I${PROJECT_SOURCE_DIR}/tools/altdump
       ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}
-      -o ${fuzz_bin} $<TARGET_FILE:Zydis::Zydis> -lelf -ldl -lpthread
+      -o ${fuzz_bin} $<TARGET_FILE:Zydis::Zydis> ${AD_ZYCORE} -lelf -ldl -lpthread
     DEPENDS ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}
     COMMENT "Building the altdump fuzz harness with clang (libFuzzer, ASan, UBSan)" VERBATIM)
   add_custom_target(altdump_fuzz DEPENDS ${fuzz_bin})

@@ -714,7 +714,7 @@ struct bad {
 Test(altdump, bad_input, .init = mktmp, .fini = rmtmp)
 {
     static const struct bad cases[] = {
-        {"truncated.elf", e_truncate, 3, "section headers outside the file"},
+        {"truncated.elf", e_truncate, 3, "section headers outside the file ([0x"},
         {"class32.elf", e_class32, 3, "not a 64-bit ELF"},
         {"aarch64.elf", e_machine, 3, "not an x86-64 ELF (e_machine 183)"},
         {"shoff.elf", e_shoff, 3, "section headers outside the file"},
@@ -742,6 +742,8 @@ Test(altdump, bad_input, .init = mktmp, .fini = rmtmp)
             if (c->rc == 3)
                 cr_assert(strchr(r.err, '\n') == r.err + strlen(r.err) - 1,
                           "one line only: %s", r.err);
+            cr_assert(!strstr(r.err, "no error") && !strstr(r.err, " 0 headers"),
+                      "%s: a message that says nothing: %s", c->name, r.err);
             result_free(&r);
         }
     }
@@ -776,6 +778,30 @@ Test(altdump, bad_files, .init = mktmp, .fini = rmtmp)
     cr_assert_eq(r.rc, 3);
     cr_assert(strstr(r.out, "sites.elf: ok"), "%s", r.out);
     result_free(&r);
+}
+
+/* A FIFO, a directory and a device: refused by type before any open that could block. */
+Test(altdump, not_regular, .init = mktmp, .fini = rmtmp, .timeout = 20)
+{
+    char fifo[256];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", tmpdir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    const struct {
+        const char *path, *what;
+    } cases[] = {{fifo, "a FIFO"}, {tmpdir, "a directory"}, {"/dev/null", "a character device"}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *modes[] = {"--check", "--size", "--json", "--compare"};
+        for (size_t m = 0; m < 4; m++) {
+            struct result r = m == 3 ? RUN(modes[m], "sites.elf", cases[i].path)
+                                     : RUN(modes[m], cases[i].path);
+            char want[512];
+            snprintf(want, sizeof(want), "altdump: %s: not a regular file (%s)\n", cases[i].path,
+                     cases[i].what);
+            cr_assert_eq(r.rc, 3, "%s %s: exit %d", cases[i].path, modes[m], r.rc);
+            cr_assert_str_eq(r.err, want, "%s %s", cases[i].path, modes[m]);
+            result_free(&r);
+        }
+    }
 }
 
 Test(altdump, usage)
@@ -949,3 +975,283 @@ Test(altdump, pid_bad)
 }
 
 #endif /* ALTDUMP_BIN */
+
+/* --- Linux kernel images and modules (kernel.S in both record layouts) ------ */
+
+/* Value of symbol @p name in the ELF file @p path (0 when absent). */
+static uint64_t elf_sym(const char *path, const char *name)
+{
+    size_t len;
+    char *b = read_file(path, &len);
+    cr_assert_not_null(b, "%s", path);
+    cr_assert_neq(elf_version(EV_CURRENT), EV_NONE);
+    Elf *e = elf_memory(b, len);
+    cr_assert_not_null(e);
+    uint64_t v = 0;
+    for (Elf_Scn *scn = NULL; (scn = elf_nextscn(e, scn));) {
+        GElf_Shdr sh;
+        cr_assert_not_null(gelf_getshdr(scn, &sh));
+        if (sh.sh_type != SHT_SYMTAB)
+            continue;
+        Elf_Data *d = elf_getdata(scn, NULL);
+        for (size_t i = 0; d && i < d->d_size / sizeof(Elf64_Sym); i++) {
+            GElf_Sym s;
+            cr_assert_not_null(gelf_getsym(d, (int)i, &s));
+            if (strcmp(elf_strptr(e, sh.sh_link, s.st_name), name) == 0)
+                v = s.st_value;
+        }
+    }
+    elf_end(e);
+    free(b);
+    return v;
+}
+
+/* Size of section @p name of the ELF file @p path. */
+static uint64_t elf_section_size(const char *path, const char *name)
+{
+    size_t len, shstrndx;
+    char *b = read_file(path, &len);
+    cr_assert_not_null(b, "%s", path);
+    Elf *e = elf_memory(b, len);
+    cr_assert_not_null(e);
+    cr_assert_eq(elf_getshdrstrndx(e, &shstrndx), 0);
+    uint64_t size = 0;
+    for (Elf_Scn *scn = NULL; (scn = elf_nextscn(e, scn));) {
+        GElf_Shdr sh;
+        cr_assert_not_null(gelf_getshdr(scn, &sh));
+        if (strcmp(elf_strptr(e, shstrndx, sh.sh_name), name) == 0)
+            size = sh.sh_size;
+    }
+    elf_end(e);
+    free(b);
+    return size;
+}
+
+/* The text block of site @p i in the table view @p out (malloc'ed). */
+static char *site_block(const char *out, int i)
+{
+    char head[32];
+    snprintf(head, sizeof(head), "\nsite %d at ", i);
+    const char *p = strstr(out, head);
+    cr_assert_not_null(p, "no site %d in\n%s", i, out);
+    const char *end = strstr(p + 1, "\nsite ");
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char *b = malloc(n + 1);
+    cr_assert_not_null(b);
+    memcpy(b, p, n);
+    b[n] = 0;
+    return b;
+}
+
+/* The decision of site @p i and, when @p final_hex, that its final bytes start so. */
+static void want_site(const char *out, int i, const char *decision, const char *final_hex)
+{
+    char *b = site_block(out, i);
+    cr_assert(strstr(b, decision), "site %d: want '%s' in\n%s", i, decision, b);
+    if (final_hex) {
+        const char *f = strstr(b, "  final:\n");
+        cr_assert_not_null(f, "%s", b);
+        char hex[256] = "";
+        /* "    0xADDR  bytes...  text" per instruction: join the bytes columns */
+        for (const char *l = f + 9; strncmp(l, "    0x", 6) == 0;) {
+            const char *sp = strstr(l + 6, "  ");
+            cr_assert_not_null(sp);
+            size_t n = strnlen(sp + 2, 34);
+            strncat(hex, sp + 2, n);
+            const char *nl = strchr(l, '\n');
+            if (!nl)
+                break;
+            l = nl + 1;
+        }
+        /* collapse the column padding */
+        char norm[256];
+        size_t k = 0;
+        for (size_t j = 0; hex[j] && k + 1 < sizeof(norm); j++)
+            if (hex[j] != ' ' || (k && norm[k - 1] != ' '))
+                norm[k++] = hex[j];
+        norm[k] = 0;
+        cr_assert(strncmp(norm, final_hex, strlen(final_hex)) == 0,
+                  "site %d: final bytes '%s', want '%s...'", i, norm, final_hex);
+    }
+    free(b);
+}
+
+Test(altdump, kernel_layouts)
+{
+    static const struct {
+        const char *file, *head;
+        unsigned recsize;
+        const char *ids[4];
+    } cases[] = {
+        {"kernel61.o", "Linux kernel module 6.1.0-99-test (vermagic), 12-byte records (version < "
+                       "6.3), feature names of 6.1, 4 records, 4 sites",
+         12, {"LFENCE_RDTSC (3*32+18), flags none", "XENPV (8*32+16), flags NOT",
+              "BUG_SPECTRE_V1 (22*32+15), flags none", "AVX2 (9*32+5)"}},
+        {"kernel61.elf", "EXEC, Linux kernel 6.1.0-99-test (linux_banner), 12-byte records", 12,
+         {"LFENCE_RDTSC (3*32+18)", "XENPV (8*32+16), flags NOT", "BUG_SPECTRE_V1", NULL}},
+        {"kernel612.o", "Linux kernel module 6.12.99+test (vermagic), 14-byte records (version >= "
+                        "6.3), feature names of 6.12, 6 records, 6 sites",
+         14, {"LFENCE_RDTSC (20*32+2), flags none", "XENPV (8*32+16), flags NOT",
+              "ALWAYS (3*32+21), flags DIRECT_CALL", NULL}},
+        {"kernel612.elf", "EXEC, Linux kernel 6.12.99+test (linux_banner), 14-byte records", 14,
+         {"LFENCE_RDTSC (20*32+2)", "ALWAYS (3*32+21), flags DIRECT_CALL", NULL, NULL}},
+        {"kernelnover.o", "Linux kernel module of unknown version (no version string), 14-byte "
+                          "records (no version found; size a multiple of 14 only)",
+         14, {"LFENCE_RDTSC (20*32+2)", NULL, NULL, NULL}},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct result r = RUN("--cpu", "baseline", cases[i].file);
+        cr_assert_eq(r.rc, 0, "%s: exit %d: %s", cases[i].file, r.rc, r.err);
+        cr_assert(strstr(r.out, cases[i].head), "%s: want '%s' in\n%s", cases[i].file,
+                  cases[i].head, r.out);
+        for (size_t k = 0; k < 4 && cases[i].ids[k]; k++)
+            cr_assert(strstr(r.out, cases[i].ids[k]), "%s: want '%s'", cases[i].file,
+                      cases[i].ids[k]);
+        result_free(&r);
+        /* records == section size / record size, counted from the section header */
+        char path[512], want[64];
+        snprintf(path, sizeof(path), "%s/%s", ALTDUMP_FIXDIR, cases[i].file);
+        uint64_t size = elf_section_size(path, ".altinstructions");
+        cr_assert_gt(size, 0);
+        r = RUN("--json", cases[i].file);
+        cr_assert_eq(r.rc, 0, "%s", r.err);
+        snprintf(want, sizeof(want), "\"records\": %llu,",
+                 (unsigned long long)(size / cases[i].recsize));
+        cr_assert(strstr(r.out, want), "%s: want %s", cases[i].file, want);
+        snprintf(want, sizeof(want), "\"record_size\": %u,", cases[i].recsize);
+        cr_assert(strstr(r.out, want), "%s: want %s", cases[i].file, want);
+        cr_assert(strstr(r.out, "\"refused\": 0,"), "%s", cases[i].file);
+        result_free(&r);
+    }
+}
+
+/* The kernel's own feature set per profile, and +NAME/-NAME edits with its names. */
+Test(altdump, kernel_profiles)
+{
+    const char *files[] = {"kernel61.o", "kernel61.elf", "kernel612.o", "kernel612.elf"};
+    for (size_t i = 0; i < 4; i++) {
+        const char *f = files[i];
+        /* baseline: an unknown CPU; the kernel assumes Spectre v1, is no Xen PV guest */
+        struct result r = RUN("--cpu", "baseline", f);
+        cr_assert_eq(r.rc, 0, "%s: %s", f, r.err);
+        want_site(r.out, 0, "kept original", "0f 31 90 90 90");
+        want_site(r.out, 1, "replaced by entry 0 (not XENPV)", "fa ");
+        want_site(r.out, 2, "replaced by entry 0 (BUG_SPECTRE_V1)", "0f ae e8");
+        want_site(r.out, 3, "kept original", "e8 ");
+        result_free(&r);
+        /* edits by the kernel's names (header spelling, any case, or cpuinfo's) */
+        r = RUN("--cpu", "baseline,-BUG_SPECTRE_V1,+lfence_rdtsc,+X86_FEATURE_AVX2", f);
+        cr_assert_eq(r.rc, 0, "%s: %s", f, r.err);
+        want_site(r.out, 0, "replaced by entry 0 (LFENCE_RDTSC)", "0f ae e8 0f 31");
+        want_site(r.out, 2, "kept original", "90 90 90");
+        want_site(r.out, 3, "replaced by entry 0 (AVX2)", "e8 ");
+        result_free(&r);
+        /* all: a Xen PV guest too, so the paravirt call stays */
+        r = RUN("--cpu", "all", f);
+        cr_assert_eq(r.rc, 0, "%s: %s", f, r.err);
+        want_site(r.out, 1, "kept original", "ff 15");
+        result_free(&r);
+        r = RUN("--cpu", "all,-xenpv", f);
+        cr_assert_eq(r.rc, 0, "%s: %s", f, r.err);
+        want_site(r.out, 1, "replaced by entry 0 (not XENPV)", "fa ");
+        result_free(&r);
+        /* the AMD model: LFENCE serialises RDTSC */
+        r = RUN("--cpu", "amd-zen4", f);
+        cr_assert_eq(r.rc, 0, "%s: %s", f, r.err);
+        want_site(r.out, 0, "replaced by entry 0 (LFENCE_RDTSC)", "0f ae e8 0f 31");
+        result_free(&r);
+        /* a name the kernel does not have: usage error, nothing printed */
+        r = RUN("--cpu", "all,+NOPE", f);
+        cr_assert_eq(r.rc, 2, "%s", f);
+        cr_assert(strstr(r.err, "--cpu: 'NOPE' is no X86_FEATURE or X86_BUG name of Linux 6.1"),
+                  "%s: %s", f, r.err);
+        cr_assert_str_eq(r.out, "");
+        result_free(&r);
+    }
+    /* a kernel name is no altpatch feature: the kernel image reads, the program does not */
+    struct result r = RUN("--check", "--cpu", "all,-xenpv", "kernel61.o", "sites.elf");
+    cr_assert_eq(r.rc, 2);
+    cr_assert(strstr(r.out, "kernel61.o: ok, 4 sites, 4 records"), "%s", r.out);
+    cr_assert(strstr(r.err, "sites.elf: --cpu: bad feature edit list '-xenpv'"), "%s", r.err);
+    result_free(&r);
+}
+
+/* ALT_FLAG_DIRECT_CALL: the target from the image's own pointer, else decided at boot. */
+Test(altdump, kernel_direct_call)
+{
+    uint64_t nop_site = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "nop_call");
+    uint64_t nop_slot = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "pv_nop");
+    uint64_t site = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "direct_call");
+    uint64_t target = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "native_irq_disable");
+    uint64_t slot = elf_sym(ALTDUMP_FIXDIR "/kernel612.elf", "pv_irq_disable");
+    cr_assert(site && target && slot && nop_site && nop_slot);
+    uint32_t rel = (uint32_t)(target - (site + 5));
+    char dec[256], fin[64];
+    snprintf(dec, sizeof(dec),
+             "replaced by entry 0 (ALWAYS): direct call via *0x%llx <pv_irq_disable>: 0x%llx "
+             "<native_irq_disable>",
+             (unsigned long long)slot, (unsigned long long)target);
+    snprintf(fin, sizeof(fin), "e8 %02x %02x %02x %02x", rel & 0xff, (rel >> 8) & 0xff,
+             (rel >> 16) & 0xff, rel >> 24);
+    const char *profiles[] = {"baseline", "all"};
+    for (size_t p = 0; p < 2; p++) {
+        struct result r = RUN("--cpu", profiles[p], "kernel612.elf");
+        cr_assert_eq(r.rc, 0, "%s", r.err);
+        want_site(r.out, 5, dec, fin);
+        char *b = site_block(r.out, 5);
+        cr_assert(strstr(b, "nop\n"), "%s", b); /* call + one-byte NOP fill the 6 bytes */
+        free(b);
+        /* a pointer to nop_func: no call left, the 6 bytes are one NOP */
+        char nop[160];
+        snprintf(nop, sizeof(nop), "site 4 at 0x%llx <nop_call+0x0>", (unsigned long long)nop_site);
+        want_site(r.out, 4, nop, NULL);
+        snprintf(nop, sizeof(nop), "direct call via *0x%llx <pv_nop>: nop_func, the call becomes NOPs",
+                 (unsigned long long)nop_slot);
+        want_site(r.out, 4, nop, "66 0f 1f 44 00 00");
+        result_free(&r);
+    }
+    /* a module's pointer is set at load: the final shown is the indirect call itself */
+    struct result r = RUN("--cpu", "all", "kernel612.o");
+    cr_assert_eq(r.rc, 0, "%s", r.err);
+    want_site(r.out, 5, "<pv_irq_disable>: target decided at boot", "ff 15 ");
+    want_site(r.out, 5, "call *0x", NULL); /* objdump's form of the indirect call */
+    want_site(r.out, 5, "<BUG_func>", NULL);
+    want_site(r.out, 4, "<pv_nop>: target decided at boot", "ff 15 ");
+    cr_assert(!strstr(r.out, "0x0000"), "no zero-padded operands:\n%s", r.out);
+    result_free(&r);
+}
+
+Test(altdump, kernel_size_compare)
+{
+    struct result r = RUN("--size", "kernel612.elf");
+    cr_assert_eq(r.rc, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "  sites                                         6\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "  records                                       6\n"), "%s", r.out);
+    result_free(&r);
+    r = RUN("--compare", "kernel61.o", "kernel612.o");
+    cr_assert_eq(r.rc, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "sites: 4 -> 6;"), "%s", r.out);
+    result_free(&r);
+    r = RUN("--compare", "--json", "kernel61.elf", "kernel612.elf");
+    cr_assert_eq(r.rc, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "\"sites\": 4") && strstr(r.out, "\"sites\": 6"), "%s", r.out);
+    result_free(&r);
+}
+
+/* No version string and a table size that fits both layouts: refused, one line. */
+Test(altdump, kernel_layout_ambiguous)
+{
+    const char *files[] = {"kernelambig.o", "kernelambig.elf"};
+    for (size_t i = 0; i < 2; i++) {
+        struct result r = RUN("--check", files[i]);
+        char want[256];
+        snprintf(want, sizeof(want),
+                 "altdump: %s: kernel .altinstructions of 84 bytes and no kernel version in the "
+                 "image (vermagic, linux_banner): cannot tell 12-byte from 14-byte records\n",
+                 files[i]);
+        cr_assert_eq(r.rc, 3, "%s: %d", files[i], r.rc);
+        cr_assert_str_eq(r.err, want);
+        cr_assert_str_eq(r.out, "");
+        result_free(&r);
+    }
+}

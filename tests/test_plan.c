@@ -31,6 +31,7 @@ struct fx {
     struct ap_site s;
     struct altpatch_features fs;
     struct ap_plan p;
+    struct ap_plan plan_p;
 };
 
 static void fx_init(struct fx *f)
@@ -672,4 +673,70 @@ Test(eligible, present_xor_not)
     e.flags = 0;
     cr_assert(ap_entry_eligible(&e, &fs));
     cr_assert_not(ap_entry_eligible(&e, NULL), "NULL set: nothing present");
+}
+
+/* ------------------------------------------------------------------------- */
+/* A caller's own dialect (ap_plan_site_rules): its feature ids and flags    */
+/* ------------------------------------------------------------------------- */
+
+/* The kernel's X86_BUG_SPECTRE_V1 (22*32+15) and ALT_FLAG_DIRECT_CALL (1 << 1). */
+#define K_BUG (22u * 32u + 15u)
+#define K_DIRECT_CALL 2u
+
+static void plan_rules(struct fx *f, const struct ap_plan_rules *rules)
+{
+    struct ap_site *s;
+    size_t n;
+
+    cr_assert_eq(ap_sites_group(f->e, f->ne, &s, &n), 0);
+    cr_assert_eq(n, 1, "one site");
+    f->s = s[0];
+    free(s);
+    ap_plan_site_rules(&f->v, &f->s, f->e, NULL, &f->fs, rules, &f->plan_p);
+    f->p = f->plan_p;
+}
+
+Test(rules, caller_ids_and_flags)
+{
+    struct fx f;
+    struct ap_plan_rules rules;
+
+    cr_assert_not(ap_feature_known(K_BUG), "not a feature of this library");
+    memset(&rules, 0, sizeof(rules));
+    rules.known[K_BUG / 32] |= 1u << (K_BUG % 32);
+    rules.flags = K_DIRECT_CALL;
+
+    /* the caller's id: planned (and eligible by the set's bit) */
+    fx_init(&f);
+    put_orig(&f, 0, "90 90 90");
+    add_entry(&f, 0, 0, "0f ae e8", K_BUG, 3); /* lfence */
+    feat(&f, K_BUG);
+    plan_rules(&f, &rules);
+    expect_chosen(&f, 0, "0f ae e8");
+    /* without the rules: unknown to this library */
+    plan(&f, NULL);
+    expect_refused(&f, ALTPATCH_REASON_UNKNOWN_FEATURE, 0);
+
+    /* a flag the caller resolves: validated and planned like a plain entry */
+    fx_init(&f);
+    put_orig(&f, 0x10, "e8 00 00 00 00");
+    add_entry(&f, 0x10, 0, "e8 10 00 00 00", (K_DIRECT_CALL << ALT_FLAGS_SHIFT) | K_BUG, 5);
+    feat(&f, K_BUG);
+    plan_rules(&f, &rules);
+    /* call rel32 relocated from REPL to TEXT+0x10: the target REPL+0x15 stays the target */
+    expect_chosen(&f, 0, "e8 00 10 00 00");
+    plan(&f, NULL);
+    expect_refused(&f, ALTPATCH_REASON_UNKNOWN_FEATURE, 0);
+    /* a known id with a flag the caller did not declare: refused as before */
+    rules.flags = 0;
+    plan_rules(&f, &rules);
+    expect_refused(&f, ALTPATCH_REASON_UNKNOWN_FLAGS, 0);
+    /* ids the caller does not list are unknown, even this library's */
+    memset(&rules, 0, sizeof(rules));
+    fx_init(&f);
+    put_orig(&f, 0, "64 48 8b 04 25 00 00 00 00");
+    add_entry(&f, 0, 0, "f3 48 0f ae c0", X86_FEATURE_FSGSBASE, 9);
+    feat(&f, X86_FEATURE_FSGSBASE);
+    plan_rules(&f, &rules);
+    expect_refused(&f, ALTPATCH_REASON_UNKNOWN_FEATURE, 0);
 }

@@ -275,6 +275,25 @@ AP_HIDDEN void ap_plan_site(const struct ap_view *v, const struct ap_site *s,
                             const struct ap_entry *entries, const uint8_t *orig,
                             const struct altpatch_features *fs, struct ap_plan *out);
 
+/**
+ * What a caller with its own record dialect (a Linux kernel image, read by
+ * altdump) tells the planner instead of this library's tables: the feature
+ * ids that exist (bit id of @c known, word*32+bit as in a feature set), and
+ * the flags besides ALT_FLAG_NOT that it resolves itself. An entry with such
+ * a flag is validated and planned like any other; the caller then adjusts the
+ * final bytes it stands for (the kernel's ALT_FLAG_DIRECT_CALL).
+ */
+struct ap_plan_rules {
+    uint32_t known[AP_NCAPWORDS];
+    unsigned flags;
+};
+
+/** ap_plan_site() under @p rules (NULL: this library's features and flags). */
+AP_HIDDEN void ap_plan_site_rules(const struct ap_view *v, const struct ap_site *s,
+                                  const struct ap_entry *entries, const uint8_t *orig,
+                                  const struct altpatch_features *fs,
+                                  const struct ap_plan_rules *rules, struct ap_plan *out);
+
 /** Find [addr, addr+len) inside one region of @p v->text; returns its bytes or NULL. */
 AP_HIDDEN const uint8_t *ap_view_text(const struct ap_view *v, uint64_t addr, uint64_t len);
 

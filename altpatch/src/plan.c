@@ -156,20 +156,29 @@ static int check_site(const struct ap_view *v, const struct ap_site *s, const ui
  * @buf (repllen bytes) and its instructions in @list. Returns NONE or the
  * refusal (already recorded).
  */
+/* Is @p id a feature the rules (or, without rules, this library) know? */
+static bool rules_known(const struct ap_plan_rules *rules, unsigned id)
+{
+    if (!rules)
+        return ap_feature_known(id);
+    return id < 32u * AP_NCAPWORDS && (rules->known[id / 32] >> (id % 32) & 1u);
+}
+
 static int check_entry(const struct ap_view *v, const struct ap_site *s,
                        const struct ap_entry *e, int k, uint8_t *buf, struct insn_list *list,
-                       struct ap_plan *out)
+                       const struct ap_plan_rules *rules, struct ap_plan *out)
 {
     char why[sizeof(out->detail) - 32];
+    unsigned flags_ok = ALT_FLAG_NOT | (rules ? rules->flags : 0u);
     size_t off = 0;
     int reason;
 
-    if (!ap_feature_known(e->feature))
+    if (!rules_known(rules, e->feature))
         return refuse(out, ALTPATCH_REASON_UNKNOWN_FEATURE, k, "entry %d: feature %u unknown",
                       k, e->feature);
-    if (e->flags & ~(unsigned)ALT_FLAG_NOT) /* e.g. the kernel's ALT_FLAG_DIRECT_CALL */
+    if (e->flags & ~flags_ok) /* e.g. the kernel's ALT_FLAG_DIRECT_CALL */
         return refuse(out, ALTPATCH_REASON_UNKNOWN_FLAGS, k, "entry %d: flags 0x%x unknown", k,
-                      (unsigned)(e->flags & ~(unsigned)ALT_FLAG_NOT));
+                      (unsigned)(e->flags & ~flags_ok));
     if (e->repllen > s->len)
         return refuse(out, ALTPATCH_REASON_REPL_TOO_LONG, k,
                       "entry %d: replacement %u bytes, site %u", k, e->repllen, s->len);
@@ -285,6 +294,14 @@ void ap_plan_site(const struct ap_view *v, const struct ap_site *s,
                   const struct ap_entry *entries, const uint8_t *orig,
                   const struct altpatch_features *fs, struct ap_plan *out)
 {
+    ap_plan_site_rules(v, s, entries, orig, fs, NULL, out);
+}
+
+void ap_plan_site_rules(const struct ap_view *v, const struct ap_site *s,
+                        const struct ap_entry *entries, const uint8_t *orig,
+                        const struct altpatch_features *fs, const struct ap_plan_rules *rules,
+                        struct ap_plan *out)
+{
     uint8_t buf[2][AP_MAX_SITE];
     struct insn_list list[2];
     int chosen = -1, cur = 0;
@@ -316,7 +333,7 @@ void ap_plan_site(const struct ap_view *v, const struct ap_site *s,
     for (uint32_t k = 0; k < s->count; k++) {
         const struct ap_entry *e = &entries[s->first + k];
 
-        if (check_entry(v, s, e, (int)k, buf[cur], &list[cur], out))
+        if (check_entry(v, s, e, (int)k, buf[cur], &list[cur], rules, out))
             return;
         if (ap_entry_eligible(e, fs)) {
             chosen = (int)k;

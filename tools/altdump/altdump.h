@@ -25,6 +25,7 @@
 
 #include "internal.h"
 #include "prepatch.h"
+#include "kernel.h"
 
 /** altinstructions and altinstr_replacement: the sections a .o may hold several of. */
 #define AD_NJOINED 2
@@ -109,6 +110,10 @@ struct ad_image {
     struct altpatch_features pp_fs; /* the set the file was planned for */
     uint8_t *pp_written;            /* owned */
     size_t *pp_off;                 /* owned; SIZE_MAX: site outside the text */
+    bool mapped;               /* buf is libelf's map of the file, not owned */
+    int fd;                    /* the mapped file (ad_read_file), else -1 */
+    struct ad_kernel kernel;   /* a Linux kernel image or module (kernel.c) */
+    uint64_t banner_addr;      /* address of linux_banner, or 0 */
 };
 
 /**
@@ -123,6 +128,8 @@ int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *e
                  size_t errsz);
 /** Release everything @p img owns (safe on a zeroed or already freed image). */
 void ad_image_free(struct ad_image *img);
+/** Bytes of [addr, addr+len) in one allocated section with contents, or NULL. */
+const uint8_t *ad_bytes_at(const struct ad_image *img, uint64_t addr, uint64_t len);
 /** Section by exact name, or NULL. */
 const struct ad_section *ad_section_by_name(const struct ad_image *img, const char *name);
 
@@ -143,6 +150,8 @@ size_t ad_prepatched_check(FILE *f, const struct ad_image *img);
 
 /** Write "sym+0xoff" (or "" when no symbol covers @p addr) into @p out. */
 void ad_symbolize(const struct ad_image *img, uint64_t addr, char *out, size_t outsz);
+/** objdump's " <sym>" / " <sym+0x10>" for @p addr, or "" (disasm.c). */
+void ad_symbol_ref(const struct ad_image *img, uint64_t addr, char *out, size_t outsz);
 /** Symbol covering @p addr or NULL; *off gets addr - symbol address. */
 const struct ad_symbol *ad_symbol_at(const struct ad_image *img, uint64_t addr, uint64_t *off);
 /** Sort and index img->syms (called by the reader). */
@@ -152,6 +161,10 @@ void ad_symbols_sort(struct ad_image *img);
 struct ad_cpu {
     char spec[128];                 /* as given, e.g. "amd-zen4,-fsgsbase" */
     struct altpatch_features *fs;
+    /* An edit names no feature of this library (it may be a kernel's name:
+     * kernel images resolve the spec themselves): the message for other
+     * files, "" when every edit applied. */
+    char edit_err[192];
 };
 
 /**
@@ -165,14 +178,41 @@ void ad_cpu_free(struct ad_cpu *cpu);
 /** Plans of every site of @p img for @p fs: *out is malloc'ed (nsites entries). */
 int ad_decide(const struct ad_image *img, const struct altpatch_features *fs,
               struct ap_plan **out);
+/**
+ * ad_decide() for the CPU @p cpu: a kernel image gets the feature set that
+ * kernel sets on that profile (ad_kernel_cpu). Returns 0, AD_EXIT_USAGE (a
+ * feature edit the kernel does not know, message in @p err) or AD_EXIT_INTERNAL.
+ */
+int ad_decide_cpu(const struct ad_image *img, const struct ad_cpu *cpu, struct ap_plan **out,
+                  char *err, size_t errsz);
+
+/* --- kernel front end (kernel.c) -------------------------------------------- */
+
+/** Decode the kernel records of @p img (either layout) into img->entries. */
+int ad_kernel_records(struct ad_image *img, char *err, size_t errsz);
+/** The planner's rules for a kernel image: its version's ids, DIRECT_CALL. */
+void ad_kernel_rules(const struct ad_image *img, struct ap_plan_rules *rules);
+/**
+ * The feature set the kernel of @p img sets on CPU @p spec (profile and
+ * +name/-name edits, names of that kernel's cpufeatures.h). *out is freed
+ * with altpatch_features_free(). Returns 0 or AD_EXIT_USAGE / AD_EXIT_INTERNAL.
+ */
+int ad_kernel_cpu(const struct ad_image *img, const char *spec, struct altpatch_features **out,
+                  char *err, size_t errsz);
+/**
+ * Sites whose chosen entry has ALT_FLAG_DIRECT_CALL: final bytes become the
+ * direct call the kernel writes when the image's own static data holds the
+ * target, and the plan's detail says which (or "decided at boot").
+ */
+void ad_kernel_direct_calls(const struct ad_image *img, struct ap_plan *plans);
 /** Number of refused sites in @p plans. */
 size_t ad_count_refused(const struct ad_image *img, const struct ap_plan *plans);
 /** "replaced", "kept" or "refused". */
 const char *ad_decision_name(const struct ap_plan *p);
-/** Feature id as "name" (or "unknown"). */
-const char *ad_feature_name(unsigned id);
-/** Flags as "NOT", "NOT|0x4", "none". */
-void ad_flags_str(unsigned flags, char *out, size_t outsz);
+/** Feature id of an entry of @p img as "name" (or "unknown"). */
+const char *ad_feature_name(const struct ad_image *img, unsigned id);
+/** Flags as "NOT", "NOT|0x4", "NOT|DIRECT_CALL" (kernel images), "none". */
+void ad_flags_str(const struct ad_image *img, unsigned flags, char *out, size_t outsz);
 /**
  * Total length of the trailing NOP instructions of the original bytes of a site
  * (the padding the build added), decoding with the library's decoder.
@@ -196,8 +236,15 @@ void ad_print_table(FILE *f, const struct ad_image *img, const struct ap_plan *p
 size_t ad_print_refusals(FILE *f, const char *prefix, const struct ad_image *img,
                          const struct ap_plan *plans);
 /** Disassemble @p len bytes at @p addr, one "    0xADDR  bytes  insn" line each. */
-void ad_print_insns(FILE *f, const uint8_t *bytes, size_t len, uint64_t addr, bool intel,
-                    const char *indent);
+void ad_print_insns(FILE *f, const struct ad_image *img, const uint8_t *bytes, size_t len,
+                    uint64_t addr, bool intel, const char *indent);
+/**
+ * Format the instruction at @p buf (at @p addr) the way objdump prints it,
+ * targets named by the symbols of @p img (may be NULL). Returns its length,
+ * or a negative errno with "(bad)" in @p out.
+ */
+int ad_format_insn(const struct ad_image *img, const uint8_t *buf, size_t avail, uint64_t addr,
+                   bool intel, char *out, size_t outsz);
 
 /** Text-size figures of one image (see docs/altdump.md for each rule). */
 struct ad_size {

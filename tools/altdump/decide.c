@@ -44,6 +44,11 @@ int ad_cpu_parse(const char *spec, struct ad_cpu *cpu, char *err, size_t errsz)
     }
     if (edits && *edits) {
         int rc = altpatch_features_edit(cpu->fs, edits);
+        if (rc == -ENOENT) {
+            snprintf(cpu->edit_err, sizeof(cpu->edit_err),
+                     "--cpu: bad feature edit list '%.100s' (unknown feature name)", edits);
+            return 0;
+        }
         if (rc) {
             snprintf(err, errsz, "bad feature edit list '%s' (%s)", edits,
                      rc == -ENOENT ? "unknown feature name" : strerror(-rc));
@@ -66,9 +71,37 @@ int ad_decide(const struct ad_image *img, const struct altpatch_features *fs,
     *out = calloc(img->nsites ? img->nsites : 1, sizeof(**out));
     if (!*out)
         return AD_EXIT_INTERNAL;
+    if (img->kernel.on) {
+        struct ap_plan_rules rules;
+        ad_kernel_rules(img, &rules);
+        for (size_t i = 0; i < img->nsites; i++)
+            ap_plan_site_rules(&img->view, &img->sites[i], img->entries, NULL, fs, &rules,
+                               &(*out)[i]);
+        ad_kernel_direct_calls(img, *out);
+        return 0;
+    }
     for (size_t i = 0; i < img->nsites; i++)
         ap_plan_site(&img->view, &img->sites[i], img->entries, NULL, fs, &(*out)[i]);
     return 0;
+}
+
+int ad_decide_cpu(const struct ad_image *img, const struct ad_cpu *cpu, struct ap_plan **out,
+                  char *err, size_t errsz)
+{
+    *out = NULL;
+    if (!img->kernel.on && cpu->edit_err[0]) {
+        snprintf(err, errsz, "%s", cpu->edit_err);
+        return AD_EXIT_USAGE;
+    }
+    if (!img->kernel.on)
+        return ad_decide(img, cpu->fs, out) ? AD_EXIT_INTERNAL : 0;
+    struct altpatch_features *fs = NULL;
+    int rc = ad_kernel_cpu(img, cpu->spec, &fs, err, errsz);
+    if (rc)
+        return rc;
+    rc = ad_decide(img, fs, out) ? AD_EXIT_INTERNAL : 0;
+    altpatch_features_free(fs);
+    return rc;
 }
 
 size_t ad_count_refused(const struct ad_image *img, const struct ap_plan *plans)
@@ -86,23 +119,29 @@ const char *ad_decision_name(const struct ap_plan *p)
     return p->chosen >= 0 ? "replaced" : "kept";
 }
 
-const char *ad_feature_name(unsigned id)
+const char *ad_feature_name(const struct ad_image *img, unsigned id)
 {
-    const char *n = altpatch_feature_name(id);
+    const char *n = img && img->kernel.on ? ad_kernel_feature_name(&img->kernel, id)
+                                          : altpatch_feature_name(id);
     return n ? n : "unknown";
 }
 
-void ad_flags_str(unsigned flags, char *out, size_t outsz)
+void ad_flags_str(const struct ad_image *img, unsigned flags, char *out, size_t outsz)
 {
     if (!flags) {
         snprintf(out, outsz, "none");
         return;
     }
-    unsigned rest = flags & ~(unsigned)ALT_FLAG_NOT;
+    bool dcall = img && img->kernel.on && (flags & AD_KALT_FLAG_DIRECT_CALL);
+    unsigned rest = flags & ~(unsigned)ALT_FLAG_NOT & ~(dcall ? AD_KALT_FLAG_DIRECT_CALL : 0u);
+    size_t n = 0;
+    out[0] = '\0';
     if (flags & ALT_FLAG_NOT)
-        snprintf(out, outsz, rest ? "NOT|0x%x" : "NOT", rest);
-    else
-        snprintf(out, outsz, "0x%x", rest);
+        n += (size_t)snprintf(out + n, outsz - n, "NOT");
+    if (dcall && n < outsz)
+        n += (size_t)snprintf(out + n, outsz - n, "%sDIRECT_CALL", n ? "|" : "");
+    if (rest && n < outsz)
+        snprintf(out + n, outsz - n, "%s0x%x", n ? "|" : "", rest);
 }
 
 size_t ad_padding(const uint8_t *orig, size_t len)

@@ -28,6 +28,9 @@
 #define AD_REL_BASE 0x100000ull
 #define AD_REL_ALIGN 0x1000ull
 #define AD_MAX_FILE (1ull << 31)
+/* .o: distance between the fake addresses of undefined symbols, so that
+ * "sym+addend" (a field of a structure such as pv_ops) still names sym. */
+#define AD_EXTERN_STRIDE 0x1000ull
 
 struct reader {
     struct ad_image *img;
@@ -46,10 +49,16 @@ __attribute__((format(printf, 2, 3))) static int fail(struct reader *r, const ch
     return AD_EXIT_BADINPUT;
 }
 
+/* " (libelf's message)" when a libelf call failed, else "" (never "(no error)"). */
 static const char *elfmsg(void)
 {
-    const char *m = elf_errmsg(-1);
-    return m ? m : "no libelf error";
+    static char buf[256];
+    int e = elf_errno();
+    const char *m = e ? elf_errmsg(e) : NULL;
+    if (!m || !*m)
+        return "";
+    snprintf(buf, sizeof(buf), " (%s)", m);
+    return buf;
 }
 
 static int oom(struct reader *r)
@@ -64,12 +73,12 @@ static int check_header(struct reader *r, GElf_Ehdr *eh)
 {
     struct ad_image *img = r->img;
     if (elf_kind(r->elf) != ELF_K_ELF)
-        return fail(r, "not an ELF file (%s)", elfmsg());
+        return fail(r, "not an ELF file%s", elfmsg());
     int cls = gelf_getclass(r->elf);
     if (cls != ELFCLASS64)
-        return fail(r, "not a 64-bit ELF (class %d) (%s)", cls, elfmsg());
+        return fail(r, "not a 64-bit ELF (class %d)%s", cls, elfmsg());
     if (!gelf_getehdr(r->elf, eh))
-        return fail(r, "cannot read the ELF header (%s)", elfmsg());
+        return fail(r, "cannot read the ELF header%s", elfmsg());
     if (eh->e_machine != EM_X86_64)
         return fail(r, "not an x86-64 ELF (e_machine %u)", (unsigned)eh->e_machine);
     if (eh->e_type != ET_EXEC && eh->e_type != ET_DYN && eh->e_type != ET_REL)
@@ -80,11 +89,18 @@ static int check_header(struct reader *r, GElf_Ehdr *eh)
     uint64_t shsz = (uint64_t)eh->e_shentsize;
     if (shsz != sizeof(Elf64_Shdr))
         return fail(r, "bad section header size %llu", (unsigned long long)shsz);
-    size_t shnum;
+    /* The header's own count first: libelf reports 0 for headers it could not read. */
+    size_t shnum = eh->e_shnum;
+    if (eh->e_shoff > img->len || (img->len - eh->e_shoff) / shsz < (shnum ? shnum : 1))
+        return fail(r, "section headers outside the file ([0x%llx, +%llu x %llu bytes), file "
+                       "size %zu)",
+                    (unsigned long long)eh->e_shoff, (unsigned long long)(shnum ? shnum : 1),
+                    (unsigned long long)shsz, img->len);
     if (elf_getshdrnum(r->elf, &shnum) != 0)
-        return fail(r, "cannot read the section count (%s)", elfmsg());
-    if (eh->e_shoff > img->len || shnum > (img->len - eh->e_shoff) / shsz)
-        return fail(r, "section headers outside the file (e_shoff 0x%llx, %zu headers, file size %zu)",
+        return fail(r, "cannot read the section count%s", elfmsg());
+    if (shnum > (img->len - eh->e_shoff) / shsz)
+        return fail(r, "section headers outside the file (e_shoff 0x%llx, %zu headers, file "
+                       "size %zu)",
                     (unsigned long long)eh->e_shoff, shnum, img->len);
     return 0;
 }
@@ -96,7 +112,7 @@ static int read_phdrs(struct reader *r, const GElf_Ehdr *eh)
     if (eh->e_phoff == 0)
         return 0;
     if (elf_getphdrnum(r->elf, &phnum) != 0)
-        return fail(r, "cannot read the program header count (%s)", elfmsg());
+        return fail(r, "cannot read the program header count%s", elfmsg());
     if (eh->e_phoff > img->len || phnum > (img->len - eh->e_phoff) / sizeof(Elf64_Phdr))
         return fail(r, "program headers outside the file (e_phoff 0x%llx, %zu headers)",
                     (unsigned long long)eh->e_phoff, phnum);
@@ -106,7 +122,7 @@ static int read_phdrs(struct reader *r, const GElf_Ehdr *eh)
     for (size_t i = 0; i < phnum; i++) {
         GElf_Phdr ph;
         if (!gelf_getphdr(r->elf, (int)i, &ph))
-            return fail(r, "cannot read program header %zu (%s)", i, elfmsg());
+            return fail(r, "cannot read program header %zu%s", i, elfmsg());
         if (ph.p_type != PT_LOAD)
             continue;
         img->loads[img->nloads++] = (struct ad_load){ph.p_offset, ph.p_vaddr, ph.p_filesz,
@@ -122,9 +138,9 @@ static int read_sections(struct reader *r)
     struct ad_image *img = r->img;
     size_t shnum, shstrndx;
     if (elf_getshdrnum(r->elf, &shnum) != 0)
-        return fail(r, "cannot read the section count (%s)", elfmsg());
+        return fail(r, "cannot read the section count%s", elfmsg());
     if (elf_getshdrstrndx(r->elf, &shstrndx) != 0)
-        return fail(r, "cannot read the section name table index (%s)", elfmsg());
+        return fail(r, "cannot read the section name table index%s", elfmsg());
     img->secs = calloc(shnum ? shnum : 1, sizeof(*img->secs));
     if (!img->secs)
         return oom(r);
@@ -133,11 +149,11 @@ static int read_sections(struct reader *r)
         Elf_Scn *scn = elf_getscn(r->elf, i);
         GElf_Shdr sh;
         if (!scn || !gelf_getshdr(scn, &sh))
-            return fail(r, "cannot read section header %zu (%s)", i, elfmsg());
+            return fail(r, "cannot read section header %zu%s", i, elfmsg());
         struct ad_section *s = &img->secs[i];
         s->name = elf_strptr(r->elf, shstrndx, sh.sh_name);
         if (!s->name)
-            return fail(r, "section %zu has no valid name (%s)", i, elfmsg());
+            return fail(r, "section %zu has no valid name%s", i, elfmsg());
         s->type = sh.sh_type;
         s->flags = sh.sh_flags;
         s->addr = sh.sh_addr;
@@ -174,10 +190,16 @@ static uint64_t align_up(uint64_t v, uint64_t a)
     return (v + a - 1) & ~(a - 1);
 }
 
+/* altinstr_replacement, or the kernel's .altinstr_replacement. */
+static bool is_repl_name(const char *name)
+{
+    return strcmp(name, "altinstr_replacement") == 0 ||
+           strcmp(name, ".altinstr_replacement") == 0;
+}
+
 static bool is_code(const struct ad_section *s)
 {
-    return (s->flags & SHF_ALLOC) && (s->flags & SHF_EXECINSTR) &&
-           strcmp(s->name, "altinstr_replacement") != 0;
+    return (s->flags & SHF_ALLOC) && (s->flags & SHF_EXECINSTR) && !is_repl_name(s->name);
 }
 
 /* Sections a linker concatenates into one table: index into AD_NJOINED arrays, or -1. */
@@ -285,7 +307,7 @@ static int symctx_init(struct reader *r, size_t symidx, struct symctx *c)
     if (img->secs[symidx].type != SHT_SYMTAB)
         return fail(r, "a relocation section does not link a symbol table (section %zu)", symidx);
     if (!scn || !gelf_getshdr(scn, &sh) || !(c->symd = elf_getdata(scn, NULL)))
-        return fail(r, "cannot read the symbol table (%s)", elfmsg());
+        return fail(r, "cannot read the symbol table%s", elfmsg());
     c->nsyms = c->symd->d_size / sizeof(Elf64_Sym);
     c->strndx = sh.sh_link;
     for (size_t i = 1; i < img->nsecs; i++) {
@@ -311,7 +333,7 @@ static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint6
     if (idx >= c->nsyms)
         return fail(r, "relocation uses symbol %zu of %zu", idx, c->nsyms);
     if (!gelf_getsymshndx(c->symd, c->xndx, (int)idx, &sym, &xshndx))
-        return fail(r, "cannot read symbol %zu (%s)", idx, elfmsg());
+        return fail(r, "cannot read symbol %zu%s", idx, elfmsg());
     size_t shndx = sym.st_shndx == SHN_XINDEX ? xshndx : sym.st_shndx;
     if (sym.st_shndx == SHN_ABS) {
         *out = sym.st_value;
@@ -332,7 +354,7 @@ static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint6
             return 0;
         }
     }
-    *out = r->extern_base + 16 * (uint64_t)idx;
+    *out = r->extern_base + AD_EXTERN_STRIDE * (uint64_t)idx;
     return 0;
 }
 
@@ -374,7 +396,7 @@ static int apply_rela(struct reader *r, size_t relidx)
     Elf_Scn *scn = elf_getscn(r->elf, relidx);
     GElf_Shdr sh;
     if (!scn || !gelf_getshdr(scn, &sh))
-        return fail(r, "cannot read section header %zu (%s)", relidx, elfmsg());
+        return fail(r, "cannot read section header %zu%s", relidx, elfmsg());
     if (sh.sh_info == 0 || sh.sh_info >= img->nsecs || sh.sh_link == 0 ||
         sh.sh_link >= img->nsecs)
         return fail(r, "relocation section '%s' has bad links (info %u, link %u)", rs->name,
@@ -386,7 +408,7 @@ static int apply_rela(struct reader *r, size_t relidx)
     Elf_Data *rd = elf_getdata(scn, NULL);
     int rc = symctx_init(r, sh.sh_link, &c);
     if (!rc && !rd)
-        rc = fail(r, "cannot read relocations of '%s' (%s)", t->name, elfmsg());
+        rc = fail(r, "cannot read relocations of '%s'%s", t->name, elfmsg());
     if (!rc)
         rc = own_copy(r, t);
     size_t nrel = rd ? rd->d_size / sizeof(Elf64_Rela) : 0;
@@ -395,7 +417,7 @@ static int apply_rela(struct reader *r, size_t relidx)
         bool pcrel;
         uint64_t s = 0;
         if (!gelf_getrela(rd, (int)i, &ra))
-            return fail(r, "cannot read relocation %zu of '%s' (%s)", i, rs->name, elfmsg());
+            return fail(r, "cannot read relocation %zu of '%s'%s", i, rs->name, elfmsg());
         size_t width = rela_kind((unsigned)GELF_R_TYPE(ra.r_info), &pcrel);
         if (!width)
             continue;
@@ -472,7 +494,7 @@ static int relocate_rel(struct reader *r)
  * several altinstructions / altinstr_replacement sections) or inside one
  * allocated section with contents.
  */
-static const uint8_t *bytes_at(const struct ad_image *img, uint64_t addr, uint64_t len)
+const uint8_t *ad_bytes_at(const struct ad_image *img, uint64_t addr, uint64_t len)
 {
     for (int k = 0; k < AD_NJOINED; k++) {
         const struct ap_region *j = &img->joined[k];
@@ -498,7 +520,7 @@ static int read_note(struct reader *r, const struct ad_section *ns, bool *found)
     Elf_Data *d = scn ? elf_getdata(scn, NULL) : NULL;
     *found = false;
     if (!d)
-        return fail(r, "cannot read note section '%s' (%s)", ns->name, elfmsg());
+        return fail(r, "cannot read note section '%s'%s", ns->name, elfmsg());
     size_t off = 0, name_off, desc_off;
     GElf_Nhdr nh;
     while (off < d->d_size && (off = gelf_getnote(d, off, &nh, &name_off, &desc_off)) > 0) {
@@ -556,14 +578,14 @@ static int find_tables(struct reader *r)
                     (unsigned long long)n->repl_start, (unsigned long long)n->repl_end);
     img->table_addr = n->table_start;
     img->table_size = n->table_end - n->table_start;
-    img->table = img->table_size ? bytes_at(img, n->table_start, img->table_size)
+    img->table = img->table_size ? ad_bytes_at(img, n->table_start, img->table_size)
                                  : (const uint8_t *)"";
     if (!img->table)
         return fail(r, "altinstructions [0x%llx, 0x%llx) named by the note lies outside the "
                        "file's sections",
                     (unsigned long long)n->table_start, (unsigned long long)n->table_end);
     uint64_t rlen = n->repl_end - n->repl_start;
-    const uint8_t *repl = rlen ? bytes_at(img, n->repl_start, rlen) : NULL;
+    const uint8_t *repl = rlen ? ad_bytes_at(img, n->repl_start, rlen) : NULL;
     if (rlen && !repl)
         return fail(r, "altinstr_replacement [0x%llx, 0x%llx) named by the note lies outside "
                        "the file's sections",
@@ -613,7 +635,7 @@ static int build_view(struct reader *r)
     for (size_t i = 1; i < img->nsecs; i++) {
         const struct ad_section *s = &img->secs[i];
         if ((s->flags & (SHF_ALLOC | SHF_EXECINSTR)) != (SHF_ALLOC | SHF_EXECINSTR) || !s->data ||
-            s->size == 0 || strcmp(s->name, "altinstr_replacement") == 0)
+            s->size == 0 || is_repl_name(s->name))
             continue;
         if (img->view.repl.size && img->view.repl.addr >= s->addr &&
             img->view.repl.addr < s->addr + s->size)
@@ -648,7 +670,7 @@ static int read_symbols(struct reader *r)
     GElf_Shdr sh;
     Elf_Data *d = scn && gelf_getshdr(scn, &sh) ? elf_getdata(scn, NULL) : NULL;
     if (!d)
-        return fail(r, "cannot read the symbol table (%s)", elfmsg());
+        return fail(r, "cannot read the symbol table%s", elfmsg());
     size_t n = d->d_size / sizeof(Elf64_Sym);
     img->syms = calloc(n ? n : 1, sizeof(*img->syms));
     if (!img->syms)
@@ -656,16 +678,30 @@ static int read_symbols(struct reader *r)
     for (size_t i = 1; i < n; i++) {
         GElf_Sym s;
         if (!gelf_getsym(d, (int)i, &s))
-            return fail(r, "cannot read symbol %zu (%s)", i, elfmsg());
+            return fail(r, "cannot read symbol %zu%s", i, elfmsg());
         int t = GELF_ST_TYPE(s.st_info);
-        if ((t != STT_FUNC && t != STT_OBJECT && t != STT_NOTYPE && t != STT_GNU_IFUNC) ||
-            s.st_shndx == SHN_UNDEF || s.st_shndx >= SHN_LORESERVE || s.st_shndx >= img->nsecs)
+        if (t != STT_FUNC && t != STT_OBJECT && t != STT_NOTYPE && t != STT_GNU_IFUNC)
+            continue;
+        if (s.st_shndx == SHN_UNDEF && img->elf_type == ET_REL && r->extern_base) {
+            /* The fake address sym_value() gives it: names call targets such as BUG_func. */
+            const char *name = elf_strptr(r->elf, sh.sh_link, s.st_name);
+            if (name && *name && strncmp(name, "__start_", 8) != 0 &&
+                strncmp(name, "__stop_", 7) != 0) {
+                uint64_t a = r->extern_base + AD_EXTERN_STRIDE * (uint64_t)i;
+                img->syms[img->nsyms++] =
+                    (struct ad_symbol){a, 0, a + AD_EXTERN_STRIDE, name, false};
+            }
+            continue;
+        }
+        if (s.st_shndx == SHN_UNDEF || s.st_shndx >= SHN_LORESERVE || s.st_shndx >= img->nsecs)
             continue;
         const char *name = elf_strptr(r->elf, sh.sh_link, s.st_name);
         if (!name || !*name || (name[0] == '.' && name[1] == 'L'))
             continue;
-        if (!(img->secs[s.st_shndx].flags & SHF_EXECINSTR))
-            continue; /* sites live in code: name them by code symbols only */
+        if (t == STT_OBJECT && strcmp(name, "linux_banner") == 0 && img->elf_type != ET_REL)
+            img->banner_addr = s.st_value; /* a kernel's version string (kernel.c) */
+        if (!(img->secs[s.st_shndx].flags & SHF_ALLOC))
+            continue; /* sites and operands name allocated bytes only */
         uint64_t addr = s.st_value;
         if (img->elf_type == ET_REL)
             addr += img->secs[s.st_shndx].addr;
@@ -697,6 +733,71 @@ static int read_records(struct reader *r)
     return 0;
 }
 
+/* --- Linux kernel images and modules --------------------------------------- */
+
+/* The kernel release: vermagic= of .modinfo (modules), else linux_banner. */
+static void kernel_version(struct ad_image *img)
+{
+    struct ad_kernel *k = &img->kernel;
+    const struct ad_section *mi = ad_section_by_name(img, ".modinfo");
+    if (mi && mi->data) {
+        const char *p = (const char *)mi->data, *end = p + mi->size;
+        while (p < end) {
+            size_t n = strnlen(p, (size_t)(end - p));
+            if (n > 9 && strncmp(p, "vermagic=", 9) == 0) {
+                ad_kernel_set_release(k, p + 9, n - 9, "vermagic");
+                return;
+            }
+            p += n + 1;
+        }
+    }
+    static const char tag[] = "Linux version ";
+    const size_t want = sizeof(tag) - 1 + 64;
+    for (size_t len = want; img->banner_addr && len > sizeof(tag); len /= 2) {
+        const char *b = (const char *)ad_bytes_at(img, img->banner_addr, len);
+        if (b && strncmp(b, tag, sizeof(tag) - 1) == 0) {
+            ad_kernel_set_release(k, b + sizeof(tag) - 1, len - (sizeof(tag) - 1),
+                                  "linux_banner");
+            return;
+        }
+    }
+}
+
+/*
+ * A kernel's tables: .altinstructions (relocated for a module) holds the
+ * records, .altinstr_replacement the replacements; layout and numbering
+ * follow the version found in the image (kernel.c).
+ */
+static int read_kernel(struct reader *r)
+{
+    struct ad_image *img = r->img;
+    const struct ad_section *t = ad_section_by_name(img, ".altinstructions");
+    const struct ad_section *rp = ad_section_by_name(img, ".altinstr_replacement");
+    img->kernel.on = true;
+    img->kernel.module = img->elf_type == ET_REL;
+    if (!t->data)
+        return fail(r, "kernel .altinstructions has no contents");
+    if (rp && !rp->data)
+        return fail(r, "kernel .altinstr_replacement has no contents");
+    kernel_version(img);
+    int rc = ad_kernel_layout(&img->kernel, t->size, r->err, r->errsz);
+    if (rc)
+        return rc;
+    img->table_addr = t->addr;
+    img->table_size = t->size;
+    img->table = t->data;
+    if (rp)
+        img->view.repl = (struct ap_region){rp->addr, rp->size, rp->data};
+    rc = build_view(r);
+    if (!rc)
+        rc = ad_kernel_records(img, r->err, r->errsz);
+    if (rc == AD_EXIT_INTERNAL)
+        return oom(r);
+    if (!rc && ap_sites_group(img->entries, img->nentries, &img->sites, &img->nsites))
+        return oom(r);
+    return rc;
+}
+
 /* --- entry points ---------------------------------------------------------- */
 
 static int read_all(struct reader *r, unsigned flags)
@@ -718,13 +819,19 @@ static int read_all(struct reader *r, unsigned flags)
     rc = find_note(r, &found);
     if (rc)
         return rc;
+    if (!found && ad_section_by_name(img, ".altinstructions")) {
+        rc = read_kernel(r);
+        if (!rc)
+            img->has_alt = true;
+        return rc;
+    }
     if (!found) {
         if (flags & AD_READ_ALLOW_NOALT)
             return 0;
         if (ad_section_by_name(img, "altinstructions"))
             return fail(r, "has altinstructions but no altpatch note (the runtime would "
                            "ignore it)");
-        return fail(r, "no altpatch tables (no .note.altpatch note)");
+        return fail(r, "no altpatch tables (no .note.altpatch note, no kernel .altinstructions)");
     }
     if (!rc)
         rc = find_tables(r);
@@ -745,8 +852,9 @@ int ad_read_memory(const void *buf, size_t len, const char *name, unsigned flags
     struct reader r = {.img = img, .err = err, .errsz = errsz};
     memset(img, 0, sizeof(*img));
     img->file = name;
+    img->fd = -1;
     if (elf_version(EV_CURRENT) == EV_NONE)
-        return fail(&r, "libelf is too old (%s)", elfmsg());
+        return fail(&r, "libelf is too old%s", elfmsg());
     if (len == 0)
         return fail(&r, "empty file");
     img->buf = malloc(len);
@@ -757,7 +865,7 @@ int ad_read_memory(const void *buf, size_t len, const char *name, unsigned flags
     (void)elf_errno();
     r.elf = elf_memory((char *)img->buf, len);
     img->elf = r.elf;
-    int rc = r.elf ? read_all(&r, flags) : fail(&r, "not an ELF file (%s)", elfmsg());
+    int rc = r.elf ? read_all(&r, flags) : fail(&r, "not an ELF file%s", elfmsg());
     if (rc)
         ad_image_free(img);
     img->file = name;
@@ -767,41 +875,60 @@ int ad_read_memory(const void *buf, size_t len, const char *name, unsigned flags
 int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *err,
                  size_t errsz)
 {
+    struct reader r = {.img = img, .err = err, .errsz = errsz};
+    struct stat st, fst;
     memset(img, 0, sizeof(*img));
     img->file = path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        snprintf(err, errsz, "cannot open (%s)", strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return AD_EXIT_BADINPUT;
-    }
-    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > AD_MAX_FILE) {
-        snprintf(err, errsz, "not a regular file of at most 2 GiB");
+    img->fd = -1;
+    /* Type first, by name: opening a FIFO or a terminal could block. */
+    if (stat(path, &st) != 0)
+        return fail(&r, "cannot open (%s)", strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return fail(&r, "not a regular file (%s)",
+                    S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                    : S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode)
+                    ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file");
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return fail(&r, "cannot open (%s)", strerror(errno));
+    if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_ino != st.st_ino ||
+        fst.st_dev != st.st_dev) {
         close(fd);
-        return AD_EXIT_BADINPUT;
+        return fail(&r, "not a regular file (changed while opening)");
     }
-    size_t len = (size_t)st.st_size, got = 0;
-    uint8_t *b = malloc(len ? len : 1);
-    if (!b) {
+    if ((uint64_t)fst.st_size > AD_MAX_FILE) {
         close(fd);
-        snprintf(err, errsz, "out of memory");
-        return AD_EXIT_INTERNAL;
+        return fail(&r, "larger than 2 GiB");
     }
-    while (got < len) {
-        ssize_t k = read(fd, b + got, len - got);
-        if (k <= 0) {
-            snprintf(err, errsz, "read failed (%s)", k < 0 ? strerror(errno) : "short read");
-            free(b);
-            close(fd);
-            return AD_EXIT_BADINPUT;
-        }
-        got += (size_t)k;
+    if (fst.st_size == 0) {
+        close(fd);
+        return fail(&r, "empty file");
     }
-    close(fd);
-    int rc = ad_read_memory(b, len, path, flags, img, err, errsz);
-    free(b);
+    if (elf_version(EV_CURRENT) == EV_NONE) {
+        close(fd);
+        return fail(&r, "libelf is too old%s", elfmsg());
+    }
+    /* Mapped, not read: memory stays bounded by the pages the reading touches.
+     * Private and writable: a pre-patched file gets its originals put back
+     * into these bytes (prepatched.c); only the pages written are copied. */
+    (void)elf_errno();
+    r.elf = elf_begin(fd, ELF_C_READ_MMAP_PRIVATE, NULL);
+    img->elf = r.elf;
+    img->fd = fd;
+    size_t len = 0;
+    char *raw = r.elf ? elf_rawfile(r.elf, &len) : NULL;
+    int rc;
+    if (!r.elf || !raw || len != (size_t)fst.st_size) {
+        rc = fail(&r, "not an ELF file%s", elfmsg());
+    } else {
+        img->buf = (uint8_t *)raw;
+        img->len = len;
+        img->mapped = true;
+        rc = read_all(&r, flags);
+    }
+    if (rc)
+        ad_image_free(img);
+    img->file = path;
     return rc;
 }
 
@@ -821,6 +948,10 @@ void ad_image_free(struct ad_image *img)
     free(img->syms);
     free(img->pp_written);
     free(img->pp_off);
-    free(img->buf);
+    if (!img->mapped)
+        free(img->buf);
+    if (img->fd > 0)
+        close(img->fd);
     memset(img, 0, sizeof(*img));
+    img->fd = -1;
 }

@@ -135,8 +135,8 @@ static void hexstr(char *out, size_t outsz, const uint8_t *b, size_t n)
 }
 
 /* {"address", "bytes", "insns": [{"address","bytes","text"}...]} */
-static void code(struct ad_json *j, const char *key, const uint8_t *b, size_t n, uint64_t addr,
-                 const struct ad_opts *o)
+static void code(struct ad_json *j, const struct ad_image *img, const char *key,
+                 const uint8_t *b, size_t n, uint64_t addr, const struct ad_opts *o)
 {
     char hex[3 * AP_MAX_SITE + 4];
     ad_json_obj(j, key);
@@ -146,8 +146,8 @@ static void code(struct ad_json *j, const char *key, const uint8_t *b, size_t n,
     ad_json_arr(j, "insns");
     size_t off = 0;
     while (off < n) {
-        char text[256];
-        int k = ap_insn_format(b + off, n - off, addr + off, o->intel, text, sizeof(text));
+        char text[512];
+        int k = ad_format_insn(img, b + off, n - off, addr + off, o->intel, text, sizeof(text));
         size_t take = k > 0 ? (size_t)k : n - off;
         ad_json_obj(j, NULL);
         ad_json_hex(j, "address", addr + off);
@@ -165,10 +165,10 @@ static void entry(struct ad_json *j, const struct ad_image *img, const struct ap
                   const struct ad_opts *o)
 {
     char flags[32];
-    ad_flags_str(e->flags, flags, sizeof(flags));
+    ad_flags_str(img, e->flags, flags, sizeof(flags));
     ad_json_obj(j, NULL);
     ad_json_uint(j, "record", e->index);
-    ad_json_str(j, "feature", ad_feature_name(e->feature));
+    ad_json_str(j, "feature", ad_feature_name(img, e->feature));
     ad_json_uint(j, "feature_id", e->feature);
     ad_json_uint(j, "feature_word", e->feature / 32u);
     ad_json_uint(j, "feature_bit", e->feature % 32u);
@@ -179,7 +179,7 @@ static void entry(struct ad_json *j, const struct ad_image *img, const struct ap
     const struct ap_region *r = &img->view.repl;
     if (r->data && e->repl >= r->addr && e->repl - r->addr <= r->size &&
         e->repllen <= r->size - (e->repl - r->addr))
-        code(j, "replacement", r->data + (e->repl - r->addr), e->repllen, e->repl, o);
+        code(j, img, "replacement", r->data + (e->repl - r->addr), e->repllen, e->repl, o);
     else
         ad_json_null(j, "replacement");
     ad_json_hex(j, "replacement_address", e->repl);
@@ -209,7 +209,7 @@ static void site(struct ad_json *j, const struct ad_image *img, size_t i, const 
     ad_json_end_arr(j);
     const uint8_t *orig = ap_view_text(&img->view, s->addr, s->len);
     if (orig)
-        code(j, "original", orig, s->len, s->addr, o);
+        code(j, img, "original", orig, s->len, s->addr, o);
     else
         ad_json_null(j, "original");
     ad_json_str(j, "decision", ad_decision_name(p));
@@ -219,7 +219,7 @@ static void site(struct ad_json *j, const struct ad_image *img, size_t i, const 
     ad_json_int(j, "bad_entry", p->bad_entry);
     ad_json_str(j, "detail", p->detail);
     if (orig)
-        code(j, "final", p->final, p->len, s->addr, o);
+        code(j, img, "final", p->final, p->len, s->addr, o);
     else
         ad_json_null(j, "final");
     ad_json_bool(j, "changes", orig && p->reason == 0 && memcmp(orig, p->final, s->len) != 0);
@@ -270,7 +270,23 @@ void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct a
     ad_json_obj(j, NULL);
     ad_json_str(j, "file", img->file);
     ad_json_str(j, "type", img->elf_type == ET_EXEC ? "EXEC" : img->elf_type == ET_DYN ? "DYN" : "REL");
-    if (img->has_alt) {
+    if (img->kernel.on) {
+        ad_json_null(j, "note");
+        ad_json_obj(j, "kernel");
+        ad_json_bool(j, "module", img->kernel.module);
+        if (img->kernel.release[0])
+            ad_json_str(j, "release", img->kernel.release);
+        else
+            ad_json_null(j, "release");
+        ad_json_str(j, "release_from", img->kernel.source ? img->kernel.source : "");
+        ad_json_uint(j, "record_size", img->kernel.record_size);
+        ad_json_str(j, "feature_names", img->kernel.tab->version);
+        ad_json_hex(j, "table_start", img->table_addr);
+        ad_json_hex(j, "table_end", img->table_addr + img->table_size);
+        ad_json_hex(j, "replacement_start", img->view.repl.addr);
+        ad_json_hex(j, "replacement_end", img->view.repl.addr + img->view.repl.size);
+        ad_json_end_obj(j);
+    } else if (img->has_alt) {
         ad_json_obj(j, "note");
         ad_json_uint(j, "version", img->note.version);
         ad_json_uint(j, "record_size", img->note.record_size);

@@ -131,10 +131,12 @@ static int one_file(const struct args *a, const struct ad_opts *o, const char *f
         return rc;
     }
     struct ap_plan *plans = NULL;
-    if (ad_decide(&img, o->cpu->fs, &plans) != 0) {
-        fprintf(stderr, "altdump: %s: out of memory\n", file);
+    rc = ad_decide_cpu(&img, o->cpu, &plans, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "altdump: %s: %s\n", file,
+                rc == AD_EXIT_INTERNAL ? "out of memory" : err);
         ad_image_free(&img);
-        return AD_EXIT_INTERNAL;
+        return rc;
     }
     struct ad_size sz;
     ad_size_compute(&img, plans, &sz);
@@ -209,8 +211,10 @@ static int compare_mode(const struct args *a, const struct ad_opts *o)
         rc = ad_read_file(a->files[i], AD_READ_ALLOW_NOALT, &img[i], err, sizeof(err));
         if (rc)
             fprintf(stderr, "altdump: %s: %s\n", a->files[i], err);
-        else if (img[i].has_alt && ad_decide(&img[i], o->cpu->fs, &plans[i]) != 0)
-            rc = AD_EXIT_INTERNAL;
+        else if (img[i].has_alt &&
+                 (rc = ad_decide_cpu(&img[i], o->cpu, &plans[i], err, sizeof(err))) != 0)
+            fprintf(stderr, "altdump: %s: %s\n", a->files[i],
+                    rc == AD_EXIT_INTERNAL ? "out of memory" : err);
         if (!rc)
             ad_size_compute(&img[i], plans[i], &sz[i]);
     }
@@ -245,6 +249,11 @@ int main(int argc, char **argv)
     if (rc) {
         fprintf(stderr, "altdump: --cpu: %s\n", err);
         return rc;
+    }
+    if (a.mode == MODE_PID && cpu.edit_err[0]) {
+        fprintf(stderr, "altdump: %s\n", cpu.edit_err);
+        ad_cpu_free(&cpu);
+        return AD_EXIT_USAGE;
     }
     altpatch_set_print(NULL); /* the library's own warnings would repeat ours */
     struct ad_opts o = {.intel = a.intel, .json = a.json, .cpu = &cpu};

@@ -164,7 +164,7 @@ static int module(long pid, int memfd, const struct maps *mp, const char *path,
     img.file = path;
     uint64_t bias = 0;
     struct ap_plan *plans = NULL;
-    if (!img.has_alt || img.elf_type == ET_REL || !find_bias(mp, path, &img, &bias) ||
+    if (!img.has_alt || img.elf_type == ET_REL || img.kernel.on || !find_bias(mp, path, &img, &bias) ||
         ad_decide(&img, o->cpu->fs, &plans) != 0) {
         free(plans);
         ad_image_free(&img);

@@ -7,15 +7,15 @@
 
 #define BYTES_COL 34 /* width of the bytes column: 11 bytes */
 
-void ad_print_insns(FILE *f, const uint8_t *bytes, size_t len, uint64_t addr, bool intel,
-                    const char *indent)
+void ad_print_insns(FILE *f, const struct ad_image *img, const uint8_t *bytes, size_t len,
+                    uint64_t addr, bool intel, const char *indent)
 {
     size_t off = 0;
     if (len == 0)
         fprintf(f, "%s(empty)\n", indent);
     while (off < len) {
-        char text[256], hex[3 * AP_MAX_SITE + 1] = "";
-        int n = ap_insn_format(bytes + off, len - off, addr + off, intel, text, sizeof(text));
+        char text[512], hex[3 * AP_MAX_SITE + 1] = "";
+        int n = ad_format_insn(img, bytes + off, len - off, addr + off, intel, text, sizeof(text));
         size_t take = n > 0 ? (size_t)n : len - off; /* (bad): show the rest at once */
         for (size_t k = 0; k < take; k++)
             snprintf(hex + 3 * k, sizeof(hex) - 3 * k, "%02x ", bytes[off + k]);
@@ -34,9 +34,9 @@ static void print_entry(FILE *f, const struct ad_image *img, const struct ap_ent
                         unsigned k, const struct ad_opts *o)
 {
     char flags[32];
-    ad_flags_str(e->flags, flags, sizeof(flags));
+    ad_flags_str(img, e->flags, flags, sizeof(flags));
     fprintf(f, "  entry %u (record %u): %s (%u*32+%u), flags %s, instrlen %u, replacementlen %u\n",
-            k, e->index, ad_feature_name(e->feature), e->feature / 32u, e->feature % 32u, flags,
+            k, e->index, ad_feature_name(img, e->feature), e->feature / 32u, e->feature % 32u, flags,
             e->instrlen, e->repllen);
     const uint8_t *r = NULL;
     if (img->view.repl.data && e->repl >= img->view.repl.addr &&
@@ -45,7 +45,7 @@ static void print_entry(FILE *f, const struct ad_image *img, const struct ap_ent
         r = img->view.repl.data + (e->repl - img->view.repl.addr);
     fprintf(f, "  replacement %u at 0x%llx:\n", k, (unsigned long long)e->repl);
     if (r)
-        ad_print_insns(f, r, e->repllen, e->repl, o->intel, "    ");
+        ad_print_insns(f, img, r, e->repllen, e->repl, o->intel, "    ");
     else
         fprintf(f, "    (outside altinstr_replacement)\n");
 }
@@ -60,8 +60,9 @@ static void print_decision(FILE *f, const struct ad_image *img, const struct ap_
         fprintf(f, "%s%s\n", p->detail[0] ? ": " : "", p->detail);
     } else if (p->chosen >= 0) {
         const struct ap_entry *e = &img->entries[s->first + (unsigned)p->chosen];
-        fprintf(f, "  decision: replaced by entry %d (%s%s)\n", p->chosen,
-                (e->flags & ALT_FLAG_NOT) ? "not " : "", ad_feature_name(e->feature));
+        fprintf(f, "  decision: replaced by entry %d (%s%s)%s%s\n", p->chosen,
+                (e->flags & ALT_FLAG_NOT) ? "not " : "", ad_feature_name(img, e->feature),
+                p->detail[0] ? ": " : "", p->detail);
     } else {
         fprintf(f, "  decision: kept original (no entry eligible)\n");
     }
@@ -80,13 +81,13 @@ static void print_site(FILE *f, const struct ad_image *img, size_t i, const stru
     const uint8_t *orig = ap_view_text(&img->view, s->addr, s->len);
     fprintf(f, "  original:\n");
     if (orig)
-        ad_print_insns(f, orig, s->len, s->addr, o->intel, "    ");
+        ad_print_insns(f, img, orig, s->len, s->addr, o->intel, "    ");
     else
         fprintf(f, "    (outside the executable sections)\n");
     print_decision(f, img, s, p);
     if (orig) {
         fprintf(f, "  final:\n");
-        ad_print_insns(f, p->final, p->len, s->addr, o->intel, "    ");
+        ad_print_insns(f, img, p->final, p->len, s->addr, o->intel, "    ");
     }
 }
 
@@ -99,8 +100,18 @@ void ad_print_table(FILE *f, const struct ad_image *img, const struct ap_plan *p
         repl += plans[i].reason == ALTPATCH_REASON_NONE && plans[i].chosen >= 0;
         kept += plans[i].reason == ALTPATCH_REASON_NONE && plans[i].chosen < 0;
     }
-    fprintf(f, "%s: ELF64 x86-64 %s, altpatch format %u, %zu records, %zu sites\n", img->file,
-            type_name(img->elf_type), img->note.version, img->nentries, img->nsites);
+    if (img->kernel.on)
+        fprintf(f, "%s: ELF64 x86-64 %s, Linux kernel %s%s (%s), %u-byte records (%s), "
+                   "feature names of %s, %zu records, %zu sites\n",
+                img->file, type_name(img->elf_type), img->kernel.module ? "module " : "",
+                img->kernel.release[0] ? img->kernel.release : "of unknown version",
+                img->kernel.source ? img->kernel.source : "no version string",
+                img->kernel.record_size, img->kernel.layout_why, img->kernel.tab->version,
+                img->nentries, img->nsites);
+    else
+        fprintf(f, "%s: ELF64 x86-64 %s, altpatch format %u, %zu records, %zu sites\n",
+                img->file, type_name(img->elf_type), img->note.version, img->nentries,
+                img->nsites);
     if (img->prepatched)
         fprintf(f, "pre-patched for %s: the sites hold its plan; originals in %s\n",
                 img->pp_profile, AP_PREPATCH_SECTION);
