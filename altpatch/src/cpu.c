@@ -15,7 +15,12 @@
  *     XTILECFG and XTILEDATA *and* the process holds the XTILEDATA permission
  *     (arch_prctl(ARCH_REQ_XCOMP_PERM) must come before the first query);
  *   - PKU unless OSPKE (CR4.PKE); SHSTK unless the shadow stack is enabled
- *     (arch_prctl(ARCH_SHSTK_STATUS), as seen by the detecting thread).
+ *     (arch_prctl(ARCH_SHSTK_STATUS), as seen by the detecting thread);
+ *   - RDTSCP unless the instruction executes in this process, RDPID unless it
+ *     executes and returns the CPU number sched_getcpu() reports (probed under
+ *     a SIGILL guard, only when CPUID claims them: emulators such as valgrind
+ *     claim RDTSCP without running it, and Linux maintains TSC_AUX only where
+ *     it enumerates RDTSCP or RDPID).
  * System features (vmx, monitor, xsaves, ...) keep their CPUID meaning.
  * Synthetic bits follow the kernel's rules (arch/x86/kernel/cpu/):
  *   - ALWAYS: in every set;
@@ -34,11 +39,14 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/auxv.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -680,6 +688,121 @@ static void ap_apply_os_enablement(struct altpatch_features *f)
         ap_bit_clear(f, X86_FEATURE_SHSTK);
 }
 
+/*
+ * Instructions whose CPUID bit is not enough: valgrind's synthetic CPUID
+ * claims RDTSCP on machines where its translator raises SIGILL for it, and
+ * RDPID is only worth its name where Linux keeps TSC_AUX equal to this CPU's
+ * number. Each is executed once under a SIGILL guard when the host set is
+ * detected, and only when CPUID claims it (no CPUID exit, three system calls).
+ * The guard is a process-wide SIGILL action held for the few instructions of
+ * the probe; a SIGILL elsewhere meanwhile is handed back to the previous
+ * action (the faulting instruction runs again under it).
+ */
+static const void *volatile ap_probe_at;     /* the probed instruction */
+static const void *volatile ap_probe_resume; /* the instruction after it */
+static volatile sig_atomic_t ap_probe_ill;
+static struct sigaction ap_probe_prev;
+
+static void ap_probe_sigill(int sig, siginfo_t *si, void *ucv)
+{
+    ucontext_t *uc = ucv;
+    const void *rip = (const void *)(uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    if (si->si_code > 0 && ap_probe_at && rip == ap_probe_at) {
+        ap_probe_ill = 1;
+        uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)ap_probe_resume;
+        return;
+    }
+    sigaction(SIGILL, &ap_probe_prev, NULL);
+    if (si->si_code <= 0)
+        raise(sig); /* sent, not raised by an instruction: deliver it after we return */
+}
+
+/* The two probe sequences: record the instruction's address and the resume
+ * address, then run it. */
+#define AP_PROBE_ASM_(insn)                                                                \
+    "leaq 1f(%%rip), %%rsi\n\tmovq %%rsi, %[at]\n\t"                                       \
+    "leaq 2f(%%rip), %%rsi\n\tmovq %%rsi, %[re]\n\t"                                       \
+    "1: " insn "\n2:"
+
+static uint64_t ap_exec_rdpid(void)
+{
+    uint64_t v = ~0ull;
+    __asm__ volatile(AP_PROBE_ASM_("rdpid %%rcx")
+                     : [at] "=m"(ap_probe_at), [re] "=m"(ap_probe_resume), "+c"(v)
+                     :
+                     : "rsi", "memory");
+    return v;
+}
+
+static uint32_t ap_exec_rdtscp(void)
+{
+    uint32_t a, d, c = ~0u;
+    __asm__ volatile(AP_PROBE_ASM_("rdtscp")
+                     : [at] "=m"(ap_probe_at), [re] "=m"(ap_probe_resume), "=a"(a), "=d"(d),
+                       "+c"(c)
+                     :
+                     : "rsi", "memory");
+    return c;
+}
+
+/* RDPID counts when it executes and TSC_AUX holds the number sched_getcpu()
+ * reports (a few tries, in case the thread migrates in between). */
+static bool ap_rdpid_usable(void)
+{
+    for (int i = 0; i < 4; i++) {
+        uint64_t a = ap_exec_rdpid();
+        if (ap_probe_ill)
+            return false;
+        int cpu = sched_getcpu();
+        uint64_t b = ap_exec_rdpid();
+        if (cpu >= 0 && a == b && (a & 0xfff) == (uint64_t)cpu)
+            return true;
+    }
+    return false;
+}
+
+static void ap_probe_instructions(struct altpatch_features *f)
+{
+    bool tscp = ap_features_test(f, X86_FEATURE_RDTSCP);
+    bool pid = ap_features_test(f, X86_FEATURE_RDPID);
+    if (!tscp && !pid)
+        return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = ap_probe_sigill;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigset_t ill, old;
+    sigemptyset(&ill);
+    sigaddset(&ill, SIGILL);
+    if (sigaction(SIGILL, &sa, &ap_probe_prev) != 0) {
+        ap_bit_clear(f, X86_FEATURE_RDTSCP); /* cannot tell: claim neither */
+        ap_bit_clear(f, X86_FEATURE_RDPID);
+        return;
+    }
+    /* a blocked SIGILL raised by an instruction would kill the process */
+    if (pthread_sigmask(SIG_UNBLOCK, &ill, &old) != 0) {
+        ap_bit_clear(f, X86_FEATURE_RDTSCP);
+        ap_bit_clear(f, X86_FEATURE_RDPID);
+    } else {
+        if (tscp) {
+            ap_probe_ill = 0;
+            (void)ap_exec_rdtscp();
+            if (ap_probe_ill)
+                ap_bit_clear(f, X86_FEATURE_RDTSCP);
+        }
+        if (pid) {
+            ap_probe_ill = 0;
+            if (!ap_rdpid_usable())
+                ap_bit_clear(f, X86_FEATURE_RDPID);
+        }
+        if (sigismember(&old, SIGILL) == 1)
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+    ap_probe_at = NULL;
+    sigaction(SIGILL, &ap_probe_prev, NULL);
+}
+
 static struct altpatch_features ap_host;
 static pthread_once_t ap_host_once = PTHREAD_ONCE_INIT;
 
@@ -691,6 +814,7 @@ static void ap_host_detect(void)
     ap_read_ext_leaves(&f);
     ap_mask_known(&f);
     ap_apply_os_enablement(&f);
+    ap_probe_instructions(&f);
     ap_derive_synthetic(&f);
     ap_host = f;
 }

@@ -7,9 +7,8 @@
  * Every helper here is `static inline` and always inlined, so each call site
  * in your code becomes one altpatch site (one or more 14-byte records). Until
  * altpatch_apply() runs, every site executes its original bytes, which are
- * correct on any x86-64 CPU that the original instruction itself requires
- * (rdtscp for altpatch_getcpu(); see each helper). After apply, the site holds
- * the replacement chosen for this CPU.
+ * correct on every x86-64 Linux machine (see each helper). After apply, the
+ * site holds the replacement chosen for this CPU.
  *
  * The bytes below are exact: the helpers use fixed registers so that tests
  * and tools (altdump) can check what memory holds. "NOPn" is the n-byte NOP of
@@ -21,7 +20,7 @@
  * | altpatch_weak_fence     | ALT_NOT(APIC_MSRS_FENCE)   | 0f ae f0 0f ae e8 (mfence; lfence)     | NOP6                           |
  * | altpatch_fs_self        | FSGSBASE                   | 64 48 8b 04 25 00 00 00 00             | f3 48 0f ae c0 NOP4 (rdfsbase) |
  * | altpatch_gs_self        | FSGSBASE                   | 65 48 8b 04 25 00 00 00 00             | f3 48 0f ae c8 NOP4 (rdgsbase) |
- * | altpatch_getcpu         | RDPID                      | 0f 01 f9 90 (rdtscp; nop)              | f3 0f c7 f9 (rdpid %rcx)       |
+ * | altpatch_getcpu         | RDPID                      | b9 ff ff ff ff (movl $-1, %ecx)        | f3 0f c7 f9 90 (rdpid %rcx)    |
  * | altpatch_rdtsc_ordered  | LFENCE_RDTSC, then RDTSCP  | 0f 31 90 90 90 (rdtsc; 3 x nop)        | 0f ae e8 0f 31 / 0f 01 f9 NOP2 |
  * | ALTPATCH_ALT_CALL       | any                        | e8 rel32 (call oldfn)                  | e8 rel32' (call newfn)         |
  */
@@ -92,19 +91,32 @@ ALTPATCH_PRIMITIVE_ void *altpatch_fs_self(void)
 }
 
 /**
- * Number of the CPU this thread runs on, from TSC_AUX (Linux stores
- * node << 12 | cpu there): `rdtscp` (0f 01 f9, padded with 90; reads the TSC
- * too, clobbering eax:edx), replaced by `rdpid %rcx` (f3 0f c7 f9) under
- * X86_FEATURE_RDPID. Requires RDTSCP (every x86-64 CPU of the last 15 years).
- * The thread may migrate right after: pin it to rely on the value.
+ * sched_getcpu(), or 0 where it fails: the original path of altpatch_getcpu(),
+ * out of line. glibc answers from the rseq area it registered (a TLS load),
+ * else through the vDSO or the getcpu system call, which are right on every
+ * x86-64 Linux machine and under valgrind.
+ */
+ALTPATCH_API unsigned altpatch_getcpu_fallback(void);
+
+/**
+ * Number of the CPU this thread runs on. Original `movl $-1, %ecx`
+ * (b9 ff ff ff ff): the result 0xffffffff sends the call to
+ * altpatch_getcpu_fallback() (sched_getcpu()), correct on every x86-64 Linux
+ * machine. Under X86_FEATURE_RDPID `rdpid %rcx` (f3 0f c7 f9) + NOP1 reads
+ * TSC_AUX, where Linux stores node << 12 | cpu (the host set claims RDPID only
+ * where the instruction executes and TSC_AUX holds this CPU's number).
+ * Not `rdtscp`: Linux maintains TSC_AUX only where the CPU enumerates RDTSCP
+ * or RDPID, and emulators may not run it. The thread may migrate right after:
+ * pin it to rely on the value.
  */
 ALTPATCH_PRIMITIVE_ unsigned altpatch_getcpu(void)
 {
     unsigned long aux;
-    __asm__ __volatile__(ALTERNATIVE("rdtscp", "{rdpid %%rcx|rdpid rcx}", X86_FEATURE_RDPID)
-                         : "=c"(aux)
-                         :
-                         : "rax", "rdx");
+    __asm__ __volatile__(ALTERNATIVE("{movl $-1, %%ecx|mov ecx, -1}", "{rdpid %%rcx|rdpid rcx}",
+                                     X86_FEATURE_RDPID)
+                         : "=c"(aux));
+    if (__builtin_expect(aux == 0xffffffffu, 0))
+        return altpatch_getcpu_fallback();
     return (unsigned)(aux & 0xfff);
 }
 
