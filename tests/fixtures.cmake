@@ -65,6 +65,12 @@ if(VALGRIND_EXECUTABLE AND NOT ALTPATCH_SANITIZE) # ASan binaries do not run und
     # Exit status: 1 for a valgrind error or a failed check (a pass regex
     # would make ctest ignore it).
     set_tests_properties(valgrind_apfix_O2 PROPERTIES TIMEOUT 300 LABELS valgrind)
+    # The CPU matrix under valgrind: explicit feature sets, bytes checked, not run.
+    foreach(fs baseline intel-spr amd-zen4)
+      add_test(NAME valgrind_apfix_O2_${fs} COMMAND ${apfix_vg} $<TARGET_FILE:apfix_O2>)
+      set_tests_properties(valgrind_apfix_O2_${fs} PROPERTIES TIMEOUT 300 LABELS valgrind
+        ENVIRONMENT "APFIX_FEATURES=${fs}")
+    endforeach()
   endif()
 endif()
 
