@@ -78,4 +78,25 @@ endif()
 if(TARGET altdemo)
   add_test(NAME altdemo COMMAND altdemo)
   set_tests_properties(altdemo PROPERTIES TIMEOUT 60)
+  # The same checks with every feature the primitives use cleared (their
+  # originals, as on a baseline CPU), under valgrind, and under qemu-user's
+  # CPU models (other CPUID answers: an AMD one without RDTSCP, RDPID or
+  # FSGSBASE, an Intel one).
+  add_test(NAME altdemo_originals COMMAND altdemo)
+  set_tests_properties(altdemo_originals PROPERTIES TIMEOUT 60
+    ENVIRONMENT "ALTPATCH_CLEARCPUID=fsgsbase,rdpid,rdtscp,lfence_rdtsc")
+  if(VALGRIND_EXECUTABLE AND NOT ALTPATCH_SANITIZE)
+    add_test(NAME valgrind_altdemo COMMAND ${apfix_vg} $<TARGET_FILE:altdemo>)
+    set_tests_properties(valgrind_altdemo PROPERTIES TIMEOUT 300 LABELS valgrind)
+  endif()
+  find_program(QEMU_X86_64_EXECUTABLE qemu-x86_64)
+  if(QEMU_X86_64_EXECUTABLE AND NOT ALTPATCH_SANITIZE)
+    foreach(cpu qemu64 EPYC-Rome-v1 Haswell-v4)
+      add_test(NAME qemu_altdemo_${cpu} COMMAND ${QEMU_X86_64_EXECUTABLE} -cpu ${cpu}
+        $<TARGET_FILE:altdemo>)
+      set_tests_properties(qemu_altdemo_${cpu} PROPERTIES TIMEOUT 120 LABELS qemu)
+    endforeach()
+  else()
+    message(STATUS "qemu-x86_64 not found (Debian package qemu-user): qemu_altdemo_* not run")
+  endif()
 endif()
