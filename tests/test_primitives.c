@@ -229,6 +229,68 @@ Test(primitives, values)
     cr_assert_eq(r->val[5], r->flag[6] ? 601 : 501, "FSGSBASE call");
 }
 
+/*
+ * altpatch_getcpu() == sched_getcpu() pinned to each CPU this process may run
+ * on, with the original (sched_getcpu() itself) and after apply (rdpid where
+ * the host set claims RDPID). val[0]: CPUs visited; val[1]/val[2]: mismatches
+ * before/after; val[3]: the first wrong value seen.
+ */
+static int getcpu_round(void)
+{
+    int wrong = 0;
+    for (int i = 0; i < 8; i++) {
+        int want = sched_getcpu();
+        unsigned got = altpatch_getcpu();
+        if (want < 0 || got != (unsigned)want)
+            wrong++;
+    }
+    return wrong;
+}
+
+static void body_getcpu_every_cpu(void *out, void *ctx)
+{
+    struct res *r = out;
+    (void)ctx;
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof(all), &all) != 0) {
+        r->rc = -1;
+        return;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            r->rc = altpatch_apply();
+        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+            if (!CPU_ISSET(cpu, &all))
+                continue;
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);
+            if (sched_setaffinity(0, sizeof(one), &one) != 0)
+                continue; /* offline meanwhile */
+            r->val[0] += pass == 0;
+            int wrong = getcpu_round();
+            r->val[1 + pass] += wrong;
+            if (wrong && !r->flag[0]) {
+                r->flag[0] = 1;
+                r->val[3] = (long)altpatch_getcpu();
+                r->val[4] = cpu;
+            }
+        }
+    }
+    sched_setaffinity(0, sizeof(all), &all);
+}
+
+Test(primitives, getcpu_on_every_cpu)
+{
+    struct res *r = ap_isolated(sizeof(*r), body_getcpu_every_cpu, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_gt(r->val[0], 0, "no CPU visited");
+    cr_assert_eq(r->val[1], 0, "original: %ld wrong (getcpu %ld pinned to CPU %ld)", r->val[1],
+                 r->val[3], r->val[4]);
+    cr_assert_eq(r->val[2], 0, "after apply: %ld wrong (getcpu %ld pinned to CPU %ld)", r->val[2],
+                 r->val[3], r->val[4]);
+}
+
 /* GS is per thread: a second thread's block does not change ours. */
 static void *gs_thread(void *arg)
 {
