@@ -6,7 +6,6 @@
  */
 #include <asm/prctl.h>
 #include <errno.h>
-#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -43,10 +42,4 @@ ALTPATCH_API int altpatch_gs_check(void)
     if (syscall(SYS_arch_prctl, ARCH_GET_GS, &base) != 0)
         return -errno;
     return (void *)base == ap_gs_installed ? 0 : -ESTALE;
-}
-
-ALTPATCH_API unsigned altpatch_getcpu_fallback(void)
-{
-    int cpu = sched_getcpu();
-    return cpu < 0 ? 0u : (unsigned)cpu;
 }

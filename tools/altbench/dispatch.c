@@ -35,7 +35,7 @@ AB_NOINLINE uint64_t impl_fs_mov(void) { return ab_fs_mov(); }
 AB_NOINLINE uint64_t impl_fs_rd(void) { return ab_fs_rd(); }
 AB_NOINLINE uint64_t impl_gs_mov(void) { return ab_gs_mov(); }
 AB_NOINLINE uint64_t impl_gs_rd(void) { return ab_gs_rd(); }
-AB_NOINLINE uint64_t impl_cpu_rdtscp(void) { return ab_cpu_rdtscp(); }
+AB_NOINLINE uint64_t impl_cpu_libc(void) { return ab_cpu_libc(); }
 AB_NOINLINE uint64_t impl_cpu_rdpid(void) { return ab_cpu_rdpid(); }
 AB_NOINLINE uint64_t impl_tsc_rdtsc(void) { return ab_tsc_rdtsc(); }
 AB_NOINLINE uint64_t impl_tsc_lfence(void) { return ab_tsc_lfence_rdtsc(); }
@@ -87,7 +87,7 @@ AB_RESOLVER static ab_u64_fn *resolve_gs(void)
 }
 AB_RESOLVER static ab_u64_fn *resolve_cpu(void)
 {
-    return cpuid_bit(7, 0, 2, 22) ? impl_cpu_rdpid : impl_cpu_rdtscp;
+    return cpuid_bit(7, 0, 2, 22) ? impl_cpu_rdpid : impl_cpu_libc;
 }
 AB_RESOLVER static ab_u64_fn *resolve_tsc(void)
 {
@@ -125,7 +125,7 @@ void ab_dispatch_init(void)
     ab_fp.fence = fence ? impl_fence_full : impl_fence_none;
     ab_fp.fs = fsgs ? impl_fs_rd : impl_fs_mov;
     ab_fp.gs = fsgs ? impl_gs_rd : impl_gs_mov;
-    ab_fp.cpu = rdpid ? impl_cpu_rdpid : impl_cpu_rdtscp;
+    ab_fp.cpu = rdpid ? impl_cpu_rdpid : impl_cpu_libc;
     ab_fp.tsc = rdtscp ? impl_tsc_rdtscp : lfence ? impl_tsc_lfence : impl_tsc_rdtsc;
     ab_fp.call = call ? ab_call_new : ab_call_old;
     ab_flags.fence = fence;

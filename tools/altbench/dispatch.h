@@ -7,6 +7,7 @@
 #ifndef ALTBENCH_DISPATCH_H
 #define ALTBENCH_DISPATCH_H
 
+#include <sched.h> /* sched_getcpu (the sources define _GNU_SOURCE) */
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -43,11 +44,10 @@ AB_INLINE uint64_t ab_gs_rd(void)
     __asm__ __volatile__("rdgsbase %0" : "=r"(p));
     return p;
 }
-AB_INLINE uint64_t ab_cpu_rdtscp(void)
+/* altpatch_getcpu()'s original: what glibc answers (rseq cpu_id, else vDSO/syscall). */
+AB_INLINE uint64_t ab_cpu_libc(void)
 {
-    uint32_t aux;
-    __asm__ __volatile__("rdtscp" : "=c"(aux) : : "rax", "rdx");
-    return aux & 0xfff;
+    return (unsigned)sched_getcpu();
 }
 AB_INLINE uint64_t ab_cpu_rdpid(void)
 {

@@ -66,7 +66,7 @@ AB_CALL_LOOP(hand_fs_mov, ab_fs_mov())
 AB_CALL_LOOP(hand_fs_rd, ab_fs_rd())
 AB_CALL_LOOP(hand_gs_mov, ab_gs_mov())
 AB_CALL_LOOP(hand_gs_rd, ab_gs_rd())
-AB_CALL_LOOP(hand_cpu_rdtscp, ab_cpu_rdtscp())
+AB_CALL_LOOP(hand_cpu_libc, ab_cpu_libc())
 AB_CALL_LOOP(hand_cpu_rdpid, ab_cpu_rdpid())
 AB_CALL_LOOP(hand_tsc_rdtsc, ab_tsc_rdtsc())
 AB_CALL_LOOP(hand_tsc_lfence, ab_tsc_lfence_rdtsc())
@@ -101,7 +101,7 @@ AB_CALL_LOOP(tc_call, ab_clones_call((long)acc))
 AB_CALL_LOOP(flag_fence, ab_flags.fence ? AB_FENCE_FULL() : AB_FENCE_NONE())
 AB_CALL_LOOP(flag_fs, ab_flags.fsgsbase ? ab_fs_rd() : ab_fs_mov())
 AB_CALL_LOOP(flag_gs, ab_flags.fsgsbase ? ab_gs_rd() : ab_gs_mov())
-AB_CALL_LOOP(flag_cpu, ab_flags.rdpid ? ab_cpu_rdpid() : ab_cpu_rdtscp())
+AB_CALL_LOOP(flag_cpu, ab_flags.rdpid ? ab_cpu_rdpid() : ab_cpu_libc())
 AB_CALL_LOOP(flag_tsc, ab_flags.rdtscp ? ab_tsc_rdtscp()
                                        : (ab_flags.lfence_rdtsc ? ab_tsc_lfence_rdtsc()
                                                                 : ab_tsc_rdtsc()))
@@ -138,8 +138,8 @@ static const struct prim_loops loops[P_COUNT] = {
     [P_FS] = {site_fs, fp_fs, if_fs, NULL, flag_fs, libc_fs, "pthread_self()", hand_fs_rd,
               hand_fs_mov, same_fs},
     [P_GS] = {site_gs, fp_gs, if_gs, NULL, flag_gs, NULL, NULL, hand_gs_rd, hand_gs_mov, same_gs},
-    [P_CPU] = {site_cpu, fp_cpu, if_cpu, NULL, flag_cpu, libc_cpu, "sched_getcpu() (vDSO)",
-               hand_cpu_rdpid, hand_cpu_rdtscp, same_cpu},
+    [P_CPU] = {site_cpu, fp_cpu, if_cpu, NULL, flag_cpu, libc_cpu, "sched_getcpu() (glibc: rseq cpu_id, else vDSO)",
+               hand_cpu_rdpid, hand_cpu_libc, same_cpu},
     [P_TSC] = {site_tsc, fp_tsc, if_tsc, NULL, flag_tsc, NULL, NULL, NULL, NULL, same_tsc},
     [P_CALL] = {site_call, fp_call, if_call, tc_call, flag_call, NULL, NULL, hand_call_new,
                 hand_call_old, same_call},
@@ -150,12 +150,12 @@ enum { C_UNPATCHED, C_PATCHED, C_IDEAL, C_SAME, C_FP, C_IFUNC, C_CLONES, C_FLAG,
 
 /* Hand-written candidates for part 5. */
 enum {
-    H_FENCE_FULL, H_FENCE_NONE, H_FS_MOV, H_FS_RD, H_GS_MOV, H_GS_RD, H_CPU_RDTSCP,
+    H_FENCE_FULL, H_FENCE_NONE, H_FS_MOV, H_FS_RD, H_GS_MOV, H_GS_RD, H_CPU_LIBC,
     H_CPU_RDPID, H_TSC_RDTSC, H_TSC_LFENCE, H_TSC_RDTSCP, H_COUNT
 };
 static const ab_loop_fn hand[H_COUNT] = {
     hand_fence_full, hand_fence_none, hand_fs_mov,  hand_fs_rd,     hand_gs_mov,   hand_gs_rd,
-    hand_cpu_rdtscp, hand_cpu_rdpid,  hand_tsc_rdtsc, hand_tsc_lfence, hand_tsc_rdtscp,
+    hand_cpu_libc,   hand_cpu_rdpid,  hand_tsc_rdtsc, hand_tsc_lfence, hand_tsc_rdtscp,
 };
 
 struct samples {
@@ -183,8 +183,8 @@ static void pick_ideals(struct samples *s)
     s->ideal[P_GS] = fsgs ? hand_gs_rd : hand_gs_mov;
     s->ideal_name[P_GS] = fsgs ? "rdgsbase" : "movq %gs:0";
     bool rdpid = altpatch_cpu_has(X86_FEATURE_RDPID);
-    s->ideal[P_CPU] = rdpid ? hand_cpu_rdpid : hand_cpu_rdtscp;
-    s->ideal_name[P_CPU] = rdpid ? "rdpid" : "rdtscp";
+    s->ideal[P_CPU] = rdpid ? hand_cpu_rdpid : hand_cpu_libc;
+    s->ideal_name[P_CPU] = rdpid ? "rdpid" : "sched_getcpu()";
     if (altpatch_cpu_has(X86_FEATURE_RDTSCP)) {
         s->ideal[P_TSC] = hand_tsc_rdtscp;
         s->ideal_name[P_TSC] = "rdtscp";
@@ -363,8 +363,8 @@ static void print_select(const struct samples *s, const struct ab_opts *o)
                               "movq %fs:0", "rdfsbase");
     bool gs_slow = select_row(s, r, "altpatch_gs_self", X86_FEATURE_FSGSBASE, H_GS_MOV, H_GS_RD,
                               "movq %gs:0", "rdgsbase");
-    bool cpu_slow = select_row(s, r, "altpatch_getcpu", X86_FEATURE_RDPID, H_CPU_RDTSCP,
-                               H_CPU_RDPID, "rdtscp", "rdpid");
+    bool cpu_slow = select_row(s, r, "altpatch_getcpu", X86_FEATURE_RDPID, H_CPU_LIBC,
+                               H_CPU_RDPID, "sched_getcpu()", "rdpid");
     bool tsc_slow = select_row(s, r, "altpatch_rdtsc_ordered", X86_FEATURE_RDTSCP, H_TSC_LFENCE,
                                H_TSC_RDTSCP, "lfence; rdtsc", "rdtscp");
     select_row(s, r, "altpatch_weak_fence", X86_FEATURE_APIC_MSRS_FENCE, H_FENCE_FULL,

@@ -90,21 +90,20 @@ ALTPATCH_PRIMITIVE_ void *altpatch_fs_self(void)
     return p;
 }
 
-/**
- * sched_getcpu(), or 0 where it fails: the original path of altpatch_getcpu(),
- * out of line. glibc answers from the rseq area it registered (a TLS load),
- * else through the vDSO or the getcpu system call, which are right on every
- * x86-64 Linux machine and under valgrind.
- */
-ALTPATCH_API unsigned altpatch_getcpu_fallback(void);
+/* The C library's sched_getcpu(), declared under a name of our own so that
+ * this header needs neither _GNU_SOURCE nor <sched.h> (and cannot clash with
+ * their declaration in C++). */
+extern int altpatch_libc_sched_getcpu_(void) __asm__("sched_getcpu");
 
 /**
  * Number of the CPU this thread runs on. Original `movl $-1, %ecx`
- * (b9 ff ff ff ff): the result 0xffffffff sends the call to
- * altpatch_getcpu_fallback() (sched_getcpu()), correct on every x86-64 Linux
- * machine. Under X86_FEATURE_RDPID `rdpid %rcx` (f3 0f c7 f9) + NOP1 reads
- * TSC_AUX, where Linux stores node << 12 | cpu (the host set claims RDPID only
- * where the instruction executes and TSC_AUX holds this CPU's number).
+ * (b9 ff ff ff ff): the result 0xffffffff calls the C library's
+ * sched_getcpu() instead (glibc reads the cpu_id of its rseq area, else asks
+ * the vDSO or the getcpu system call), correct on every x86-64 Linux machine
+ * and under valgrind; 0 if it fails. Under X86_FEATURE_RDPID `rdpid %rcx`
+ * (f3 0f c7 f9) + NOP1 reads TSC_AUX, where Linux stores node << 12 | cpu (the
+ * host set claims RDPID only where the instruction executes and TSC_AUX holds
+ * this CPU's number).
  * Not `rdtscp`: Linux maintains TSC_AUX only where the CPU enumerates RDTSCP
  * or RDPID, and emulators may not run it. The thread may migrate right after:
  * pin it to rely on the value.
@@ -115,8 +114,10 @@ ALTPATCH_PRIMITIVE_ unsigned altpatch_getcpu(void)
     __asm__ __volatile__(ALTERNATIVE("{movl $-1, %%ecx|mov ecx, -1}", "{rdpid %%rcx|rdpid rcx}",
                                      X86_FEATURE_RDPID)
                          : "=c"(aux));
-    if (__builtin_expect(aux == 0xffffffffu, 0))
-        return altpatch_getcpu_fallback();
+    if (__builtin_expect(aux == 0xffffffffu, 0)) {
+        int cpu = altpatch_libc_sched_getcpu_();
+        return cpu < 0 ? 0u : (unsigned)cpu;
+    }
     return (unsigned)(aux & 0xfff);
 }
 
