@@ -21,7 +21,7 @@ PACKAGES=(
     build-essential cmake pkg-config
     libzydis-dev libelf-dev libcriterion-dev
     clang libclang-rt-14-dev llvm
-    valgrind file binutils
+    valgrind qemu-user file binutils
 )
 JOBS=${JOBS:-$(nproc)}
 CTEST_JOBS=${CTEST_JOBS:-2}
