@@ -94,7 +94,10 @@ if(TARGET altdemo)
     foreach(cpu qemu64 EPYC-Rome-v1 Haswell-v4)
       add_test(NAME qemu_altdemo_${cpu} COMMAND ${QEMU_X86_64_EXECUTABLE} -cpu ${cpu}
         $<TARGET_FILE:altdemo>)
-      set_tests_properties(qemu_altdemo_${cpu} PROPERTIES TIMEOUT 120 LABELS qemu)
+      # Where qemu's helper thread blocks SIGTRAP, apply refuses with -EBUSY
+      # (docs/live.md): nothing to check under that CPU model then.
+      set_tests_properties(qemu_altdemo_${cpu} PROPERTIES TIMEOUT 120 LABELS qemu
+        SKIP_REGULAR_EXPRESSION "altpatch_apply\\(\\) -> -16 ")
     endforeach()
   else()
     message(STATUS "qemu-x86_64 not found (Debian package qemu-user): qemu_altdemo_* not run")

@@ -189,6 +189,13 @@ static void check_qemu(const char *cpu, const char *set)
         cr_skip_test("qemu-x86_64 not installed (Debian package qemu-user)");
     char env[64];
     snprintf(env, sizeof(env), "APFIX_FEATURES=%s", set);
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/apfix_O2", APFIX_DIR);
+    struct run r;
+    run_fixture_in(cpu, path, env, &r);
+    if (strstr(r.out, "altpatch_apply -> -16"))
+        cr_skip_test("under qemu-x86_64 -cpu %s apply refuses with -EBUSY (qemu's helper thread "
+                     "blocks SIGTRAP, docs/live.md)", cpu);
     check_variant_in(cpu, "apfix_O2", "O2", env);
 }
 
