@@ -766,13 +766,27 @@ Test(live, handler_runs_site_while_thread_is_parked_in_the_trap)
  * it between the first int3 and the last write (it would trap with every
  * signal blocked). */
 static volatile int calloc_hook;
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_LIVE_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(TEST_LIVE_ASAN)
+/* Under AddressSanitizer every allocation must come from its allocator (its
+ * free() rejects glibc's blocks): call its calloc, which it exports under
+ * this name beside "calloc". */
+extern void *__interceptor_calloc(size_t n, size_t size);
+#define TEST_LIVE_REAL_CALLOC __interceptor_calloc
+#else
 extern void *__libc_calloc(size_t n, size_t size);
+#define TEST_LIVE_REAL_CALLOC __libc_calloc
+#endif
 
 void *calloc(size_t n, size_t size)
 {
     if (calloc_hook)
         (void)site_pair();
-    return __libc_calloc(n, size);
+    return TEST_LIVE_REAL_CALLOC(n, size);
 }
 
 struct selfcall_res {

@@ -482,6 +482,11 @@ struct ap_range {
     uintptr_t a, e; /* [a, e): a multi-instruction site of the running round */
 };
 static const struct ap_range *ap_hs_rng; /* sorted; published for the handshake */
+/* Buffers ap_hs_rng pointed to before: they stay allocated (a late handler
+ * may still read one) and reachable. Each new buffer at least doubles the
+ * capacity, so 64 slots hold every buffer an address space can have. */
+static struct ap_range *ap_hs_rng_retired[64];
+static size_t ap_hs_nretired;
 static size_t ap_hs_nrng;
 /*
  * Our own handlers mark their frames (uc_link, which sigreturn ignores): a
@@ -1227,7 +1232,9 @@ static int ap_ranges_prepare(const struct ap_round *r)
         if (!nb)
             return -ENOMEM;
         cap = k > 2 * cap ? k : 2 * cap;
-        buf = nb; /* the old buffer leaks on purpose */
+        if (buf)
+            ap_hs_rng_retired[ap_hs_nretired++] = buf;
+        buf = nb;
     }
     k = 0;
     for (size_t i = 0; i < r->n; i++)
