@@ -21,7 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "host.h"
 
 #ifndef ALTDUMP_BIN
 Test(altdump, not_built)

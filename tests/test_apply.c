@@ -26,7 +26,7 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
-#include "internal.h"
+#include "host.h"
 
 /* ---- the sites ------------------------------------------------------------
  * Each function's body is its site, first thing after any prologue; the site

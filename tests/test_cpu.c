@@ -17,7 +17,7 @@
 #include <sys/auxv.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "host.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)

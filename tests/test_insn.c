@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "ap_hex.h"
-#include "internal.h"
+#include "pure.h"
 
 
 /* Decode @h fully; assert success and whole-buffer length. */

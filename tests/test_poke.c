@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "ap_isolate.h"
-#include "internal.h"
+#include "host.h"
 
 #ifndef PR_SET_MDWE
 #define PR_SET_MDWE 65

@@ -28,10 +28,7 @@
  * Original site bytes are saved when a module is first seen: later applies
  * plan from them even when memory already holds a replacement.
  */
-#include "internal.h"
-#include "elfsec.h"
-#include "prepatch.h"
-#include "view.h"
+#include "host.h"
 
 #include <elf.h>
 #include <errno.h>
