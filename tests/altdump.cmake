@@ -69,7 +69,7 @@ foreach(k "61;12;6.1.0-99-test;" "612;14;6.12.99+test;" "nover;14;x;-DNOVERSION=
   list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/kernel${kname}.o ${AD_FIX}/kernel${kname}.elf)
 endforeach()
 
-# --- Corrupt-record fixtures of testdata/ (engineer "fixtures"), rebuilt here
+# --- Corrupt-record fixtures of testdata/, rebuilt here
 # so that this test does not depend on their target names.
 set(AD_HAVE_CORRUPT 0)
 if(EXISTS ${PROJECT_SOURCE_DIR}/testdata/corrupt.S AND

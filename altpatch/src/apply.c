@@ -204,12 +204,12 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         for (size_t i = 0; i < m->nsites; i++)
             bytes += m->sites[i].len;
     }
-    /* perf: malloc, not calloc: every item is written whole below (one pass, not two) */
+    /* malloc, not calloc: every item is written whole below (one pass, not two) */
     r->work = malloc((n ? n : 1) * sizeof(*r->work));
     r->arena = malloc(bytes ? bytes : 1);
     if (!r->work || !r->arena)
         return -ENOMEM;
-    struct ap_memo memo; /* perf: plans of identical sites, this apply only */
+    struct ap_memo memo; /* plans of identical sites, this apply only */
     ap_memo_init(&memo, fs);
     bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
@@ -237,7 +237,7 @@ static int ap_cmp_write(const void *a, const void *b)
 /** Build the batch (sorted by address; work order is per module, modules interleave). */
 static int ap_batch(struct ap_run *r)
 {
-    /* perf: malloc: only the first nwrites entries are written and read */
+    /* malloc: only the first nwrites entries are written and read */
     r->writes = malloc((r->nwork ? r->nwork : 1) * sizeof(*r->writes));
     r->wmap = malloc((r->nwork ? r->nwork : 1) * sizeof(*r->wmap));
     if (!r->writes || !r->wmap)
@@ -251,7 +251,7 @@ static int ap_batch(struct ap_run *r)
             .addr = (uintptr_t)wk->m->sites[wk->idx].addr, .old = wk->old,
             .new = wk->target, .len = wk->m->sites[wk->idx].len, .result = (int)i};
     }
-    /* perf: sites come in table order, usually sorted already: check before sorting */
+    /* sites come in table order, usually sorted already: check before sorting */
     bool sorted = true;
     for (size_t i = 1; i < r->nwrites && sorted; i++)
         sorted = r->writes[i - 1].addr < r->writes[i].addr;
@@ -309,8 +309,8 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
     st->bytes_written = r->pst.bytes;
     st->pages_written = r->pst.pages;
     st->syscalls = r->pst.syscalls;
-    st->mprotect_windows = r->pst.mprotect_writes; /* live */
-    st->procmem_writes = r->pst.procmem_writes;    /* live */
+    st->mprotect_windows = r->pst.mprotect_writes;
+    st->procmem_writes = r->pst.procmem_writes;
 }
 
 static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, bool live,
@@ -327,7 +327,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
                       ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0);
-        /* live: other threads may run the sites (docs/live.md) */
+        /* other threads may run the sites (docs/live.md) */
         err = live ? ap_live_poke(r.writes, r.nwrites, &r.pst)
                    : ap_poke(r.writes, r.nwrites, pf, &r.pst);
         st->live = live;
@@ -385,7 +385,7 @@ static int ap_read_opts(const struct altpatch_apply_opts *in, struct altpatch_ap
         return -EINVAL;
     if ((out->flags & ALTPATCH_APPLY_PROCMEM_ONLY) && (out->flags & ALTPATCH_APPLY_NO_PROCMEM))
         return -EINVAL;
-    /* live: the live protocol writes through /proc/self/mem only */
+    /* the live protocol writes through /proc/self/mem only */
     if ((out->flags & ALTPATCH_APPLY_LIVE) &&
         (out->flags & (ALTPATCH_APPLY_NO_LIVE | ALTPATCH_APPLY_NO_PROCMEM)))
         return -EINVAL;
@@ -394,7 +394,7 @@ static int ap_read_opts(const struct altpatch_apply_opts *in, struct altpatch_ap
 
 /**
  * Whether the writes must use the live protocol (*live): asked for, or other
- * threads run (live: docs/live.md). 0, or -EBUSY when other threads run and
+ * threads run (docs/live.md). 0, or -EBUSY when other threads run and
  * live patching is refused (ALTPATCH_APPLY_NO_LIVE) or not possible.
  */
 static int ap_check_threads(unsigned flags, bool *live)
@@ -433,7 +433,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     pthread_mutex_lock(&ap_lock);
     ap_in = AP_IN_LOCKED;
     uint64_t t0 = ap_now_ns();
-    bool live = false; /* live */
+    bool live = false; /* other threads run: the live protocol writes */
     struct altpatch_stats st = {.sz = sizeof(st)};
     if (ap_env_on("ALTPATCH_OFF")) {
         ap_log(ALTPATCH_INFO, "ALTPATCH_OFF is set: nothing patched\n");

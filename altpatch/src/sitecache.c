@@ -28,7 +28,7 @@ const uint8_t *ap_plan_cached(struct ap_module *m, size_t i,
         out->detail[0] = '\0';
         return m->cache_final + off;
     }
-    /* perf: the planner through this apply's memo (memo.c): identical sites planned once */
+    /* the planner through this apply's memo (memo.c): identical sites planned once */
     ap_memo_plan(memo, &m->view, &m->sites[i], m->entries, orig, fs, out);
     if (orig && out->reason == ALTPATCH_REASON_NONE) {
         m->cache_chosen[i] = (int32_t)out->chosen;
