@@ -315,6 +315,11 @@ AP_HIDDEN size_t ap_nop_fold(uint8_t *buf, size_t len);
 /* Relocation (reloc.c)                                                      */
 /* ------------------------------------------------------------------------- */
 
+/** Does @p v fit a signed relative field of @p size bytes (1, 2 or 4)? */
+AP_HIDDEN bool ap_rel_fits(int64_t v, unsigned size);
+/** Store the low @p size bytes of @p v at @p p, little-endian. */
+AP_HIDDEN void ap_rel_store(uint8_t *p, int64_t v, unsigned size);
+
 /**
  * @p buf holds @p len bytes of code assembled to run at @p src; they will run
  * at @p dst. Rewrite each relative field whose target lies outside
@@ -326,11 +331,6 @@ AP_HIDDEN size_t ap_nop_fold(uint8_t *buf, size_t len);
  * On refusal @p buf may be partly rewritten; @p detail (may be NULL) says
  * which instruction and why.
  */
-/** Does @p v fit a signed relative field of @p size bytes (1, 2 or 4)? */
-AP_HIDDEN bool ap_rel_fits(int64_t v, unsigned size);
-/** Store the low @p size bytes of @p v at @p p, little-endian. */
-AP_HIDDEN void ap_rel_store(uint8_t *p, int64_t v, unsigned size);
-
 AP_HIDDEN int ap_reloc(uint8_t *buf, size_t len, uint64_t src, uint64_t dst, char *detail,
                        size_t detailsz);
 
