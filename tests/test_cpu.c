@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cpu.c: kernel numbering, names, sets and edits, profiles, host detection
+ * features.c and cpu.c: kernel numbering, names, sets and edits, profiles, host detection
  * (against /proc/cpuinfo, AT_HWCAP2, XCR0, and by executing instructions the
  * host set claims), ALTPATCH_CLEARCPUID.
  */
