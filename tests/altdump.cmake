@@ -69,7 +69,7 @@ foreach(k "61;12;6.1.0-99-test;" "612;14;6.12.99+test;" "nover;14;x;-DNOVERSION=
   list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/kernel${kname}.o ${AD_FIX}/kernel${kname}.elf)
 endforeach()
 
-# --- Corrupt-record fixtures of testdata/ (engineer "fixtures"), rebuilt here
+# --- Corrupt-record fixtures of testdata/, rebuilt here
 # so that this test does not depend on their target names.
 set(AD_HAVE_CORRUPT 0)
 if(EXISTS ${PROJECT_SOURCE_DIR}/testdata/corrupt.S AND
@@ -142,10 +142,11 @@ if(AD_FUZZ_OK)
     COMMAND ${ALTDUMP_CLANG} -std=gnu11 -g -O1 -D_GNU_SOURCE
       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
       -I${PROJECT_SOURCE_DIR}/altpatch/include -I${PROJECT_SOURCE_DIR}/altpatch/src
-      -I${PROJECT_SOURCE_DIR}/tools/altdump
+      -I${ALTPATCH_GEN_DIR} -I${PROJECT_SOURCE_DIR}/tools/altdump
       ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}
       -o ${fuzz_bin} $<TARGET_FILE:Zydis::Zydis> ${AD_ZYCORE} -lelf -ldl -lpthread
     DEPENDS ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}
+            altpatch_features_inc
     COMMENT "Building the altdump fuzz harness with clang (libFuzzer, ASan, UBSan)" VERBATIM)
   add_custom_target(altdump_fuzz DEPENDS ${fuzz_bin})
   add_test(NAME altdump_fuzz_build

@@ -36,7 +36,7 @@ add_test(NAME static_clash COMMAND static_clash)
 set_tests_properties(static_clash PROPERTIES LABELS "install" TIMEOUT 60
   PASS_REGULAR_EXPRESSION "static_clash: OK")
 
-# The suite "once under valgrind" (issue 5): tests/fixtures.cmake runs the
+# The suite once under valgrind: tests/fixtures.cmake runs the
 # primitive/module/corrupt tests there; these are the remaining unit tests
 # that can run under valgrind (not: live patching and the races, which
 # valgrind does not support; the set-uid AT_SECURE test; tests that spawn the

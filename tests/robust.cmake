@@ -1,4 +1,4 @@
-# Wiring of the robustness tests (owner: engineer "fixer").
+# Wiring of the robustness tests.
 #   test_race   applies racing dlopen/dlclose of libapfix_dl.so
 if(TARGET test_race)
   add_dependencies(test_race apfix_dl)

@@ -21,7 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "host.h"
 
 #ifndef ALTDUMP_BIN
 Test(altdump, not_built)
@@ -139,7 +139,7 @@ static void write_file(const char *path, const void *b, size_t len)
 
 /*
  * Drop the "features" array of the "cpu" object: it lists every feature of
- * the profile (cpu.c's tables), which is not altdump's output to pin down;
+ * the profile (features.c's tables), which is not altdump's output to pin down;
  * the decisions in the goldens still depend on the profiles.
  */
 static void strip_features(char *s)

@@ -26,7 +26,7 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
-#include "internal.h"
+#include "host.h"
 
 /* ---- the sites ------------------------------------------------------------
  * Each function's body is its site, first thing after any prologue; the site
@@ -833,7 +833,7 @@ static void thread_body(void *out, void *ctx)
     pthread_t t;
     if (pipe(g_pipe) || pthread_create(&t, NULL, waiter, NULL))
         _exit(3);
-    r->busy_rc = apply_with(f, ALTPATCH_APPLY_NO_LIVE); /* live: the -EBUSY policy */
+    r->busy_rc = apply_with(f, ALTPATCH_APPLY_NO_LIVE); /* the -EBUSY policy */
     r->busy_value = site_always();
     r->dry_rc = apply_with(f, ALTPATCH_APPLY_DRY_RUN);
     if (write(g_pipe[1], "x", 1) != 1)
@@ -860,6 +860,6 @@ Test(apply, busy_in_criterion_process)
 {
     /* The test process itself has Criterion's second thread. */
     altpatch_set_print(silent);
-    cr_assert_eq(apply_with(NULL, ALTPATCH_APPLY_NO_LIVE), -EBUSY); /* live: else patched live */
+    cr_assert_eq(apply_with(NULL, ALTPATCH_APPLY_NO_LIVE), -EBUSY); /* else patched live */
     cr_assert_eq(site_always(), 1);
 }

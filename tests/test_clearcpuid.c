@@ -15,7 +15,7 @@
 
 #include "ap_isolate.h"
 #include "ap_warnlog.h"
-#include "internal.h"
+#include "host.h"
 
 static __attribute__((noinline)) int site_always(void)
 {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cpu.c: kernel numbering, names, sets and edits, profiles, host detection
+ * features.c and cpu.c: kernel numbering, names, sets and edits, profiles, host detection
  * (against /proc/cpuinfo, AT_HWCAP2, XCR0, and by executing instructions the
  * host set claims), ALTPATCH_CLEARCPUID.
  */
@@ -17,7 +17,7 @@
 #include <sys/auxv.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "host.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)

@@ -16,7 +16,7 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
-#include "internal.h"
+#include "host.h"
 
 /* ---- planner: unknown flag bits ------------------------------------------ */
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Hostile input and hostile systems (issue 5 sections 2 and 3; docs/hardening.md).
+ * Hostile input and hostile systems (docs/hardening.md).
  *
  *  - records: the libaphost_*.so modules (testdata/hostile/) carry the kinds of
  *    corrupt records and lying notes that tests/test_corrupt.c does not; each

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "ap_hex.h"
-#include "internal.h"
+#include "pure.h"
 
 
 /* Decode @h fully; assert success and whole-buffer length. */
@@ -43,6 +43,22 @@ Test(insn, plain_lengths)
     cr_assert_not(dec("48 b8 01 02 03 04 05 06 07 08").has_rel); /* movabs */
     cr_assert(dec("cc").is_int3);
     cr_assert_not(dec("90").is_int3);
+}
+
+Test(insn, calls_of_every_form)
+{
+    cr_assert(dec("e8 10 00 00 00").is_call);         /* call rel32 */
+    cr_assert(dec("ff d0").is_call);                  /* call *%rax */
+    cr_assert(dec("41 ff d3").is_call);               /* call *%r11 */
+    cr_assert(dec("ff 15 00 10 00 00").is_call);      /* call *0x1000(%rip) */
+    cr_assert(dec("ff 14 24").is_call);               /* call *(%rsp) */
+    cr_assert(dec("3e ff d0").is_call);               /* notrack call *%rax */
+    cr_assert(dec("ff 1c 24").is_call);               /* lcall *(%rsp): far, indirect */
+    cr_assert_not(dec("e9 10 00 00 00").is_call);     /* jmp rel32 */
+    cr_assert_not(dec("ff e0").is_call);              /* jmp *%rax */
+    cr_assert_not(dec("c3").is_call);                 /* ret */
+    cr_assert_not(dec("90").is_call);
+    cr_assert_not(dec("0f 1f 44 00 00").is_call);     /* nopl */
 }
 
 Test(insn, branch_immediates)

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "ap_hex.h"
-#include "internal.h"
+#include "plan.h"
 
 #define TEXT0 0x400000ull
 #define TEXT1 0x7f0000000000ull /* far from REPL: relocations overflow here */

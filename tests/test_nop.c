@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "ap_hex.h"
-#include "internal.h"
+#include "pure.h"
 
 
 

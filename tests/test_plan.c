@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "ap_hex.h"
-#include "internal.h"
+#include "plan.h"
 
 #define TEXT 0x401000ull
 #define REPL 0x402000ull

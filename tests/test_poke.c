@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "ap_isolate.h"
-#include "internal.h"
+#include "host.h"
 
 #ifndef PR_SET_MDWE
 #define PR_SET_MDWE 65
@@ -363,4 +363,36 @@ Test(poke, window_routine_calls_nothing)
     }
     cr_assert_geq(nsyscall, 2, "mprotect RW and back are raw syscalls");
     cr_assert_gt(ninsn, 10);
+}
+
+/* The two writers' shared rules (writer.c), on plain data. */
+Test(poke, pending_rule_and_page_count)
+{
+    static uint8_t mem[3] = {1, 2, 3};
+    static const uint8_t old[3] = {1, 2, 3}, new[3] = {4, 5, 6}, other[3] = {7, 8, 9};
+    struct ap_write w = {.addr = (uintptr_t)mem, .old = old, .new = new, .len = 3,
+                         .result = 99, .wrote = true};
+    cr_assert(ap_write_pending(&w));
+    cr_assert_eq(w.result, ALTPATCH_REASON_NONE);
+    cr_assert_not(w.wrote);
+    w.new = old; /* memory already holds the new bytes */
+    cr_assert_not(ap_write_pending(&w));
+    cr_assert_eq(w.result, ALTPATCH_REASON_NONE);
+    w.new = new;
+    w.old = other; /* memory holds neither */
+    cr_assert_not(ap_write_pending(&w));
+    cr_assert_eq(w.result, ALTPATCH_REASON_MEM_MISMATCH);
+    w.len = 0;
+    cr_assert_not(ap_write_pending(&w));
+
+    /* pages: 0x1000-page writes at 0xff0 (2 pages), 0x1800 (same page), 0x5000 */
+    struct ap_write v[4] = {
+        {.addr = 0xff0, .len = 0x20, .wrote = true},
+        {.addr = 0x1800, .len = 4, .wrote = true},
+        {.addr = 0x3000, .len = 4, .wrote = false},
+        {.addr = 0x5000, .len = 0x1000, .wrote = true},
+    };
+    cr_assert_eq(ap_pages_written(v, 4, 0x1000), 3);
+    cr_assert_eq(ap_pages_written(v, 2, 0x1000), 2);
+    cr_assert_eq(ap_pages_written(v, 0, 0x1000), 0);
 }

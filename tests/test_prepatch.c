@@ -637,7 +637,7 @@ Test(prepatch, altdump_check_finds_wrong_plan)
 /* The .altpatch.orig record itself (prepatch.c)                             */
 /* ------------------------------------------------------------------------- */
 
-#include "prepatch.h"
+#include "pure.h"
 
 /* A record of two sites (3 and 5 bytes); returns its length. */
 static size_t two_sites(uint8_t *b)

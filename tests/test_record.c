@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "pure.h"
 
 static void put32(uint8_t *p, uint32_t v)
 {

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "ap_hex.h"
-#include "internal.h"
+#include "pure.h"
 
 
 

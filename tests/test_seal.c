@@ -17,7 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "host.h"
 
 #ifndef SYS_mseal
 #define SYS_mseal 462 /* x86-64 */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * altpatch_apply(): orchestration, stats, logging.
+ * altpatch_apply(): orchestration and stats.
  *
  *   lock -> ALTPATCH_OFF? -> threads? -> modules (module.c) -> features
  *     -> per site: plan (plan.c) -> decide against memory -> one batch of
@@ -16,7 +16,7 @@
  *                                         it; refused, nothing written
  * One global mutex serializes apply, get_stats and site_foreach.
  */
-#include "internal.h"
+#include "apply.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -74,14 +74,14 @@ static pthread_mutex_t ap_gate_mx = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ap_gate_cv = PTHREAD_COND_INITIALIZER;
 static unsigned ap_gate_in; /* threads taking or releasing pins */
 
-static void ap_gate_enter(void)
+void ap_gate_enter(void)
 {
     pthread_mutex_lock(&ap_gate_mx);
     ap_gate_in++;
     pthread_mutex_unlock(&ap_gate_mx);
 }
 
-static void ap_gate_leave(void)
+void ap_gate_leave(void)
 {
     pthread_mutex_lock(&ap_gate_mx);
     if (--ap_gate_in == 0)
@@ -123,105 +123,6 @@ __attribute__((constructor)) static void ap_atfork_register(void)
 }
 
 /* ------------------------------------------------------------------------- */
-/* Small helpers: version, environment, clock, reasons                       */
-/* ------------------------------------------------------------------------- */
-
-#define AP_XSTR(x) #x
-#define AP_VSTR(a, b, c) AP_XSTR(a) "." AP_XSTR(b) "." AP_XSTR(c)
-
-const char *altpatch_version(void)
-{
-    return AP_VSTR(ALTPATCH_VERSION_MAJOR, ALTPATCH_VERSION_MINOR, ALTPATCH_VERSION_PATCH);
-}
-
-const char *ap_getenv(const char *name)
-{
-    if (getauxval(AT_SECURE))
-        return NULL;
-    return getenv(name);
-}
-
-/** An environment switch: set, non-empty and not "0". */
-static bool ap_env_on(const char *name)
-{
-    const char *v = ap_getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
-
-uint64_t ap_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static const char *const ap_reason_text[ALTPATCH_REASON__COUNT] = {
-    [ALTPATCH_REASON_NONE] = "no refusal",
-    [ALTPATCH_REASON_BAD_TABLE] = "bad record table",
-    [ALTPATCH_REASON_BAD_VERSION] = "unknown record format version",
-    [ALTPATCH_REASON_SITE_BOUNDS] = "site outside the module's executable sections",
-    [ALTPATCH_REASON_REPL_BOUNDS] = "replacement outside altinstr_replacement",
-    [ALTPATCH_REASON_REPL_TOO_LONG] = "replacement longer than the site",
-    [ALTPATCH_REASON_EMPTY_SITE] = "empty site",
-    [ALTPATCH_REASON_SITE_OVERLAP] = "site overlaps another site",
-    [ALTPATCH_REASON_ORIG_UNDECODABLE] = "original instruction does not decode",
-    [ALTPATCH_REASON_ORIG_CROSSES_END] = "original instruction runs past the site end",
-    [ALTPATCH_REASON_REPL_UNDECODABLE] = "replacement instruction does not decode",
-    [ALTPATCH_REASON_REPL_CROSSES_END] = "replacement instruction runs past its end",
-    [ALTPATCH_REASON_UNKNOWN_FEATURE] = "unknown feature id",
-    [ALTPATCH_REASON_RELOC_OVERFLOW] = "relative operand does not fit after relocation",
-    [ALTPATCH_REASON_MEM_MISMATCH] = "memory holds neither the original nor the planned bytes",
-    [ALTPATCH_REASON_WRITE_DENIED] = "write denied (mprotect and /proc/self/mem)",
-    /* live: begin */
-    [ALTPATCH_REASON_LIVE_CALL_INSIDE] = "not live-patchable: a call inside the site",
-    [ALTPATCH_REASON_LIVE_THREAD_INSIDE] = "live: a thread stayed inside the site",
-    [ALTPATCH_REASON_LIVE_NO_ANSWER] = "live: a thread did not answer the handshake",
-    /* live: end */
-    [ALTPATCH_REASON_UNKNOWN_FLAGS] = "unknown record flags",
-};
-
-const char *altpatch_strreason(int reason)
-{
-    if (reason < 0 || reason >= ALTPATCH_REASON__COUNT || !ap_reason_text[reason])
-        return "unknown reason";
-    return ap_reason_text[reason];
-}
-
-/* ------------------------------------------------------------------------- */
-/* Logging                                                                   */
-/* ------------------------------------------------------------------------- */
-
-static int ap_default_print(enum altpatch_print_level level, const char *fmt, va_list ap)
-{
-    if (level != ALTPATCH_WARN && !ap_env_on("ALTPATCH_DEBUG"))
-        return 0;
-    return vfprintf(stderr, fmt, ap);
-}
-
-static altpatch_print_fn ap_print = ap_default_print;
-
-altpatch_print_fn altpatch_set_print(altpatch_print_fn fn)
-{
-    return __atomic_exchange_n(&ap_print, fn, __ATOMIC_ACQ_REL);
-}
-
-void ap_log(enum altpatch_print_level level, const char *fmt, ...)
-{
-    altpatch_print_fn fn = __atomic_load_n(&ap_print, __ATOMIC_ACQUIRE);
-    if (!fn)
-        return;
-    /* Every message starts with "altpatch: ", whatever the callback. */
-    char prefixed[256];
-    const char *f = fmt;
-    if (snprintf(prefixed, sizeof(prefixed), "altpatch: %s", fmt) < (int)sizeof(prefixed))
-        f = prefixed;
-    va_list ap;
-    va_start(ap, fmt);
-    fn(level, f, ap);
-    va_end(ap);
-}
-
-/* ------------------------------------------------------------------------- */
 /* Threads                                                                   */
 /* ------------------------------------------------------------------------- */
 
@@ -239,171 +140,9 @@ static long ap_count_threads(void)
 }
 
 /* ------------------------------------------------------------------------- */
-/* Pinning modules                                                           */
-/* ------------------------------------------------------------------------- */
-
-/*
- * The module list describes what dl_iterate_phdr() saw; once the walk returns
- * another thread may dlclose() a library and unmap its site and replacement
- * bytes. Every loaded library is therefore pinned with dlopen(path,
- * RTLD_NOLOAD) for the duration of an apply or a site walk, and released at
- * the end; a module of the list that is not pinned (unloaded meanwhile, or a
- * new copy at another address, or loaded after the pins were taken) is
- * skipped this time. The main program (empty path) cannot be unloaded. A
- * library loaded with dlmopen() into another namespace is not found by name
- * and is skipped too.
- *
- * The pins are taken BEFORE ap_lock and released AFTER it: dlopen() takes the
- * loader's lock, which a thread running a library constructor holds; if that
- * constructor calls altpatch_apply() while we held ap_lock and waited for the
- * loader, both would wait forever.
- */
-struct ap_pins {
-    void **h;
-    uintptr_t *base;
-    char **name;
-    size_t n, cap;
-};
-
-static int ap_pins_collect(struct dl_phdr_info *info, size_t size, void *data)
-{
-    struct ap_pins *p = data;
-    (void)size;
-    if (!info->dlpi_name || !info->dlpi_name[0])
-        return 0;
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 32;
-        char **nn = realloc(p->name, cap * sizeof(*nn));
-        if (!nn)
-            return 1;
-        p->name = nn;
-        p->cap = cap;
-    }
-    if (!(p->name[p->n] = strdup(info->dlpi_name)))
-        return 1;
-    p->n++;
-    return 0;
-}
-
-/** Pin every loaded library (never called with ap_lock held). */
-static void ap_pins_take(struct ap_pins *p)
-{
-    ap_gate_enter(); /* see ap_gate_mx */
-    *p = (struct ap_pins){0};
-    dl_iterate_phdr(ap_pins_collect, p); /* dlopen() is not allowed inside the walk */
-    p->h = calloc(p->n ? p->n : 1, sizeof(*p->h));
-    p->base = calloc(p->n ? p->n : 1, sizeof(*p->base));
-    for (size_t i = 0; p->h && p->base && i < p->n; i++) {
-        void *h = dlopen(p->name[i], RTLD_NOLOAD | RTLD_LAZY);
-        struct link_map *lm = NULL;
-        if (h && dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm) {
-            p->h[i] = h;
-            p->base[i] = lm->l_addr;
-        } else if (h) {
-            dlclose(h);
-        }
-    }
-    ap_gate_leave();
-}
-
-/** Release the pins (a library dlclose'd meanwhile is unmapped here). */
-static void ap_pins_release(struct ap_pins *p)
-{
-    ap_gate_enter();
-    for (size_t i = 0; i < p->n; i++) {
-        if (p->h && p->h[i])
-            dlclose(p->h[i]);
-        free(p->name[i]);
-    }
-    free(p->h);
-    free(p->base);
-    free(p->name);
-    *p = (struct ap_pins){0};
-    ap_gate_leave();
-}
-
-/** Mark the modules of @p list that @p p does not pin as gone (skipped). */
-static void ap_pin(struct ap_module *list, const struct ap_pins *p)
-{
-    for (struct ap_module *m = list; m; m = m->next) {
-        m->pin = NULL;
-        m->gone = m->path[0] != '\0';
-        for (size_t i = 0; m->gone && p->h && i < p->n; i++) {
-            if (p->h[i] && p->base[i] == m->base && strcmp(p->name[i], m->path) == 0) {
-                m->pin = p->h[i];
-                m->gone = false;
-            }
-        }
-        if (m->gone)
-            ap_log(ALTPATCH_DEBUG, "%s: unloaded or loaded while applying: skipped\n",
-                   m->path);
-    }
-}
-
-/** Forget the pins held by the list (ap_pins_release() drops them). */
-static void ap_unpin(struct ap_module *list)
-{
-    for (struct ap_module *m = list; m; m = m->next)
-        m->pin = NULL;
-}
-
-/* ------------------------------------------------------------------------- */
 /* Deciding one site                                                         */
 /* ------------------------------------------------------------------------- */
 
-enum ap_action { AP_ACT_UNCHANGED, AP_ACT_WRITE, AP_ACT_REFUSED };
-
-/** One site of one apply (kept small: applies of 10^5..10^6 sites keep them all). */
-struct ap_work {
-    struct ap_module *m;
-    size_t idx;
-    const uint8_t *orig;    /* saved original, NULL when outside the text */
-    const uint8_t *cur;     /* live memory, NULL when outside the text */
-    const uint8_t *old;     /* what memory holds, for the writer */
-    uint8_t *target;        /* the bytes memory must hold (in the run's arena) */
-    char *detail;           /* the planner's detail of a refusal (malloc'ed), or NULL */
-    int chosen;             /* entry memory will hold; -1 = original */
-    int reason;             /* refusal, or NONE */
-    enum ap_action action;
-};
-
-/**
- * The plan of site @p i: from the module's cache when it holds one for this
- * feature set, else from the planner (and then cached if accepted). Fills
- * out->reason, chosen and detail; returns the final bytes (valid while @p out
- * and the module live).
- */
-static const uint8_t *ap_plan_cached(struct ap_module *m, size_t i,
-                                     const struct altpatch_features *fs, struct ap_memo *memo,
-                                     struct ap_plan *out)
-{
-    size_t off = m->orig_off[i];
-    const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
-    if (orig && m->cache_chosen[i] != AP_NOT_CACHED) {
-        out->reason = ALTPATCH_REASON_NONE;
-        out->chosen = m->cache_chosen[i];
-        out->detail[0] = '\0';
-        return m->cache_final + off;
-    }
-    /* perf: the planner through this apply's memo (memo.c): identical sites planned once */
-    ap_memo_plan(memo, &m->view, &m->sites[i], m->entries, orig, fs, out);
-    if (orig && out->reason == ALTPATCH_REASON_NONE) {
-        m->cache_chosen[i] = (int32_t)out->chosen;
-        memcpy(m->cache_final + off, out->final, m->sites[i].len);
-    }
-    return out->final;
-}
-
-/** Forget a module's cached plans unless they were made for @p fs. */
-static void ap_cache_check(struct ap_module *m, const struct altpatch_features *fs)
-{
-    if (m->cache_valid && memcmp(&m->cache_fs, fs, sizeof(*fs)) == 0)
-        return;
-    for (size_t i = 0; i < m->nsites; i++)
-        m->cache_chosen[i] = AP_NOT_CACHED;
-    m->cache_fs = *fs;
-    m->cache_valid = true;
-}
 
 static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs,
                       struct ap_memo *memo, unsigned flags)
@@ -442,80 +181,6 @@ static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs,
 }
 
 /* ------------------------------------------------------------------------- */
-/* Debug output                                                              */
-/* ------------------------------------------------------------------------- */
-
-static void ap_hex(char *out, size_t outsz, const uint8_t *p, size_t len)
-{
-    size_t o = 0;
-    out[0] = '\0';
-    for (size_t i = 0; i < len && o + 4 < outsz; i++)
-        o += (size_t)snprintf(out + o, outsz - o, i ? " %02x" : "%02x", p[i]);
-}
-
-/** "symbol+0xoff" (dladdr), else "module+0xoff". */
-static void ap_symbolize(char *out, size_t outsz, const struct ap_module *m, uint64_t addr)
-{
-    Dl_info di;
-    if (dladdr((void *)(uintptr_t)addr, &di) && di.dli_sname && di.dli_saddr) {
-        snprintf(out, outsz, "%s+0x%lx", di.dli_sname,
-                 (unsigned long)(addr - (uintptr_t)di.dli_saddr));
-        return;
-    }
-    const char *name = m->path[0] ? m->path : program_invocation_short_name;
-    const char *slash = strrchr(name, '/');
-    snprintf(out, outsz, "%s+0x%lx", slash ? slash + 1 : name, (unsigned long)(addr - m->base));
-}
-
-static void ap_debug_entry(const struct ap_entry *e, const char *sym)
-{
-    const char *name = altpatch_feature_name(e->feature);
-    ap_log(ALTPATCH_DEBUG,
-           "feat: %s%u*32+%u (%s), old: (%s (0x%lx) len: %u), repl: (0x%lx, len: %u) "
-           "flags: 0x%x\n",
-           (e->flags & ALT_FLAG_NOT) ? "!" : "", e->feature / 32, e->feature % 32,
-           name ? name : "?", sym, (unsigned long)e->site, e->instrlen, (unsigned long)e->repl,
-           e->repllen, e->flags);
-}
-
-/** One block per site, in the style of the kernel's debug-alternative. */
-static void ap_debug_site(const struct ap_work *wk)
-{
-    const struct ap_site *s = &wk->m->sites[wk->idx];
-    char sym[192], hex[AP_MAX_SITE * 3 + 1];
-    unsigned long a = (unsigned long)s->addr;
-    ap_symbolize(sym, sizeof(sym), wk->m, s->addr);
-    for (uint32_t k = 0; k < s->count; k++)
-        ap_debug_entry(&wk->m->entries[s->first + k], sym);
-    if (s->count > 1) {
-        if (wk->chosen >= 0)
-            ap_log(ALTPATCH_DEBUG, "0x%lx: chosen: entry %d of %u\n", a, wk->chosen, s->count);
-        else
-            ap_log(ALTPATCH_DEBUG, "0x%lx: chosen: original\n", a);
-    }
-    if (wk->reason)
-        ap_log(ALTPATCH_DEBUG, "0x%lx: refused: %s%s%s\n", a, altpatch_strreason(wk->reason),
-               wk->detail ? ": " : "", wk->detail ? wk->detail : "");
-    if (!wk->orig)
-        return;
-    ap_hex(hex, sizeof(hex), wk->orig, s->len);
-    ap_log(ALTPATCH_DEBUG, "0x%lx:   old_insn: %s\n", a, hex);
-    ap_hex(hex, sizeof(hex), wk->action == AP_ACT_REFUSED ? wk->cur : wk->target, s->len);
-    ap_log(ALTPATCH_DEBUG, "0x%lx: final_insn: %s\n", a, hex);
-}
-
-/** One WARN line when a site becomes refused (not again while the reason stays). */
-static void ap_warn_refusal(const struct ap_work *wk)
-{
-    const struct ap_site *s = &wk->m->sites[wk->idx];
-    char sym[192];
-    ap_symbolize(sym, sizeof(sym), wk->m, s->addr);
-    ap_log(ALTPATCH_WARN, "site %s (0x%lx) refused: %s%s%s\n", sym, (unsigned long)s->addr,
-           altpatch_strreason(wk->reason), wk->detail ? ": " : "",
-           wk->detail ? wk->detail : "");
-}
-
-/* ------------------------------------------------------------------------- */
 /* One apply                                                                 */
 /* ------------------------------------------------------------------------- */
 
@@ -539,12 +204,12 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         for (size_t i = 0; i < m->nsites; i++)
             bytes += m->sites[i].len;
     }
-    /* perf: malloc, not calloc: every item is written whole below (one pass, not two) */
+    /* malloc, not calloc: every item is written whole below (one pass, not two) */
     r->work = malloc((n ? n : 1) * sizeof(*r->work));
     r->arena = malloc(bytes ? bytes : 1);
     if (!r->work || !r->arena)
         return -ENOMEM;
-    struct ap_memo memo; /* perf: plans of identical sites, this apply only */
+    struct ap_memo memo; /* plans of identical sites, this apply only */
     ap_memo_init(&memo, fs);
     bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
@@ -572,7 +237,7 @@ static int ap_cmp_write(const void *a, const void *b)
 /** Build the batch (sorted by address; work order is per module, modules interleave). */
 static int ap_batch(struct ap_run *r)
 {
-    /* perf: malloc: only the first nwrites entries are written and read */
+    /* malloc: only the first nwrites entries are written and read */
     r->writes = malloc((r->nwork ? r->nwork : 1) * sizeof(*r->writes));
     r->wmap = malloc((r->nwork ? r->nwork : 1) * sizeof(*r->wmap));
     if (!r->writes || !r->wmap)
@@ -586,7 +251,7 @@ static int ap_batch(struct ap_run *r)
             .addr = (uintptr_t)wk->m->sites[wk->idx].addr, .old = wk->old,
             .new = wk->target, .len = wk->m->sites[wk->idx].len, .result = (int)i};
     }
-    /* perf: sites come in table order, usually sorted already: check before sorting */
+    /* sites come in table order, usually sorted already: check before sorting */
     bool sorted = true;
     for (size_t i = 1; i < r->nwrites && sorted; i++)
         sorted = r->writes[i - 1].addr < r->writes[i].addr;
@@ -644,8 +309,8 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
     st->bytes_written = r->pst.bytes;
     st->pages_written = r->pst.pages;
     st->syscalls = r->pst.syscalls;
-    st->mprotect_windows = r->pst.mprotect_writes; /* live */
-    st->procmem_writes = r->pst.procmem_writes;    /* live */
+    st->mprotect_windows = r->pst.mprotect_writes;
+    st->procmem_writes = r->pst.procmem_writes;
 }
 
 static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, bool live,
@@ -662,7 +327,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
                       ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0);
-        /* live: other threads may run the sites (docs/live.md) */
+        /* other threads may run the sites (docs/live.md) */
         err = live ? ap_live_poke(r.writes, r.nwrites, &r.pst)
                    : ap_poke(r.writes, r.nwrites, pf, &r.pst);
         st->live = live;
@@ -720,7 +385,7 @@ static int ap_read_opts(const struct altpatch_apply_opts *in, struct altpatch_ap
         return -EINVAL;
     if ((out->flags & ALTPATCH_APPLY_PROCMEM_ONLY) && (out->flags & ALTPATCH_APPLY_NO_PROCMEM))
         return -EINVAL;
-    /* live: the live protocol writes through /proc/self/mem only */
+    /* the live protocol writes through /proc/self/mem only */
     if ((out->flags & ALTPATCH_APPLY_LIVE) &&
         (out->flags & (ALTPATCH_APPLY_NO_LIVE | ALTPATCH_APPLY_NO_PROCMEM)))
         return -EINVAL;
@@ -729,7 +394,7 @@ static int ap_read_opts(const struct altpatch_apply_opts *in, struct altpatch_ap
 
 /**
  * Whether the writes must use the live protocol (*live): asked for, or other
- * threads run (live: docs/live.md). 0, or -EBUSY when other threads run and
+ * threads run (docs/live.md). 0, or -EBUSY when other threads run and
  * live patching is refused (ALTPATCH_APPLY_NO_LIVE) or not possible.
  */
 static int ap_check_threads(unsigned flags, bool *live)
@@ -768,7 +433,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     pthread_mutex_lock(&ap_lock);
     ap_in = AP_IN_LOCKED;
     uint64_t t0 = ap_now_ns();
-    bool live = false; /* live */
+    bool live = false; /* other threads run: the live protocol writes */
     struct altpatch_stats st = {.sz = sizeof(st)};
     if (ap_env_on("ALTPATCH_OFF")) {
         ap_log(ALTPATCH_INFO, "ALTPATCH_OFF is set: nothing patched\n");

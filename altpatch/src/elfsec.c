@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "elfsec.h"
+#include "pure.h"
 
 /** Largest section header table read (65280 headers of 64 bytes). */
 #define AP_MAX_SHDRS 0xff00u

@@ -22,9 +22,7 @@
 
 #include <altpatch/image.h>
 
-#include "elfsec.h"
-#include "prepatch.h"
-#include "view.h"
+#include "host.h"
 
 /** Largest file opened (the whole file is read into memory). */
 #define AP_IMAGE_MAX (1ull << 32)

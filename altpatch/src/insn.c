@@ -33,7 +33,7 @@
 
 #include <Zydis/Zydis.h>
 
-#include "internal.h"
+#include "pure.h"
 
 /* Decode one instruction of 64-bit code, operands included. */
 static ZyanStatus decode_full(const uint8_t *buf, size_t avail, ZydisDecodedInstruction *in,
@@ -202,6 +202,7 @@ int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out)
     out->len = in.length;
     out->is_nop = insn_is_nop(&in);
     out->is_int3 = in.mnemonic == ZYDIS_MNEMONIC_INT3;
+    out->is_call = in.mnemonic == ZYDIS_MNEMONIC_CALL; /* near or far, any form */
     return 0;
 }
 

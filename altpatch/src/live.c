@@ -4,7 +4,7 @@
  *
  * This is the x86 side of the writer. poke.c knows nothing of x86; the int3
  * byte, the RIP fixup in the SIGTRAP handler and the instruction-level safety
- * rules live here. Bytes are written with poke's /proc/self/mem writer, which
+ * rules live here. Bytes are written through /proc/self/mem (writer.c), which
  * never changes a page's protection (an RW window would make the page
  * non-executable for the threads running on it).
  *
@@ -41,7 +41,7 @@
  * = every address written live in a module still loaded (the handler's lookup
  * table, published as immutable snapshots).
  */
-#include "internal.h"
+#include "host.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -77,17 +77,6 @@
 static pid_t ap_gettid(void)
 {
     return (pid_t)syscall(SYS_gettid);
-}
-
-static void ap_block_all(uint64_t *saved)
-{
-    uint64_t all = ~0ull;
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, saved, sizeof(all));
-}
-
-static void ap_restore_mask(const uint64_t *saved)
-{
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, saved, NULL, sizeof(*saved));
 }
 
 static void ap_pause(void)
@@ -840,20 +829,6 @@ int ap_live_ready(const char **why)
 /* Classifying sites                                                         */
 /* ------------------------------------------------------------------------- */
 
-/** Whether the decoded instruction at @p p is a call (Zydis' mnemonic). */
-static bool ap_is_call(const uint8_t *p, size_t avail)
-{
-    char text[96];
-    if (ap_insn_format(p, avail, 0, false, text, sizeof(text)) < 0)
-        return false;
-    /* AT&T text: optional prefixes ("bnd", "notrack"), then the mnemonic. */
-    for (char *save = NULL, *tok = strtok_r(text, " ", &save); tok;
-         tok = strtok_r(NULL, " ", &save))
-        if (!strncmp(tok, "call", 4) || !strncmp(tok, "lcall", 5))
-            return true;
-    return false;
-}
-
 /**
  * Count the instructions of @p len bytes; *call_inside := a call that is not
  * the last instruction. Returns -1 when the bytes do not decode.
@@ -866,7 +841,7 @@ static int ap_count_insns(const uint8_t *p, size_t len, bool *call_inside)
         struct ap_insn in;
         if (ap_insn_decode(p + off, len - off, &in) < 0)
             return -1;
-        if (off + in.len < len && ap_is_call(p + off, len - off))
+        if (off + in.len < len && in.is_call)
             *call_inside = true;
         off += in.len;
     }
@@ -891,7 +866,7 @@ struct ap_round {
     struct ap_poke_stats *st;
 };
 
-/** pwrite through poke's writer; counts it. */
+/** pwrite through /proc/self/mem (writer.c); counts it. */
 static int ap_rw(struct ap_round *r, uintptr_t addr, const uint8_t *src, size_t len)
 {
     r->st->syscalls++;
@@ -1177,40 +1152,13 @@ static void ap_round_run(struct ap_round *r)
     __atomic_store_n(&ap_live_busy, 0, __ATOMIC_SEQ_CST);
 }
 
-/** Distinct pages touched by the writes that landed. */
-static uint64_t ap_live_pages(const struct ap_write *w, size_t n)
-{
-    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), done = 0;
-    uint64_t pages = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!w[i].wrote)
-            continue;
-        uintptr_t s = w[i].addr & ~(pg - 1), e = (w[i].addr + w[i].len + pg - 1) & ~(pg - 1);
-        if (s < done)
-            s = done;
-        if (e > s)
-            pages += (e - s) / pg;
-        if (e > done)
-            done = e;
-    }
-    return pages;
-}
-
 /** Which writes need a round: same rules as ap_poke() (skip unchanged, refuse mismatches). */
 static size_t ap_live_pending(struct ap_write *w, size_t n, struct ap_live_item *it)
 {
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        w[i].wrote = false;
-        w[i].result = ALTPATCH_REASON_NONE;
-        if (!w[i].len || !memcmp((const void *)w[i].addr, w[i].new, w[i].len))
-            continue;
-        if (memcmp((const void *)w[i].addr, w[i].old, w[i].len)) {
-            w[i].result = ALTPATCH_REASON_MEM_MISMATCH;
-            continue;
-        }
-        it[k++] = (struct ap_live_item){.w = &w[i]};
-    }
+    for (size_t i = 0; i < n; i++)
+        if (ap_write_pending(&w[i]))
+            it[k++] = (struct ap_live_item){.w = &w[i]};
     return k;
 }
 
@@ -1264,14 +1212,14 @@ int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
             err = ap_ranges_prepare(&r);
         if (!err) {
             uint64_t mask;
-            ap_block_all(&mask);
+            ap_signals_block(&mask);
             pthread_mutex_lock(&ap_fork_lock);
             /* Again, right before the first int3: threads change their masks. */
             err = ap_trap_check(r.taskfd);
             if (!err)
                 ap_round_run(&r);
             pthread_mutex_unlock(&ap_fork_lock);
-            ap_restore_mask(&mask);
+            ap_signals_restore(&mask);
             if (err)
                 ap_log(ALTPATCH_WARN, "live patching refused: %s\n", ap_trap_why);
         }
@@ -1285,7 +1233,7 @@ int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
         r.it[i].w->result = r.it[i].w->result ? r.it[i].w->result
                             : err == -EBUSY   ? ALTPATCH_REASON_LIVE_NO_ANSWER
                                               : ALTPATCH_REASON_WRITE_DENIED;
-    r.st->pages += ap_live_pages(w, n);
+    r.st->pages += ap_pages_written(w, n, (uintptr_t)sysconf(_SC_PAGESIZE));
     free(r.it);
     return err;
 }

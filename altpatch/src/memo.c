@@ -58,7 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "plan.h"
 
 /** Longest key memoized (bytes); longer sites always go to the planner. */
 #define AP_MEMO_KEY_MAX 512
@@ -107,29 +107,6 @@ void ap_memo_free(struct ap_memo *m)
     m->nslots = m->nplans = m->arena_len = m->arena_cap = m->nmasks = 0;
 }
 
-/* [addr, addr+len) within @r? (no wrap-around; the planner's region_holds) */
-static bool holds(const struct ap_region *r, uint64_t addr, uint64_t len)
-{
-    return addr >= r->addr && len <= r->size && addr - r->addr <= r->size - len;
-}
-
-/* The site's original bytes if the cheap, address-dependent checks pass, else NULL. */
-static const uint8_t *site_bytes(const struct ap_view *v, const struct ap_site *s,
-                                 const uint8_t *orig)
-{
-    size_t n = v->ntext < AP_MAX_TEXT ? v->ntext : AP_MAX_TEXT;
-
-    if (s->reason || s->len == 0 || s->count == 0)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        const struct ap_region *r = &v->text[i];
-
-        if (holds(r, s->addr, s->len)) /* the planner takes the first region that holds it */
-            return orig ? orig : r->data ? r->data + (s->addr - r->addr) : NULL;
-    }
-    return NULL;
-}
-
 /* Append @n bytes at @p to the key; false when it would exceed the maximum. */
 static bool key_put(uint8_t *key, size_t *len, const void *p, size_t n)
 {
@@ -153,11 +130,12 @@ static size_t key_build(const struct ap_view *v, const struct ap_site *s,
         uint8_t hdr[5] = {(uint8_t)e->feature, (uint8_t)(e->feature >> 8), (uint8_t)e->flags,
                           (uint8_t)(e->flags >> 8), e->repllen};
 
-        if (!holds(&v->repl, e->repl, e->repllen) || (e->repllen && !v->repl.data))
+        const uint8_t *repl;
+
+        if (!ap_entry_repl(v, e, &repl))
             return 0; /* the planner refuses it (REPL_BOUNDS) */
         if (!key_put(key, &len, hdr, sizeof(hdr)) ||
-            (e->repllen &&
-             !key_put(key, &len, v->repl.data + (e->repl - v->repl.addr), e->repllen)))
+            (e->repllen && !key_put(key, &len, repl, e->repllen)))
             return 0;
     }
     return key_put(key, &len, "", 1) ? len : 0; /* mask 0: the original as it is */
@@ -525,8 +503,7 @@ void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_si
         ap_plan_site(v, s, entries, orig, fs, out); /* not this memo's feature set */
         return;
     }
-    bytes = site_bytes(v, s, orig);
-    if (bytes)
+    if (ap_site_check(v, s, orig, &bytes) == ALTPATCH_REASON_NONE)
         keylen = key_build(v, s, entries, bytes, key);
     if (keylen) {
         const struct ap_memo_slot *sl;

@@ -28,10 +28,7 @@
  * Original site bytes are saved when a module is first seen: later applies
  * plan from them even when memory already holds a replacement.
  */
-#include "internal.h"
-#include "elfsec.h"
-#include "prepatch.h"
-#include "view.h"
+#include "host.h"
 
 #include <elf.h>
 #include <errno.h>
@@ -345,7 +342,7 @@ int ap_modules_refresh(struct ap_module **list)
             continue;
         }
         *pp = m->next;
-        for (size_t i = 0; i < m->view.ntext; i++) /* live: its sites leave the trap set */
+        for (size_t i = 0; i < m->view.ntext; i++) /* its sites leave the live trap set */
             ap_live_forget(m->view.text[i].addr, m->view.text[i].addr + m->view.text[i].size);
         ap_module_free(m);
     }

@@ -14,7 +14,7 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "pure.h"
 
 static const uint8_t nop1[] = {0x90};
 static const uint8_t nop2[] = {0x66, 0x90};

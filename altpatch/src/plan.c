@@ -32,7 +32,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "plan.h"
 
 bool ap_entry_eligible(const struct ap_entry *e, const struct altpatch_features *fs)
 {
@@ -41,28 +41,53 @@ bool ap_entry_eligible(const struct ap_entry *e, const struct altpatch_features 
     return has != !!(e->flags & ALT_FLAG_NOT);
 }
 
-/* [addr, addr+len) within @r? (no wrap-around) */
-static bool region_holds(const struct ap_region *r, uint64_t addr, uint64_t len)
+bool ap_region_holds(const struct ap_region *r, uint64_t addr, uint64_t len)
 {
     return addr >= r->addr && len <= r->size && addr - r->addr <= r->size - len;
 }
 
-/* The text region holding [addr, addr+len), or NULL. */
-static const struct ap_region *find_text(const struct ap_view *v, uint64_t addr, uint64_t len)
+const struct ap_region *ap_view_find(const struct ap_view *v, uint64_t addr, uint64_t len)
 {
     size_t n = v->ntext < AP_MAX_TEXT ? v->ntext : AP_MAX_TEXT;
 
     for (size_t i = 0; i < n; i++)
-        if (region_holds(&v->text[i], addr, len))
+        if (ap_region_holds(&v->text[i], addr, len))
             return &v->text[i];
     return NULL;
 }
 
 const uint8_t *ap_view_text(const struct ap_view *v, uint64_t addr, uint64_t len)
 {
-    const struct ap_region *r = find_text(v, addr, len);
+    const struct ap_region *r = ap_view_find(v, addr, len);
 
     return r && r->data ? r->data + (addr - r->addr) : NULL;
+}
+
+int ap_site_check(const struct ap_view *v, const struct ap_site *s, const uint8_t *orig,
+                  const uint8_t **bytes)
+{
+    const struct ap_region *r;
+
+    *bytes = NULL;
+    if (s->reason)
+        return s->reason;
+    if (s->len == 0 || s->count == 0)
+        return ALTPATCH_REASON_EMPTY_SITE;
+    r = ap_view_find(v, s->addr, s->len);
+    if (!r)
+        return ALTPATCH_REASON_SITE_BOUNDS;
+    *bytes = orig ? orig : r->data ? r->data + (s->addr - r->addr) : NULL;
+    return *bytes ? ALTPATCH_REASON_NONE : ALTPATCH_REASON_SITE_BOUNDS;
+}
+
+bool ap_entry_repl(const struct ap_view *v, const struct ap_entry *e, const uint8_t **bytes)
+{
+    *bytes = NULL;
+    if (!ap_region_holds(&v->repl, e->repl, e->repllen) || (!v->repl.data && e->repllen))
+        return false;
+    if (e->repllen)
+        *bytes = v->repl.data + (e->repl - v->repl.addr);
+    return true;
 }
 
 static int refuse(struct ap_plan *out, int reason, int entry, const char *fmt, ...)
@@ -124,24 +149,14 @@ static int decode_exact(const uint8_t *buf, size_t len, int undecodable, int cro
     return ALTPATCH_REASON_NONE;
 }
 
-/* Steps 2-3: bounds of the site, its original bytes, their decoding. */
-static int check_site(const struct ap_view *v, const struct ap_site *s, const uint8_t *orig,
-                      struct ap_plan *out)
+/* Steps 2-3: the site's original bytes (@bytes, from ap_site_check()), their decoding. */
+static int check_orig(const uint8_t *bytes, const struct ap_site *s, struct ap_plan *out)
 {
-    const struct ap_region *r = find_text(v, s->addr, s->len);
     size_t off = 0;
     int reason;
 
-    if (!r)
-        return refuse(out, ALTPATCH_REASON_SITE_BOUNDS, -1,
-                      "site 0x%" PRIx64 " len %u outside the text sections", s->addr, s->len);
-    if (!orig)
-        orig = r->data ? r->data + (s->addr - r->addr) : NULL;
-    if (!orig)
-        return refuse(out, ALTPATCH_REASON_SITE_BOUNDS, -1,
-                      "site 0x%" PRIx64 ": no bytes available", s->addr);
-    memcpy(out->orig, orig, s->len);
-    memcpy(out->final, orig, s->len);
+    memcpy(out->orig, bytes, s->len);
+    memcpy(out->final, bytes, s->len);
     reason = decode_exact(out->orig, s->len, ALTPATCH_REASON_ORIG_UNDECODABLE,
                           ALTPATCH_REASON_ORIG_CROSSES_END, &off, NULL);
     if (reason)
@@ -170,6 +185,7 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
 {
     char why[sizeof(out->detail) - 32];
     unsigned flags_ok = ALT_FLAG_NOT | (rules ? rules->flags : 0u);
+    const uint8_t *repl;
     size_t off = 0;
     int reason;
 
@@ -182,12 +198,12 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
     if (e->repllen > s->len)
         return refuse(out, ALTPATCH_REASON_REPL_TOO_LONG, k,
                       "entry %d: replacement %u bytes, site %u", k, e->repllen, s->len);
-    if (!region_holds(&v->repl, e->repl, e->repllen) || (!v->repl.data && e->repllen))
+    if (!ap_entry_repl(v, e, &repl))
         return refuse(out, ALTPATCH_REASON_REPL_BOUNDS, k,
                       "entry %d: replacement 0x%" PRIx64 " len %u outside altinstr_replacement",
                       k, e->repl, e->repllen);
     if (e->repllen)
-        memcpy(buf, v->repl.data + (e->repl - v->repl.addr), e->repllen);
+        memcpy(buf, repl, e->repllen);
     reason = decode_exact(buf, e->repllen, ALTPATCH_REASON_REPL_UNDECODABLE,
                           ALTPATCH_REASON_REPL_CROSSES_END, &off, list);
     if (reason)
@@ -304,7 +320,8 @@ void ap_plan_site_rules(const struct ap_view *v, const struct ap_site *s,
 {
     uint8_t buf[2][AP_MAX_SITE];
     struct insn_list list[2];
-    int chosen = -1, cur = 0;
+    const uint8_t *bytes;
+    int chosen = -1, cur = 0, reason;
 
     /* Only the header and the site's bytes: the record is ~600 bytes and a
      * caller reads orig/final up to len and detail as a string. */
@@ -315,7 +332,8 @@ void ap_plan_site_rules(const struct ap_view *v, const struct ap_site *s,
     out->relative = false;
     out->detail[0] = '\0';
     memset(out->orig, 0, s->len);
-    if (s->reason) {
+    reason = ap_site_check(v, s, orig, &bytes);
+    if (reason == s->reason && reason) {
         const uint8_t *o = orig ? orig : ap_view_text(v, s->addr, s->len);
 
         if (o)
@@ -324,11 +342,20 @@ void ap_plan_site_rules(const struct ap_view *v, const struct ap_site *s,
                s->addr);
         return;
     }
-    if (s->len == 0 || s->count == 0) {
-        refuse(out, ALTPATCH_REASON_EMPTY_SITE, -1, "site 0x%" PRIx64 " is empty", s->addr);
+    if (reason == ALTPATCH_REASON_EMPTY_SITE) {
+        refuse(out, reason, -1, "site 0x%" PRIx64 " is empty", s->addr);
         return;
     }
-    if (check_site(v, s, orig, out))
+    if (reason && ap_view_find(v, s->addr, s->len)) {
+        refuse(out, reason, -1, "site 0x%" PRIx64 ": no bytes available", s->addr);
+        return;
+    }
+    if (reason) {
+        refuse(out, reason, -1, "site 0x%" PRIx64 " len %u outside the text sections", s->addr,
+               s->len);
+        return;
+    }
+    if (check_orig(bytes, s, out))
         return;
     for (uint32_t k = 0; k < s->count; k++) {
         const struct ap_entry *e = &entries[s->first + k];

@@ -25,11 +25,12 @@
  *
  * A page is never writable and executable at once. Signals are blocked while
  * windows are open: a handler could live on a page that is briefly not
- * executable. The caller guarantees a single thread (see apply.c); the live
- * int3 + membarrier protocol for running threads would be another writer
- * next to ap_write_window() / ap_write_procmem().
+ * executable. The caller guarantees a single thread (see apply.c); while
+ * other threads run, live.c writes instead (int3 + membarrier). What both
+ * writers share (the pending check, page counting, signal masking,
+ * /proc/self/mem) is in writer.c.
  */
-#include "internal.h"
+#include "host.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -303,47 +304,12 @@ static uintptr_t ap_pg_up(const struct ap_batch *b, uintptr_t a)
     return (a + b->pgsz - 1) & ~(b->pgsz - 1);
 }
 
-/** Step 1: sets result/wrote of writes that need no system call; true if pending. */
-static bool ap_check(struct ap_write *w)
-{
-    w->wrote = false;
-    w->result = ALTPATCH_REASON_NONE;
-    if (w->len == 0 || memcmp((const void *)w->addr, w->new, w->len) == 0)
-        return false;
-    if (memcmp((const void *)w->addr, w->old, w->len) != 0) {
-        w->result = ALTPATCH_REASON_MEM_MISMATCH;
-        return false;
-    }
-    return true;
-}
-
-/* live: begin -- the /proc/self/mem writer, shared with live.c */
-int ap_procmem_open(void)
-{
-    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
-    return fd < 0 ? -errno : fd;
-}
-
-int ap_procmem_write(int fd, uintptr_t addr, const uint8_t *src, size_t len)
-{
-    ssize_t r;
-    do {
-        r = pwrite(fd, src, len, (off_t)addr);
-    } while (r < 0 && errno == EINTR);
-    if (r < 0)
-        return -errno;
-    return r == (ssize_t)len ? 0 : -EIO;
-}
-/* live: end */
-
 static int ap_memfd(struct ap_batch *b)
 {
     if (!b->memfd_tried) {
         b->memfd_tried = true;
-        b->memfd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+        b->memfd = ap_procmem_open();
         b->st->syscalls++;
-        if (b->memfd < 0)
-            b->memfd = -errno;
     }
     return b->memfd;
 }
@@ -352,14 +318,12 @@ static int ap_memfd(struct ap_batch *b)
 static void ap_write_procmem(struct ap_batch *b, struct ap_write *w)
 {
     int fd = (b->flags & AP_POKE_NO_PROCMEM) ? -EPERM : ap_memfd(b);
-    ssize_t r = -1;
+    int err = fd;
     if (fd >= 0) {
-        do {
-            r = pwrite(fd, w->new, w->len, (off_t)w->addr);
-            b->st->syscalls++;
-        } while (r < 0 && errno == EINTR);
+        err = ap_procmem_write(fd, w->addr, w->new, w->len);
+        b->st->syscalls++;
     }
-    if (r != (ssize_t)w->len) {
+    if (err) {
         w->result = ALTPATCH_REASON_WRITE_DENIED;
         return;
     }
@@ -375,26 +339,6 @@ static bool ap_overlaps_self(const struct ap_batch *b, uintptr_t start, uintptr_
     uintptr_t s = ap_pg_down(b, (uintptr_t)__start_altpatch_poke_text);
     uintptr_t e = ap_pg_up(b, (uintptr_t)__stop_altpatch_poke_text);
     return start < e && s < end;
-}
-
-/** Pages of [start, end) that were written by at least one of w[first..last). */
-static uint64_t ap_count_pages(const struct ap_batch *b, size_t first, size_t last)
-{
-    uint64_t pages = 0;
-    uintptr_t done = 0; /* end of the last page counted */
-    for (size_t i = first; i < last; i++) {
-        const struct ap_write *w = &b->w[i];
-        if (!w->wrote)
-            continue;
-        uintptr_t s = ap_pg_down(b, w->addr), e = ap_pg_up(b, w->addr + w->len);
-        if (s < done)
-            s = done;
-        if (e > s)
-            pages += (e - s) / b->pgsz;
-        if (e > done)
-            done = e;
-    }
-    return pages;
 }
 
 /** Mark the pending writes of w[first..last) written; returns their count. */
@@ -432,13 +376,11 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
         if (w->result == ALTPATCH_REASON_NONE && !w->wrote && w->len)
             c[n++] = (struct ap_copy){w->addr, w->new, w->len};
     }
-    /* live: raw rt_sigprocmask, every signal (glibc's pthread_sigmask keeps
-     * its internal SIGCANCEL/SIGSETXID deliverable; sanitizers intercept it). */
-    uint64_t all = ~0ull, saved = 0;
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &saved, sizeof(all));
+    uint64_t saved = 0;
+    ap_signals_block(&saved);
     unsigned calls = 0;
     long r = ap_window_write(start, end - start, prot, c, n, &calls);
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &saved, NULL, sizeof(saved));
+    ap_signals_restore(&saved);
     b->st->syscalls += calls + 2;
     if (c != stackbuf)
         free(c);
@@ -606,7 +548,7 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
     };
     size_t pending = 0;
     for (size_t i = 0; i < n; i++)
-        pending += ap_check(&w[i]);
+        pending += ap_write_pending(&w[i]);
     if (!pending)
         return 0;
     int ret = 0;
@@ -619,7 +561,7 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
     }
     if (!ret)
         ret = ap_write_all(&b);
-    b.st->pages += ap_count_pages(&b, 0, n);
+    b.st->pages += ap_pages_written(w, n, b.pgsz);
     for (size_t i = 0; i < n; i++)
         if (w[i].result == ALTPATCH_REASON_NONE && !w[i].wrote && w[i].len &&
             memcmp((const void *)w[i].addr, w[i].new, w[i].len) != 0)

@@ -23,7 +23,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "prepatch.h"
+#include "pure.h"
 
 _Static_assert(AP_NCAPWORDS * 4 + AP_PREPATCH_PROFILE + 32 + 16 == AP_PREPATCH_HDR,
                "prepatch header layout");

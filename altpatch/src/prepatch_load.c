@@ -21,8 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "elfsec.h"
-#include "prepatch.h"
+#include "host.h"
 
 /** Largest section of originals read (sites are at most 255 bytes each). */
 #define AP_PREPATCH_MAX_READ (256u << 20)

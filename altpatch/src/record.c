@@ -13,8 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "prepatch.h"
+#include "pure.h"
 
 /* Offsets of the fields of the note descriptor. */
 #define NOTE_OFF_VERSION 0

@@ -39,7 +39,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "internal.h"
+#include "pure.h"
 
 bool ap_rel_fits(int64_t v, unsigned size)
 {

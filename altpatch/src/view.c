@@ -7,7 +7,7 @@
  */
 #include <string.h>
 
-#include "view.h"
+#include "host.h"
 
 /* Add [s, e) of segment @p g to the text regions (nothing if empty or full). */
 static void text_add(struct ap_view *v, const struct ap_segment *g, uint64_t s, uint64_t e)

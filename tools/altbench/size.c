@@ -6,6 +6,7 @@
  * the per-module note.
  */
 #include "bench.h"
+#include "../common/berkeley.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,7 +20,7 @@
 #include <altpatch/alternative.h>
 
 struct elf_sizes {
-    uint64_t text, data, bss;               /* berkeley, as size(1) counts them */
+    struct berkeley_sizes b;                /* as size(1) counts them */
     uint64_t code, records, repl, note;     /* .text, altinstructions, altinstr_replacement, .note.altpatch */
 };
 
@@ -27,12 +28,7 @@ static void add_section(struct elf_sizes *z, const char *name, const GElf_Shdr *
 {
     if (!(sh->sh_flags & SHF_ALLOC))
         return;
-    if (sh->sh_type == SHT_NOBITS)
-        z->bss += sh->sh_size;
-    else if (sh->sh_flags & SHF_WRITE)
-        z->data += sh->sh_size;
-    else
-        z->text += sh->sh_size;
+    berkeley_add(&z->b, sh->sh_flags, sh->sh_type, sh->sh_size);
     if (!strcmp(name, ".text"))
         z->code += sh->sh_size;
     else if (!strcmp(name, "altinstructions"))
@@ -82,9 +78,9 @@ out:
 
 static void size_row(const char *what, const struct elf_sizes *z)
 {
-    printf("| %s | %llu | %llu | %llu | %llu |\n", what, (unsigned long long)z->text,
-           (unsigned long long)z->data, (unsigned long long)z->bss,
-           (unsigned long long)(z->text + z->data + z->bss));
+    printf("| %s | %llu | %llu | %llu | %llu |\n", what, (unsigned long long)z->b.text,
+           (unsigned long long)z->b.data, (unsigned long long)z->b.bss,
+           (unsigned long long)(z->b.text + z->b.data + z->b.bss));
 }
 
 static void part_row(const char *what, int64_t bytes, unsigned long sites)
@@ -111,7 +107,7 @@ int ab_mode_size(int argc, char **argv)
     struct elf_sizes a, p;
     if (read_sizes(argv[0], &a) || read_sizes(argv[1], &p))
         return 1;
-    struct elf_sizes d = {a.text - p.text, a.data - p.data, a.bss - p.bss, 0, 0, 0, 0};
+    struct elf_sizes d = {{a.b.text - p.b.text, a.b.data - p.b.data, a.b.bss - p.b.bss}, 0, 0, 0, 0};
     printf("### Text-size overhead: %lu sites\n\n", sites);
     printf("Section sizes read with libelf; columns as `size` (Berkeley) counts them: text = "
            "every allocated read-only section, so it includes `altinstructions` and "

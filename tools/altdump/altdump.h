@@ -12,7 +12,7 @@
  *   pidmem.c    --pid: /proc/PID/maps + /proc/PID/mem
  *   main.c      options, exit codes
  *
- * Nomenclature follows src/internal.h (record, site, original, replacement,
+ * Nomenclature follows altpatch/src/pure.h (record, site, original, replacement,
  * final, view).
  */
 #ifndef ALTDUMP_H
@@ -23,8 +23,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "internal.h"
-#include "prepatch.h"
+#include "host.h"
 #include "kernel.h"
 
 /** altinstructions and altinstr_replacement: the sections a .o may hold several of. */

@@ -13,25 +13,25 @@
 #include <string.h>
 
 #include "altdump.h"
+#include "../common/berkeley.h"
 
 #define AD_PAGE 4096ull
 
 static void berkeley(const struct ad_image *img, struct ad_size *s)
 {
+    struct berkeley_sizes z = {s->sz_text, s->sz_data, s->sz_bss};
     for (size_t i = 1; i < img->nsecs; i++) {
         const struct ad_section *sec = &img->secs[i];
         if (!(sec->flags & SHF_ALLOC))
             continue;
-        if ((sec->flags & SHF_EXECINSTR) || !(sec->flags & SHF_WRITE))
-            s->sz_text += sec->size;
-        else if (sec->type == SHT_NOBITS)
-            s->sz_bss += sec->size;
-        else
-            s->sz_data += sec->size;
+        berkeley_add(&z, sec->flags, sec->type, sec->size);
         if ((sec->flags & SHF_EXECINSTR) && sec->type != SHT_NOBITS &&
             strcmp(sec->name, "altinstr_replacement") != 0)
             s->text += sec->size;
     }
+    s->sz_text = z.text;
+    s->sz_data = z.data;
+    s->sz_bss = z.bss;
 }
 
 static int cmp_u64(const void *a, const void *b)

@@ -118,7 +118,6 @@ enum altpatch_apply_flags {
     ALTPATCH_APPLY_PROCMEM_ONLY = 1u << 2,
     /** Never use /proc/self/mem (the mprotect window only). */
     ALTPATCH_APPLY_NO_PROCMEM = 1u << 3,
-    /* live: begin (issue 5, docs/live.md) */
     /**
      * Rewrite the sites with the live protocol (int3 + membarrier SYNC_CORE,
      * writes through /proc/self/mem) even when no other thread runs. Without
@@ -127,7 +126,6 @@ enum altpatch_apply_flags {
     ALTPATCH_APPLY_LIVE = 1u << 4,
     /** When other threads run, refuse with -EBUSY instead of patching live. */
     ALTPATCH_APPLY_NO_LIVE = 1u << 5,
-    /* live: end */
 };
 
 struct altpatch_apply_opts {
@@ -167,11 +165,10 @@ struct altpatch_stats {
     uint64_t pages_written;
     uint64_t syscalls;      /**< mprotect, pwrite, open, membarrier, ... made by the writer */
     uint64_t ns;            /**< wall time of the call */
-    /* live: begin (appended; sz-versioned) */
+    /* Appended after the first release: read them only when sz covers them. */
     uint64_t mprotect_windows; /**< RW windows opened with mprotect() */
     uint64_t procmem_writes;   /**< pwrite()s on /proc/self/mem that landed */
     uint64_t live;             /**< 1 when the call used the live protocol (docs/live.md) */
-    /* live: end */
 };
 
 /**
@@ -203,11 +200,10 @@ enum altpatch_reason {
     ALTPATCH_REASON_RELOC_OVERFLOW,    /**< a relative operand does not fit after moving */
     ALTPATCH_REASON_MEM_MISMATCH,      /**< memory holds neither the original nor the plan */
     ALTPATCH_REASON_WRITE_DENIED,      /**< mprotect and /proc/self/mem both failed */
-    /* live: begin (docs/live.md) */
+    /* Live patching (docs/live.md). */
     ALTPATCH_REASON_LIVE_CALL_INSIDE,   /**< live: a call before the site end (a return address inside) */
     ALTPATCH_REASON_LIVE_THREAD_INSIDE, /**< live: a thread stayed inside the multi-instruction site */
     ALTPATCH_REASON_LIVE_NO_ANSWER,     /**< live: a thread did not answer the handshake */
-    /* live: end */
     ALTPATCH_REASON_UNKNOWN_FLAGS,     /**< record flags other than ALT_FLAG_NOT (e.g. the kernel's ALT_FLAG_DIRECT_CALL) */
     ALTPATCH_REASON__COUNT
 };

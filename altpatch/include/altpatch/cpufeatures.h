@@ -31,6 +31,12 @@
  * them into assembler directives: no casts, no suffixes, no enums.
  * Feature names (altpatch_feature_name()) are those /proc/cpuinfo prints, or
  * the lower-case macro name for ids the kernel does not print.
+ *
+ * This header is the library's only list of features: the build reads every
+ * `#define X86_FEATURE_<NAME> (<word>*32+<bit>)` line, whose comment starts
+ * with the feature's name in double quotes (followed by "(not in
+ * /proc/cpuinfo)" when the kernel does not print it), into the library's
+ * feature table. Keep that form when adding one.
  */
 #ifndef ALTPATCH_CPUFEATURES_H
 #define ALTPATCH_CPUFEATURES_H
@@ -73,7 +79,7 @@
 
 /* Synthetic, word 3 */
 #define X86_FEATURE_CONSTANT_TSC        ( 3*32+ 8) /* "constant_tsc" */
-#define X86_FEATURE_ALWAYS              ( 3*32+21) /* "always": every set has it */
+#define X86_FEATURE_ALWAYS              ( 3*32+21) /* "always" (not in /proc/cpuinfo): every set has it */
 #define X86_FEATURE_NONSTOP_TSC         ( 3*32+24) /* "nonstop_tsc" */
 
 /* CPUID 0x00000001 ECX, word 4 */
@@ -162,20 +168,20 @@
 #define X86_FEATURE_XFD                 (10*32+ 4) /* "xfd" (not in /proc/cpuinfo) */
 
 /* Synthetic, word 11 */
-#define X86_FEATURE_APIC_MSRS_FENCE     (11*32+27) /* "apic_msrs_fence": not on AMD and Hygon */
+#define X86_FEATURE_APIC_MSRS_FENCE     (11*32+27) /* "apic_msrs_fence" (not in /proc/cpuinfo): not on AMD and Hygon */
 
 /* CPUID 0x00000007.1 EAX, word 12 (the kernel prints only avx_vnni and avx512_bf16) */
-#define X86_FEATURE_SHA512              (12*32+ 0) /* "sha512" */
-#define X86_FEATURE_SM3                 (12*32+ 1) /* "sm3" */
-#define X86_FEATURE_SM4                 (12*32+ 2) /* "sm4" */
+#define X86_FEATURE_SHA512              (12*32+ 0) /* "sha512" (not in /proc/cpuinfo) */
+#define X86_FEATURE_SM3                 (12*32+ 1) /* "sm3" (not in /proc/cpuinfo) */
+#define X86_FEATURE_SM4                 (12*32+ 2) /* "sm4" (not in /proc/cpuinfo) */
 #define X86_FEATURE_AVX_VNNI            (12*32+ 4) /* "avx_vnni" */
 #define X86_FEATURE_AVX512_BF16         (12*32+ 5) /* "avx512_bf16" */
-#define X86_FEATURE_CMPCCXADD           (12*32+ 7) /* "cmpccxadd" */
-#define X86_FEATURE_FZRM                (12*32+10) /* "fzrm" fast zero-length REP MOVSB */
-#define X86_FEATURE_FSRS                (12*32+11) /* "fsrs" fast short REP STOSB */
-#define X86_FEATURE_FSRC                (12*32+12) /* "fsrc" fast short REP CMPSB/SCASB */
-#define X86_FEATURE_AMX_FP16            (12*32+21) /* "amx_fp16" */
-#define X86_FEATURE_AVX_IFMA            (12*32+23) /* "avx_ifma" */
+#define X86_FEATURE_CMPCCXADD           (12*32+ 7) /* "cmpccxadd" (not in /proc/cpuinfo) */
+#define X86_FEATURE_FZRM                (12*32+10) /* "fzrm" (not in /proc/cpuinfo) fast zero-length REP MOVSB */
+#define X86_FEATURE_FSRS                (12*32+11) /* "fsrs" (not in /proc/cpuinfo) fast short REP STOSB */
+#define X86_FEATURE_FSRC                (12*32+12) /* "fsrc" (not in /proc/cpuinfo) fast short REP CMPSB/SCASB */
+#define X86_FEATURE_AMX_FP16            (12*32+21) /* "amx_fp16" (not in /proc/cpuinfo) */
+#define X86_FEATURE_AVX_IFMA            (12*32+23) /* "avx_ifma" (not in /proc/cpuinfo) */
 
 /* CPUID 0x80000008 EBX, word 13 */
 #define X86_FEATURE_CLZERO              (13*32+ 0) /* "clzero" */
@@ -230,9 +236,9 @@
 #define X86_FEATURE_AMX_INT8            (18*32+25) /* "amx_int8" */
 
 /* CPUID 0x80000021 EAX, word 20 (none printed by /proc/cpuinfo) */
-#define X86_FEATURE_NO_NESTED_DATA_BP   (20*32+ 0) /* "no_nested_data_bp" */
-#define X86_FEATURE_LFENCE_RDTSC        (20*32+ 2) /* "lfence_rdtsc": LFENCE serializes, orders RDTSC */
-#define X86_FEATURE_NULL_SEL_CLR_BASE   (20*32+ 6) /* "null_sel_clr_base" */
-#define X86_FEATURE_AUTOIBRS            (20*32+ 8) /* "autoibrs" */
+#define X86_FEATURE_NO_NESTED_DATA_BP   (20*32+ 0) /* "no_nested_data_bp" (not in /proc/cpuinfo) */
+#define X86_FEATURE_LFENCE_RDTSC        (20*32+ 2) /* "lfence_rdtsc" (not in /proc/cpuinfo): LFENCE serializes, orders RDTSC */
+#define X86_FEATURE_NULL_SEL_CLR_BASE   (20*32+ 6) /* "null_sel_clr_base" (not in /proc/cpuinfo) */
+#define X86_FEATURE_AUTOIBRS            (20*32+ 8) /* "autoibrs" (not in /proc/cpuinfo) */
 
 #endif /* ALTPATCH_CPUFEATURES_H */

@@ -1,0 +1,35 @@
+# Generate the library's feature table from <altpatch/cpufeatures.h>, the only
+# list of features: one row per `#define X86_FEATURE_<NAME> (<w>*32+<b>)`
+# line whose comment starts with the quoted name; F(...) when the kernel
+# prints the name in /proc/cpuinfo, H(...) when the comment says
+# "(not in /proc/cpuinfo)". Usage: cmake -DIN=cpufeatures.h -DOUT=file -P this
+file(STRINGS "${IN}" lines REGEX "^#define X86_FEATURE_")
+set(body "")
+set(n 0)
+foreach(line IN LISTS lines)
+  if(NOT line MATCHES "^#define X86_FEATURE_([A-Z0-9_]+)[ \t]+\\([ 0-9]+\\*32\\+[ 0-9]+\\)[ \t]*/\\* \"([a-z0-9_]+)\"(.*)\\*/[ \t]*$")
+    message(FATAL_ERROR "${IN}: a feature line not in the form the table needs:\n${line}")
+  endif()
+  set(macro "${CMAKE_MATCH_1}")
+  set(name "${CMAKE_MATCH_2}")
+  set(rest "${CMAKE_MATCH_3}")
+  set(kind F)
+  if(rest MATCHES "^ \\(not in /proc/cpuinfo\\)")
+    set(kind H)
+  endif()
+  string(APPEND body "    ${kind}(${macro}, \"${name}\") \\\n")
+  math(EXPR n "${n} + 1")
+endforeach()
+if(n EQUAL 0)
+  message(FATAL_ERROR "${IN}: no X86_FEATURE_ lines")
+endif()
+set(out "/* Generated from altpatch/include/altpatch/cpufeatures.h by altpatch/gen_features.cmake. */\n")
+string(APPEND out "#define AP_FEATURES(F, H) \\\n${body}    /* end */\n")
+# Rewrite only when it changes (no needless rebuild of features.c).
+if(EXISTS "${OUT}")
+  file(READ "${OUT}" old)
+  if(old STREQUAL out)
+    return()
+  endif()
+endif()
+file(WRITE "${OUT}" "${out}")

@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * host.h - floor 3 of libaltpatch: this process and this CPU (floors below:
+ * plan.h, pure.h, util.h).
+ *
+ *   cpu.c            the host's feature set (CPUID, XGETBV, AT_HWCAP2, ...),
+ *                    ALTPATCH_CLEARCPUID, the "host" profile
+ *   module.c         loaded modules and their tables (dl_iterate_phdr)
+ *   view.c           the one builder of a module's view, for live memory and
+ *                    for ELF files
+ *   prepatch_load.c  a pre-patched module's originals, read from its file
+ *   writer.c         what both writers share: the pending-write check, page
+ *                    counting, signal masking, /proc/self/mem
+ *   poke.c           the writer: RW windows, /proc/self/mem (knows no x86)
+ *   live.c           the writer while other threads run (int3, membarrier)
+ */
+#ifndef ALTPATCH_HOST_H
+#define ALTPATCH_HOST_H
+
+#include "plan.h"
+
+/* ------------------------------------------------------------------------- */
+/* This CPU (cpu.c)                                                          */
+/* ------------------------------------------------------------------------- */
+
+/** This process's features, computed once (thread-safe). Never NULL. */
+AP_HIDDEN const struct altpatch_features *ap_host_features(void);
+/** The effective host set: ap_host_features() minus ALTPATCH_CLEARCPUID (unless AT_SECURE). */
+AP_HIDDEN void ap_effective_features(struct altpatch_features *out);
+
+/* ------------------------------------------------------------------------- */
+/* The view builder (view.c)                                                 */
+/* ------------------------------------------------------------------------- */
+
+/** One loadable segment as the view builder needs it (a PT_LOAD header, resolved). */
+struct ap_segment {
+    uint64_t addr;       /* where the segment's first byte is (runtime or link-time) */
+    uint64_t size;       /* bytes of it that @c data holds (live: p_memsz; file: p_filesz) */
+    const uint8_t *data; /* those bytes */
+    bool exec;           /* PF_X and PF_R */
+};
+
+/**
+ * Fill @p v from the module's segments: the replacement range
+ * [@p repl_addr, +@p repl_size) with its bytes (@p repl_data), and as text
+ * every executable segment minus the replacement range (at most AP_MAX_TEXT
+ * regions; further ones are left out and their sites refused as SITE_BOUNDS).
+ */
+AP_HIDDEN void ap_view_build(struct ap_view *v, const struct ap_segment *seg, size_t nseg,
+                             uint64_t repl_addr, uint64_t repl_size, const uint8_t *repl_data);
+
+/* ------------------------------------------------------------------------- */
+/* Writers (writer.c, poke.c, live.c) -- poke.c knows nothing of x86          */
+/* ------------------------------------------------------------------------- */
+
+/** One write: make [addr, addr+len) hold @c new where it holds @c old. */
+struct ap_write {
+    uintptr_t addr;
+    const uint8_t *old;
+    const uint8_t *new;
+    size_t len;
+    int result; /* out: ALTPATCH_REASON_NONE, MEM_MISMATCH (memory held neither), WRITE_DENIED */
+    bool wrote; /* out: bytes were written (false when memory already held new) */
+};
+
+enum ap_poke_flags {
+    AP_POKE_PROCMEM_ONLY = 1u << 0,
+    AP_POKE_NO_PROCMEM = 1u << 1,
+};
+
+struct ap_poke_stats {
+    uint64_t bytes, pages, syscalls;
+    unsigned mprotect_writes, procmem_writes; /* number of windows / pwrite calls that succeeded */
+};
+
+/**
+ * Write a batch. Groups writes by page, coalesces neighbouring pages into one
+ * window, never maps a page writable and executable at once, restores the
+ * original protections exactly, falls back to /proc/self/mem when mprotect is
+ * denied, and serializes afterwards. Writes whose memory already equals @c new
+ * are skipped. @p w must be sorted by address and not overlap. Returns 0 or a
+ * negative errno for a failure that stopped the whole batch (per-write results
+ * are in w[i].result either way).
+ */
+AP_HIDDEN int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *st);
+
+/*
+ * Shared by both writers (writer.c).
+ */
+
+/**
+ * The check every writer makes first: clears @p w's result and wrote; true
+ * when memory holds @c old (a write is pending); false when it holds @c new
+ * already (or len is 0), or neither (result := MEM_MISMATCH).
+ */
+AP_HIDDEN bool ap_write_pending(struct ap_write *w);
+/** Distinct pages of size @p pgsz touched by the writes of w[0..n) that landed (@c wrote). */
+AP_HIDDEN uint64_t ap_pages_written(const struct ap_write *w, size_t n, uintptr_t pgsz);
+/**
+ * Block every signal with the raw system call, the old mask in *@p saved
+ * (glibc's pthread_sigmask keeps its internal SIGCANCEL/SIGSETXID
+ * deliverable; sanitizers intercept it).
+ */
+AP_HIDDEN void ap_signals_block(uint64_t *saved);
+/** Restore the mask ap_signals_block() saved. */
+AP_HIDDEN void ap_signals_restore(const uint64_t *saved);
+/** open("/proc/self/mem", O_RDWR | O_CLOEXEC): a descriptor or -errno. */
+AP_HIDDEN int ap_procmem_open(void);
+/** pwrite() @p len bytes at @p addr through @p fd, EINTR retried: 0 or -errno (-EIO if short). */
+AP_HIDDEN int ap_procmem_write(int fd, uintptr_t addr, const uint8_t *src, size_t len);
+
+/**
+ * Whether the live protocol can run: membarrier SYNC_CORE registered,
+ * /proc/self/mem writable, SIGTRAP and handshake handlers installed (live.c).
+ * 0, or -errno with *why set to a sentence for the log.
+ */
+AP_HIDDEN int ap_live_ready(const char **why);
+/**
+ * Write a batch while other threads may run it (live.c, the x86 side of the
+ * writer): int3 on every first byte, membarrier, handshake, tails, membarrier,
+ * first bytes, membarrier. Same contract as ap_poke() (flags: none); results
+ * may also be the ALTPATCH_REASON_LIVE_* reasons.
+ */
+AP_HIDDEN int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st);
+/**
+ * fork() waits while a round runs (no child starts with int3s in its text):
+ * apply.c's pthread_atfork handlers call these after taking its own lock,
+ * the order an apply takes both.
+ */
+AP_HIDDEN void ap_live_fork_prepare(void);
+/** A module's text [start, end) was unloaded: its sites leave the trap handler's set. */
+AP_HIDDEN void ap_live_forget(uintptr_t start, uintptr_t end);
+AP_HIDDEN void ap_live_fork_release(void);
+
+/* ------------------------------------------------------------------------- */
+/* Modules (module.c, prepatch_load.c)                                       */
+/* ------------------------------------------------------------------------- */
+
+/** Per-site outcome of the last apply. */
+struct ap_site_result {
+    uint8_t state;  /* enum altpatch_site_state */
+    int32_t chosen; /* entry index within the site (any number of entries), -1 = original */
+    int16_t reason;
+    uint32_t warned; /* bit r: a WARN line was printed for reason r (once per site and reason) */
+};
+
+struct ap_module {
+    struct ap_module *next;
+    char *path;                 /* dlpi_name, "" for the main program */
+    uintptr_t base;             /* dlpi_addr */
+    const void *phdr;           /* dlpi_phdr: identity together with base and path */
+    struct ap_view view;        /* live memory */
+    struct ap_note note;
+    int reason;                 /* module-wide refusal (BAD_TABLE, BAD_VERSION), else 0 */
+    uint8_t *table_copy;        /* the table as first seen: identity check after dlclose */
+    size_t table_size;
+    uint8_t *repl_copy;         /* the replacement bytes as first seen: identity too */
+    struct ap_entry *entries;
+    size_t nentries;
+    struct ap_site *sites;
+    size_t nsites;
+    uint8_t *orig;              /* original bytes of all sites, concatenated */
+    size_t *orig_off;           /* per site: offset into orig (and planned), or AP_NO_ORIG */
+    struct ap_site_result *res; /* per site */
+    bool present;               /* scratch for refresh */
+    /* Pin (pins.c): a dlopen() reference held for the length of one apply or
+     * site walk, so that a concurrent dlclose() cannot unmap bytes being read
+     * or written. gone: the module could not be pinned (unloaded since the
+     * refresh): it is skipped until the next refresh drops it. */
+    void *pin;
+    bool gone;
+    uint8_t *planned;           /* per site (at orig_off): the bytes the last apply left */
+    /* Plan cache (sitecache.c): the planner is pure, so for the same feature set
+     * a site's plan does not change. Only accepted plans are cached. */
+    bool cache_valid;           /* cache_fs holds the set the cache was made for */
+    struct altpatch_features cache_fs;
+    int32_t *cache_chosen;      /* per site: AP_NOT_CACHED, -1 (original) or the entry */
+    uint8_t *cache_final;       /* per site (at orig_off): the planned final bytes */
+};
+
+/** cache_chosen of a site without a cached plan. */
+#define AP_NOT_CACHED (-2)
+
+/** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */
+#define AP_NO_ORIG ((size_t)-1)
+
+/**
+ * Bring @p *list up to date with the loaded modules (dl_iterate_phdr): add
+ * modules carrying an altpatch note (saving their original site bytes), drop
+ * modules no longer loaded, and re-read a module whose table changed (a new
+ * library at the same address). Returns 0 or -ENOMEM.
+ */
+AP_HIDDEN int ap_modules_refresh(struct ap_module **list);
+AP_HIDDEN void ap_modules_free(struct ap_module *list);
+
+/**
+ * Module @p m's note says version 2 (prepatch_load.c), so its sites hold a
+ * profile's bytes. Read the originals from the module's file, check that they
+ * belong to these bytes (same table, same sites, memory holding exactly what
+ * the file says was written) and put them in m->orig. Any mismatch refuses
+ * the module (m->reason, one WARN line). 0 or -ENOMEM.
+ */
+AP_HIDDEN int ap_prepatch_originals(struct ap_module *m);
+
+#endif /* ALTPATCH_HOST_H */

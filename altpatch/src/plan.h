@@ -1,0 +1,160 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * plan.h - floor 2 of libaltpatch: the planner (floors: pure.h, util.h).
+ *
+ *   plan.c   decide one site's final bytes: PURE (no system calls, no
+ *            globals, no allocation); the same code serves live memory and
+ *            ELF files
+ *   memo.c   identical sites planned once per apply (a table the caller owns)
+ */
+#ifndef ALTPATCH_PLAN_H
+#define ALTPATCH_PLAN_H
+
+#include "pure.h"
+
+
+/** An address range and its bytes (data may be NULL for "no bytes available"). */
+struct ap_region {
+    uint64_t addr;
+    uint64_t size;
+    const uint8_t *data;
+};
+
+#define AP_MAX_TEXT 16
+
+/** A module as the planner sees it. */
+struct ap_view {
+    struct ap_region text[AP_MAX_TEXT]; /* where sites may lie (executable, minus repl) */
+    size_t ntext;
+    struct ap_region repl;              /* altinstr_replacement */
+};
+
+struct ap_plan {
+    int reason;       /* ALTPATCH_REASON_*; NONE when final is valid */
+    int bad_entry;    /* index (within the site) of the entry that caused a refusal, or -1 */
+    int chosen;       /* index (within the site) of the selected entry; -1 = original */
+    uint8_t len;      /* site length */
+    uint8_t orig[AP_MAX_SITE];
+    uint8_t final[AP_MAX_SITE]; /* == orig when chosen == -1 or refused */
+    char detail[160]; /* human-readable detail of a refusal */
+    /* Some entry's replacement has a relative field, so the plan depends on
+     * the site's and the replacements' addresses, not on bytes alone (memo.c
+     * relocates such a stored plan again for each site). Valid when reason
+     * is NONE. */
+    bool relative;
+};
+
+/** Whether entry @p e applies under @p fs (feature present, or absent with ALT_FLAG_NOT). */
+AP_HIDDEN bool ap_entry_eligible(const struct ap_entry *e, const struct altpatch_features *fs);
+
+/**
+ * Decide one site. Validates the site and *every* entry of it (so a refusal does
+ * not depend on the CPU), then picks the last eligible entry, copies its
+ * replacement, relocates it from the replacement's address to the site's,
+ * pads to the site length and folds NOP runs. @p orig: the site's original
+ * bytes if the caller keeps them (memory may already be patched), else NULL to
+ * read them from @p v. Never fails outright: refusals are in out->reason, and
+ * then out->final == out->orig.
+ */
+AP_HIDDEN void ap_plan_site(const struct ap_view *v, const struct ap_site *s,
+                            const struct ap_entry *entries, const uint8_t *orig,
+                            const struct altpatch_features *fs, struct ap_plan *out);
+
+/**
+ * What a caller with its own record dialect (a Linux kernel image, read by
+ * altdump) tells the planner instead of this library's tables: the feature
+ * ids that exist (bit id of @c known, word*32+bit as in a feature set), and
+ * the flags besides ALT_FLAG_NOT that it resolves itself. An entry with such
+ * a flag is validated and planned like any other; the caller then adjusts the
+ * final bytes it stands for (the kernel's ALT_FLAG_DIRECT_CALL).
+ */
+struct ap_plan_rules {
+    uint32_t known[AP_NCAPWORDS];
+    unsigned flags;
+};
+
+/** ap_plan_site() under @p rules (NULL: this library's features and flags). */
+AP_HIDDEN void ap_plan_site_rules(const struct ap_view *v, const struct ap_site *s,
+                                  const struct ap_entry *entries, const uint8_t *orig,
+                                  const struct altpatch_features *fs,
+                                  const struct ap_plan_rules *rules, struct ap_plan *out);
+
+/** [addr, addr+len) within @p r? (no wrap-around) */
+AP_HIDDEN bool ap_region_holds(const struct ap_region *r, uint64_t addr, uint64_t len);
+/** The first region of @p v->text holding [addr, addr+len), or NULL. */
+AP_HIDDEN const struct ap_region *ap_view_find(const struct ap_view *v, uint64_t addr,
+                                               uint64_t len);
+/** Find [addr, addr+len) inside one region of @p v->text; returns its bytes or NULL. */
+AP_HIDDEN const uint8_t *ap_view_text(const struct ap_view *v, uint64_t addr, uint64_t len);
+
+/*
+ * The checks of a site and of an entry that depend on addresses, made by the
+ * planner and again by the memo for a site it answers (the same rules once).
+ */
+
+/**
+ * A site's refusal known before its bytes are decoded: @p s->reason, else
+ * EMPTY_SITE (no length or no entry), else SITE_BOUNDS (not inside one text
+ * region, or no bytes there and none in @p orig), else NONE with *@p bytes
+ * the original bytes (@p orig when given, else the view's).
+ */
+AP_HIDDEN int ap_site_check(const struct ap_view *v, const struct ap_site *s,
+                            const uint8_t *orig, const uint8_t **bytes);
+/**
+ * Whether entry @p e's replacement lies inside @p v->repl with bytes there
+ * (false: REPL_BOUNDS); *@p bytes is its first byte (NULL for length 0).
+ */
+AP_HIDDEN bool ap_entry_repl(const struct ap_view *v, const struct ap_entry *e,
+                             const uint8_t **bytes);
+
+/* ------------------------------------------------------------------------- */
+/* Plan memo (memo.c): identical sites planned once per apply                */
+/* ------------------------------------------------------------------------- */
+
+/**
+ * Plans keyed on a site's content (length, original bytes, every entry's
+ * feature, flags and replacement bytes) for one feature set. Owned by the
+ * caller (one per apply); ap_memo_init() allocates nothing.
+ */
+/** Where the relative fields of a site's content lie in its memo key (memo.c
+ * keys such sites without their values). */
+struct ap_memo_mask {
+    uint16_t keylen;
+    uint16_t n;       /* fields */
+    uint16_t pos[8];  /* offset in the key */
+    uint8_t size[8];  /* bytes */
+};
+
+#define AP_MEMO_MAX_MASKS 8
+
+struct ap_memo {
+    struct altpatch_features fs; /* the set every plan was made for */
+    const struct altpatch_features *fs_at; /* where the caller keeps it (unchanged while in use) */
+    struct ap_memo_slot *slots;  /* open addressing, power-of-two size */
+    size_t nslots, nplans;
+    uint8_t *arena;              /* keys and final bytes */
+    size_t arena_len, arena_cap;
+    uint64_t hits, misses;       /* sites answered from the memo / by the planner */
+    struct ap_memo_mask masks[AP_MEMO_MAX_MASKS]; /* relative field layouts seen */
+    size_t nmasks;
+};
+
+/** An empty memo for plans made under @p fs. */
+AP_HIDDEN void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs);
+/** Free what @p m holds; it is then empty (and may be used again). */
+AP_HIDDEN void ap_memo_free(struct ap_memo *m);
+/**
+ * ap_plan_site() with the same arguments and the same result, answered from
+ * @p m when a site of the same content was planned before (the address checks
+ * are made again, relative fields relocated again for this site's addresses).
+ * Accepted plans are stored.
+ * @p m NULL, or @p fs other than the memo's set: the planner alone. The set
+ * given to ap_memo_init() is recognised by its address, so the caller must
+ * not change it while it uses the memo; any other pointer is compared by
+ * content.
+ */
+AP_HIDDEN void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+                            const struct ap_entry *entries, const uint8_t *orig,
+                            const struct altpatch_features *fs, struct ap_plan *out);
+
+#endif /* ALTPATCH_PLAN_H */

@@ -1,0 +1,347 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pure.h - floor 1 of libaltpatch: pure layers over bytes and data, no
+ * system calls (floors: util.h).
+ *
+ *   record.c     the record table and the note (format versions 1 and 2)
+ *   prepatch.c   the section of a pre-patched file that keeps the originals
+ *   elfsec.c     a section or the altpatch note of an ELF file, through a reader
+ *   features.c   the feature table: names, sets, the edit language, profiles
+ *   insn.c       instruction facts (the only file that includes Zydis)
+ *   nop.c        NOPs
+ *   reloc.c      relative fields moved to another address
+ *
+ * Nomenclature:
+ *   record / entry  one 14-byte struct altpatch_record in `altinstructions`
+ *   site            the bytes at one address that one or more consecutive
+ *                   entries describe (nested ALTERNATIVE_2/3); its length is
+ *                   the largest instrlen among them
+ *   original        the bytes the compiler emitted at the site
+ *   replacement     the bytes one entry points at in `altinstr_replacement`
+ *   final           the bytes the planner decided the site must hold
+ *   view            the address ranges (with their bytes) of one module, as
+ *                   the planner sees them: live memory or an ELF file
+ */
+#ifndef ALTPATCH_PURE_H
+#define ALTPATCH_PURE_H
+
+#include "util.h"
+
+/** Longest site: instrlen is a u8. */
+#define AP_MAX_SITE 255
+/** Longest single NOP in the table (kernel x86-64: 11). */
+#define AP_NOP_MAX 11
+
+/* ------------------------------------------------------------------------- */
+/* Record format (on disk / in memory), see docs/format.md                   */
+/* ------------------------------------------------------------------------- */
+
+/** The kernel's struct alt_instr, packed, 14 bytes. Offsets are self-relative. */
+struct altpatch_record {
+    int32_t instr_offset; /* site        = &instr_offset + instr_offset */
+    int32_t repl_offset;  /* replacement = &repl_offset  + repl_offset  */
+    uint32_t ft_flags;    /* feature (low 16) | flags (high 16) */
+    uint8_t instrlen;
+    uint8_t replacementlen;
+} __attribute__((packed));
+
+_Static_assert(sizeof(struct altpatch_record) == ALTPATCH_RECORD_SIZE, "record size");
+
+/** Descriptor of the `.note.altpatch` note, resolved to addresses. */
+struct ap_note {
+    uint32_t version;     /* ALTPATCH_FORMAT_VERSION */
+    uint32_t record_size; /* ALTPATCH_RECORD_SIZE */
+    uint64_t table_start, table_end; /* altinstructions */
+    uint64_t repl_start, repl_end;   /* altinstr_replacement */
+};
+
+/** Size of the note descriptor in bytes (6 x u32). */
+#define AP_NOTE_DESCSZ 24
+
+/**
+ * Parse a note descriptor found at address @p desc_addr (the offsets in it are
+ * relative to their own field). Returns ALTPATCH_REASON_NONE, or
+ * ALTPATCH_REASON_BAD_VERSION if @p descsz, the version or the record size is
+ * not one this library understands (out is then still filled as far as read).
+ */
+AP_HIDDEN int ap_note_parse(const uint8_t *desc, size_t descsz, uint64_t desc_addr,
+                            struct ap_note *out);
+
+/** One record, decoded to absolute addresses (of whatever address space the caller uses). */
+struct ap_entry {
+    uint64_t site;     /* address of the original */
+    uint64_t repl;     /* address of the replacement */
+    uint16_t feature;  /* X86_FEATURE_* */
+    uint16_t flags;    /* ALT_FLAG_* */
+    uint8_t instrlen;
+    uint8_t repllen;
+    uint32_t index;    /* position in the table */
+};
+
+/** One site: entries[first .. first+count) share the address @c addr. */
+struct ap_site {
+    uint64_t addr;
+    uint32_t first, count;
+    uint8_t len;       /* max instrlen of the group */
+    int reason;        /* refusal known before planning (SITE_OVERLAP, EMPTY_SITE), else 0 */
+};
+
+/**
+ * Decode the table of @p size bytes whose first byte is at @p table_addr.
+ * Returns ALTPATCH_REASON_NONE, ALTPATCH_REASON_BAD_TABLE (size not a multiple
+ * of the record size: nothing decoded), or -ENOMEM. *out is malloc'ed.
+ */
+AP_HIDDEN int ap_records_parse(const uint8_t *table, size_t size, uint64_t table_addr,
+                               struct ap_entry **out, size_t *n);
+
+/**
+ * Group consecutive entries with the same site address into sites (in table
+ * order). Marks sites that overlap another site with ALTPATCH_REASON_SITE_OVERLAP
+ * (both of them) and sites of length 0 with ALTPATCH_REASON_EMPTY_SITE.
+ * Returns 0 or -ENOMEM. *out is malloc'ed.
+ */
+AP_HIDDEN int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out,
+                             size_t *nsites);
+
+/* ------------------------------------------------------------------------- */
+/* Features (features.c): the table, sets, names, edits, profiles            */
+/* ------------------------------------------------------------------------- */
+
+/** Words of 32 feature bits; kernel numbering word*32+bit. */
+#define AP_NCAPWORDS 32
+
+struct altpatch_features {
+    uint32_t word[AP_NCAPWORDS];
+    char vendor[16];
+};
+
+/** True when @p id names a feature in this library's table. */
+AP_HIDDEN bool ap_feature_known(unsigned id);
+/** Raw test, no allocation; false for ids outside the bitmap. */
+AP_HIDDEN bool ap_features_test(const struct altpatch_features *f, unsigned id);
+/** Set / clear bit @p id (no check: the caller knows it is a known id). */
+AP_HIDDEN void ap_bit_set(struct altpatch_features *f, unsigned id);
+AP_HIDDEN void ap_bit_clear(struct altpatch_features *f, unsigned id);
+/** Set the vendor string (truncated to 15 characters). */
+AP_HIDDEN void ap_set_vendor(struct altpatch_features *f, const char *vendor);
+/** The empty set, vendor "unknown". */
+AP_HIDDEN void ap_features_init(struct altpatch_features *f);
+/** Keep only the bits the table names. */
+AP_HIDDEN void ap_mask_known(struct altpatch_features *f);
+/**
+ * Derive the synthetic bits from the vendor and the CPUID bits, as the
+ * kernel does: ALWAYS, APIC_MSRS_FENCE, LFENCE_RDTSC, 3DNOWPREFETCH.
+ */
+AP_HIDDEN void ap_derive_synthetic(struct altpatch_features *f);
+/**
+ * Clear the comma-separated feature names of @p list from @p f (the
+ * ALTPATCH_CLEARCPUID syntax); ALWAYS is never cleared. Unknown names and
+ * ALWAYS are warned about through ap_log(ALTPATCH_WARN) when @p warn, and
+ * skipped. Returns the number of
+ * names cleared.
+ */
+AP_HIDDEN int ap_clear_names(struct altpatch_features *f, const char *list, bool warn);
+/** ap_clear_names() with warnings; 0 when @p f is NULL. */
+AP_HIDDEN int ap_clearcpuid(struct altpatch_features *f, const char *list);
+
+/** ap_profile_fill(): the profile is "host" (the caller probes this CPU). */
+#define AP_PROFILE_HOST 1
+/**
+ * Fill @p f with the profile called @p name (case-insensitive). 0, or
+ * AP_PROFILE_HOST (@p f untouched), or -ENOENT.
+ */
+AP_HIDDEN int ap_profile_fill(const char *name, struct altpatch_features *f);
+
+/* ------------------------------------------------------------------------- */
+/* Pre-patched files (prepatch.c), see docs/format.md, "Version 2"           */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * A pre-patched file is a version-1 file whose sites already hold the plan
+ * for one feature set (a CPU profile), written by altprepatch. Its note says
+ * version 2, and a non-allocated section, AP_PREPATCH_SECTION, records the
+ * profile, its feature set, and per site the compiler's original bytes and
+ * the bytes written in their place. The layout of that section (the
+ * "prepatch record") is parsed and built here, without touching any file.
+ */
+
+/** Note version of a pre-patched file (version 1 plus the section below). */
+#define AP_FORMAT_PREPATCHED 2u
+/** Name of the non-allocated section that keeps the originals. */
+#define AP_PREPATCH_SECTION ".altpatch.orig"
+/** First 8 bytes of that section. */
+#define AP_PREPATCH_MAGIC "ALTPREP1"
+/** Bytes before the first site record. */
+#define AP_PREPATCH_HDR 240u
+/** Bytes of a site record before its two byte strings. */
+#define AP_PREPATCH_SITE_HDR 16u
+/** Longest profile text kept (with its NUL). */
+#define AP_PREPATCH_PROFILE 64u
+
+/** The section's header, decoded. */
+struct ap_prepatch {
+    uint32_t nsites;
+    uint64_t table_addr;  /* link-time address of altinstructions */
+    uint64_t table_size;
+    char profile[AP_PREPATCH_PROFILE];
+    struct altpatch_features fs; /* the set the sites were planned for */
+    const uint8_t *sites; /* first site record */
+    size_t sites_len;
+};
+
+/** One site record. */
+struct ap_prepatch_site {
+    uint64_t addr;           /* link-time address */
+    uint8_t len;
+    int32_t chosen;          /* entry written, -1: the original was kept */
+    const uint8_t *orig;     /* @c len bytes: the compiler's */
+    const uint8_t *written;  /* @c len bytes: what the file's site holds */
+};
+
+/**
+ * Check and decode the section @p buf of @p len bytes. Every site record must
+ * lie inside it and together they must fill it exactly. 0 or -EINVAL.
+ */
+AP_HIDDEN int ap_prepatch_parse(const uint8_t *buf, size_t len, struct ap_prepatch *out);
+
+/**
+ * The site record at *@p pos of @p p's site records (start with *pos = 0);
+ * advances *pos. 0, or -ENOENT past the last one.
+ */
+AP_HIDDEN int ap_prepatch_next(const struct ap_prepatch *p, size_t *pos,
+                               struct ap_prepatch_site *out);
+
+/** Size of a section with @p nsites sites of total length @p site_bytes. */
+AP_HIDDEN size_t ap_prepatch_size(size_t nsites, size_t site_bytes);
+
+/** Write the header of a section into @p buf (AP_PREPATCH_HDR bytes). */
+AP_HIDDEN void ap_prepatch_put_header(uint8_t *buf, const struct ap_prepatch *p);
+
+/** Write one site record at @p buf; returns the bytes written. */
+AP_HIDDEN size_t ap_prepatch_put_site(uint8_t *buf, const struct ap_prepatch_site *s);
+
+/* ------------------------------------------------------------------------- */
+/* ELF sections and notes (elfsec.c)                                         */
+/* ------------------------------------------------------------------------- */
+
+/** Read @p len bytes at file offset @p off into @p dst: 0, or -errno (-EIO when short). */
+typedef int (*ap_elf_read_fn)(void *ctx, uint64_t off, void *dst, size_t len);
+
+/** A section header, reduced. */
+struct ap_elf_section {
+    uint32_t index;   /* in the section header table */
+    uint32_t type;    /* SHT_* */
+    uint64_t flags;   /* SHF_* */
+    uint64_t offset;  /* sh_offset */
+    uint64_t size;    /* sh_size */
+    uint64_t hdr_off; /* file offset of the section header itself */
+};
+
+/**
+ * Find the section called @p name. Checks the ELF header (64-bit,
+ * little-endian, x86-64), the section header table and the section name
+ * table against @p file_size before reading them. 0 (found), -ENOENT (no
+ * such section, or no section headers), -ENOEXEC (not such an ELF file, or
+ * headers out of bounds), -ENOMEM, or the reader's error.
+ */
+AP_HIDDEN int ap_elf_find_section(ap_elf_read_fn rd, void *ctx, uint64_t file_size,
+                                  const char *name, struct ap_elf_section *out);
+
+/**
+ * Find the altpatch note (owner ALTPATCH_NOTE_NAME, type ALTPATCH_NOTE_TYPE)
+ * among the notes of one PT_NOTE segment of @p size bytes at @p p (@p align:
+ * 4 or 8). Returns its descriptor (its size in *@p descsz) or NULL. A
+ * malformed note stops the search: nothing past the segment is read.
+ */
+AP_HIDDEN const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align,
+                                      uint32_t *descsz);
+
+/* ------------------------------------------------------------------------- */
+/* Instructions (insn.c: the only place that includes Zydis)                 */
+/* ------------------------------------------------------------------------- */
+
+/** One decoded instruction, reduced to what the planner needs. */
+struct ap_insn {
+    uint8_t len;
+    bool is_nop;        /* a true NOP (90, 66 90, 0f 1f /0, ...); not PAUSE (f3 90), not 41 90 */
+    bool is_int3;       /* cc */
+    bool is_call;       /* call of any form (near, far, direct, indirect) */
+    /* The relative field, if any: a rel8/rel32 branch immediate or a
+     * RIP-relative displacement. Target = address + len + rel_value. */
+    bool has_rel;
+    bool rel_is_branch; /* immediate of jmp/call/jcc/loop/jrcxz; else RIP-relative disp */
+    uint8_t rel_off;    /* byte offset of the field within the instruction */
+    uint8_t rel_size;   /* 1, 2 or 4 */
+    int64_t rel_value;  /* sign-extended */
+};
+
+/**
+ * Decode one instruction of 64-bit code from @p buf (@p avail bytes readable).
+ * Returns 0; -ENODATA when the instruction runs past @p avail; -EILSEQ when the
+ * bytes are not a valid instruction.
+ */
+AP_HIDDEN int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out);
+
+/**
+ * Format the instruction at @p buf (runtime address @p addr) into @p out:
+ * AT&T syntax, or Intel when @p intel. Returns its length, or a negative errno
+ * as ap_insn_decode() (then @p out holds "(bad)").
+ */
+AP_HIDDEN int ap_insn_format(const uint8_t *buf, size_t avail, uint64_t addr, bool intel,
+                             char *out, size_t outsz);
+
+/* ------------------------------------------------------------------------- */
+/* NOPs (nop.c)                                                              */
+/* ------------------------------------------------------------------------- */
+
+/** ap_nops[n] = the n-byte NOP, 1 <= n <= AP_NOP_MAX (the kernel's x86-64 table). */
+extern AP_HIDDEN const uint8_t *const ap_nops[AP_NOP_MAX + 1];
+
+/**
+ * Fill @p len bytes with the fewest instructions that do nothing: one NOP from
+ * the table up to AP_NOP_MAX; above that a short jmp over int3 filler (as the
+ * kernel does; a rel32 jmp above 129 bytes).
+ */
+AP_HIDDEN void ap_nop_fill(uint8_t *buf, size_t len);
+
+/**
+ * Re-fill every maximal run of NOP instructions (ap_insn.is_nop) in @p buf with
+ * ap_nop_fill(). Stops at the first byte that does not decode and leaves the
+ * rest untouched. Returns the number of runs rewritten.
+ */
+AP_HIDDEN size_t ap_nop_fold(uint8_t *buf, size_t len);
+
+/* ------------------------------------------------------------------------- */
+/* Relocation (reloc.c)                                                      */
+/* ------------------------------------------------------------------------- */
+
+/** Does @p v fit a signed relative field of @p size bytes (1, 2 or 4)? */
+AP_HIDDEN bool ap_rel_fits(int64_t v, unsigned size);
+/** Store the low @p size bytes of @p v at @p p, little-endian. */
+AP_HIDDEN void ap_rel_store(uint8_t *p, int64_t v, unsigned size);
+
+/**
+ * @p buf holds @p len bytes of code assembled to run at @p src; they will run
+ * at @p dst. Rewrite each relative field whose target lies outside
+ * [src, src+len] (the end counts as inside) so that it reaches the same
+ * target from @p dst:  new = old + src_insn - dst_insn  (= old + src - dst).
+ * Targets inside keep their value. Returns ALTPATCH_REASON_NONE,
+ * ALTPATCH_REASON_RELOC_OVERFLOW (the new value does not fit the field),
+ * ALTPATCH_REASON_REPL_UNDECODABLE or ALTPATCH_REASON_REPL_CROSSES_END.
+ * On refusal @p buf may be partly rewritten; @p detail (may be NULL) says
+ * which instruction and why.
+ */
+AP_HIDDEN int ap_reloc(uint8_t *buf, size_t len, uint64_t src, uint64_t dst, char *detail,
+                       size_t detailsz);
+
+/**
+ * ap_reloc() for a block already decoded: @p insns[0..n) are its instructions
+ * in order, as ap_insn_decode() gave them for these bytes (relocating one
+ * field changes no length). Same result as ap_reloc(); a list that does not
+ * cover exactly @p len bytes is refused with ALTPATCH_REASON_REPL_CROSSES_END.
+ */
+AP_HIDDEN int ap_reloc_insns(uint8_t *buf, size_t len, const struct ap_insn *insns, size_t n,
+                             uint64_t src, uint64_t dst, char *detail, size_t detailsz);
+
+
+#endif /* ALTPATCH_PURE_H */

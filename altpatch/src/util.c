@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * util.c - the ground floor: the library's version, its log (through the
+ * callback set by altpatch_set_print()), the environment (ignored under
+ * AT_SECURE) and the monotonic clock. Calls nothing else of the library.
+ */
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <time.h>
+
+#define AP_XSTR(x) #x
+#define AP_VSTR(a, b, c) AP_XSTR(a) "." AP_XSTR(b) "." AP_XSTR(c)
+
+const char *altpatch_version(void)
+{
+    return AP_VSTR(ALTPATCH_VERSION_MAJOR, ALTPATCH_VERSION_MINOR, ALTPATCH_VERSION_PATCH);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Environment, clock                                                        */
+/* ------------------------------------------------------------------------- */
+
+const char *ap_getenv(const char *name)
+{
+    if (getauxval(AT_SECURE))
+        return NULL;
+    return getenv(name);
+}
+
+bool ap_env_on(const char *name)
+{
+    const char *v = ap_getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+uint64_t ap_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Logging                                                                   */
+/* ------------------------------------------------------------------------- */
+
+static int ap_default_print(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    if (level != ALTPATCH_WARN && !ap_env_on("ALTPATCH_DEBUG"))
+        return 0;
+    return vfprintf(stderr, fmt, ap);
+}
+
+static altpatch_print_fn ap_print = ap_default_print;
+
+altpatch_print_fn altpatch_set_print(altpatch_print_fn fn)
+{
+    return __atomic_exchange_n(&ap_print, fn, __ATOMIC_ACQ_REL);
+}
+
+void ap_log(enum altpatch_print_level level, const char *fmt, ...)
+{
+    altpatch_print_fn fn = __atomic_load_n(&ap_print, __ATOMIC_ACQUIRE);
+    if (!fn)
+        return;
+    /* Every message starts with "altpatch: ", whatever the callback. */
+    char prefixed[256];
+    const char *f = fmt;
+    if (snprintf(prefixed, sizeof(prefixed), "altpatch: %s", fmt) < (int)sizeof(prefixed))
+        f = prefixed;
+    va_list ap;
+    va_start(ap, fmt);
+    fn(level, f, ap);
+    va_end(ap);
+}

@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * util.h - floor 0 of libaltpatch: what every other file may use.
+ *
+ * The library's files stand on five floors; a file includes the header of
+ * its own floor (which includes the ones below) and calls only names of its
+ * floor or below, never above (docs/architecture.md; tests/check_layers.sh
+ * enforces the includes):
+ *
+ *   4  apply.h  apply.c pins.c sitecache.c debug.c (runtime API), image.c (offline API)
+ *   3  host.h   cpu.c module.c view.c prepatch_load.c writer.c poke.c live.c
+ *   2  plan.h   plan.c memo.c                                       (pure)
+ *   1  pure.h   record.c prepatch.c elfsec.c features.c insn.c nop.c reloc.c
+ *   0  util.h   util.c reason.c primitives.c
+ *
+ * Floor 0: log (through the callback set by altpatch_set_print()),
+ * environment (ignored under AT_SECURE), clock, reason strings (reason.c),
+ * and the x86 instructions the library executes itself (CPUID, XGETBV).
+ * Everything declared in src/ has hidden visibility.
+ */
+#ifndef ALTPATCH_UTIL_H
+#define ALTPATCH_UTIL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+
+#define AP_HIDDEN __attribute__((visibility("hidden")))
+
+/** Log through the callback set by altpatch_set_print(). */
+AP_HIDDEN void ap_log(enum altpatch_print_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/** getenv(), or NULL when AT_SECURE is set. */
+AP_HIDDEN const char *ap_getenv(const char *name);
+/** An environment switch: set (ap_getenv()), non-empty and not "0". */
+AP_HIDDEN bool ap_env_on(const char *name);
+/** Monotonic nanoseconds. */
+AP_HIDDEN uint64_t ap_now_ns(void);
+
+/* ------------------------------------------------------------------------- */
+/* x86 instructions the library runs itself                                  */
+/* ------------------------------------------------------------------------- */
+
+struct ap_regs {
+    uint32_t a, b, c, d;
+};
+
+/** CPUID leaf @p leaf, subleaf @p sub. */
+static inline struct ap_regs ap_cpuid(uint32_t leaf, uint32_t sub)
+{
+    struct ap_regs r;
+    __asm__ volatile("cpuid" : "=a"(r.a), "=b"(r.b), "=c"(r.c), "=d"(r.d) : "a"(leaf), "c"(sub));
+    return r;
+}
+
+/** XCR0 (only when CPUID says OSXSAVE: XGETBV raises #UD otherwise). */
+static inline uint64_t ap_xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/** Serializing instruction (CPUID), after writing code. */
+static inline void ap_sync_core(void)
+{
+    uint32_t a = 0, b, c = 0, d;
+    __asm__ volatile("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d) : : "memory");
+}
+
+#endif /* ALTPATCH_UTIL_H */
