@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Two sites whose values tell original, patched and torn apart (live tests). */
+/* Sites whose values tell original, patched and torn apart (live tests). */
 #ifndef AP_TEST_LIVE_SITES_H
 #define AP_TEST_LIVE_SITES_H
 
@@ -23,6 +23,31 @@ __attribute__((noinline)) static long site_pair(void)
                          : "=a"(v)
                          :
                          : "cc");
+    return v;
+}
+
+__attribute__((used)) static long ap_live_five(void)
+{
+    return 5;
+}
+
+/* A call that is not the site's last instruction: 5, or 7 once patched. Its
+ * return address lies inside the site, so the site is never patched live. */
+__attribute__((noinline, unused)) static long site_callin(void)
+{
+    long v;
+    __asm__ __volatile__("lea -128(%%rsp), %%rsp\n\t"
+                         "push %%rbp\n\t"
+                         "mov %%rsp, %%rbp\n\t"
+                         "and $-16, %%rsp\n\t" ALTERNATIVE("call %P[fn]\n\tnop",
+                                                           "movl $7, %%eax",
+                                                           X86_FEATURE_ALWAYS)
+                         "\n\tmov %%rbp, %%rsp\n\t"
+                         "pop %%rbp\n\t"
+                         "lea 128(%%rsp), %%rsp"
+                         : "=a"(v)
+                         : [fn] "i"(ap_live_five)
+                         : "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "memory", "cc");
     return v;
 }
 

@@ -51,31 +51,6 @@ __attribute__((noinline)) static long site_spin(void)
     return v;
 }
 
-__attribute__((used)) static long five(void)
-{
-    return 5;
-}
-
-/* A call that is not the site's last instruction: its return address lies
- * inside the site, so the site is never patched live. */
-__attribute__((noinline)) static long site_callin(void)
-{
-    long v;
-    __asm__ __volatile__("lea -128(%%rsp), %%rsp\n\t"
-                         "push %%rbp\n\t"
-                         "mov %%rsp, %%rbp\n\t"
-                         "and $-16, %%rsp\n\t" ALTERNATIVE("call %P[fn]\n\tnop",
-                                                           "movl $7, %%eax",
-                                                           X86_FEATURE_ALWAYS)
-                         "\n\tmov %%rbp, %%rsp\n\t"
-                         "pop %%rbp\n\t"
-                         "lea 128(%%rsp), %%rsp"
-                         : "=a"(v)
-                         : [fn] "i"(five)
-                         : "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "memory", "cc");
-    return v;
-}
-
 enum { S_ONE, S_PAIR, S_SPIN, S_CALLIN, S_COUNT };
 static void *const site_fn[S_COUNT] = {(void *)site_one, (void *)site_pair, (void *)site_spin,
                                        (void *)site_callin};

@@ -529,30 +529,6 @@ Test(robust, reloaded_plugin_is_planned_from_its_own_bytes, .timeout = 60)
 
 /* ---- one WARN line per site and reason ------------------------------------------ */
 
-__attribute__((used)) static long five(void)
-{
-    return 5;
-}
-
-/* A call that is not the site's last instruction: never patched live. */
-__attribute__((noinline)) static long site_callin(void)
-{
-    long v;
-    __asm__ __volatile__("lea -128(%%rsp), %%rsp\n\t"
-                         "push %%rbp\n\t"
-                         "mov %%rsp, %%rbp\n\t"
-                         "and $-16, %%rsp\n\t" ALTERNATIVE("call %P[fn]\n\tnop",
-                                                           "movl $7, %%eax",
-                                                           X86_FEATURE_ALWAYS)
-                         "\n\tmov %%rbp, %%rsp\n\t"
-                         "pop %%rbp\n\t"
-                         "lea 128(%%rsp), %%rsp"
-                         : "=a"(v)
-                         : [fn] "i"(five)
-                         : "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "memory", "cc");
-    return v;
-}
-
 struct warn_res {
     int rc_bad;
     long v;
