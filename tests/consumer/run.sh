@@ -80,4 +80,15 @@ step "altprepatch from its source, against the installed headers only"
 "$work/pc/altprepatch" --cpu baseline "$work/pc/consumer" "$work/pc/consumer.baseline"
 readelf -SW "$work/pc/consumer.baseline" | grep -q '\.altpatch\.orig' || {
     echo "altprepatch wrote no .altpatch.orig section" >&2; exit 1; }
+step "altbench from its source, against the installed headers and library only"
+ab=$src/tools/altbench
+elfflags=$(pkg-config --cflags --libs libelf 2>/dev/null || echo -lelf)
+# shellcheck disable=SC2086
+"$cc" -std=gnu11 -D_GNU_SOURCE $cflags $pcflags "$ab/altbench.c" "$ab/insn.c" "$ab/sites.c" \
+      "$ab/dispatch.c" "$ab/size.c" "$ab/scaling.c" "$src/tools/common/berkeley.c" \
+      -o "$work/pc/altbench" $pclibs $elfflags -lpthread
+check_loads_prefix "$work/pc/altbench" shared
+"$work/pc/altbench" size "$work/pc/consumer" "$work/pc/consumer" 1 >"$work/pc/altbench.size"
+grep -q '^| difference | 0 | 0 | 0 | 0 |$' "$work/pc/altbench.size" || {
+    cat "$work/pc/altbench.size" >&2; echo "altbench size: a file against itself must differ by 0" >&2; exit 1; }
 echo "== install + consumer: OK"
