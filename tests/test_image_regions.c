@@ -325,3 +325,47 @@ Test(image_regions, bad_descriptions_are_refused)
     refused(&(struct altpatch_image_regions){.sz = 0}, -EINVAL, "zero sz");
     cr_assert_eq(memcmp(&copy, &good, sizeof(good)), 0);
 }
+
+Test(image_regions, another_numbering_through_raw_bits)
+{
+    /* Id 1000 is no feature of this library: a kernel-style numbering. */
+    uint8_t table[14];
+    rec14(table, TABLE_ADDR, TEXT_ADDR + 16, 1000, 0);
+    struct altpatch_image_regions d = desc(table, sizeof(table));
+    unsigned known[] = {1000};
+    d.known = known;
+    d.nknown = 1;
+    struct altpatch_features *fs = altpatch_features_new();
+    cr_assert_not_null(fs);
+    cr_assert_eq(altpatch_features_set(fs, 1000), -EINVAL);
+    cr_assert_eq(altpatch_features_set_bit(fs, 1000, true), 0);
+    cr_assert(altpatch_features_test_bit(fs, 1000));
+    cr_assert_not(altpatch_features_has(fs, 1000));
+    cr_assert_eq(altpatch_features_set_bit(fs, ALTPATCH_FEATURE_BITS, true), -EINVAL);
+    cr_assert_eq(altpatch_features_set_bit(NULL, 1, true), -EINVAL);
+    cr_assert_not(altpatch_features_test_bit(fs, ALTPATCH_FEATURE_BITS));
+    cr_assert_not(altpatch_features_test_bit(NULL, 1));
+
+    struct altpatch_image *img = NULL;
+    cr_assert_eq(altpatch_image_open_regions(&d, &img), 0);
+    struct seen v;
+    plan_walk(img, fs, &v);
+    cr_assert_eq(v.s[0].reason, ALTPATCH_REASON_NONE);
+    cr_assert_eq(v.s[0].bad_entry, -1);
+    cr_assert_arr_eq(v.fin[0], repl, 5);
+    cr_assert_eq(altpatch_features_set_bit(fs, 1000, false), 0);
+    cr_assert_not(altpatch_features_test_bit(fs, 1000));
+    plan_walk(img, fs, &v);
+    cr_assert_arr_eq(v.fin[0], nop5, 5);
+    altpatch_image_close(img);
+
+    /* The library's own numbering refuses id 1000, naming the entry. */
+    d.known = NULL;
+    d.nknown = 0;
+    cr_assert_eq(altpatch_image_open_regions(&d, &img), 0);
+    plan_walk(img, fs, &v);
+    cr_assert_eq(v.s[0].reason, ALTPATCH_REASON_UNKNOWN_FEATURE);
+    cr_assert_eq(v.s[0].bad_entry, 0);
+    altpatch_image_close(img);
+    altpatch_features_free(fs);
+}

@@ -101,6 +101,7 @@ AP_HIDDEN void ap_warn_refusal(const struct ap_work *wk);
 struct ap_image_plan {
     int reason;
     int chosen;
+    int bad_entry;
     char *detail; /* malloc'ed for refusals, else NULL */
 };
 

@@ -166,7 +166,7 @@ int ap_image_take_originals(struct altpatch_image *img)
         const struct ap_site *s = &img->sites[i];
         const uint8_t *b = s->len ? ap_view_text(&img->view, s->addr, s->len) : NULL;
         img->orig_off[i] = b ? off : AP_NO_ORIG;
-        img->plan[i] = (struct ap_image_plan){s->reason, -1, NULL};
+        img->plan[i] = (struct ap_image_plan){s->reason, -1, -1, NULL};
         if (b) {
             memcpy(img->orig + off, b, s->len);
             off += s->len;
@@ -432,6 +432,7 @@ ALTPATCH_API int altpatch_image_plan(struct altpatch_image *img,
         ip->detail = NULL;
         ip->reason = p->reason;
         ip->chosen = p->reason ? -1 : p->chosen;
+        ip->bad_entry = p->reason ? p->bad_entry : -1;
         if (p->reason && p->detail[0] && !(ip->detail = strdup(p->detail)))
             err = -ENOMEM;
         if (orig)
@@ -465,6 +466,7 @@ ALTPATCH_API int altpatch_image_site_foreach(const struct altpatch_image *img,
             .original = in ? img->orig + off : NULL,
             .current = in ? ap_view_text(&img->view, s->addr, s->len) : NULL,
             .final = in && img->planned ? img->final + off : NULL,
+            .bad_entry = img->planned ? ip->bad_entry : -1,
         };
         int r = fn(&site, ctx);
         if (r)

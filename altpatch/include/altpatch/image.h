@@ -110,6 +110,8 @@ struct altpatch_image_site {
     const uint8_t *original; /**< the compiler's bytes; NULL when the site lies outside the text */
     const uint8_t *current;  /**< the bytes the image holds there (a pre-patched file: the profile's) */
     const uint8_t *final;    /**< the plan's bytes; NULL before a plan or outside the text */
+    /** Entry (within the site) whose record caused the refusal, -1 when none or not one entry. */
+    int bad_entry;
 };
 
 /** Return non-zero to stop the walk. */
