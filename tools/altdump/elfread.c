@@ -637,9 +637,9 @@ static int cmp_region(const void *a, const void *b)
 }
 
 /*
- * More executable sections than a view holds (ALTPATCH_IMAGE_MAX_TEXT) (a .o built with
- * -ffunction-sections): one region spanning all of them, gaps filled with
- * int3. Sites in a gap then decode as int3 and are refused by the planner.
+ * More executable sections than a view holds (ALTPATCH_IMAGE_MAX_TEXT; a .o
+ * built with -ffunction-sections): one region spanning all of them, gaps
+ * filled with int3. Sites in a gap then decode as int3 and are refused by the planner.
  */
 static int merge_all(struct reader *r, struct ad_region *reg, size_t *n)
 {
