@@ -776,6 +776,14 @@ struct load {
     size_t entry, off;
 };
 
+/* Bytes of every site inside the text (the originals' total). */
+static int count_bytes(const struct altpatch_image_site *s, void *ctx)
+{
+    if (s->original)
+        *(size_t *)ctx += s->len;
+    return 0;
+}
+
 static int load_site(const struct altpatch_image_site *s, void *ctx)
 {
     struct load *l = ctx;
@@ -855,7 +863,7 @@ static int open_tables(struct reader *r, unsigned layout, const unsigned *known,
     img->nsites = info.sites;
     img->entries = calloc(info.entries ? info.entries : 1, sizeof(*img->entries));
     img->sites = calloc(info.sites ? info.sites : 1, sizeof(*img->sites));
-    total = info.sites * (size_t)AD_MAX_SITE;
+    altpatch_image_site_foreach(img->ai, count_bytes, &total);
     img->origs = malloc(total ? total : 1);
     if (!img->entries || !img->sites || !img->origs)
         return oom(r);

@@ -50,6 +50,14 @@ static int pp_site(const struct altpatch_image_site *s, void *ctx)
     return 0;
 }
 
+/* Bytes of every site the file holds (what pp_written keeps). */
+static int pp_count(const struct altpatch_image_site *s, void *ctx)
+{
+    if (s->current)
+        *(size_t *)ctx += s->len;
+    return 0;
+}
+
 static char *pp_msg;
 static size_t pp_msgsz;
 
@@ -98,7 +106,8 @@ int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
         snprintf(err, errsz, "pre-patched (format 2) but the library does not read it as such");
         return AD_EXIT_BADINPUT;
     }
-    size_t total = info.sites * (size_t)AD_MAX_SITE;
+    size_t total = 0;
+    altpatch_image_site_foreach(li, pp_count, &total);
     img->pp_written = malloc(total ? total : 1);
     img->pp_off = malloc((info.sites ? info.sites : 1) * sizeof(*img->pp_off));
     img->pp_fs = altpatch_features_dup(fs);
