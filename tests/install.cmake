@@ -1,6 +1,5 @@
 # Packaging tests (see altpatch/install.cmake):
 #   exports_only_altpatch  the shared library's dynamic symbols are altpatch_* only
-#   tools_public_headers_only  no tool source includes a private header of altpatch/src
 #   install_consumer       cmake --install into a temp prefix, then build and run
 #                          tests/consumer via find_package and via pkg-config, and
 #                          build the tools from source against that prefix
@@ -19,9 +18,6 @@ set(_ap_consumer_cflags "")
 if(ALTPATCH_SANITIZE)
   set(_ap_consumer_cflags -fsanitize=address,undefined -fno-omit-frame-pointer)
 endif()
-add_test(NAME tools_public_headers_only
-         COMMAND ${CMAKE_COMMAND} -DSRC=${PROJECT_SOURCE_DIR}
-                 -P ${CMAKE_CURRENT_SOURCE_DIR}/consumer/check_tool_includes.cmake)
 add_test(NAME install_consumer
          COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/consumer/run.sh
                  ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}
