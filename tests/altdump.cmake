@@ -141,8 +141,8 @@ if(AD_FUZZ_OK)
   add_custom_command(OUTPUT ${fuzz_bin}
     COMMAND ${ALTDUMP_CLANG} -std=gnu11 -g -O1 -D_GNU_SOURCE
       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-      -I${PROJECT_SOURCE_DIR}/altpatch/include -I${PROJECT_SOURCE_DIR}/altpatch/src
-      -I${ALTPATCH_GEN_DIR} -I${PROJECT_SOURCE_DIR}/tools/altdump
+      -I${PROJECT_SOURCE_DIR}/altpatch/include -I${ALTPATCH_GEN_DIR}
+      -I${PROJECT_SOURCE_DIR}/tools/altdump
       ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}
       -o ${fuzz_bin} $<TARGET_FILE:Zydis::Zydis> ${AD_ZYCORE} -lelf -ldl -lpthread
     DEPENDS ${PROJECT_SOURCE_DIR}/tools/altdump/fuzz.c ${ALTDUMP_SOURCES} ${AD_LIB_SOURCES}

@@ -1,7 +1,8 @@
 # Packaging tests (see altpatch/install.cmake):
 #   exports_only_altpatch  the shared library's dynamic symbols are altpatch_* only
 #   install_consumer       cmake --install into a temp prefix, then build and run
-#                          tests/consumer via find_package and via pkg-config
+#                          tests/consumer via find_package and via pkg-config, and
+#                          build the tools from source against that prefix
 #   archive_only_altpatch  the installed libaltpatch.a is one object whose only
 #                          global symbols are altpatch_*
 #   static_clash           a program defining ap_log/ap_poke/ap_nops links it
@@ -44,7 +45,7 @@ set_tests_properties(static_clash PROPERTIES LABELS "install" TIMEOUT 60
 find_program(ALTPATCH_VALGRIND valgrind)
 if(ALTPATCH_VALGRIND)
   foreach(t test_apply test_badnote test_dialect test_insn test_memo test_nop test_opts
-            test_plan test_poke test_record test_reloc test_seal)
+            test_plan test_poke test_record test_reloc test_seal test_image_regions)
     if(TARGET ${t})
       add_test(NAME valgrind_${t}
                COMMAND ${ALTPATCH_VALGRIND} --quiet --error-exitcode=1 --smc-check=all

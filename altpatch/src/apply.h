@@ -10,9 +10,15 @@
  *   sitecache.c  each module's plans from the last apply
  *   debug.c      ALTPATCH_DEBUG blocks and refusal warnings
  *   image.c      the image API (<altpatch/image.h>): ELF files, offline
+ *   image_regions.c  the image API on memory a tool describes (sections,
+ *                a process, a kernel): altpatch_image_open_regions()
  */
 #ifndef ALTPATCH_APPLY_H
 #define ALTPATCH_APPLY_H
+
+#include <elf.h>
+
+#include <altpatch/image.h>
 
 #include "host.h"
 
@@ -84,5 +90,59 @@ AP_HIDDEN void ap_cache_check(struct ap_module *m, const struct altpatch_feature
 AP_HIDDEN void ap_debug_site(const struct ap_work *wk);
 /** One WARN line when a site becomes refused (not again while the reason stays). */
 AP_HIDDEN void ap_warn_refusal(const struct ap_work *wk);
+
+/* ------------------------------------------------------------------------- */
+/* Images (image.c: ELF files; image_regions.c: caller-described memory)     */
+/* ------------------------------------------------------------------------- */
+
+/** Largest file opened (the whole file is read into memory). */
+#define AP_IMAGE_MAX (1ull << 32)
+
+struct ap_image_plan {
+    int reason;
+    int chosen;
+    int bad_entry;
+    char *detail; /* malloc'ed for refusals, else NULL */
+};
+
+struct altpatch_image {
+    char *name;
+    uint8_t *buf; /* the file */
+    size_t len;
+    unsigned mode;
+    Elf64_Phdr *ph; /* copy of the program headers */
+    size_t nph;
+    struct ap_view view;
+    struct ap_note note;
+    uint64_t note_off; /* file offset of the note descriptor */
+    struct ap_entry *entries;
+    size_t nentries;
+    struct ap_site *sites;
+    size_t nsites;
+    uint8_t *orig;     /* per site at orig_off: the compiler's bytes */
+    size_t *orig_off;  /* AP_NO_ORIG: outside the text */
+    /* pre-patched files */
+    bool prepatched;
+    char profile[AP_PREPATCH_PROFILE];
+    struct altpatch_features pfs;
+    bool has_origsec;
+    struct ap_elf_section origsec;
+    /* the last plan */
+    bool planned;
+    struct altpatch_features plan_fs; /* the set of the last plan */
+    struct ap_image_plan *plan; /* per site */
+    uint8_t *final;             /* per site at orig_off */
+    /* altpatch_image_open_regions(): the caller's planning rules (NULL: this
+     * library's features and flags), and no ELF file behind the image. */
+    struct ap_plan_rules *rules;
+    bool regions;
+};
+
+/**
+ * Copy every site's bytes out of the view (the originals), allocate the
+ * per-site plan state: the last step of every constructor, once the view,
+ * entries and sites are set. 0 or -ENOMEM.
+ */
+AP_HIDDEN int ap_image_take_originals(struct altpatch_image *img);
 
 #endif /* ALTPATCH_APPLY_H */

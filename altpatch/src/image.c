@@ -22,45 +22,7 @@
 
 #include <altpatch/image.h>
 
-#include "host.h"
-
-/** Largest file opened (the whole file is read into memory). */
-#define AP_IMAGE_MAX (1ull << 32)
-
-struct ap_image_plan {
-    int reason;
-    int chosen;
-    char *detail; /* malloc'ed for refusals, else NULL */
-};
-
-struct altpatch_image {
-    char *name;
-    uint8_t *buf; /* the file */
-    size_t len;
-    unsigned mode;
-    Elf64_Phdr *ph; /* copy of the program headers */
-    size_t nph;
-    struct ap_view view;
-    struct ap_note note;
-    uint64_t note_off; /* file offset of the note descriptor */
-    struct ap_entry *entries;
-    size_t nentries;
-    struct ap_site *sites;
-    size_t nsites;
-    uint8_t *orig;     /* per site at orig_off: the compiler's bytes */
-    size_t *orig_off;  /* AP_NO_ORIG: outside the text */
-    /* pre-patched files */
-    bool prepatched;
-    char profile[AP_PREPATCH_PROFILE];
-    struct altpatch_features pfs;
-    bool has_origsec;
-    struct ap_elf_section origsec;
-    /* the last plan */
-    bool planned;
-    struct altpatch_features plan_fs; /* the set of the last plan */
-    struct ap_image_plan *plan; /* per site */
-    uint8_t *final;             /* per site at orig_off */
-};
+#include "apply.h"
 
 /* ------------------------------------------------------------------------- */
 /* Reading                                                                   */
@@ -188,7 +150,7 @@ static int read_tables(struct altpatch_image *img)
 }
 
 /* The originals: the file's bytes at every site inside the text. */
-static int read_originals(struct altpatch_image *img)
+int ap_image_take_originals(struct altpatch_image *img)
 {
     size_t total = 0;
     for (size_t i = 0; i < img->nsites; i++)
@@ -204,7 +166,7 @@ static int read_originals(struct altpatch_image *img)
         const struct ap_site *s = &img->sites[i];
         const uint8_t *b = s->len ? ap_view_text(&img->view, s->addr, s->len) : NULL;
         img->orig_off[i] = b ? off : AP_NO_ORIG;
-        img->plan[i] = (struct ap_image_plan){s->reason, -1, NULL};
+        img->plan[i] = (struct ap_image_plan){s->reason, -1, -1, NULL};
         if (b) {
             memcpy(img->orig + off, b, s->len);
             off += s->len;
@@ -269,7 +231,7 @@ static int image_load(struct altpatch_image *img)
     if (!r)
         r = read_tables(img);
     if (!r)
-        r = read_originals(img);
+        r = ap_image_take_originals(img);
     if (r)
         return r;
     struct mem_src src = {img->buf, img->len};
@@ -409,6 +371,7 @@ ALTPATCH_API void altpatch_image_close(struct altpatch_image *img)
     free(img->sites);
     free(img->entries);
     free(img->ph);
+    free(img->rules);
     free(img->buf);
     free(img->name);
     free(img);
@@ -464,11 +427,12 @@ ALTPATCH_API int altpatch_image_plan(struct altpatch_image *img,
         size_t off = img->orig_off[i];
         const uint8_t *orig = off != AP_NO_ORIG ? img->orig + off : NULL;
         struct ap_image_plan *ip = &img->plan[i];
-        ap_plan_site(&img->view, &img->sites[i], img->entries, orig, fs, p);
+        ap_plan_site_rules(&img->view, &img->sites[i], img->entries, orig, fs, img->rules, p);
         free(ip->detail);
         ip->detail = NULL;
         ip->reason = p->reason;
         ip->chosen = p->reason ? -1 : p->chosen;
+        ip->bad_entry = p->reason ? p->bad_entry : -1;
         if (p->reason && p->detail[0] && !(ip->detail = strdup(p->detail)))
             err = -ENOMEM;
         if (orig)
@@ -502,6 +466,7 @@ ALTPATCH_API int altpatch_image_site_foreach(const struct altpatch_image *img,
             .original = in ? img->orig + off : NULL,
             .current = in ? ap_view_text(&img->view, s->addr, s->len) : NULL,
             .final = in && img->planned ? img->final + off : NULL,
+            .bad_entry = img->planned ? ip->bad_entry : -1,
         };
         int r = fn(&site, ctx);
         if (r)
@@ -671,6 +636,8 @@ ALTPATCH_API int altpatch_image_write_mem(const struct altpatch_image *img,
         return -EINVAL;
     if (!img->planned)
         return fail(img, -EINVAL, "no plan to write (plan the image first)");
+    if (img->regions)
+        return fail(img, -ENOTSUP, "described by regions: no ELF file to write a copy of");
     const char *profile = opts && opts->profile ? opts->profile : "custom";
     size_t reclen;
     uint8_t *rec = build_record(img, profile, &img->plan_fs, &reclen);

@@ -3,7 +3,9 @@
 # tests/consumer against that prefix twice:
 #   1. CMake: find_package(altpatch) through CMAKE_PREFIX_PATH
 #      (consumer_shared -> altpatch::altpatch, consumer_static -> altpatch::altpatch_static);
-#   2. pkg-config: PKG_CONFIG_PATH and a plain cc command line.
+#   2. pkg-config: PKG_CONFIG_PATH and a plain cc command line;
+# then builds the tools (altprepatch, altbench, altdump) from their sources
+# against the installed headers and library only, as any user's tool.
 # Run by ctest (tests/install.cmake):
 #   run.sh BUILD_DIR SOURCE_DIR WORK_DIR LIBDIR CC [C flags...]
 set -eu
@@ -80,4 +82,29 @@ step "altprepatch from its source, against the installed headers only"
 "$work/pc/altprepatch" --cpu baseline "$work/pc/consumer" "$work/pc/consumer.baseline"
 readelf -SW "$work/pc/consumer.baseline" | grep -q '\.altpatch\.orig' || {
     echo "altprepatch wrote no .altpatch.orig section" >&2; exit 1; }
+step "altbench from its source, against the installed headers and library only"
+ab=$src/tools/altbench
+elfflags=$(pkg-config --cflags --libs libelf 2>/dev/null || echo -lelf)
+# shellcheck disable=SC2086
+"$cc" -std=gnu11 -D_GNU_SOURCE $cflags $pcflags "$ab/altbench.c" "$ab/insn.c" "$ab/sites.c" \
+      "$ab/dispatch.c" "$ab/size.c" "$ab/scaling.c" "$src/tools/common/berkeley.c" \
+      -o "$work/pc/altbench" $pclibs $elfflags -lpthread
+check_loads_prefix "$work/pc/altbench" shared
+"$work/pc/altbench" size "$work/pc/consumer" "$work/pc/consumer" 1 >"$work/pc/altbench.size"
+grep -q '^| difference | 0 | 0 | 0 | 0 |$' "$work/pc/altbench.size" || {
+    cat "$work/pc/altbench.size" >&2; echo "altbench size: a file against itself must differ by 0" >&2; exit 1; }
+step "altdump from its source, against the installed headers and library (libelf, Zydis)"
+ad=$src/tools/altdump
+# shellcheck disable=SC2086
+"$cc" -std=gnu11 -D_GNU_SOURCE $cflags $pcflags "$ad"/elfread.c "$ad"/symbols.c "$ad"/decide.c \
+      "$ad"/text.c "$ad"/json.c "$ad"/size.c "$ad"/pidmem.c "$ad"/prepatched.c "$ad"/kernel.c \
+      "$ad"/kfeatures.c "$ad"/disasm.c "$ad"/main.c "$src/tools/common/berkeley.c" \
+      -o "$work/pc/altdump" $pclibs $elfflags -lZydis -lZycore -lpthread
+check_loads_prefix "$work/pc/altdump" shared
+"$work/pc/altdump" --cpu baseline "$work/pc/consumer" >"$work/pc/altdump.out"
+"$work/pc/altdump" --check "$work/pc/consumer.baseline" >"$work/pc/altdump.check"
+grep -q ', 0 refused$' "$work/pc/altdump.out" &&
+grep -q ': ok, .* pre-patched for baseline$' "$work/pc/altdump.check" || {
+    cat "$work/pc/altdump.out" "$work/pc/altdump.check" >&2
+    echo "altdump built on the installed library misread the consumer" >&2; exit 1; }
 echo "== install + consumer: OK"

@@ -12,8 +12,11 @@
  *   pidmem.c    --pid: /proc/PID/maps + /proc/PID/mem
  *   main.c      options, exit codes
  *
- * Nomenclature follows altpatch/src/pure.h (record, site, original, replacement,
- * final, view).
+ * Nomenclature follows docs/format.md and <altpatch/image.h> (record, site,
+ * original, replacement, final). Public headers only: the records, the view
+ * and every plan come from the library's image API
+ * (altpatch_image_open_regions), which builds its view, groups the records
+ * and plans every site as the runtime does.
  */
 #ifndef ALTDUMP_H
 #define ALTDUMP_H
@@ -23,8 +26,63 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "host.h"
+#include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+#include <altpatch/image.h>
+
 #include "kernel.h"
+
+/** Longest site (a record's u8 length). */
+#define AD_MAX_SITE 255
+/** Note format version of a pre-patched file (docs/format.md). */
+#define AD_FORMAT_PREPATCHED 2
+/** The section of a pre-patched file that keeps the originals. */
+#define AD_PREPATCH_SECTION ".altpatch.orig"
+
+/** Bytes at an address: a table, the replacements, one text region. */
+struct ad_region {
+    uint64_t addr;
+    uint64_t size;
+    const uint8_t *data;
+};
+
+/** The altpatch note's descriptor, resolved to addresses (docs/format.md). */
+struct ad_note {
+    uint32_t version, record_size;
+    uint64_t table_start, table_end; /* altinstructions */
+    uint64_t repl_start, repl_end;   /* altinstr_replacement */
+};
+
+/** One record, decoded (altpatch_image_site_entry()). */
+struct ad_entry {
+    uint64_t site;     /* address of the original */
+    uint64_t repl;     /* address of the replacement */
+    uint16_t feature;  /* X86_FEATURE_* (a kernel's numbering for kernel images) */
+    uint16_t flags;    /* ALT_FLAG_* */
+    uint8_t instrlen;
+    uint8_t repllen;
+    uint32_t index;    /* position in the table */
+};
+
+/** One site: entries[first .. first+count) share the address @c addr. */
+struct ad_site {
+    uint64_t addr;
+    uint32_t first, count;
+    uint8_t len;
+    int reason;          /* refusal known from the table alone, else 0 */
+    const uint8_t *orig; /* the original bytes (owned by the image), NULL outside the text */
+};
+
+/** The plan of one site (altpatch_image_plan(), then the kernel's direct calls). */
+struct ad_plan {
+    int reason;       /* ALTPATCH_REASON_*; NONE when final is valid */
+    int bad_entry;    /* entry (within the site) that caused a refusal, or -1 */
+    int chosen;       /* entry (within the site) selected; -1 = original */
+    uint8_t len;      /* site length */
+    uint8_t orig[AD_MAX_SITE];
+    uint8_t final[AD_MAX_SITE]; /* == orig when chosen == -1 or refused */
+    char detail[160]; /* why a site was refused, or what a direct call became */
+};
 
 /** altinstructions and altinstr_replacement: the sections a .o may hold several of. */
 #define AD_NJOINED 2
@@ -83,21 +141,28 @@ struct ad_image {
     struct ad_load *loads;
     size_t nloads;
     bool has_alt;              /* note and tables present */
-    struct ap_note note;
+    struct ad_note note;
     uint64_t note_size;        /* bytes of .note.altpatch */
     uint64_t table_addr;
     const uint8_t *table;
     size_t table_size;
-    struct ap_view view;
-    uint8_t *merged;           /* owned: text regions merged to fit AP_MAX_TEXT */
+    /* What the library's view is built from: the replacements and the
+     * executable sections (merged into one when there are more than
+     * ALTPATCH_IMAGE_MAX_TEXT). */
+    struct ad_region repl;
+    struct ad_region text[ALTPATCH_IMAGE_MAX_TEXT];
+    size_t ntext;
+    uint8_t *merged;           /* owned: text regions merged to fit ALTPATCH_IMAGE_MAX_TEXT */
+    struct altpatch_image *ai; /* the library's image of the tables (owned) */
+    uint8_t *origs;            /* owned: every site's original bytes (ad_site.orig) */
     /* .o only: the relocated altinstructions [0] and altinstr_replacement [1]
      * sections, joined at their fake addresses when there are several (one
      * per COMDAT group); data NULL otherwise. */
-    struct ap_region joined[AD_NJOINED];
+    struct ad_region joined[AD_NJOINED];
     uint8_t *joined_buf[AD_NJOINED]; /* owned: joined[k].data */
-    struct ap_entry *entries;
+    struct ad_entry *entries;
     size_t nentries;
-    struct ap_site *sites;
+    struct ad_site *sites;
     size_t nsites;
     struct ad_symbol *syms;
     size_t nsyms;
@@ -106,8 +171,9 @@ struct ad_image {
      * what the file holds at site i is pp_written + pp_off[i]. */
     bool prepatched;
     char pp_profile[64];
-    struct altpatch_features pp_fs; /* the set the file was planned for */
+    struct altpatch_features *pp_fs; /* owned: the set the file was planned for */
     uint8_t *pp_written;            /* owned */
+    size_t pp_nsites;               /* sites of the library's reading of the file */
     size_t *pp_off;                 /* owned; SIZE_MAX: site outside the text */
     bool mapped;               /* buf is libelf's map of the file, not owned */
     int fd;                    /* the mapped file (ad_read_file), else -1 */
@@ -133,12 +199,18 @@ const uint8_t *ad_bytes_at(const struct ad_image *img, uint64_t addr, uint64_t l
 const struct ad_section *ad_section_by_name(const struct ad_image *img, const char *name);
 
 /**
- * For a file whose note says format 2 (called by the reader): check the
- * .altpatch.orig record against the tables and the file's bytes, keep what
- * the file holds at each site, and put the originals back into the view.
+ * For a file whose note says format 2 (called by the reader before the
+ * records): the library reads the file (altpatch_image_open_mem) and checks
+ * its .altpatch.orig record against the tables and the bytes; what the file
+ * holds at each site is kept, and the originals go back into the text.
  * Returns 0, or AD_EXIT_BADINPUT / AD_EXIT_INTERNAL with a message in @p err.
  */
 int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz);
+/**
+ * After the records: the sites of the pre-patched file's record are the
+ * table's. 0 or AD_EXIT_BADINPUT with a message in @p err.
+ */
+int ad_prepatched_match(const struct ad_image *img, char *err, size_t errsz);
 /**
  * --check of a pre-patched file: every site must hold the plan for the set
  * it was written for. One line per site that does not, to @p f ("FILE: site
@@ -176,21 +248,23 @@ void ad_cpu_free(struct ad_cpu *cpu);
 
 /** Plans of every site of @p img for @p fs: *out is malloc'ed (nsites entries). */
 int ad_decide(const struct ad_image *img, const struct altpatch_features *fs,
-              struct ap_plan **out);
+              struct ad_plan **out);
 /**
  * ad_decide() for the CPU @p cpu: a kernel image gets the feature set that
  * kernel sets on that profile (ad_kernel_cpu). Returns 0, AD_EXIT_USAGE (a
  * feature edit the kernel does not know, message in @p err) or AD_EXIT_INTERNAL.
  */
-int ad_decide_cpu(const struct ad_image *img, const struct ad_cpu *cpu, struct ap_plan **out,
+int ad_decide_cpu(const struct ad_image *img, const struct ad_cpu *cpu, struct ad_plan **out,
                   char *err, size_t errsz);
 
 /* --- kernel front end (kernel.c) -------------------------------------------- */
 
-/** Decode the kernel records of @p img (either layout) into img->entries. */
-int ad_kernel_records(struct ad_image *img, char *err, size_t errsz);
-/** The planner's rules for a kernel image: its version's ids, DIRECT_CALL. */
-void ad_kernel_rules(const struct ad_image *img, struct ap_plan_rules *rules);
+/**
+ * The planner's rules for a kernel image: its version's feature ids into
+ * @p known (room for ALTPATCH_FEATURE_BITS; their count in *@p nknown) and
+ * the flags it resolves itself (DIRECT_CALL), returned.
+ */
+unsigned ad_kernel_rules(const struct ad_image *img, unsigned *known, size_t *nknown);
 /**
  * The feature set the kernel of @p img sets on CPU @p spec (profile and
  * +name/-name edits, names of that kernel's cpufeatures.h). *out is freed
@@ -203,11 +277,11 @@ int ad_kernel_cpu(const struct ad_image *img, const char *spec, struct altpatch_
  * direct call the kernel writes when the image's own static data holds the
  * target, and the plan's detail says which (or "decided at boot").
  */
-void ad_kernel_direct_calls(const struct ad_image *img, struct ap_plan *plans);
+void ad_kernel_direct_calls(const struct ad_image *img, struct ad_plan *plans);
 /** Number of refused sites in @p plans. */
-size_t ad_count_refused(const struct ad_image *img, const struct ap_plan *plans);
+size_t ad_count_refused(const struct ad_image *img, const struct ad_plan *plans);
 /** "replaced", "kept" or "refused". */
-const char *ad_decision_name(const struct ap_plan *p);
+const char *ad_decision_name(const struct ad_plan *p);
 /** Feature id of an entry of @p img as "name" (or "unknown"). */
 const char *ad_feature_name(const struct ad_image *img, unsigned id);
 /** Flags as "NOT", "NOT|0x4", "NOT|DIRECT_CALL" (kernel images), "none". */
@@ -226,14 +300,14 @@ struct ad_opts {
 };
 
 /** The readable table of every site of @p img. */
-void ad_print_table(FILE *f, const struct ad_image *img, const struct ap_plan *plans,
+void ad_print_table(FILE *f, const struct ad_image *img, const struct ad_plan *plans,
                     const struct ad_opts *o);
 /**
  * One line per refused site to @p f: "[prefix]FILE: site N at 0xADDR (sym+off): REASON
  * (detail)". Returns the number printed.
  */
 size_t ad_print_refusals(FILE *f, const char *prefix, const struct ad_image *img,
-                         const struct ap_plan *plans);
+                         const struct ad_plan *plans);
 /** Disassemble @p len bytes at @p addr, one "    0xADDR  bytes  insn" line each. */
 void ad_print_insns(FILE *f, const struct ad_image *img, const uint8_t *bytes, size_t len,
                     uint64_t addr, bool intel, const char *indent);
@@ -256,7 +330,7 @@ struct ad_size {
 };
 
 /** Compute the figures of @p img (plans may be NULL when it has no tables). */
-void ad_size_compute(const struct ad_image *img, const struct ap_plan *plans,
+void ad_size_compute(const struct ad_image *img, const struct ad_plan *plans,
                      struct ad_size *out);
 /** The --size block of one image. */
 void ad_print_size(FILE *f, const struct ad_image *img, const struct ad_size *s,
@@ -294,7 +368,7 @@ void ad_json_null(struct ad_json *j, const char *key);
 void ad_json_finish(struct ad_json *j);
 
 /** The "file" object of one image: sites with their plans, and size when @p sz. */
-void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct ap_plan *plans,
+void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct ad_plan *plans,
                    const struct ad_size *sz, const struct ad_opts *o);
 /** The "cpu" member: spec, vendor, feature names. */
 void ad_json_cpu(struct ad_json *j, const struct ad_cpu *cpu);

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * CPU selection and the decisions: every site goes through the library's
- * planner (ap_plan_site), exactly as altpatch_apply() does; nothing here
- * re-implements a rule.
+ * planner (altpatch_image_plan), exactly as altpatch_apply() does; nothing
+ * here re-implements a rule.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <Zydis/Zydis.h>
 
 #include "altdump.h"
 
@@ -65,27 +67,48 @@ void ad_cpu_free(struct ad_cpu *cpu)
     cpu->fs = NULL;
 }
 
+struct fill {
+    const struct ad_image *img;
+    struct ad_plan *plans;
+};
+
+/* One site of the library's plan into the tool's ad_plan. */
+static int fill_plan(const struct altpatch_image_site *s, void *ctx)
+{
+    struct fill *f = ctx;
+    struct ad_plan *p = &f->plans[s->index];
+    p->reason = s->reason;
+    p->bad_entry = s->bad_entry;
+    p->chosen = s->chosen;
+    p->len = (uint8_t)s->len;
+    if (s->original)
+        memcpy(p->orig, s->original, s->len);
+    memcpy(p->final, s->final ? s->final : p->orig, s->len);
+    snprintf(p->detail, sizeof(p->detail), "%s", s->detail ? s->detail : "");
+    return 0;
+}
+
 int ad_decide(const struct ad_image *img, const struct altpatch_features *fs,
-              struct ap_plan **out)
+              struct ad_plan **out)
 {
     *out = calloc(img->nsites ? img->nsites : 1, sizeof(**out));
     if (!*out)
         return AD_EXIT_INTERNAL;
-    if (img->kernel.on) {
-        struct ap_plan_rules rules;
-        ad_kernel_rules(img, &rules);
-        for (size_t i = 0; i < img->nsites; i++)
-            ap_plan_site_rules(&img->view, &img->sites[i], img->entries, NULL, fs, &rules,
-                               &(*out)[i]);
-        ad_kernel_direct_calls(img, *out);
-        return 0;
+    struct fill f = {img, *out};
+    /* Planning is the library's; the image keeps only its last plan, which
+     * this copy makes the caller's. */
+    if (altpatch_image_plan(img->ai, fs) != 0 ||
+        altpatch_image_site_foreach(img->ai, fill_plan, &f) != 0) {
+        free(*out);
+        *out = NULL;
+        return AD_EXIT_INTERNAL;
     }
-    for (size_t i = 0; i < img->nsites; i++)
-        ap_plan_site(&img->view, &img->sites[i], img->entries, NULL, fs, &(*out)[i]);
+    if (img->kernel.on)
+        ad_kernel_direct_calls(img, *out);
     return 0;
 }
 
-int ad_decide_cpu(const struct ad_image *img, const struct ad_cpu *cpu, struct ap_plan **out,
+int ad_decide_cpu(const struct ad_image *img, const struct ad_cpu *cpu, struct ad_plan **out,
                   char *err, size_t errsz)
 {
     *out = NULL;
@@ -104,7 +127,7 @@ int ad_decide_cpu(const struct ad_image *img, const struct ad_cpu *cpu, struct a
     return rc;
 }
 
-size_t ad_count_refused(const struct ad_image *img, const struct ap_plan *plans)
+size_t ad_count_refused(const struct ad_image *img, const struct ad_plan *plans)
 {
     size_t n = 0;
     for (size_t i = 0; i < img->nsites; i++)
@@ -112,7 +135,7 @@ size_t ad_count_refused(const struct ad_image *img, const struct ap_plan *plans)
     return n;
 }
 
-const char *ad_decision_name(const struct ap_plan *p)
+const char *ad_decision_name(const struct ad_plan *p)
 {
     if (p->reason != ALTPATCH_REASON_NONE)
         return "refused";
@@ -146,13 +169,23 @@ void ad_flags_str(const struct ad_image *img, unsigned flags, char *out, size_t 
 
 size_t ad_padding(const uint8_t *orig, size_t len)
 {
+    ZydisDecoder dec;
+    if (!ZYAN_SUCCESS(ZydisDecoderInit(&dec, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64)))
+        return 0;
     size_t off = 0, run = 0;
     while (off < len) {
-        struct ap_insn in;
-        if (ap_insn_decode(orig + off, len - off, &in) != 0 || in.len == 0)
+        ZydisDecodedInstruction in;
+        if (!ZYAN_SUCCESS(ZydisDecoderDecodeInstruction(&dec, NULL, orig + off, len - off, &in)) ||
+            in.length == 0)
             return 0; /* not decodable: no padding claimed */
-        run = in.is_nop ? run + in.len : 0;
-        off += in.len;
+        /* The two architectural NOPs only: 90 (not f3 90 or 41 90, which
+         * Zydis names PAUSE / XCHG) and 0f 1f /0. */
+        bool nop = in.mnemonic == ZYDIS_MNEMONIC_NOP &&
+                   ((in.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT && in.opcode == 0x90) ||
+                    (in.opcode_map == ZYDIS_OPCODE_MAP_0F && in.opcode == 0x1f &&
+                     (in.attributes & ZYDIS_ATTRIB_HAS_MODRM) && in.raw.modrm.reg == 0));
+        run = nop ? run + in.length : 0;
+        off += in.length;
     }
     return run;
 }

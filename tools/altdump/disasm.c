@@ -57,11 +57,14 @@ int ad_format_insn(const struct ad_image *img, const uint8_t *buf, size_t avail,
     ZydisDecodedOperand ops[ZYDIS_MAX_OPERAND_COUNT];
     ZydisFormatter fmt;
     ZydisFormatterFunc hook = print_abs;
-    struct ap_insn chk;
-    int r = ap_insn_decode(buf, avail, &chk); /* the library's idea of (bad) */
-    if (r < 0 || outsz < 2) {
+    if (outsz < sizeof("(bad)")) {
+        if (outsz)
+            out[0] = '\0';
+        return -EINVAL;
+    }
+    if (!buf || avail == 0) {
         snprintf(out, outsz, "(bad)");
-        return r < 0 ? r : -EINVAL;
+        return -ENODATA;
     }
     ZyanStatus st = ZydisDecoderInit(&dec, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
     if (ZYAN_SUCCESS(st))

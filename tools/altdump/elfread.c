@@ -467,7 +467,7 @@ static int join_sections(struct reader *r, int k)
             memcpy(m + (s->addr - lo), s->data, s->size);
     }
     img->joined_buf[k] = m;
-    img->joined[k] = (struct ap_region){lo, hi - lo, m};
+    img->joined[k] = (struct ad_region){lo, hi - lo, m};
     return 0;
 }
 
@@ -497,7 +497,7 @@ static int relocate_rel(struct reader *r)
 const uint8_t *ad_bytes_at(const struct ad_image *img, uint64_t addr, uint64_t len)
 {
     for (int k = 0; k < AD_NJOINED; k++) {
-        const struct ap_region *j = &img->joined[k];
+        const struct ad_region *j = &img->joined[k];
         if (j->data && addr >= j->addr && addr - j->addr <= j->size &&
             len <= j->size - (addr - j->addr))
             return j->data + (addr - j->addr);
@@ -510,6 +510,42 @@ const uint8_t *ad_bytes_at(const struct ad_image *img, uint64_t addr, uint64_t l
             return s->data + (addr - s->addr);
     }
     return NULL;
+}
+
+static uint32_t rd_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* A self-relative s32 at @p p, which lies at address @p at. */
+static uint64_t rd_selfrel(const uint8_t *p, uint64_t at)
+{
+    return at + (uint64_t)(int64_t)(int32_t)rd_u32(p);
+}
+
+/*
+ * The note descriptor (docs/format.md): u32 version, u32 record size, then
+ * four self-relative s32: table start and end, replacements start and end.
+ * Versions 1 and 2 (pre-patched) share it. ALTPATCH_REASON_NONE,
+ * BAD_VERSION (another format) or BAD_TABLE (reversed bounds).
+ */
+static int note_parse(const uint8_t *d, size_t descsz, uint64_t at, struct ad_note *n)
+{
+    memset(n, 0, sizeof(*n));
+    if (descsz < 8)
+        return ALTPATCH_REASON_BAD_VERSION;
+    n->version = rd_u32(d);
+    n->record_size = rd_u32(d + 4);
+    if ((n->version != ALTPATCH_FORMAT_VERSION && n->version != AD_FORMAT_PREPATCHED) ||
+        n->record_size != ALTPATCH_RECORD_SIZE || descsz != 24)
+        return ALTPATCH_REASON_BAD_VERSION;
+    n->table_start = rd_selfrel(d + 8, at + 8);
+    n->table_end = rd_selfrel(d + 12, at + 12);
+    n->repl_start = rd_selfrel(d + 16, at + 16);
+    n->repl_end = rd_selfrel(d + 20, at + 20);
+    if (n->table_end < n->table_start || n->repl_end < n->repl_start)
+        return ALTPATCH_REASON_BAD_TABLE;
+    return ALTPATCH_REASON_NONE;
 }
 
 /* Look for the altpatch note in the SHT_NOTE section @p ns; *found says whether it is there. */
@@ -532,7 +568,7 @@ static int read_note(struct reader *r, const struct ad_section *ns, bool *found)
         /* The descriptor as relocated (for .o) lives in ns->data at the same offset. */
         if (desc_off > ns->size || nh.n_descsz > ns->size - desc_off)
             return fail(r, "altpatch note descriptor outside its section");
-        int rc = ap_note_parse(ns->data + desc_off, nh.n_descsz, ns->addr + desc_off, &img->note);
+        int rc = note_parse(ns->data + desc_off, nh.n_descsz, ns->addr + desc_off, &img->note);
         if (rc == ALTPATCH_REASON_BAD_VERSION)
             return fail(r, "unsupported altpatch note (format version %u, record size %u, "
                            "descriptor %u bytes; this altdump reads version %d, record size %d)",
@@ -570,7 +606,7 @@ static int find_note(struct reader *r, bool *found)
 static int find_tables(struct reader *r)
 {
     struct ad_image *img = r->img;
-    struct ap_note *n = &img->note;
+    struct ad_note *n = &img->note;
     if (n->table_end < n->table_start || n->repl_end < n->repl_start)
         return fail(r, "altpatch note has reversed bounds (table 0x%llx..0x%llx, replacement "
                        "0x%llx..0x%llx)",
@@ -590,22 +626,22 @@ static int find_tables(struct reader *r)
         return fail(r, "altinstr_replacement [0x%llx, 0x%llx) named by the note lies outside "
                        "the file's sections",
                     (unsigned long long)n->repl_start, (unsigned long long)n->repl_end);
-    img->view.repl = (struct ap_region){n->repl_start, rlen, repl};
+    img->repl = (struct ad_region){n->repl_start, rlen, repl};
     return 0;
 }
 
 static int cmp_region(const void *a, const void *b)
 {
-    const struct ap_region *x = a, *y = b;
+    const struct ad_region *x = a, *y = b;
     return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
 /*
- * More executable sections than struct ap_view holds (a .o built with
- * -ffunction-sections): one region spanning all of them, gaps filled with
- * int3. Sites in a gap then decode as int3 and are refused by the planner.
+ * More executable sections than a view holds (ALTPATCH_IMAGE_MAX_TEXT; a .o
+ * built with -ffunction-sections): one region spanning all of them, gaps
+ * filled with int3. Sites in a gap then decode as int3 and are refused by the planner.
  */
-static int merge_all(struct reader *r, struct ap_region *reg, size_t *n)
+static int merge_all(struct reader *r, struct ad_region *reg, size_t *n)
 {
     uint64_t lo = reg[0].addr, hi = 0;
     for (size_t i = 0; i < *n; i++)
@@ -620,7 +656,7 @@ static int merge_all(struct reader *r, struct ap_region *reg, size_t *n)
     for (size_t i = 0; i < *n; i++)
         memcpy(m + (reg[i].addr - lo), reg[i].data, reg[i].size);
     r->img->merged = m;
-    reg[0] = (struct ap_region){lo, hi - lo, m};
+    reg[0] = (struct ad_region){lo, hi - lo, m};
     *n = 1;
     return 0;
 }
@@ -628,7 +664,7 @@ static int merge_all(struct reader *r, struct ap_region *reg, size_t *n)
 static int build_view(struct reader *r)
 {
     struct ad_image *img = r->img;
-    struct ap_region *reg = calloc(img->nsecs ? img->nsecs : 1, sizeof(*reg));
+    struct ad_region *reg = calloc(img->nsecs ? img->nsecs : 1, sizeof(*reg));
     size_t n = 0;
     if (!reg)
         return oom(r);
@@ -637,16 +673,15 @@ static int build_view(struct reader *r)
         if ((s->flags & (SHF_ALLOC | SHF_EXECINSTR)) != (SHF_ALLOC | SHF_EXECINSTR) || !s->data ||
             s->size == 0 || is_repl_name(s->name))
             continue;
-        if (img->view.repl.size && img->view.repl.addr >= s->addr &&
-            img->view.repl.addr < s->addr + s->size)
+        if (img->repl.size && img->repl.addr >= s->addr && img->repl.addr < s->addr + s->size)
             continue;
-        reg[n++] = (struct ap_region){s->addr, s->size, s->data};
+        reg[n++] = (struct ad_region){s->addr, s->size, s->data};
     }
     qsort(reg, n, sizeof(*reg), cmp_region);
-    int rc = n > AP_MAX_TEXT ? merge_all(r, reg, &n) : 0;
+    int rc = n > ALTPATCH_IMAGE_MAX_TEXT ? merge_all(r, reg, &n) : 0;
     if (!rc) {
-        memcpy(img->view.text, reg, n * sizeof(*reg));
-        img->view.ntext = n;
+        memcpy(img->text, reg, n * sizeof(*reg));
+        img->ntext = n;
     }
     free(reg);
     return rc;
@@ -713,24 +748,138 @@ static int read_symbols(struct reader *r)
     return 0;
 }
 
-/* --- records and sites ----------------------------------------------------- */
+/* --- records and sites: the library's image of the tables ----------------- */
+
+static char *lib_msg;
+static size_t lib_msgsz;
+
+/* The library's WARN line about the tables, kept as the reader's message. */
+static int lib_capture(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    if (level == ALTPATCH_WARN && lib_msg && !lib_msg[0])
+        vsnprintf(lib_msg, lib_msgsz, fmt, ap);
+    return 0;
+}
+
+/* Make the library's "NAME: what\n" just "what". */
+static void strip_msg(char *m, const char *name)
+{
+    size_t n = strlen(name), len = strlen(m);
+    if (len && m[len - 1] == '\n')
+        m[--len] = '\0';
+    if (strncmp(m, name, n) == 0 && m[n] == ':' && m[n + 1] == ' ')
+        memmove(m, m + n + 2, len - n - 1);
+}
+
+struct load {
+    struct ad_image *img;
+    size_t entry, off;
+};
+
+/* Bytes of every site inside the text (the originals' total). */
+static int count_bytes(const struct altpatch_image_site *s, void *ctx)
+{
+    if (s->original)
+        *(size_t *)ctx += s->len;
+    return 0;
+}
+
+static int load_site(const struct altpatch_image_site *s, void *ctx)
+{
+    struct load *l = ctx;
+    struct ad_image *img = l->img;
+    struct ad_site *st = &img->sites[s->index];
+    *st = (struct ad_site){s->addr, (uint32_t)l->entry, s->entries, (uint8_t)s->len, s->reason,
+                           NULL};
+    if (s->original) {
+        memcpy(img->origs + l->off, s->original, s->len);
+        st->orig = img->origs + l->off;
+        l->off += s->len;
+    }
+    for (unsigned k = 0; k < s->entries; k++) {
+        struct altpatch_image_entry e = {.sz = sizeof(e)};
+        if (altpatch_image_site_entry(img->ai, s->index, k, &e) != 0)
+            return -EIO;
+        img->entries[l->entry++] = (struct ad_entry){
+            .site = s->addr,
+            .repl = e.repl_addr,
+            .feature = (uint16_t)e.feature,
+            .flags = (uint16_t)e.flags,
+            .instrlen = (uint8_t)e.instrlen,
+            .repllen = (uint8_t)e.repl_len,
+            .index = e.index,
+        };
+    }
+    return 0;
+}
+
+/*
+ * Hand the table, the replacements and the text regions to the library
+ * (altpatch_image_open_regions: the view built as the runtime builds it,
+ * the records decoded and grouped into sites), then take the sites, their
+ * entries and original bytes back for printing.
+ */
+static int open_tables(struct reader *r, unsigned layout, const unsigned *known, size_t nknown,
+                       unsigned flags)
+{
+    struct ad_image *img = r->img;
+    struct altpatch_image_region text[ALTPATCH_IMAGE_MAX_TEXT];
+    for (size_t i = 0; i < img->ntext; i++)
+        text[i] = (struct altpatch_image_region){img->text[i].addr, img->text[i].size,
+                                                 img->text[i].data};
+    struct altpatch_image_regions d = {
+        .sz = sizeof(d),
+        .name = img->file,
+        .layout = layout,
+        .table = {img->table_addr, img->table_size, img->table},
+        .repl = {img->repl.addr, img->repl.size, img->repl.data},
+        .text = text,
+        .ntext = img->ntext,
+        .known = known,
+        .nknown = nknown,
+        .flags = flags,
+    };
+    r->err[0] = '\0';
+    lib_msg = r->err;
+    lib_msgsz = r->errsz;
+    altpatch_print_fn prev = altpatch_set_print(lib_capture);
+    int rc = altpatch_image_open_regions(&d, &img->ai);
+    altpatch_set_print(prev);
+    lib_msg = NULL;
+    if (rc == -ENOMEM)
+        return oom(r);
+    if (rc) {
+        strip_msg(r->err, img->file);
+        if (!r->err[0])
+            snprintf(r->err, r->errsz, "cannot decode the records (%s)", strerror(-rc));
+        return AD_EXIT_BADINPUT;
+    }
+    r->err[0] = '\0';
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    if (altpatch_image_get_info(img->ai, &info) != 0)
+        return oom(r);
+    size_t total = 0;
+    img->nentries = info.entries;
+    img->nsites = info.sites;
+    img->entries = calloc(info.entries ? info.entries : 1, sizeof(*img->entries));
+    img->sites = calloc(info.sites ? info.sites : 1, sizeof(*img->sites));
+    altpatch_image_site_foreach(img->ai, count_bytes, &total);
+    img->origs = malloc(total ? total : 1);
+    if (!img->entries || !img->sites || !img->origs)
+        return oom(r);
+    struct load l = {img, 0, 0};
+    if (altpatch_image_site_foreach(img->ai, load_site, &l) != 0)
+        return oom(r);
+    return 0;
+}
 
 static int read_records(struct reader *r)
 {
     struct ad_image *img = r->img;
-    int rc = ap_records_parse(img->table, img->table_size, img->table_addr, &img->entries,
-                              &img->nentries);
-    if (rc == -ENOMEM)
-        return oom(r);
-    if (rc == ALTPATCH_REASON_BAD_TABLE)
+    if (img->table_size % ALTPATCH_RECORD_SIZE)
         return fail(r, "altinstructions holds %zu bytes, not a multiple of the %d-byte record",
                     img->table_size, ALTPATCH_RECORD_SIZE);
-    if (rc != 0)
-        return fail(r, "cannot decode the records (%s)", altpatch_strreason(rc));
-    rc = ap_sites_group(img->entries, img->nentries, &img->sites, &img->nsites);
-    if (rc)
-        return oom(r);
-    return 0;
+    return open_tables(r, ALTPATCH_LAYOUT_ALTPATCH, NULL, 0, 0);
 }
 
 /* --- Linux kernel images and modules --------------------------------------- */
@@ -787,14 +936,19 @@ static int read_kernel(struct reader *r)
     img->table_size = t->size;
     img->table = t->data;
     if (rp)
-        img->view.repl = (struct ap_region){rp->addr, rp->size, rp->data};
+        img->repl = (struct ad_region){rp->addr, rp->size, rp->data};
     rc = build_view(r);
-    if (!rc)
-        rc = ad_kernel_records(img, r->err, r->errsz);
-    if (rc == AD_EXIT_INTERNAL)
+    if (rc)
+        return rc;
+    unsigned *known = calloc(ALTPATCH_FEATURE_BITS, sizeof(*known));
+    size_t nknown = 0;
+    if (!known)
         return oom(r);
-    if (!rc && ap_sites_group(img->entries, img->nentries, &img->sites, &img->nsites))
-        return oom(r);
+    unsigned flags = ad_kernel_rules(img, known, &nknown);
+    rc = open_tables(r, img->kernel.record_size == AD_KREC_NEW ? ALTPATCH_LAYOUT_ALTPATCH
+                                                               : ALTPATCH_LAYOUT_LINUX_12,
+                     known, nknown, flags);
+    free(known);
     return rc;
 }
 
@@ -837,10 +991,13 @@ static int read_all(struct reader *r, unsigned flags)
         rc = find_tables(r);
     if (!rc)
         rc = build_view(r);
+    /* A pre-patched file: its originals go back into the text first. */
+    if (!rc && img->note.version == AD_FORMAT_PREPATCHED)
+        rc = ad_prepatched_read(img, r->err, r->errsz);
     if (!rc)
         rc = read_records(r);
-    if (!rc && img->note.version == AP_FORMAT_PREPATCHED)
-        rc = ad_prepatched_read(img, r->err, r->errsz);
+    if (!rc && img->prepatched)
+        rc = ad_prepatched_match(img, r->err, r->errsz);
     if (!rc)
         img->has_alt = true;
     return rc;
@@ -945,9 +1102,12 @@ void ad_image_free(struct ad_image *img)
         free(img->joined_buf[k]);
     free(img->entries);
     free(img->sites);
+    free(img->origs);
+    altpatch_image_close(img->ai);
     free(img->syms);
     free(img->pp_written);
     free(img->pp_off);
+    altpatch_features_free(img->pp_fs);
     if (!img->mapped)
         free(img->buf);
     if (img->fd > 0)

@@ -27,7 +27,7 @@ static void setup(void)
 
 static void views(const struct ad_image *img, const struct ad_cpu *cpu)
 {
-    struct ap_plan *plans = NULL;
+    struct ad_plan *plans = NULL;
     struct ad_opts o = {.intel = false, .json = false, .cpu = cpu};
     if (ad_decide(img, cpu->fs, &plans) != 0)
         return;

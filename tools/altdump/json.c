@@ -138,7 +138,7 @@ static void hexstr(char *out, size_t outsz, const uint8_t *b, size_t n)
 static void code(struct ad_json *j, const struct ad_image *img, const char *key,
                  const uint8_t *b, size_t n, uint64_t addr, const struct ad_opts *o)
 {
-    char hex[3 * AP_MAX_SITE + 4];
+    char hex[3 * AD_MAX_SITE + 4];
     ad_json_obj(j, key);
     ad_json_hex(j, "address", addr);
     hexstr(hex, sizeof(hex), b, n);
@@ -161,7 +161,7 @@ static void code(struct ad_json *j, const struct ad_image *img, const char *key,
     ad_json_end_obj(j);
 }
 
-static void entry(struct ad_json *j, const struct ad_image *img, const struct ap_entry *e,
+static void entry(struct ad_json *j, const struct ad_image *img, const struct ad_entry *e,
                   const struct ad_opts *o)
 {
     char flags[32];
@@ -176,7 +176,7 @@ static void entry(struct ad_json *j, const struct ad_image *img, const struct ap
     ad_json_str(j, "flags_text", flags);
     ad_json_uint(j, "instrlen", e->instrlen);
     ad_json_uint(j, "replacementlen", e->repllen);
-    const struct ap_region *r = &img->view.repl;
+    const struct ad_region *r = &img->repl;
     if (r->data && e->repl >= r->addr && e->repl - r->addr <= r->size &&
         e->repllen <= r->size - (e->repl - r->addr))
         code(j, img, "replacement", r->data + (e->repl - r->addr), e->repllen, e->repl, o);
@@ -186,10 +186,10 @@ static void entry(struct ad_json *j, const struct ad_image *img, const struct ap
     ad_json_end_obj(j);
 }
 
-static void site(struct ad_json *j, const struct ad_image *img, size_t i, const struct ap_plan *p,
+static void site(struct ad_json *j, const struct ad_image *img, size_t i, const struct ad_plan *p,
                  const struct ad_opts *o)
 {
-    const struct ap_site *s = &img->sites[i];
+    const struct ad_site *s = &img->sites[i];
     uint64_t off = 0;
     const struct ad_symbol *sym = ad_symbol_at(img, s->addr, &off);
     ad_json_obj(j, NULL);
@@ -207,7 +207,7 @@ static void site(struct ad_json *j, const struct ad_image *img, size_t i, const 
     for (unsigned k = 0; k < s->count; k++)
         entry(j, img, &img->entries[s->first + k], o);
     ad_json_end_arr(j);
-    const uint8_t *orig = ap_view_text(&img->view, s->addr, s->len);
+    const uint8_t *orig = s->orig;
     if (orig)
         code(j, img, "original", orig, s->len, s->addr, o);
     else
@@ -257,14 +257,14 @@ void ad_json_cpu(struct ad_json *j, const struct ad_cpu *cpu)
     ad_json_str(j, "spec", cpu->spec);
     ad_json_str(j, "vendor", altpatch_features_vendor(cpu->fs));
     ad_json_arr(j, "features");
-    for (unsigned id = 0; id < AP_NCAPWORDS * 32u; id++)
+    for (unsigned id = 0; id < ALTPATCH_FEATURE_BITS; id++)
         if (altpatch_features_has(cpu->fs, id) && altpatch_feature_name(id))
             ad_json_str(j, NULL, altpatch_feature_name(id));
     ad_json_end_arr(j);
     ad_json_end_obj(j);
 }
 
-void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct ap_plan *plans,
+void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct ad_plan *plans,
                    const struct ad_size *sz, const struct ad_opts *o)
 {
     ad_json_obj(j, NULL);
@@ -283,8 +283,8 @@ void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct a
         ad_json_str(j, "feature_names", img->kernel.tab->version);
         ad_json_hex(j, "table_start", img->table_addr);
         ad_json_hex(j, "table_end", img->table_addr + img->table_size);
-        ad_json_hex(j, "replacement_start", img->view.repl.addr);
-        ad_json_hex(j, "replacement_end", img->view.repl.addr + img->view.repl.size);
+        ad_json_hex(j, "replacement_start", img->repl.addr);
+        ad_json_hex(j, "replacement_end", img->repl.addr + img->repl.size);
         ad_json_end_obj(j);
     } else if (img->has_alt) {
         ad_json_obj(j, "note");

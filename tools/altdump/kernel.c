@@ -2,8 +2,9 @@
 /*
  * The kernel front end (see kernel.h): version and layout of a Linux kernel
  * image's alternatives, its feature names, the feature set it sets on a CPU
- * profile, and ALT_FLAG_DIRECT_CALL. The planner itself is the library's
- * (ap_plan_site_rules): nothing here decides a site.
+ * profile, and ALT_FLAG_DIRECT_CALL. The records are decoded and planned by
+ * the library (altpatch_image_open_regions with the version's layout, ids
+ * and DIRECT_CALL as rules): nothing here decides a site.
  */
 #include <ctype.h>
 #include <elf.h>
@@ -125,50 +126,14 @@ static int32_t rd_s32(const uint8_t *p)
                      (uint32_t)p[3] << 24);
 }
 
-int ad_kernel_records(struct ad_image *img, char *err, size_t errsz)
-{
-    const struct ad_kernel *k = &img->kernel;
-    if (k->record_size == AD_KREC_NEW) {
-        int rc = ap_records_parse(img->table, img->table_size, img->table_addr, &img->entries,
-                                  &img->nentries);
-        if (rc == -ENOMEM)
-            return AD_EXIT_INTERNAL;
-        if (rc) {
-            snprintf(err, errsz, "cannot decode the kernel records (%s)", altpatch_strreason(rc));
-            return AD_EXIT_BADINPUT;
-        }
-        return 0;
-    }
-    size_t n = img->table_size / AD_KREC_OLD;
-    img->entries = calloc(n ? n : 1, sizeof(*img->entries));
-    if (!img->entries)
-        return AD_EXIT_INTERNAL;
-    for (size_t i = 0; i < n; i++) {
-        const uint8_t *p = img->table + i * AD_KREC_OLD;
-        uint64_t at = img->table_addr + (uint64_t)i * AD_KREC_OLD;
-        unsigned cpuid = (unsigned)p[8] | (unsigned)p[9] << 8;
-        struct ap_entry *e = &img->entries[i];
-        e->site = at + (uint64_t)(int64_t)rd_s32(p);
-        e->repl = at + 4 + (uint64_t)(int64_t)rd_s32(p + 4);
-        e->feature = (uint16_t)(cpuid & ~AD_KALTINSTR_FLAG_INV);
-        e->flags = (cpuid & AD_KALTINSTR_FLAG_INV) ? ALT_FLAG_NOT : 0;
-        e->instrlen = p[10];
-        e->repllen = p[11];
-        e->index = (uint32_t)i;
-    }
-    img->nentries = n;
-    return 0;
-}
-
-void ad_kernel_rules(const struct ad_image *img, struct ap_plan_rules *rules)
+unsigned ad_kernel_rules(const struct ad_image *img, unsigned *known, size_t *nknown)
 {
     const struct ad_ktable *t = img->kernel.tab;
-    memset(rules, 0, sizeof(*rules));
+    *nknown = 0;
     for (size_t i = 0; t && i < t->n; i++)
-        if (t->f[i].id < 32u * AP_NCAPWORDS)
-            rules->known[t->f[i].id / 32] |= 1u << (t->f[i].id % 32);
-    if (img->kernel.record_size == AD_KREC_NEW)
-        rules->flags = AD_KALT_FLAG_DIRECT_CALL;
+        if (t->f[i].id < ALTPATCH_FEATURE_BITS && *nknown < ALTPATCH_FEATURE_BITS)
+            known[(*nknown)++] = t->f[i].id;
+    return img->kernel.record_size == AD_KREC_NEW ? AD_KALT_FLAG_DIRECT_CALL : 0u;
 }
 
 /* --- CPU profiles ---------------------------------------------------------- */
@@ -205,12 +170,7 @@ static const struct kmodel k_models[] = {
 
 static void kset(struct altpatch_features *fs, unsigned id, bool on)
 {
-    if (id >= 32u * AP_NCAPWORDS)
-        return;
-    if (on)
-        fs->word[id / 32] |= 1u << (id % 32);
-    else
-        fs->word[id / 32] &= ~(1u << (id % 32));
+    (void)altpatch_features_set_bit(fs, id, on); /* ids past the bitmap: not representable */
 }
 
 static void kset_names(const struct ad_ktable *t, struct altpatch_features *fs,
@@ -255,11 +215,26 @@ static void kset_cpuinfo(const struct ad_ktable *t, struct altpatch_features *fs
     fclose(f);
 }
 
+static int kedit_pass(const struct ad_ktable *t, struct altpatch_features *fs, const char *edits,
+                      char *err, size_t errsz);
+
 /* Apply "+NAME,-NAME,..." with the kernel's names; all or nothing. */
 static int kedit(const struct ad_ktable *t, struct altpatch_features *fs, const char *edits,
                  char *err, size_t errsz)
 {
-    struct altpatch_features tmp = *fs;
+    /* Two passes: every name checked before any is applied. */
+    for (int apply = 0; apply < 2; apply++) {
+        int rc = kedit_pass(t, apply ? fs : NULL, edits, err, errsz);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* One pass of kedit(): with @p fs NULL only the names are checked. */
+static int kedit_pass(const struct ad_ktable *t, struct altpatch_features *fs, const char *edits,
+                      char *err, size_t errsz)
+{
     const char *p = edits;
     while (*p) {
         const char *end = strchr(p, ',');
@@ -277,12 +252,12 @@ static int kedit(const struct ad_ktable *t, struct altpatch_features *fs, const 
                      (int)(nlen > 64 ? 64 : nlen), name, t->version);
             return AD_EXIT_USAGE;
         }
-        kset(&tmp, f->id, on);
+        if (fs)
+            kset(fs, f->id, on);
         p += len;
         if (*p == ',')
             p++;
     }
-    *fs = tmp;
     return 0;
 }
 
@@ -310,19 +285,21 @@ int ad_kernel_cpu(const struct ad_image *img, const char *spec, struct altpatch_
         snprintf(err, errsz, "--cpu: unknown CPU profile '%s'", name);
         return AD_EXIT_USAGE;
     }
-    struct altpatch_features *fs = calloc(1, sizeof(*fs));
+    /* The profile's vendor, none of its bits: the kernel numbers them its own way. */
+    struct altpatch_features *fs = altpatch_features_dup(base);
     if (!fs) {
         altpatch_features_free(base);
         return AD_EXIT_INTERNAL;
     }
-    memcpy(fs->vendor, base->vendor, sizeof(fs->vendor));
+    for (unsigned id = 0; id < ALTPATCH_FEATURE_BITS; id++)
+        kset(fs, id, false);
     if (strcmp(name, "all") == 0) {
         for (size_t i = 0; i < t->n; i++)
             kset(fs, t->f[i].id, true);
     } else {
         /* The CPUID features of the profile, carried over by name. */
-        for (unsigned id = 0; id < 32u * AP_NCAPWORDS; id++) {
-            const char *ln = ap_features_test(base, id) ? altpatch_feature_name(id) : NULL;
+        for (unsigned id = 0; id < ALTPATCH_FEATURE_BITS; id++) {
+            const char *ln = altpatch_features_test_bit(base, id) ? altpatch_feature_name(id) : NULL;
             const struct ad_kfeat *f = ln ? kfeat_by_name(t, ln, strlen(ln)) : NULL;
             if (f)
                 kset(fs, f->id, true);
@@ -337,7 +314,7 @@ int ad_kernel_cpu(const struct ad_image *img, const char *spec, struct altpatch_
     altpatch_features_free(base);
     int rc = edits && *edits ? kedit(t, fs, edits, err, errsz) : 0;
     if (rc) {
-        free(fs);
+        altpatch_features_free(fs);
         return rc;
     }
     *out = fs;
@@ -355,14 +332,17 @@ int ad_kernel_cpu(const struct ad_image *img, const char *spec, struct altpatch_
  * pointer's value in the image is its static initialiser (pv_ops: the native
  * functions); a Xen PV guest changes it before alternatives run.
  */
-void ad_kernel_direct_calls(const struct ad_image *img, struct ap_plan *plans)
+/* x86's 6-byte NOP (66 0f 1f 44 00 00), what the kernel writes over a call to nop_func. */
+static const uint8_t k_nop6[6] = {0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00};
+
+void ad_kernel_direct_calls(const struct ad_image *img, struct ad_plan *plans)
 {
     for (size_t i = 0; i < img->nsites; i++) {
-        struct ap_plan *p = &plans[i];
-        const struct ap_site *s = &img->sites[i];
+        struct ad_plan *p = &plans[i];
+        const struct ad_site *s = &img->sites[i];
         if (p->reason != ALTPATCH_REASON_NONE || p->chosen < 0)
             continue;
-        const struct ap_entry *e = &img->entries[s->first + (unsigned)p->chosen];
+        const struct ad_entry *e = &img->entries[s->first + (unsigned)p->chosen];
         if (!(e->flags & AD_KALT_FLAG_DIRECT_CALL))
             continue;
         if (p->len != 6 || p->orig[0] != 0xff || p->orig[1] != 0x15 || e->repllen != 5) {
@@ -394,7 +374,7 @@ void ad_kernel_direct_calls(const struct ad_image *img, struct ap_plan *plans)
         const struct ad_symbol *ts = ad_symbol_at(img, target, &off);
         if (ts && off == 0 && strcmp(ts->name, "nop_func") == 0) {
             /* alt_replace_call returns length 0 for nop_func: the site becomes NOPs */
-            ap_nop_fill(p->final, p->len);
+            memcpy(p->final, k_nop6, sizeof(k_nop6)); /* p->len is 6, checked above */
             ad_symbol_ref(img, slot, ssym, sizeof(ssym));
             snprintf(p->detail, sizeof(p->detail),
                      "direct call via *0x%llx%.40s: nop_func, the call becomes NOPs",

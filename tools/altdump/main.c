@@ -85,7 +85,7 @@ static int parse(int argc, char **argv, struct args *a)
         case 'V':
             printf("altdump (altpatch) %d.%d.%d, record format %d (and %u: pre-patched)\n",
                    ALTPATCH_VERSION_MAJOR, ALTPATCH_VERSION_MINOR, ALTPATCH_VERSION_PATCH,
-                   ALTPATCH_FORMAT_VERSION, AP_FORMAT_PREPATCHED);
+                   ALTPATCH_FORMAT_VERSION, AD_FORMAT_PREPATCHED);
             exit(AD_EXIT_OK);
         default:
             fprintf(stderr, "altdump: unknown or incomplete option '%s' (try --help)\n",
@@ -130,7 +130,7 @@ static int one_file(const struct args *a, const struct ad_opts *o, const char *f
         fprintf(stderr, "altdump: %s: %s\n", file, err);
         return rc;
     }
-    struct ap_plan *plans = NULL;
+    struct ad_plan *plans = NULL;
     rc = ad_decide_cpu(&img, o->cpu, &plans, err, sizeof(err));
     if (rc) {
         fprintf(stderr, "altdump: %s: %s\n", file,
@@ -202,7 +202,7 @@ static int files_mode(const struct args *a, const struct ad_opts *o)
 static int compare_mode(const struct args *a, const struct ad_opts *o)
 {
     struct ad_image img[2];
-    struct ap_plan *plans[2] = {NULL, NULL};
+    struct ad_plan *plans[2] = {NULL, NULL};
     struct ad_size sz[2];
     char err[512];
     int rc = 0;

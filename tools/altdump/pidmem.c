@@ -113,15 +113,15 @@ struct tally {
 };
 
 static void site_out(const struct ad_opts *o, struct ad_json *j, const struct ad_image *img,
-                     size_t i, uint64_t bias, const struct ap_plan *p, const uint8_t *mem,
+                     size_t i, uint64_t bias, const struct ad_plan *p, const uint8_t *mem,
                      enum ad_mem_state st)
 {
-    const struct ap_site *s = &img->sites[i];
-    const uint8_t *orig = ap_view_text(&img->view, s->addr, s->len);
+    const struct ad_site *s = &img->sites[i];
+    const uint8_t *orig = s->orig;
     char sym[256];
     ad_symbolize(img, s->addr, sym, sizeof(sym));
     if (o->json) {
-        char b[3 * AP_MAX_SITE + 4];
+        char b[3 * AD_MAX_SITE + 4];
         ad_json_obj(j, NULL);
         ad_json_uint(j, "index", i);
         ad_json_hex(j, "address", s->addr + bias);
@@ -163,7 +163,7 @@ static int module(long pid, int memfd, const struct maps *mp, const char *path,
         return 0; /* data files, fonts, locale archives: not ours */
     img.file = path;
     uint64_t bias = 0;
-    struct ap_plan *plans = NULL;
+    struct ad_plan *plans = NULL;
     if (!img.has_alt || img.elf_type == ET_REL || img.kernel.on || !find_bias(mp, path, &img, &bias) ||
         ad_decide(&img, o->cpu->fs, &plans) != 0) {
         free(plans);
@@ -181,9 +181,9 @@ static int module(long pid, int memfd, const struct maps *mp, const char *path,
                img.nsites);
     }
     for (size_t i = 0; i < img.nsites; i++) {
-        const struct ap_site *s = &img.sites[i];
-        const uint8_t *orig = ap_view_text(&img.view, s->addr, s->len);
-        uint8_t mem[AP_MAX_SITE];
+        const struct ad_site *s = &img.sites[i];
+        const uint8_t *orig = s->orig;
+        uint8_t mem[AD_MAX_SITE];
         enum ad_mem_state st;
         bool refused = plans[i].reason != ALTPATCH_REASON_NONE;
         if (refused && !orig)

@@ -6,63 +6,133 @@
  * --pid) plans from them as it does for any file; --check then also checks
  * that each site holds the plan for the recorded set.
  */
+#include <errno.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "altdump.h"
 
+struct pp_walk {
+    struct ad_image *img;
+    size_t n, off;
+    char *err;
+    size_t errsz;
+    int rc;
+};
+
+/*
+ * One site as the library read it: what the file holds there is kept
+ * (pp_written), and the original goes back into altdump's own copy of the
+ * file's bytes, so that every view plans from the compiler's bytes.
+ */
+static int pp_site(const struct altpatch_image_site *s, void *ctx)
+{
+    struct pp_walk *w = ctx;
+    struct ad_image *img = w->img;
+    w->n++;
+    img->pp_off[s->index] = SIZE_MAX;
+    if (!s->original || !s->current || !s->len)
+        return 0;
+    const uint8_t *at = ad_bytes_at(img, s->addr, s->len);
+    if (!at || memcmp(at, s->current, s->len) != 0) {
+        snprintf(w->err, w->errsz, "site %u at 0x%llx: the sections and the segments disagree",
+                 s->index, (unsigned long long)s->addr);
+        w->rc = AD_EXIT_BADINPUT;
+        return 1;
+    }
+    img->pp_off[s->index] = w->off;
+    memcpy(img->pp_written + w->off, s->current, s->len);
+    w->off += s->len;
+    memcpy((uint8_t *)(uintptr_t)at, s->original, s->len); /* the file's private copy */
+    return 0;
+}
+
+/* Bytes of every site the file holds (what pp_written keeps). */
+static int pp_count(const struct altpatch_image_site *s, void *ctx)
+{
+    if (s->current)
+        *(size_t *)ctx += s->len;
+    return 0;
+}
+
+static char *pp_msg;
+static size_t pp_msgsz;
+
+static int pp_capture(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    if (level == ALTPATCH_WARN && pp_msg && !pp_msg[0])
+        vsnprintf(pp_msg, pp_msgsz, fmt, ap);
+    return 0;
+}
+
 int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
 {
-    const struct ad_section *sec = ad_section_by_name(img, AP_PREPATCH_SECTION);
-    struct ap_prepatch p;
-    struct ap_prepatch_site ps;
+    const struct ad_section *sec = ad_section_by_name(img, AD_PREPATCH_SECTION);
     if (!sec || !sec->data) {
-        snprintf(err, errsz, "pre-patched (format 2) but no %s section", AP_PREPATCH_SECTION);
+        snprintf(err, errsz, "pre-patched (format 2) but no %s section", AD_PREPATCH_SECTION);
         return AD_EXIT_BADINPUT;
     }
-    if (ap_prepatch_parse(sec->data, sec->size, &p)) {
-        snprintf(err, errsz, "malformed %s section", AP_PREPATCH_SECTION);
-        return AD_EXIT_BADINPUT;
-    }
-    if (p.table_addr != img->table_addr || p.table_size != img->table_size ||
-        p.nsites != img->nsites) {
-        snprintf(err, errsz, "%s describes another table", AP_PREPATCH_SECTION);
-        return AD_EXIT_BADINPUT;
-    }
-    size_t total = 0;
-    for (size_t i = 0; i < img->nsites; i++)
-        total += img->sites[i].len;
-    img->pp_written = malloc(total ? total : 1);
-    img->pp_off = malloc((img->nsites ? img->nsites : 1) * sizeof(*img->pp_off));
-    if (!img->pp_written || !img->pp_off) {
+    /* The library checks the record against the file and keeps both bytes. */
+    struct altpatch_image_opts o = {.sz = sizeof(o), .name = img->file};
+    struct altpatch_image *li = NULL;
+    err[0] = '\0';
+    pp_msg = err;
+    pp_msgsz = errsz;
+    altpatch_print_fn prev = altpatch_set_print(pp_capture);
+    int r = altpatch_image_open_mem(img->buf, img->len, &o, &li);
+    altpatch_set_print(prev);
+    pp_msg = NULL;
+    if (r == -ENOMEM) {
         snprintf(err, errsz, "out of memory");
         return AD_EXIT_INTERNAL;
     }
-    size_t pos = 0, off = 0;
-    for (size_t i = 0; i < img->nsites; i++) {
-        const struct ap_site *s = &img->sites[i];
-        if (ap_prepatch_next(&p, &pos, &ps) || ps.addr != s->addr || ps.len != s->len) {
-            snprintf(err, errsz, "%s: site %zu is not the table's", AP_PREPATCH_SECTION, i);
-            return AD_EXIT_BADINPUT;
-        }
-        const uint8_t *at = s->len ? ap_view_text(&img->view, s->addr, s->len) : NULL;
-        img->pp_off[i] = at ? off : SIZE_MAX;
-        if (!at)
-            continue;
-        if (memcmp(at, ps.written, s->len) != 0) {
-            snprintf(err, errsz, "site %zu at 0x%llx does not hold the bytes %s says were "
-                     "written there", i, (unsigned long long)s->addr, AP_PREPATCH_SECTION);
-            return AD_EXIT_BADINPUT;
-        }
-        memcpy(img->pp_written + off, at, s->len);
-        off += s->len;
-        /* The view's bytes are altdump's own copy of the file. */
-        memcpy((uint8_t *)(uintptr_t)at, ps.orig, s->len);
+    if (r) {
+        size_t n = strlen(img->file), len = strlen(err);
+        if (len && err[len - 1] == '\n')
+            err[--len] = '\0';
+        if (strncmp(err, img->file, n) == 0 && err[n] == ':' && err[n + 1] == ' ')
+            memmove(err, err + n + 2, len - n - 1);
+        if (!err[0])
+            snprintf(err, errsz, "malformed %s section (%s)", AD_PREPATCH_SECTION, strerror(-r));
+        return AD_EXIT_BADINPUT;
     }
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    const struct altpatch_features *fs = altpatch_image_prepatched_features(li);
+    if (altpatch_image_get_info(li, &info) != 0 || !fs || !info.prepatched_profile) {
+        altpatch_image_close(li);
+        snprintf(err, errsz, "pre-patched (format 2) but the library does not read it as such");
+        return AD_EXIT_BADINPUT;
+    }
+    size_t total = 0;
+    altpatch_image_site_foreach(li, pp_count, &total);
+    img->pp_written = malloc(total ? total : 1);
+    img->pp_off = malloc((info.sites ? info.sites : 1) * sizeof(*img->pp_off));
+    img->pp_fs = altpatch_features_dup(fs);
+    if (!img->pp_written || !img->pp_off || !img->pp_fs) {
+        altpatch_image_close(li);
+        snprintf(err, errsz, "out of memory");
+        return AD_EXIT_INTERNAL;
+    }
+    struct pp_walk w = {img, 0, 0, err, errsz, 0};
+    altpatch_image_site_foreach(li, pp_site, &w);
+    img->pp_nsites = info.sites;
+    snprintf(img->pp_profile, sizeof(img->pp_profile), "%s", info.prepatched_profile);
+    altpatch_image_close(li);
+    if (w.rc)
+        return w.rc;
     img->prepatched = true;
-    snprintf(img->pp_profile, sizeof(img->pp_profile), "%s", p.profile);
-    img->pp_fs = p.fs;
+    return 0;
+}
+
+int ad_prepatched_match(const struct ad_image *img, char *err, size_t errsz)
+{
+    if (img->pp_nsites != img->nsites) {
+        snprintf(err, errsz, "%s describes another table", AD_PREPATCH_SECTION);
+        return AD_EXIT_BADINPUT;
+    }
     return 0;
 }
 
@@ -76,18 +146,18 @@ static void hex(const uint8_t *b, size_t n, char *out, size_t outsz)
 
 size_t ad_prepatched_check(FILE *f, const struct ad_image *img)
 {
-    struct ap_plan *plans;
-    if (ad_decide(img, &img->pp_fs, &plans) != 0)
+    struct ad_plan *plans;
+    if (ad_decide(img, img->pp_fs, &plans) != 0)
         return (size_t)-1;
     size_t bad = 0;
     for (size_t i = 0; i < img->nsites; i++) {
         if (img->pp_off[i] == SIZE_MAX)
             continue;
         const uint8_t *w = img->pp_written + img->pp_off[i];
-        const struct ap_plan *p = &plans[i];
+        const struct ad_plan *p = &plans[i];
         if (memcmp(w, p->final, p->len) == 0)
             continue;
-        char sym[256], h1[AP_MAX_SITE * 2 + 1], h2[AP_MAX_SITE * 2 + 1];
+        char sym[256], h1[AD_MAX_SITE * 2 + 1], h2[AD_MAX_SITE * 2 + 1];
         ad_symbolize(img, img->sites[i].addr, sym, sizeof(sym));
         hex(w, p->len, h1, sizeof(h1));
         hex(p->final, p->len, h2, sizeof(h2));

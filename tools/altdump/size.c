@@ -40,22 +40,22 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void sites(const struct ad_image *img, const struct ap_plan *plans, struct ad_size *s)
+static void sites(const struct ad_image *img, const struct ad_plan *plans, struct ad_size *s)
 {
     uint64_t *pages = calloc(2 * img->nsites + 1, sizeof(*pages));
     size_t np = 0;
     s->sites = img->nsites;
     s->records = img->nentries;
     s->table_bytes = img->table_size;
-    s->repl_bytes = img->view.repl.size;
+    s->repl_bytes = img->repl.size;
     s->note_bytes = img->note_size;
     for (size_t i = 0; i < img->nsites; i++) {
-        const struct ap_site *st = &img->sites[i];
-        const uint8_t *orig = ap_view_text(&img->view, st->addr, st->len);
+        const struct ad_site *st = &img->sites[i];
+        const uint8_t *orig = st->orig;
         if (!orig)
             continue;
         s->padding_bytes += ad_padding(orig, st->len);
-        const struct ap_plan *p = plans ? &plans[i] : NULL;
+        const struct ad_plan *p = plans ? &plans[i] : NULL;
         if (!p || p->reason != ALTPATCH_REASON_NONE || memcmp(p->final, orig, st->len) == 0)
             continue;
         s->changed_sites++;
@@ -76,7 +76,7 @@ static void sites(const struct ad_image *img, const struct ap_plan *plans, struc
     s->total = s->table_bytes + s->repl_bytes + s->padding_bytes + s->note_bytes;
 }
 
-void ad_size_compute(const struct ad_image *img, const struct ap_plan *plans, struct ad_size *out)
+void ad_size_compute(const struct ad_image *img, const struct ad_plan *plans, struct ad_size *out)
 {
     memset(out, 0, sizeof(*out));
     berkeley(img, out);

@@ -14,7 +14,7 @@ void ad_print_insns(FILE *f, const struct ad_image *img, const uint8_t *bytes, s
     if (len == 0)
         fprintf(f, "%s(empty)\n", indent);
     while (off < len) {
-        char text[512], hex[3 * AP_MAX_SITE + 1] = "";
+        char text[512], hex[3 * AD_MAX_SITE + 1] = "";
         int n = ad_format_insn(img, bytes + off, len - off, addr + off, intel, text, sizeof(text));
         size_t take = n > 0 ? (size_t)n : len - off; /* (bad): show the rest at once */
         for (size_t k = 0; k < take; k++)
@@ -30,7 +30,7 @@ static const char *type_name(int t)
     return t == ET_EXEC ? "EXEC" : t == ET_DYN ? "DYN" : t == ET_REL ? "REL" : "?";
 }
 
-static void print_entry(FILE *f, const struct ad_image *img, const struct ap_entry *e,
+static void print_entry(FILE *f, const struct ad_image *img, const struct ad_entry *e,
                         unsigned k, const struct ad_opts *o)
 {
     char flags[32];
@@ -39,10 +39,10 @@ static void print_entry(FILE *f, const struct ad_image *img, const struct ap_ent
             k, e->index, ad_feature_name(img, e->feature), e->feature / 32u, e->feature % 32u, flags,
             e->instrlen, e->repllen);
     const uint8_t *r = NULL;
-    if (img->view.repl.data && e->repl >= img->view.repl.addr &&
-        e->repl - img->view.repl.addr <= img->view.repl.size &&
-        e->repllen <= img->view.repl.size - (e->repl - img->view.repl.addr))
-        r = img->view.repl.data + (e->repl - img->view.repl.addr);
+    if (img->repl.data && e->repl >= img->repl.addr &&
+        e->repl - img->repl.addr <= img->repl.size &&
+        e->repllen <= img->repl.size - (e->repl - img->repl.addr))
+        r = img->repl.data + (e->repl - img->repl.addr);
     fprintf(f, "  replacement %u at 0x%llx:\n", k, (unsigned long long)e->repl);
     if (r)
         ad_print_insns(f, img, r, e->repllen, e->repl, o->intel, "    ");
@@ -50,8 +50,8 @@ static void print_entry(FILE *f, const struct ad_image *img, const struct ap_ent
         fprintf(f, "    (outside altinstr_replacement)\n");
 }
 
-static void print_decision(FILE *f, const struct ad_image *img, const struct ap_site *s,
-                           const struct ap_plan *p)
+static void print_decision(FILE *f, const struct ad_image *img, const struct ad_site *s,
+                           const struct ad_plan *p)
 {
     if (p->reason != ALTPATCH_REASON_NONE) {
         fprintf(f, "  decision: refused: %s", altpatch_strreason(p->reason));
@@ -59,7 +59,7 @@ static void print_decision(FILE *f, const struct ad_image *img, const struct ap_
             fprintf(f, " (entry %d)", p->bad_entry);
         fprintf(f, "%s%s\n", p->detail[0] ? ": " : "", p->detail);
     } else if (p->chosen >= 0) {
-        const struct ap_entry *e = &img->entries[s->first + (unsigned)p->chosen];
+        const struct ad_entry *e = &img->entries[s->first + (unsigned)p->chosen];
         fprintf(f, "  decision: replaced by entry %d (%s%s)%s%s\n", p->chosen,
                 (e->flags & ALT_FLAG_NOT) ? "not " : "", ad_feature_name(img, e->feature),
                 p->detail[0] ? ": " : "", p->detail);
@@ -68,17 +68,17 @@ static void print_decision(FILE *f, const struct ad_image *img, const struct ap_
     }
 }
 
-static void print_site(FILE *f, const struct ad_image *img, size_t i, const struct ap_plan *p,
+static void print_site(FILE *f, const struct ad_image *img, size_t i, const struct ad_plan *p,
                        const struct ad_opts *o)
 {
-    const struct ap_site *s = &img->sites[i];
+    const struct ad_site *s = &img->sites[i];
     char sym[256];
     ad_symbolize(img, s->addr, sym, sizeof(sym));
     fprintf(f, "\nsite %zu at 0x%llx%s%s%s, %u bytes, %u entr%s\n", i, (unsigned long long)s->addr,
             *sym ? " <" : "", sym, *sym ? ">" : "", s->len, s->count, s->count == 1 ? "y" : "ies");
     for (unsigned k = 0; k < s->count; k++)
         print_entry(f, img, &img->entries[s->first + k], k, o);
-    const uint8_t *orig = ap_view_text(&img->view, s->addr, s->len);
+    const uint8_t *orig = s->orig;
     fprintf(f, "  original:\n");
     if (orig)
         ad_print_insns(f, img, orig, s->len, s->addr, o->intel, "    ");
@@ -91,7 +91,7 @@ static void print_site(FILE *f, const struct ad_image *img, size_t i, const stru
     }
 }
 
-void ad_print_table(FILE *f, const struct ad_image *img, const struct ap_plan *plans,
+void ad_print_table(FILE *f, const struct ad_image *img, const struct ad_plan *plans,
                     const struct ad_opts *o)
 {
     size_t repl = 0, kept = 0, ref = 0;
@@ -114,7 +114,7 @@ void ad_print_table(FILE *f, const struct ad_image *img, const struct ap_plan *p
                 img->nsites);
     if (img->prepatched)
         fprintf(f, "pre-patched for %s: the sites hold its plan; originals in %s\n",
-                img->pp_profile, AP_PREPATCH_SECTION);
+                img->pp_profile, AD_PREPATCH_SECTION);
     fprintf(f, "cpu %s (%s): %zu replaced, %zu kept, %zu refused\n", o->cpu->spec,
             altpatch_features_vendor(o->cpu->fs), repl, kept, ref);
     for (size_t i = 0; i < img->nsites; i++)
@@ -122,11 +122,11 @@ void ad_print_table(FILE *f, const struct ad_image *img, const struct ap_plan *p
 }
 
 size_t ad_print_refusals(FILE *f, const char *prefix, const struct ad_image *img,
-                         const struct ap_plan *plans)
+                         const struct ad_plan *plans)
 {
     size_t n = 0;
     for (size_t i = 0; i < img->nsites; i++) {
-        const struct ap_plan *p = &plans[i];
+        const struct ad_plan *p = &plans[i];
         if (p->reason == ALTPATCH_REASON_NONE)
             continue;
         char sym[256];

@@ -73,6 +73,18 @@ ALTPATCH_API int altpatch_features_edit(struct altpatch_features *f, const char 
 /** Vendor string as CPUID spells it ("GenuineIntel", "AuthenticAMD", ...). */
 ALTPATCH_API const char *altpatch_features_vendor(const struct altpatch_features *f);
 
+/** Ids a feature set can hold: 0 .. ALTPATCH_FEATURE_BITS - 1. */
+#define ALTPATCH_FEATURE_BITS 1024
+/**
+ * Set (@p on) or clear bit @p bit of @p f, whether or not this library names
+ * that id: for sets in another numbering, such as a Linux version's
+ * X86_FEATURE_* planned through altpatch_image_open_regions() with that
+ * version's known ids. -EINVAL for a NULL set or @p bit >= ALTPATCH_FEATURE_BITS.
+ */
+ALTPATCH_API int altpatch_features_set_bit(struct altpatch_features *f, unsigned bit, bool on);
+/** Bit @p bit of @p f, whatever the numbering; false for NULL or an id out of range. */
+ALTPATCH_API bool altpatch_features_test_bit(const struct altpatch_features *f, unsigned bit);
+
 /** Lower-case name of a feature id as /proc/cpuinfo (or the kernel) spells it; NULL if unknown. */
 ALTPATCH_API const char *altpatch_feature_name(unsigned feature);
 /** Id of a feature name (case-insensitive); -ENOENT if unknown. */

@@ -110,6 +110,8 @@ struct altpatch_image_site {
     const uint8_t *original; /**< the compiler's bytes; NULL when the site lies outside the text */
     const uint8_t *current;  /**< the bytes the image holds there (a pre-patched file: the profile's) */
     const uint8_t *final;    /**< the plan's bytes; NULL before a plan or outside the text */
+    /** Entry (within the site) whose record caused the refusal, -1 when none or not one entry. */
+    int bad_entry;
 };
 
 /** Return non-zero to stop the walk. */
@@ -175,6 +177,86 @@ ALTPATCH_API int altpatch_image_write(const struct altpatch_image *img, const ch
 ALTPATCH_API int altpatch_image_write_mem(const struct altpatch_image *img,
                                           const struct altpatch_image_write_opts *opts,
                                           void **buf, size_t *len);
+
+/* ------------------------------------------------------------------------- */
+/* Images described by the caller                                            */
+/* ------------------------------------------------------------------------- */
+
+/** Record layouts of altpatch_image_open_regions(). */
+enum altpatch_record_layout {
+    /** This library's 14-byte record (docs/format.md), also Linux's from 6.3 on. */
+    ALTPATCH_LAYOUT_ALTPATCH = 0,
+    /**
+     * Linux before 6.3, 12 bytes: s32 site offset, s32 replacement offset,
+     * u16 cpuid (bit 15: inverted, read as ALT_FLAG_NOT), u8 site length,
+     * u8 replacement length.
+     */
+    ALTPATCH_LAYOUT_LINUX_12 = 1,
+};
+
+/** Most text regions altpatch_image_open_regions() takes. */
+#define ALTPATCH_IMAGE_MAX_TEXT 16
+
+/** One range of bytes at an address, described by the caller. */
+struct altpatch_image_region {
+    uint64_t addr;    /**< address of the first byte (link-time, or any consistent numbering) */
+    uint64_t size;    /**< bytes */
+    const void *data; /**< the @c size bytes (copied); NULL only when @c size is 0 */
+};
+
+/**
+ * What altpatch_image_open_regions() builds an image from: the record table,
+ * the replacements and the text, as a tool found them (in a relocatable
+ * object's sections, a process's memory, a kernel image), plus the planner's
+ * rules when the records do not use this library's feature numbering.
+ */
+struct altpatch_image_regions {
+    size_t sz;          /**< sizeof(struct altpatch_image_regions) */
+    const char *name;   /**< name used in messages (default "image") */
+    unsigned layout;    /**< enum altpatch_record_layout */
+    /** The record table (altinstructions); its size a multiple of the layout's record. */
+    struct altpatch_image_region table;
+    /** The replacements (altinstr_replacement); may be empty. */
+    struct altpatch_image_region repl;
+    /**
+     * Where sites may lie: executable ranges, at most ALTPATCH_IMAGE_MAX_TEXT,
+     * not overlapping one another. The view is built from them as the runtime
+     * builds a module's from its executable segments: the replacement range
+     * is taken out. Sites outside every region are refused (SITE_BOUNDS).
+     */
+    const struct altpatch_image_region *text;
+    size_t ntext;
+    /**
+     * Feature ids the planner accepts (each below 1024), e.g. a kernel
+     * version's numbering; records naming another id are refused
+     * (UNKNOWN_FEATURE). NULL with @c nknown 0: this library's table.
+     */
+    const unsigned *known;
+    size_t nknown;
+    /**
+     * ALT_FLAG_* bits besides ALT_FLAG_NOT that the planner lets through (a
+     * caller that resolves them itself, e.g. the kernel's DIRECT_CALL);
+     * records with other bits are refused (UNKNOWN_FLAGS).
+     */
+    unsigned flags;
+    /** Must be zero (-EINVAL otherwise). */
+    unsigned reserved;
+};
+
+/**
+ * Open an image from caller-described memory @p desc (every byte copied).
+ * The image is planned, walked and queried like one read from a file
+ * (altpatch_image_plan() applies @p desc's rules); it has no file behind it,
+ * so altpatch_image_write() answers -ENOTSUP, and its format_version is 1.
+ * Errors, each with one WARN line and nothing allocated: -EINVAL (NULL
+ * arguments, bad @c sz, non-zero reserved or unknown fields, an unknown
+ * layout, a region with NULL data or that wraps around, more than
+ * ALTPATCH_IMAGE_MAX_TEXT or overlapping text regions, a known id of 1024
+ * or more), -EBADMSG (a table size that is not a multiple of the layout's
+ * record), -ENOMEM.
+ */
+ALTPATCH_API int altpatch_image_open_regions(const struct altpatch_image_regions *desc,
+                                             struct altpatch_image **out);
 
 #ifdef __cplusplus
 }
