@@ -78,6 +78,7 @@ check_loads_prefix "$work/pc/consumer" shared
 step "altprepatch from its source, against the installed headers only"
 # shellcheck disable=SC2086
 "$cc" -std=gnu11 $cflags $pcflags "$src/tools/altprepatch/altprepatch.c" \
+      "$src/tools/common/cpuspec.c" \
       -o "$work/pc/altprepatch" $pclibs -lpthread
 "$work/pc/altprepatch" --cpu baseline "$work/pc/consumer" "$work/pc/consumer.baseline"
 readelf -SW "$work/pc/consumer.baseline" | grep -q '\.altpatch\.orig' || {
@@ -99,6 +100,7 @@ ad=$src/tools/altdump
 "$cc" -std=gnu11 -D_GNU_SOURCE $cflags $pcflags "$ad"/elfread.c "$ad"/symbols.c "$ad"/decide.c \
       "$ad"/text.c "$ad"/json.c "$ad"/size.c "$ad"/pidmem.c "$ad"/prepatched.c "$ad"/kernel.c \
       "$ad"/kfeatures.c "$ad"/disasm.c "$ad"/main.c "$src/tools/common/berkeley.c" \
+      "$src/tools/common/cpuspec.c" \
       -o "$work/pc/altdump" $pclibs $elfflags -lZydis -lZycore -lpthread
 check_loads_prefix "$work/pc/altdump" shared
 "$work/pc/altdump" --cpu baseline "$work/pc/consumer" >"$work/pc/altdump.out"

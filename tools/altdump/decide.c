@@ -11,6 +11,7 @@
 #include <Zydis/Zydis.h>
 
 #include "altdump.h"
+#include "../common/cpuspec.h"
 
 int ad_cpu_parse(const char *spec, struct ad_cpu *cpu, char *err, size_t errsz)
 {
@@ -23,25 +24,11 @@ int ad_cpu_parse(const char *spec, struct ad_cpu *cpu, char *err, size_t errsz)
     }
     snprintf(cpu->spec, sizeof(cpu->spec), "%s", spec);
     char name[128];
-    const char *edits = NULL;
-    if (spec[0] == '+' || spec[0] == '-') {
-        snprintf(name, sizeof(name), "host");
-        edits = spec;
-    } else {
-        const char *comma = strchr(spec, ',');
-        size_t n = comma ? (size_t)(comma - spec) : strlen(spec);
-        snprintf(name, sizeof(name), "%.*s", (int)n, spec);
-        edits = comma ? comma + 1 : NULL;
-    }
-    cpu->fs = altpatch_features_profile(name);
+    const char *edits;
+    cpu->fs = cpuspec_split(spec, name, sizeof(name), &edits) ? NULL
+                                                              : altpatch_features_profile(name);
     if (!cpu->fs) {
-        char list[256] = "";
-        const char *const *p = altpatch_features_profiles();
-        for (size_t i = 0; p && p[i]; i++) {
-            strncat(list, i ? ", " : "", sizeof(list) - strlen(list) - 1);
-            strncat(list, p[i], sizeof(list) - strlen(list) - 1);
-        }
-        snprintf(err, errsz, "unknown CPU profile '%s' (known: %s)", name, list);
+        cpuspec_unknown(name, err, errsz);
         return AD_EXIT_USAGE;
     }
     if (edits && *edits) {

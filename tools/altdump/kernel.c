@@ -14,6 +14,7 @@
 #include <strings.h>
 
 #include "altdump.h"
+#include "../common/cpuspec.h"
 
 /* --- version and layout ---------------------------------------------------- */
 
@@ -266,23 +267,12 @@ int ad_kernel_cpu(const struct ad_image *img, const char *spec, struct altpatch_
 {
     const struct ad_ktable *t = img->kernel.tab;
     char name[128];
-    const char *edits = NULL;
+    const char *edits;
     *out = NULL;
-    if (!spec || !*spec)
-        spec = "host";
-    if (spec[0] == '+' || spec[0] == '-') {
-        snprintf(name, sizeof(name), "host");
-        edits = spec;
-    } else {
-        const char *comma = strchr(spec, ',');
-        size_t n = comma ? (size_t)(comma - spec) : strlen(spec);
-        snprintf(name, sizeof(name), "%.*s", (int)(n < sizeof(name) ? n : sizeof(name) - 1),
-                 spec);
-        edits = comma ? comma + 1 : NULL;
-    }
-    struct altpatch_features *base = altpatch_features_profile(name);
+    struct altpatch_features *base =
+        cpuspec_split(spec, name, sizeof(name), &edits) ? NULL : altpatch_features_profile(name);
     if (!base) {
-        snprintf(err, errsz, "--cpu: unknown CPU profile '%s'", name);
+        cpuspec_unknown(name, err, errsz);
         return AD_EXIT_USAGE;
     }
     /* The profile's vendor, none of its bits: the kernel numbers them its own way. */

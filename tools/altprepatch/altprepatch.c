@@ -17,6 +17,8 @@
 #include <altpatch/altpatch.h>
 #include <altpatch/image.h>
 
+#include "../common/cpuspec.h"
+
 /** Exit codes (as altdump's; docs/man/altprepatch.1). */
 enum {
     EXIT_OK_ = 0,
@@ -67,27 +69,11 @@ static int capture(enum altpatch_print_level level, const char *fmt, va_list ap)
 static struct altpatch_features *cpu_spec(const char *spec, char *err, size_t errsz)
 {
     char name[64];
-    const char *edits = NULL;
-    if (spec[0] == '+' || spec[0] == '-') {
-        snprintf(name, sizeof(name), "host");
-        edits = spec;
-    } else {
-        const char *comma = strchr(spec, ',');
-        size_t n = comma ? (size_t)(comma - spec) : strlen(spec);
-        if (n >= sizeof(name))
-            n = sizeof(name) - 1;
-        snprintf(name, sizeof(name), "%.*s", (int)n, spec);
-        edits = comma ? comma + 1 : NULL;
-    }
-    struct altpatch_features *fs = altpatch_features_profile(name);
+    const char *edits;
+    struct altpatch_features *fs =
+        cpuspec_split(spec, name, sizeof(name), &edits) ? NULL : altpatch_features_profile(name);
     if (!fs) {
-        char list[256] = "";
-        const char *const *p = altpatch_features_profiles();
-        for (size_t i = 0; p && p[i]; i++) {
-            strncat(list, i ? ", " : "", sizeof(list) - strlen(list) - 1);
-            strncat(list, p[i], sizeof(list) - strlen(list) - 1);
-        }
-        snprintf(err, errsz, "unknown CPU profile '%s' (known: %s)", name, list);
+        cpuspec_unknown(name, err, errsz);
         return NULL;
     }
     if (edits && *edits) {
