@@ -10,6 +10,7 @@
  *   altbench all    [opts]                info + insn + sites + select
  *   altbench size ALT PLAIN SITES         text-size overhead of a generated program
  *   altbench scaling FILE...              apply-scaling table from the harness outputs
+ *   altbench startup PROG [RUNS]          start-up wall time with and without ALTPATCH_OFF=1
  *
  *   opts: --iters N (executions per repetition), --reps R, --cpu C
  */
@@ -104,7 +105,8 @@ static void usage(FILE *f)
     fputs("usage: altbench info\n"
           "       altbench insn|sites|select|all [--iters N] [--reps R] [--cpu C]\n"
           "       altbench size ALT_PROG PLAIN_PROG SITES\n"
-          "       altbench scaling RESULT_FILE...\n",
+          "       altbench scaling RESULT_FILE...\n"
+          "       altbench startup PROG [RUNS]\n",
           f);
 }
 
@@ -239,6 +241,8 @@ int main(int argc, char **argv)
         return ab_mode_size(argc - 2, argv + 2);
     if (!strcmp(mode, "scaling"))
         return ab_mode_scaling(argc - 2, argv + 2);
+    if (!strcmp(mode, "startup"))
+        return ab_mode_startup(argc - 2, argv + 2);
     if (strcmp(mode, "insn") && strcmp(mode, "sites") && strcmp(mode, "select") &&
         strcmp(mode, "all")) {
         fprintf(stderr, "altbench: unknown mode '%s'\n", mode);

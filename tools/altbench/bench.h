@@ -81,5 +81,6 @@ int ab_mode_insn(const struct ab_opts *o);
 int ab_mode_sites(const struct ab_opts *o, bool table, bool select);
 int ab_mode_size(int argc, char **argv);
 int ab_mode_scaling(int argc, char **argv);
+int ab_mode_startup(int argc, char **argv);
 
 #endif /* ALTBENCH_BENCH_H */
