@@ -347,6 +347,77 @@ Test(cpu, profile_host_is_host)
 }
 
 /* ------------------------------------------------------------------------- */
+/* Lazy host detection: by groups of CPUID leaves                            */
+/* ------------------------------------------------------------------------- */
+
+/* Each test runs in a fresh process: nothing is read before it starts. */
+Test(cpu, lazy_base_reads_no_other_leaf)
+{
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_BASE, &f);
+    /* words 9/16/18/12 (leaf 7), 10 (0xd.1), 1/6 (0x80000001), 13, 17: not read */
+    static const unsigned unread[] = {1, 6, 9, 10, 12, 13, 16, 17, 18};
+    for (size_t i = 0; i < sizeof(unread) / sizeof(unread[0]); i++)
+        cr_expect_eq(f.word[unread[i]], 0u, "word %u", unread[i]);
+    /* word 20 (0x80000021): only LFENCE_RDTSC, which the vendor rule may set too */
+    cr_expect_eq(f.word[20] & ~(1u << (X86_FEATURE_LFENCE_RDTSC % 32)), 0u);
+    cr_expect(!altpatch_features_has(&f, X86_FEATURE_CONSTANT_TSC));
+    /* what the base group decides is already the host's */
+    const struct altpatch_features *h = ap_host_features();
+    cr_expect_eq(f.word[0], h->word[0]);
+    cr_expect_eq(f.word[4], h->word[4]);
+    cr_expect_str_eq(f.vendor, h->vendor);
+    for (unsigned id = 0; id < AP_NCAPWORDS * 32; id++)
+        if (ap_feature_known(id) && ap_feature_leaves(id) == AP_LEAVES_BASE)
+            cr_expect_eq(altpatch_features_has(&f, id), altpatch_features_has(h, id), "%u", id);
+}
+
+/* One group at a time, in a fresh process, in an order of its own: every bit a
+ * group decides equals the full detection's, whatever was read before. */
+static void lazy_groups_agree(const unsigned *order, size_t n)
+{
+    struct altpatch_features part[8];
+    unsigned have = 0, had[8];
+    for (size_t i = 0; i < n; i++) {
+        ap_host_leaves(order[i], &part[i]);
+        have |= order[i] | AP_LEAVES_BASE;
+        had[i] = have;
+    }
+    const struct altpatch_features *h = ap_host_features();
+    for (size_t i = 0; i < n; i++)
+        for (unsigned id = 0; id < AP_NCAPWORDS * 32; id++) {
+            if (!ap_feature_known(id) || (ap_feature_leaves(id) & ~had[i]))
+                continue;
+            cr_expect_eq(altpatch_features_has(&part[i], id), altpatch_features_has(h, id),
+                         "feature %u after groups %#x", id, had[i]);
+        }
+}
+
+Test(cpu, lazy_groups_ascending)
+{
+    static const unsigned order[] = {AP_LEAVES_STD7, AP_LEAVES_STDD, AP_LEAVES_EXT1,
+                                     AP_LEAVES_EXT7, AP_LEAVES_EXT8, AP_LEAVES_EXT21};
+    lazy_groups_agree(order, sizeof(order) / sizeof(order[0]));
+}
+
+Test(cpu, lazy_groups_descending)
+{
+    static const unsigned order[] = {AP_LEAVES_EXT21, AP_LEAVES_EXT8, AP_LEAVES_EXT7,
+                                     AP_LEAVES_EXT1, AP_LEAVES_STDD, AP_LEAVES_STD7};
+    lazy_groups_agree(order, sizeof(order) / sizeof(order[0]));
+}
+
+Test(cpu, lazy_cpu_has_matches_host)
+{
+    /* altpatch_cpu_has() reads only the leaves of the feature it is asked */
+    for (unsigned id = 0; id < AP_NCAPWORDS * 32; id++)
+        if (ap_feature_known(id)) {
+            bool has = altpatch_cpu_has(id); /* first: before the full detection */
+            cr_expect_eq(has, altpatch_features_has(ap_host_features(), id), "feature %u", id);
+        }
+}
+
+/* ------------------------------------------------------------------------- */
 /* Host detection                                                            */
 /* ------------------------------------------------------------------------- */
 

@@ -334,13 +334,30 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
     st->procmem_writes = r->pst.procmem_writes;
 }
 
+/** The CPUID leaves that decide the features the records of @p mods reference. */
+static unsigned ap_needed_leaves(const struct ap_module *mods)
+{
+    unsigned groups = AP_LEAVES_BASE;
+    for (const struct ap_module *m = mods; m && groups != AP_LEAVES_ALL; m = m->next)
+        for (size_t i = 0; i < m->nentries; i++)
+            groups |= ap_feature_leaves(m->entries[i].feature);
+    return groups;
+}
+
+/* @p fs: the caller's set, or NULL for this host's effective set (read for
+ * the features the records reference, once the modules are known). */
 static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, bool live,
                          const struct ap_pins *pins, struct altpatch_stats *st)
 {
     struct ap_run r = {0};
+    struct altpatch_features host;
     int err = ap_modules_refresh(&ap_mods);
     if (!err)
         ap_pin(ap_mods, pins);
+    if (!err && !fs) {
+        ap_effective_leaves(ap_needed_leaves(ap_mods), &host);
+        fs = &host;
+    }
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
@@ -459,10 +476,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     if (ap_env_on("ALTPATCH_OFF")) {
         ap_log(ALTPATCH_INFO, "ALTPATCH_OFF is set: nothing patched\n");
     } else if (!(err = ap_check_threads(o.flags, &live))) {
-        struct altpatch_features host;
-        if (!o.features)
-            ap_effective_features(&host);
-        err = ap_run_locked(o.features ? o.features : &host, o.flags, live, &pins, &st);
+        err = ap_run_locked(o.features, o.flags, live, &pins, &st);
     }
     if (err != -EBUSY) {
         st.ns = ap_now_ns() - t0;

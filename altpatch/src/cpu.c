@@ -59,47 +59,115 @@
 /* Host detection                                                            */
 /* ------------------------------------------------------------------------- */
 
-/* Standard leaves 0, 1, 7.0, 7.1, 0xd.1 into words 0, 4, 9, 16, 18, 12, 10. */
-static void ap_read_std_leaves(struct altpatch_features *f)
+/*
+ * CPUID is read lazily, by groups of leaves (AP_LEAVES_* in host.h): under a
+ * hypervisor each CPUID is an exit costing microseconds, and an apply needs
+ * only the words its records reference. ap_raw holds the words read so far;
+ * every derived set is computed from it by the same steps in the same order
+ * (keep known bits, OS enablement, instruction probes, synthetic bits), each
+ * step depending only on words of the groups read or on the base group, so a
+ * bit of a group that was read is the same whichever other groups were.
+ */
+static pthread_mutex_t ap_leaves_mx = PTHREAD_MUTEX_INITIALIZER;
+static struct altpatch_features ap_raw; /* the words of ap_raw_groups; others zero */
+static unsigned ap_raw_groups;
+static uint32_t ap_std_max; /* CPUID.0:EAX (base group) */
+static uint32_t ap_ext_max; /* CPUID.80000000h:EAX, 0 when not yet read or absent */
+static bool ap_ext_max_read;
+
+unsigned ap_feature_leaves(unsigned id)
+{
+    unsigned w = id / 32;
+    switch (w) {
+    case 0:
+    case 4:
+        return AP_LEAVES_BASE;
+    case 1:
+    case 6:
+        return AP_LEAVES_BASE | AP_LEAVES_EXT1;
+    case 3: /* synthetic: vendor rules on base words, invariant TSC from 0x80000007 */
+        if (id == X86_FEATURE_CONSTANT_TSC || id == X86_FEATURE_NONSTOP_TSC)
+            return AP_LEAVES_BASE | AP_LEAVES_EXT7;
+        return AP_LEAVES_BASE;
+    case 9:
+    case 12:
+    case 16:
+    case 18:
+        return AP_LEAVES_BASE | AP_LEAVES_STD7;
+    case 10:
+        return AP_LEAVES_BASE | AP_LEAVES_STDD;
+    case 13:
+        return AP_LEAVES_BASE | AP_LEAVES_EXT8;
+    case 17:
+        return AP_LEAVES_BASE | AP_LEAVES_EXT7;
+    case 20:
+        return AP_LEAVES_BASE | AP_LEAVES_EXT21;
+    default: /* no CPUID word: nothing to read */
+        return AP_LEAVES_BASE;
+    }
+}
+
+/* Leaf 0 (vendor, highest leaf) and leaf 1 into words 0 and 4. */
+static void ap_read_base(struct altpatch_features *f)
 {
     struct ap_regs r = ap_cpuid(0, 0);
-    uint32_t max = r.a;
+    ap_std_max = r.a;
     char v[13];
     memcpy(v, &r.b, 4);
     memcpy(v + 4, &r.d, 4);
     memcpy(v + 8, &r.c, 4);
     v[12] = '\0';
     ap_set_vendor(f, v);
-    if (max >= 1) {
+    if (ap_std_max >= 1) {
         r = ap_cpuid(1, 0);
         f->word[0] = r.d;
         f->word[4] = r.c;
     }
-    if (max >= 7) {
-        r = ap_cpuid(7, 0);
-        uint32_t maxsub = r.a;
-        f->word[9] = r.b;
-        f->word[16] = r.c;
-        f->word[18] = r.d;
-        if (maxsub >= 1)
-            f->word[12] = ap_cpuid(7, 1).a;
-    }
-    if (max >= 0xd)
+}
+
+/* Leaves 7.0 and 7.1 into words 9, 16, 18 and 12. */
+static void ap_read_std7(struct altpatch_features *f)
+{
+    if (ap_std_max < 7)
+        return;
+    struct ap_regs r = ap_cpuid(7, 0);
+    uint32_t maxsub = r.a;
+    f->word[9] = r.b;
+    f->word[16] = r.c;
+    f->word[18] = r.d;
+    if (maxsub >= 1)
+        f->word[12] = ap_cpuid(7, 1).a;
+}
+
+/* Leaf 0xd.1 into word 10. */
+static void ap_read_stdd(struct altpatch_features *f)
+{
+    if (ap_std_max >= 0xd)
         f->word[10] = ap_cpuid(0xd, 1).a;
 }
 
-/* Extended leaves 0x80000001/7/8/0x21 into words 1, 6, 17, 13, 20 (+ TSC bits of word 3). */
-static void ap_read_ext_leaves(struct altpatch_features *f)
+/* The highest extended leaf, 0 when there are none. */
+static uint32_t ap_read_ext_max(void)
 {
-    uint32_t max = ap_cpuid(0x80000000u, 0).a;
-    if ((max & 0xffff0000u) != 0x80000000u)
-        return;
-    if (max >= 0x80000001u) {
+    if (!ap_ext_max_read) {
+        uint32_t max = ap_cpuid(0x80000000u, 0).a;
+        ap_ext_max = (max & 0xffff0000u) == 0x80000000u ? max : 0;
+        ap_ext_max_read = true;
+    }
+    return ap_ext_max;
+}
+
+/* Extended leaves of @p group: 0x80000001/7/8/0x21 into words 1 and 6, 17
+ * (+ the TSC bits of word 3), 13, 20. */
+static void ap_read_ext(struct altpatch_features *f, unsigned group)
+{
+    uint32_t max = ap_read_ext_max();
+    if (group == AP_LEAVES_EXT1 && max >= 0x80000001u) {
         struct ap_regs r = ap_cpuid(0x80000001u, 0);
         f->word[1] = r.d;
         f->word[6] = r.c;
     }
-    if (max >= 0x80000007u) {
+    if (group == AP_LEAVES_EXT7 && max >= 0x80000007u) {
         struct ap_regs r = ap_cpuid(0x80000007u, 0);
         f->word[17] = r.b;
         if (r.d & (1u << 8)) { /* invariant TSC */
@@ -107,10 +175,31 @@ static void ap_read_ext_leaves(struct altpatch_features *f)
             ap_bit_set(f, X86_FEATURE_NONSTOP_TSC);
         }
     }
-    if (max >= 0x80000008u)
+    if (group == AP_LEAVES_EXT8 && max >= 0x80000008u)
         f->word[13] = ap_cpuid(0x80000008u, 0).b;
-    if (max >= 0x80000021u)
+    if (group == AP_LEAVES_EXT21 && max >= 0x80000021u)
         f->word[20] = ap_cpuid(0x80000021u, 0).a;
+}
+
+/* Read the groups of @p groups not read yet into ap_raw (ap_leaves_mx held). */
+static void ap_read_leaves(unsigned groups)
+{
+    groups |= AP_LEAVES_BASE; /* vendor and leaf 1 feed every derivation */
+    unsigned todo = groups & ~ap_raw_groups & AP_LEAVES_ALL;
+    if (!todo)
+        return;
+    if (todo & AP_LEAVES_BASE)
+        ap_read_base(&ap_raw);
+    if (todo & AP_LEAVES_STD7)
+        ap_read_std7(&ap_raw);
+    if (todo & AP_LEAVES_STDD)
+        ap_read_stdd(&ap_raw);
+    static const unsigned ext[] = {AP_LEAVES_EXT1, AP_LEAVES_EXT7, AP_LEAVES_EXT8,
+                                   AP_LEAVES_EXT21};
+    for (size_t i = 0; i < sizeof(ext) / sizeof(ext[0]); i++)
+        if (todo & ext[i])
+            ap_read_ext(&ap_raw, ext[i]);
+    ap_raw_groups |= todo;
 }
 
 static const uint16_t ap_xsave_family[] = {
@@ -149,20 +238,36 @@ static void ap_clear_list(struct altpatch_features *f, const uint16_t *ids, size
 
 #define AP_CLEAR_ALL(f, arr) ap_clear_list((f), (arr), sizeof(arr) / sizeof((arr)[0]))
 
+/* Facts asked of the kernel or learnt by a probe, once each and only when a
+ * set read so far holds the bit they decide (-1: not asked yet). */
+static int ap_amx_perm = -1, ap_shstk_on = -1, ap_rdtscp_ok = -1, ap_rdpid_ok = -1;
+
 static bool ap_amx_permitted(void)
 {
-    unsigned long perm = 0;
-    if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) != 0)
-        return false;
-    return (perm >> AP_XFEATURE_XTILEDATA) & 1u;
+    if (ap_amx_perm < 0) {
+        unsigned long perm = 0;
+        ap_amx_perm = syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) == 0 &&
+                      ((perm >> AP_XFEATURE_XTILEDATA) & 1u);
+    }
+    return ap_amx_perm;
 }
 
 static bool ap_shstk_enabled(void)
 {
-    unsigned long st = 0;
-    if (syscall(SYS_arch_prctl, ARCH_SHSTK_STATUS, &st) != 0)
-        return false;
-    return st & AP_ARCH_SHSTK_SHSTK;
+    if (ap_shstk_on < 0) {
+        unsigned long st = 0;
+        ap_shstk_on = syscall(SYS_arch_prctl, ARCH_SHSTK_STATUS, &st) == 0 &&
+                      (st & AP_ARCH_SHSTK_SHSTK);
+    }
+    return ap_shstk_on;
+}
+
+static bool ap_any_set(const struct altpatch_features *f, const uint16_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ap_features_test(f, ids[i]))
+            return true;
+    return false;
 }
 
 /* Remove what CPUID reports but the OS does not let this process use. */
@@ -180,11 +285,12 @@ static void ap_apply_os_enablement(struct altpatch_features *f)
         AP_CLEAR_ALL(f, ap_avx_family);
     if ((xcr0 & (ymm | AP_XCR0_AVX512)) != (ymm | AP_XCR0_AVX512))
         AP_CLEAR_ALL(f, ap_avx512_family);
-    if ((xcr0 & AP_XCR0_AMX) != AP_XCR0_AMX || !ap_amx_permitted())
+    if (ap_any_set(f, ap_amx_family, sizeof(ap_amx_family) / sizeof(ap_amx_family[0])) &&
+        ((xcr0 & AP_XCR0_AMX) != AP_XCR0_AMX || !ap_amx_permitted()))
         AP_CLEAR_ALL(f, ap_amx_family);
     if (!ap_features_test(f, X86_FEATURE_OSPKE))
         ap_bit_clear(f, X86_FEATURE_PKU); /* RDPKRU/WRPKRU need CR4.PKE */
-    if (!ap_shstk_enabled())
+    if (ap_features_test(f, X86_FEATURE_SHSTK) && !ap_shstk_enabled())
         ap_bit_clear(f, X86_FEATURE_SHSTK);
 }
 
@@ -261,10 +367,11 @@ static bool ap_rdpid_usable(void)
     return false;
 }
 
-static void ap_probe_instructions(struct altpatch_features *f)
+/* Run the probes not run yet for what @p f claims; sets ap_rdtscp_ok / ap_rdpid_ok. */
+static void ap_run_probes(const struct altpatch_features *f)
 {
-    bool tscp = ap_features_test(f, X86_FEATURE_RDTSCP);
-    bool pid = ap_features_test(f, X86_FEATURE_RDPID);
+    bool tscp = ap_rdtscp_ok < 0 && ap_features_test(f, X86_FEATURE_RDTSCP);
+    bool pid = ap_rdpid_ok < 0 && ap_features_test(f, X86_FEATURE_RDPID);
     if (!tscp && !pid)
         return;
     struct sigaction sa;
@@ -276,25 +383,28 @@ static void ap_probe_instructions(struct altpatch_features *f)
     sigemptyset(&ill);
     sigaddset(&ill, SIGILL);
     if (sigaction(SIGILL, &sa, &ap_probe_prev) != 0) {
-        ap_bit_clear(f, X86_FEATURE_RDTSCP); /* cannot tell: claim neither */
-        ap_bit_clear(f, X86_FEATURE_RDPID);
+        /* cannot tell: claim neither */
+        if (tscp)
+            ap_rdtscp_ok = 0;
+        if (pid)
+            ap_rdpid_ok = 0;
         return;
     }
     /* a blocked SIGILL raised by an instruction would kill the process */
     if (pthread_sigmask(SIG_UNBLOCK, &ill, &old) != 0) {
-        ap_bit_clear(f, X86_FEATURE_RDTSCP);
-        ap_bit_clear(f, X86_FEATURE_RDPID);
+        if (tscp)
+            ap_rdtscp_ok = 0;
+        if (pid)
+            ap_rdpid_ok = 0;
     } else {
         if (tscp) {
             ap_probe_ill = 0;
             (void)ap_exec_rdtscp();
-            if (ap_probe_ill)
-                ap_bit_clear(f, X86_FEATURE_RDTSCP);
+            ap_rdtscp_ok = !ap_probe_ill;
         }
         if (pid) {
             ap_probe_ill = 0;
-            if (!ap_rdpid_usable())
-                ap_bit_clear(f, X86_FEATURE_RDPID);
+            ap_rdpid_ok = ap_rdpid_usable();
         }
         if (sigismember(&old, SIGILL) == 1)
             pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -303,20 +413,34 @@ static void ap_probe_instructions(struct altpatch_features *f)
     sigaction(SIGILL, &ap_probe_prev, NULL);
 }
 
+static void ap_probe_instructions(struct altpatch_features *f)
+{
+    ap_run_probes(f);
+    if (ap_features_test(f, X86_FEATURE_RDTSCP) && ap_rdtscp_ok == 0)
+        ap_bit_clear(f, X86_FEATURE_RDTSCP);
+    if (ap_features_test(f, X86_FEATURE_RDPID) && ap_rdpid_ok == 0)
+        ap_bit_clear(f, X86_FEATURE_RDPID);
+}
+
+void ap_host_leaves(unsigned groups, struct altpatch_features *out)
+{
+    pthread_mutex_lock(&ap_leaves_mx);
+    ap_read_leaves(groups);
+    struct altpatch_features f = ap_raw;
+    ap_mask_known(&f);
+    ap_apply_os_enablement(&f);
+    ap_probe_instructions(&f);
+    ap_derive_synthetic(&f);
+    pthread_mutex_unlock(&ap_leaves_mx);
+    *out = f;
+}
+
 static struct altpatch_features ap_host;
 static pthread_once_t ap_host_once = PTHREAD_ONCE_INIT;
 
 static void ap_host_detect(void)
 {
-    struct altpatch_features f;
-    ap_features_init(&f);
-    ap_read_std_leaves(&f);
-    ap_read_ext_leaves(&f);
-    ap_mask_known(&f);
-    ap_apply_os_enablement(&f);
-    ap_probe_instructions(&f);
-    ap_derive_synthetic(&f);
-    ap_host = f;
+    ap_host_leaves(AP_LEAVES_ALL, &ap_host);
 }
 
 const struct altpatch_features *ap_host_features(void)
@@ -336,7 +460,15 @@ ALTPATCH_API struct altpatch_features *altpatch_features_host(void)
 
 void ap_effective_features(struct altpatch_features *out)
 {
-    *out = *ap_host_features();
+    ap_effective_leaves(AP_LEAVES_ALL, out);
+}
+
+void ap_effective_leaves(unsigned groups, struct altpatch_features *out)
+{
+    if (groups == AP_LEAVES_ALL)
+        *out = *ap_host_features();
+    else
+        ap_host_leaves(groups, out);
     const char *list = ap_getenv("ALTPATCH_CLEARCPUID");
     if (list)
         ap_clearcpuid(out, list);
@@ -346,7 +478,8 @@ ALTPATCH_API bool altpatch_cpu_has(unsigned feature)
 {
     if (!ap_feature_known(feature))
         return false;
-    struct altpatch_features f = *ap_host_features();
+    struct altpatch_features f;
+    ap_host_leaves(ap_feature_leaves(feature), &f);
     const char *list = ap_getenv("ALTPATCH_CLEARCPUID");
     if (list)
         ap_clear_names(&f, list, false); /* apply warns; a query stays quiet */

@@ -28,6 +28,26 @@ AP_HIDDEN const struct altpatch_features *ap_host_features(void);
 /** The effective host set: ap_host_features() minus ALTPATCH_CLEARCPUID (unless AT_SECURE). */
 AP_HIDDEN void ap_effective_features(struct altpatch_features *out);
 
+/* Groups of CPUID leaves, read lazily (each CPUID may be a hypervisor exit). */
+#define AP_LEAVES_BASE 0x01u  /* leaf 0 (vendor) and 1: words 0, 4 */
+#define AP_LEAVES_STD7 0x02u  /* leaves 7.0, 7.1: words 9, 16, 18, 12 */
+#define AP_LEAVES_STDD 0x04u  /* leaf 0xd.1: word 10 */
+#define AP_LEAVES_EXT1 0x08u  /* leaf 0x80000001: words 1, 6 */
+#define AP_LEAVES_EXT7 0x10u  /* leaf 0x80000007: word 17, CONSTANT_TSC, NONSTOP_TSC */
+#define AP_LEAVES_EXT8 0x20u  /* leaf 0x80000008: word 13 */
+#define AP_LEAVES_EXT21 0x40u /* leaf 0x80000021: word 20 */
+#define AP_LEAVES_ALL 0x7fu
+/** The groups of leaves that decide feature @p id (any id; BASE when none). */
+AP_HIDDEN unsigned ap_feature_leaves(unsigned id);
+/**
+ * This process's features with at least the leaves of @p groups read: every
+ * bit those groups decide is what ap_host_features() holds; bits of groups
+ * not read yet may be clear. Thread-safe.
+ */
+AP_HIDDEN void ap_host_leaves(unsigned groups, struct altpatch_features *out);
+/** ap_effective_features() for at least the leaves of @p groups. */
+AP_HIDDEN void ap_effective_leaves(unsigned groups, struct altpatch_features *out);
+
 /* ------------------------------------------------------------------------- */
 /* The view builder (view.c)                                                 */
 /* ------------------------------------------------------------------------- */
