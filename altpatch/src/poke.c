@@ -197,15 +197,39 @@ static int ap_maps_add(struct ap_maps *m, const struct ap_map *e)
     return 0;
 }
 
+/**
+ * The hexadecimal number (1 to 16 digits, no prefix, no sign) at @p s into
+ * *@p v and its end into *@p end; false when there is none or it is longer.
+ * (strtoull() costs several times more: locale, bases, signs, overflow.)
+ */
+static bool ap_hex(const char *s, uintptr_t *v, const char **end)
+{
+    uint64_t x = 0;
+    int n = 0;
+    for (;; s++, n++) {
+        unsigned c = (unsigned char)*s, d;
+        if (c - '0' < 10u)
+            d = c - '0';
+        else if ((c | 0x20u) - 'a' < 6u)
+            d = (c | 0x20u) - 'a' + 10;
+        else
+            break;
+        if (n == 16)
+            return false;
+        x = x << 4 | d;
+    }
+    *v = (uintptr_t)x;
+    *end = s;
+    return n > 0;
+}
+
 /** Parse one "start-end perms ..." line; false if malformed. */
 static bool ap_maps_line(const char *line, struct ap_map *e)
 {
-    char *end;
-    e->start = (uintptr_t)strtoull(line, &end, 16);
-    if (*end != '-')
+    const char *end;
+    if (!ap_hex(line, &e->start, &end) || *end != '-')
         return false;
-    e->end = (uintptr_t)strtoull(end + 1, &end, 16);
-    if (*end != ' ' || strlen(end) < 5)
+    if (!ap_hex(end + 1, &e->end, &end) || *end != ' ' || strnlen(end, 5) < 5)
         return false;
     const char *p = end + 1;
     e->prot = (p[0] == 'r' ? PROT_READ : 0) | (p[1] == 'w' ? PROT_WRITE : 0) |

@@ -1,15 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * altbench startup PROG [RUNS]: the whole start-up of a small program that
- * applies once (startup_main.c), with and without ALTPATCH_OFF=1.
+ * altbench startup [-n RUNS] PROG...: the whole start-up of small programs
+ * that apply once (startup_main.c), each with and without ALTPATCH_OFF=1
+ * (several programs: builds of the same program to compare, in one run).
  *
  * Each run is fork() + execve() + waitpid(), timed with CLOCK_MONOTONIC from
- * before fork() to after waitpid(). The two variants alternate run by run
- * (interleaved: a noisy neighbour hits both alike); the first two runs of each
- * are warm-up and not counted. Prints min and median of each and the apply's
+ * before fork() to after waitpid(). Every variant runs once per round, the
+ * first one rotating (interleaved: a noisy neighbour hits all alike); the
+ * first two rounds are warm-up and not counted. Prints min and median of each and the apply's
  * share of start-up: (on - off) / off, for min and for median.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,58 +78,61 @@ static char **ab_su_env(char *extra)
     return e;
 }
 
+#define AB_SU_MAXPROG 8
+
 int ab_mode_startup(int argc, char **argv)
 {
-    if (argc < 1 || argc > 2) {
-        fputs("usage: altbench startup PROG [RUNS]\n", stderr);
+    unsigned long runs = 201;
+    if (argc >= 2 && !strcmp(argv[0], "-n")) {
+        runs = strtoul(argv[1], NULL, 10);
+        argc -= 2;
+        argv += 2;
+    }
+    if (argc < 1 || argc > AB_SU_MAXPROG || runs < 1 || runs > AB_SU_MAX) {
+        fprintf(stderr, "usage: altbench startup [-n RUNS] PROG... (1..%u programs, RUNS 1..%u)\n",
+                AB_SU_MAXPROG, AB_SU_MAX);
         return 2;
     }
-    const char *prog = argv[0];
-    unsigned long runs = argc > 1 ? strtoul(argv[1], NULL, 10) : 201;
-    if (runs < 1 || runs > AB_SU_MAX) {
-        fprintf(stderr, "altbench startup: RUNS must be 1..%u\n", AB_SU_MAX);
-        return 2;
-    }
+    unsigned np = (unsigned)argc, nv = 2 * np; /* variant 2p: PROG p on, 2p+1: off */
     char off_var[] = "ALTPATCH_OFF=1";
     char **env_on = ab_su_env(NULL), **env_off = ab_su_env(off_var);
-    uint64_t *on = calloc(runs, sizeof(*on)), *off = calloc(runs, sizeof(*off));
+    uint64_t *t[2 * AB_SU_MAXPROG] = {0};
     int rc = 1;
-    if (!env_on || !env_off || !on || !off) {
+    bool ok = env_on && env_off;
+    for (unsigned v = 0; v < nv && ok; v++)
+        ok = (t[v] = calloc(runs, sizeof(uint64_t))) != NULL;
+    if (!ok) {
         fputs("altbench startup: out of memory\n", stderr);
         goto out;
     }
     for (unsigned long i = 0; i < runs + AB_SU_WARMUP; i++) {
-        /* alternate which variant goes first, so neither always follows the other */
-        uint64_t a, b;
-        if (i & 1) {
-            b = ab_su_run(prog, env_off);
-            a = ab_su_run(prog, env_on);
-        } else {
-            a = ab_su_run(prog, env_on);
-            b = ab_su_run(prog, env_off);
-        }
-        if (!a || !b) {
-            fprintf(stderr, "altbench startup: %s failed to run\n", prog);
-            goto out;
-        }
-        if (i >= AB_SU_WARMUP) {
-            on[i - AB_SU_WARMUP] = a;
-            off[i - AB_SU_WARMUP] = b;
+        /* every variant once per round, starting one further each round */
+        for (unsigned k = 0; k < nv; k++) {
+            unsigned v = (unsigned)((i + k) % nv);
+            uint64_t ns = ab_su_run(argv[v / 2], v & 1 ? env_off : env_on);
+            if (!ns) {
+                fprintf(stderr, "altbench startup: %s failed to run\n", argv[v / 2]);
+                goto out;
+            }
+            if (i >= AB_SU_WARMUP)
+                t[v][i - AB_SU_WARMUP] = ns;
         }
     }
-    qsort(on, runs, sizeof(*on), ab_su_cmp);
-    qsort(off, runs, sizeof(*off), ab_su_cmp);
-    double on_min = (double)on[0], on_med = (double)on[runs / 2];
-    double off_min = (double)off[0], off_med = (double)off[runs / 2];
-    printf("startup prog=%s runs=%lu on_min_us=%.1f on_med_us=%.1f off_min_us=%.1f "
-           "off_med_us=%.1f share_min=%.2f%% share_med=%.2f%%\n",
-           prog, runs, on_min / 1e3, on_med / 1e3, off_min / 1e3, off_med / 1e3,
-           100.0 * (on_min - off_min) / off_min, 100.0 * (on_med - off_med) / off_med);
+    for (unsigned v = 0; v < nv; v++)
+        qsort(t[v], runs, sizeof(uint64_t), ab_su_cmp);
+    for (unsigned p = 0; p < np; p++) {
+        double on_min = (double)t[2 * p][0], on_med = (double)t[2 * p][runs / 2];
+        double off_min = (double)t[2 * p + 1][0], off_med = (double)t[2 * p + 1][runs / 2];
+        printf("startup prog=%s runs=%lu on_min_us=%.1f on_med_us=%.1f off_min_us=%.1f "
+               "off_med_us=%.1f share_min=%.2f%% share_med=%.2f%%\n",
+               argv[p], runs, on_min / 1e3, on_med / 1e3, off_min / 1e3, off_med / 1e3,
+               100.0 * (on_min - off_min) / off_min, 100.0 * (on_med - off_med) / off_med);
+    }
     rc = 0;
 out:
     free(env_on);
     free(env_off);
-    free(on);
-    free(off);
+    for (unsigned v = 0; v < nv; v++)
+        free(t[v]);
     return rc;
 }
