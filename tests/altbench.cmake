@@ -14,7 +14,8 @@ if(TARGET altbench AND TARGET test_altbench)
     ALTBENCH_ALT="$<TARGET_FILE:altbench_alt_${_ab_n}>"
     ALTBENCH_PLAIN="$<TARGET_FILE:altbench_plain_${_ab_n}>"
     ALTBENCH_XRAY="${_ab_xray}"
+    ALTBENCH_STARTUP="$<TARGET_FILE:altbench_startup_8>"
     ALTBENCH_N=${_ab_n})
   add_dependencies(test_altbench altbench altbench_gen altbench_alt_${_ab_n}
-                   altbench_plain_${_ab_n})
+                   altbench_plain_${_ab_n} altbench_startup_8)
 endif()

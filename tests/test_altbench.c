@@ -366,3 +366,26 @@ Test(altbench, size_table_adds_up)
     cr_assert_eq(total, diff, "split %lld != text difference %lld", total, diff);
     free(out);
 }
+
+Test(altbench, startup_reports_both_variants)
+{
+    need_tools();
+    int st;
+    char *out = run_ok(ALTBENCH_BIN " startup -n 3 " ALTBENCH_STARTUP);
+    cr_assert(strstr(out, "startup prog=" ALTBENCH_STARTUP " runs=3 "), "%s", out);
+    double on_min, on_med, off_min, off_med;
+    const char *p = strstr(out, "on_min_us=");
+    cr_assert_not_null(p, "%s", out);
+    cr_assert_eq(sscanf(p, "on_min_us=%lf on_med_us=%lf off_min_us=%lf off_med_us=%lf", &on_min,
+                        &on_med, &off_min, &off_med),
+                 4, "%s", out);
+    cr_assert(on_min > 0 && on_min <= on_med && off_min > 0 && off_min <= off_med, "%s", out);
+    free(out);
+    /* a program that fails is reported, not timed; bad arguments are refused */
+    free(run(ALTBENCH_BIN " startup -n 2 /bin/false 2>/dev/null", &st));
+    cr_assert_eq(st, 1);
+    free(run(ALTBENCH_BIN " startup -n 0 /bin/true 2>/dev/null", &st));
+    cr_assert_eq(st, 2);
+    free(run(ALTBENCH_BIN " startup 2>/dev/null", &st));
+    cr_assert_eq(st, 2);
+}
