@@ -30,16 +30,6 @@
 #include <sys/auxv.h>
 #include <time.h>
 
-#if defined(__has_include)
-#if __has_include(<sys/single_threaded.h>)
-#include <sys/single_threaded.h> /* glibc 2.32 and later */
-#define AP_HAVE_SINGLE_THREADED 1
-#endif
-#endif
-#ifndef AP_HAVE_SINGLE_THREADED
-#define AP_HAVE_SINGLE_THREADED 0
-#endif
-
 static pthread_mutex_t ap_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ap_module *ap_mods;    /* modules with tables, load order */
 static struct altpatch_stats ap_last; /* stats of the last apply */
@@ -136,20 +126,9 @@ __attribute__((constructor)) static void ap_atfork_register(void)
 /* Threads                                                                   */
 /* ------------------------------------------------------------------------- */
 
-/**
- * Threads of this process (/proc/self/task entries), or -1 when unknown.
- * glibc's __libc_single_threaded answers without a system call where the C
- * library knows that no thread was ever created (or the process forked since):
- * glibc relies on it itself (stdio and malloc skip their locks), so a process
- * whose threads glibc does not know is already outside what it supports. When
- * it is false (a thread exists or did), /proc counts the threads now running.
- */
+/** Threads of this process (/proc/self/task entries), or -1 when unknown. */
 static long ap_count_threads(void)
 {
-#if AP_HAVE_SINGLE_THREADED
-    if (__libc_single_threaded)
-        return 1;
-#endif
     DIR *d = opendir("/proc/self/task");
     if (!d)
         return -1;
