@@ -88,7 +88,7 @@ ab=$src/tools/altbench
 elfflags=$(pkg-config --cflags --libs libelf 2>/dev/null || echo -lelf)
 # shellcheck disable=SC2086
 "$cc" -std=gnu11 -D_GNU_SOURCE $cflags $pcflags "$ab/altbench.c" "$ab/insn.c" "$ab/sites.c" \
-      "$ab/dispatch.c" "$ab/size.c" "$ab/scaling.c" "$src/tools/common/berkeley.c" \
+      "$ab/dispatch.c" "$ab/size.c" "$ab/scaling.c" "$ab/startup.c" "$src/tools/common/berkeley.c" \
       -o "$work/pc/altbench" $pclibs $elfflags -lpthread
 check_loads_prefix "$work/pc/altbench" shared
 "$work/pc/altbench" size "$work/pc/consumer" "$work/pc/consumer" 1 >"$work/pc/altbench.size"
