@@ -33,25 +33,8 @@
 #define APFIX_VARIANT "unknown"
 #endif
 
-static int failures;
-
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("fixture %s: FAIL ", APFIX_VARIANT);
-    vprintf(fmt, ap);
-    putchar('\n');
-    va_end(ap);
-    failures++;
-}
-
-static long twice(long x) { return 2 * x; }
-static long thrice(long x) { return 3 * x; }
-static long plus10(long x) { return x + 10; }
-static long plus20(long x) { return x + 20; }
-static long minus1(long x) { return x - 1; }
-static long minus2(long x) { return x - 2; }
+#define AP_FIXTURE_NAME "fixture " APFIX_VARIANT
+#include "ap_fixture_common.h"
 
 static const struct apx_call *calls(size_t *n)
 {

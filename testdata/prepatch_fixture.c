@@ -30,25 +30,8 @@
 #include <altpatch/image.h>
 #include <altpatch/primitives.h>
 
-static int failures;
-
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("prepatch_fixture: FAIL ");
-    vprintf(fmt, ap);
-    putchar('\n');
-    va_end(ap);
-    failures++;
-}
-
-static long twice(long x) { return 2 * x; }
-static long thrice(long x) { return 3 * x; }
-static long plus10(long x) { return x + 10; }
-static long plus20(long x) { return x + 20; }
-static long minus1(long x) { return x - 1; }
-static long minus2(long x) { return x - 2; }
+#define AP_FIXTURE_NAME "prepatch_fixture"
+#include "ap_fixture_common.h"
 
 /* Every primitive; @p decided: the sites hold this CPU's plan (else the originals). */
 static __attribute__((noinline)) void run(void *gs_block, int decided)
