@@ -43,7 +43,7 @@ __attribute__((noinline)) static long site_spin(void)
 {
     long v = 0;
     spin_entered = 1;
-    __asm__ __volatile__(ALTERNATIVE("nop\n.Lspin%=:\n\tcmpl $0, %[f]\n\tjne .Lspin%=",
+    __asm__ __volatile__(ALTERNATIVE("xchg %%ax, %%ax\n.Lspin%=:\n\tcmpl $0, %[f]\n\tjne .Lspin%=",
                                      "movl $2, %%eax", X86_FEATURE_ALWAYS)
                          : "+a"(v)
                          : [f] "m"(spin_flag)
@@ -344,7 +344,7 @@ Test(live, thread_inside_site_refuses_it)
     cr_assert_eq(r->v[S_SPIN].state, ALTPATCH_SITE_REFUSED);
     cr_assert_eq(r->v[S_SPIN].reason, ALTPATCH_REASON_LIVE_THREAD_INSIDE);
     cr_assert_eq(memcmp(r->v[S_SPIN].cur, r->v[S_SPIN].orig, r->v[S_SPIN].len), 0,
-                 "original kept, int3 removed");
+                 "original kept, entry barrier removed");
     cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED, "the other sites are patched");
     cr_assert_eq(r->first_result, 0, "the spinning thread left through the original");
     cr_assert_eq(r->rc2, 0);
@@ -352,7 +352,7 @@ Test(live, thread_inside_site_refuses_it)
     cr_assert_eq(r->spin_after, 2);
 }
 
-/* ---- SIGTRAP chaining ------------------------------------------------------------ */
+/* ---- the program's signal handlers ----------------------------------------------- */
 
 static volatile int app_traps, app_hs;
 
@@ -374,15 +374,16 @@ __attribute__((noinline)) static void plain_int3(void)
 }
 
 struct chain_res {
-    int rc, rc2, traps_raise, traps_int3, traps_late, rt;
+    int rc, rc2, traps_raise, traps_int3, traps_late, rt, trap_kept, trap_kept2;
     long one;
 };
 
 static void chain_body(void *out, void *ctx)
 {
     struct chain_res *r = out;
+    pthread_t t;
     (void)ctx;
-    struct sigaction sa;
+    struct sigaction sa, cur;
     memset(&sa, 0, sizeof(sa));
     sa.sa_sigaction = app_trap;
     sa.sa_flags = SA_SIGINFO;
@@ -390,7 +391,12 @@ static void chain_body(void *out, void *ctx)
     for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
         signal(s, app_rt);
     altpatch_set_print(NULL);
-    r->rc = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
+    if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, NULL))
+        _exit(3);
+    r->rc = altpatch_apply(); /* live: another thread runs */
+    sigaction(SIGTRAP, NULL, &cur);
+    r->trap_kept = cur.sa_sigaction == app_trap && (cur.sa_flags & SA_SIGINFO) &&
+                   !(cur.sa_flags & (SA_NODEFER | SA_ONSTACK | SA_RESTART));
     raise(SIGTRAP);
     r->traps_raise = app_traps;
     plain_int3();
@@ -398,22 +404,29 @@ static void chain_body(void *out, void *ctx)
     for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
         raise(s);
     r->rt = app_hs;
-    /* The application replaces our handler: the next live apply chains it again. */
-    sigaction(SIGTRAP, &sa, NULL);
-    r->rc2 = apply_flags(ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_REVERT, NULL);
+    r->rc2 = apply_flags(ALTPATCH_APPLY_REVERT, NULL);
+    sigaction(SIGTRAP, NULL, &cur);
+    r->trap_kept2 = cur.sa_sigaction == app_trap;
     raise(SIGTRAP);
     r->traps_late = app_traps;
     r->one = site_one();
+    g_release = 1;
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
 }
 
-Test(live, unrelated_signals_reach_the_previous_handlers)
+/* altpatch installs no SIGTRAP handler: the program's stays and gets every SIGTRAP. */
+Test(live, program_sigtrap_handler_is_left_alone)
 {
     struct chain_res *r = ap_isolated(sizeof(*r), chain_body, NULL);
     cr_assert_eq(r->rc, 0);
-    cr_assert_eq(r->traps_raise, 1, "raise(SIGTRAP) chained");
-    cr_assert_eq(r->traps_int3, 2, "an int3 outside any site chained");
+    cr_assert(r->trap_kept, "the program's SIGTRAP action is unchanged after a live apply");
+    cr_assert_eq(r->traps_raise, 1, "raise(SIGTRAP) reached the program's handler");
+    cr_assert_eq(r->traps_int3, 2, "an int3 reached the program's handler");
     cr_assert_eq(r->rt, SIGRTMAX - SIGRTMIN + 1, "every real-time signal reached the application");
     cr_assert_eq(r->rc2, 0);
+    cr_assert(r->trap_kept2);
     cr_assert_eq(r->traps_late, 3);
     cr_assert_eq(r->one, 1);
 }
@@ -556,20 +569,20 @@ Test(live, reasons_have_texts)
     cr_assert(strstr(altpatch_strreason(ALTPATCH_REASON_LIVE_NO_ANSWER), "answer"));
 }
 
-/* ---- threads that cannot take SIGTRAP -------------------------------------------- */
+/* ---- signal masks do not matter ----------------------------------------------------- */
 
 static volatile int nt_stop;
 static volatile long nt_runs, nt_bad;
-static volatile pid_t nt_tid;
+static volatile long nt_sigs;
 
-/* A sigwait()-style worker: every signal blocked, runs the sites all the time. */
+/* A sigwait()-style worker: every signal blocked (unless @p arg), runs the sites all the time. */
 static void *blocked_worker(void *arg)
 {
     (void)arg;
     sigset_t all;
     sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, NULL);
-    nt_tid = (pid_t)syscall(SYS_gettid);
+    if (!arg)
+        pthread_sigmask(SIG_SETMASK, &all, NULL);
     while (!nt_stop) {
         long one = site_one(), pair = site_pair();
         nt_bad += !((one == 1 || one == 2) && (pair == 11 || pair == 22));
@@ -578,79 +591,247 @@ static void *blocked_worker(void *arg)
     return NULL;
 }
 
-struct notrap_res {
-    int busy, other, tid_named, sig_named;
-    long one, pair, runs, bad;
-    int rc_after;
-    long one_after;
-};
-
-static void on_usr1(int sig)
+/* A thread that blocks and unblocks SIGTRAP in a tight loop while it runs the sites. */
+static void *mask_flipper(void *arg)
 {
-    (void)sig;
+    (void)arg;
+    sigset_t trap;
+    sigemptyset(&trap);
+    sigaddset(&trap, SIGTRAP);
+    for (unsigned k = 0; !nt_stop; k++) {
+        pthread_sigmask(k & 1 ? SIG_UNBLOCK : SIG_BLOCK, &trap, NULL);
+        long one = site_one(), pair = site_pair();
+        nt_bad += !((one == 1 || one == 2) && (pair == 11 || pair == 22));
+        nt_runs++;
+    }
+    return NULL;
 }
 
+/* Runs the sites with every signal blocked (sa_mask full). */
+static void on_usr1_sites(int sig)
+{
+    (void)sig;
+    long one = site_one(), pair = site_pair();
+    nt_bad += !((one == 1 || one == 2) && (pair == 11 || pair == 22));
+    nt_sigs++;
+}
+
+static volatile int nt_kick_stop;
+
+static void *nt_kicker(void *arg)
+{
+    pthread_t worker = *(pthread_t *)arg;
+    while (!nt_kick_stop) {
+        pthread_kill(worker, SIGUSR1);
+        usleep(200);
+    }
+    return NULL;
+}
+
+/* Bytes of the sites in memory: each must be exactly the original or the replacement. */
+struct bytes_ref {
+    uintptr_t addr[S_COUNT];
+    unsigned len[S_COUNT];
+    uint8_t orig[S_COUNT][16], repl[S_COUNT][16];
+};
+
+/* The site bytes, original and patched, as a single-threaded apply leaves them. */
+static void bytes_ref_take(struct bytes_ref *b)
+{
+    struct site_view v[S_COUNT];
+    if (apply_flags(0, NULL))
+        _exit(5);
+    snap(v);
+    for (int i = 0; i < S_COUNT; i++) {
+        b->addr[i] = v[i].addr, b->len[i] = v[i].len;
+        memcpy(b->orig[i], v[i].orig, 16);
+        memcpy(b->repl[i], (const void *)v[i].addr, v[i].len);
+    }
+    if (apply_flags(ALTPATCH_APPLY_REVERT, NULL))
+        _exit(5);
+}
+
+/* 0 when site i holds the bytes an apply (patched) or a revert (!patched) leaves. */
+static int bytes_check(const struct bytes_ref *b, int i, bool patched)
+{
+    return memcmp((const void *)b->addr[i], patched ? b->repl[i] : b->orig[i], b->len[i]);
+}
+
+struct notrap_res {
+    int toggles, errors, wrong_bytes, wrong_one;
+    long runs, sigs, bad;
+    struct site_view v[S_COUNT];
+    int sigtrap_untouched;
+};
+
+/* ctx: 0 the sigwait-style worker; 1 the SIGTRAP mask flipper; 2 a worker whose
+ * SIGUSR1 handler (every signal blocked) runs the sites, kicked every 200 us. */
 static void notrap_body(void *out, void *ctx)
 {
     struct notrap_res *r = out;
-    pthread_t t;
-    altpatch_set_print(ap_warn_capture);
-    if (ctx) { /* a handler that runs with SIGTRAP blocked, and an idle thread */
+    pthread_t t, k;
+    altpatch_set_print(NULL);
+    struct bytes_ref b;
+    bytes_ref_take(&b);
+    struct sigaction before, after;
+    sigaction(SIGTRAP, NULL, &before);
+    int toggles = 20; /* every apply waits for the silent thread's answer */
+    if (ctx == (void *)2) {
         struct sigaction sa;
         memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = on_usr1;
+        sa.sa_handler = on_usr1_sites;
         sigfillset(&sa.sa_mask);
         sigaction(SIGUSR1, &sa, NULL);
-        if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, NULL))
-            _exit(3);
-    } else if (pthread_create(&t, NULL, blocked_worker, NULL)) {
+    }
+    if (pthread_create(&t, NULL, ctx == (void *)1 ? mask_flipper : blocked_worker, ctx))
         _exit(3);
-    }
-    while (!ctx && !nt_runs)
+    if (ctx == (void *)2 && pthread_create(&k, NULL, nt_kicker, &t))
+        _exit(3);
+    if (ctx == (void *)1)
+        toggles = 2000;
+    while (!nt_runs)
         sched_yield();
-    for (int i = 0; i < 50; i++) {
-        int rc = apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0, NULL);
-        r->busy += rc == -EBUSY;
-        r->other += rc != -EBUSY;
+    for (int i = 0; i < toggles; i++) {
+        bool patch = !(i % 2);
+        r->errors += apply_flags(patch ? 0 : ALTPATCH_APPLY_REVERT, NULL) != 0;
+        long one = site_one();
+        r->wrong_one += one != (patch ? 2 : 1);
+        r->wrong_bytes += bytes_check(&b, S_ONE, patch) != 0;
+        /* Multi-instruction sites: the new bytes, or the old ones when refused. */
+        r->wrong_bytes += bytes_check(&b, S_PAIR, patch) && bytes_check(&b, S_PAIR, !patch);
+        r->toggles++;
     }
-    r->one = site_one(), r->pair = site_pair();
-    char tid[32];
-    snprintf(tid, sizeof(tid), "thread %d ", (int)nt_tid);
-    r->tid_named = strstr(ap_warn_log, tid) && strstr(ap_warn_log, "blocks SIGTRAP");
-    r->sig_named = strstr(ap_warn_log, "signal 10") && strstr(ap_warn_log, "blocks SIGTRAP");
+    snap(r->v);
+    sigaction(SIGTRAP, NULL, &after);
+    r->sigtrap_untouched = after.sa_handler == before.sa_handler;
+    nt_kick_stop = 1;
+    if (ctx == (void *)2)
+        pthread_join(k, NULL);
     nt_stop = 1;
-    g_release = 1;
-    if (ctx && write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
     pthread_join(t, NULL);
-    r->runs = nt_runs, r->bad = nt_bad;
-    /* Alone again: the same apply patches. */
-    signal(SIGUSR1, SIG_DFL);
-    r->rc_after = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
-    r->one_after = site_one();
+    r->runs = nt_runs, r->sigs = nt_sigs, r->bad = nt_bad;
 }
 
-Test(live, thread_blocking_sigtrap_gets_ebusy_not_death)
+/* Every signal blocked (sigwait() design): nothing to refuse, nothing to kill. */
+Test(live, thread_blocking_every_signal_is_patched_and_survives)
 {
     struct notrap_res *r = ap_isolated(sizeof(*r), notrap_body, NULL);
-    cr_assert_eq(r->busy, 50, "every apply refused (%d other results)", r->other);
-    cr_assert(r->tid_named, "the warning names the thread");
-    cr_assert_eq(r->one, 1, "nothing written");
-    cr_assert_eq(r->pair, 11);
+    cr_assert_eq(r->toggles, 20);
+    cr_assert_eq(r->errors, 0, "every apply succeeds");
+    cr_assert_eq(r->wrong_one, 0, "the single-instruction site changes at every apply");
+    cr_assert_eq(r->wrong_bytes, 0);
     cr_assert_gt(r->runs, 0);
-    cr_assert_eq(r->bad, 0);
-    cr_assert_eq(r->rc_after, 0);
-    cr_assert_eq(r->one_after, 2);
+    cr_assert_eq(r->bad, 0, "no torn value in the blocking thread");
+    cr_assert_eq(r->v[S_ONE].state, ALTPATCH_SITE_ORIGINAL, "last toggle: revert");
+    cr_assert(r->sigtrap_untouched);
 }
 
-Test(live, handler_blocking_sigtrap_gets_ebusy)
+Test(live, thread_flipping_its_sigtrap_mask_during_2000_toggles)
 {
     struct notrap_res *r = ap_isolated(sizeof(*r), notrap_body, (void *)1);
-    cr_assert_eq(r->busy, 50, "every apply refused (%d other results)", r->other);
-    cr_assert(r->sig_named, "the warning names the signal");
-    cr_assert_eq(r->one, 1, "nothing written");
-    cr_assert_eq(r->rc_after, 0);
-    cr_assert_eq(r->one_after, 2);
+    cr_assert_eq(r->toggles, 2000);
+    cr_assert_eq(r->errors, 0, "every apply succeeds");
+    cr_assert_eq(r->wrong_one, 0);
+    cr_assert_eq(r->wrong_bytes, 0, "memory holds the original or the replacement, nothing else");
+    cr_assert_gt(r->runs, 0);
+    cr_assert_eq(r->bad, 0, "no torn value");
+    cr_assert(r->sigtrap_untouched);
+}
+
+Test(live, handler_blocking_every_signal_runs_sites_during_toggles)
+{
+    struct notrap_res *r = ap_isolated(sizeof(*r), notrap_body, (void *)2);
+    cr_assert_eq(r->errors, 0, "every apply succeeds");
+    cr_assert_eq(r->wrong_one, 0);
+    cr_assert_eq(r->wrong_bytes, 0);
+    cr_assert_gt(r->sigs, 0, "the kicks arrived");
+    cr_assert_eq(r->bad, 0, "no torn value in the thread or its handler");
+}
+
+/* ---- the pages stay the file's; the mappings stay few ------------------------------- */
+
+struct maps_res {
+    int errors, lines_before, lines_first, lines_after;
+    int named, same_file_bytes;
+    char line[256];
+};
+
+static int maps_lines(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    int n = 0;
+    char buf[512];
+    while (f && fgets(buf, sizeof(buf), f))
+        n += strchr(buf, '\n') != NULL;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static void maps_body(void *out, void *ctx)
+{
+    struct maps_res *r = out;
+    pthread_t t;
+    (void)ctx;
+    altpatch_set_print(NULL);
+    if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, NULL))
+        _exit(3);
+    wait_asleep(&g_sleeper_tid);
+    struct site_view v[S_COUNT];
+    r->lines_before = maps_lines();
+    for (int i = 0; i < 1000; i++) {
+        r->errors += apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0, NULL) != 0;
+        if (i == 9)
+            r->lines_first = maps_lines();
+    }
+    r->errors += apply_flags(0, NULL) != 0;
+    r->lines_after = maps_lines();
+    snap(v);
+    /* The mapping that holds site_one now: still the executable, at the right
+     * offset (the file holds the original bytes there). */
+    char exe[256] = "";
+    ssize_t l = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    exe[l > 0 ? l : 0] = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+    char buf[512];
+    while (f && fgets(buf, sizeof(buf), f)) {
+        unsigned long s, e, off;
+        char perms[8];
+        int pos = 0;
+        if (sscanf(buf, "%lx-%lx %7s %lx %*s %*s %n", &s, &e, perms, &off, &pos) < 4 ||
+            v[S_ONE].addr < s || v[S_ONE].addr >= e)
+            continue;
+        snprintf(r->line, sizeof(r->line), "%.200s", buf);
+        r->named = strstr(buf + pos, exe) == buf + pos && !strcmp(perms, "r-xp");
+        FILE *x = fopen(exe, "rb");
+        uint8_t file[16];
+        r->same_file_bytes = x && !fseek(x, (long)(off + (v[S_ONE].addr - s)), SEEK_SET) &&
+                             fread(file, 1, v[S_ONE].len, x) == v[S_ONE].len &&
+                             !memcmp(file, v[S_ONE].orig, v[S_ONE].len) &&
+                             memcmp(file, (const void *)v[S_ONE].addr, v[S_ONE].len);
+        if (x)
+            fclose(x);
+    }
+    if (f)
+        fclose(f);
+    g_release = 1;
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+}
+
+Test(live, flipped_pages_stay_the_files_and_mappings_stay_bounded)
+{
+    struct maps_res *r = ap_isolated(sizeof(*r), maps_body, NULL);
+    cr_assert_eq(r->errors, 0);
+    cr_assert(r->named, "the flipped text is still the executable's r-xp mapping: %s", r->line);
+    cr_assert(r->same_file_bytes,
+              "at the same file offset (original bytes in the file, patched in memory): %s",
+              r->line);
+    cr_assert_leq(r->lines_first - r->lines_before, 4, "a flip splits a mapping at most in three "
+                  "per run (%d -> %d)", r->lines_before, r->lines_first);
+    cr_assert_eq(r->lines_after, r->lines_first, "no growth over 990 more toggles (%d -> %d)",
+                 r->lines_first, r->lines_after);
 }
 
 /* ---- a signal handler runs a site while its thread waits in the trap handler -------- */

@@ -129,16 +129,58 @@ AP_HIDDEN int ap_procmem_open(void);
 /** pwrite() @p len bytes at @p addr through @p fd, EINTR retried: 0 or -errno (-EIO if short). */
 AP_HIDDEN int ap_procmem_write(int fd, uintptr_t addr, const uint8_t *src, size_t len);
 
+/*
+ * Page flips (flip.c): new contents of text pages are built in a staging
+ * mapping of the same file at the same offset and moved over the live pages
+ * in one mremap(). Knows nothing of x86.
+ */
+struct ap_flip_run {
+    uintptr_t start, len; /* page-aligned target range, inside one mapping */
+    size_t vma;           /* its mapping (flip.c's table) */
+    uint8_t *stage[2];    /* staging copies (first and second flip); NULL: none or moved in */
+};
+struct ap_flip_vma;
+struct ap_flip {
+    struct ap_flip_run *run;
+    size_t nrun;
+    struct ap_flip_vma *vma;
+    size_t nvma;
+    int memfd; /* /proc/self/mem */
+    uintptr_t pgsz;
+};
+/**
+ * Group the writes w[i] with @p want[i] (sorted by address) into runs:
+ * run_of[i] := the run that holds w[i], or -1 when its pages cannot be
+ * flipped (anonymous or shared text, file not openable or not the mapped one,
+ * a write across two mappings). Reads /proc/self/maps and opens the files.
+ * 0 or -errno (then nothing can flip); ap_flip_release() in every case.
+ */
+AP_HIDDEN int ap_flip_plan(struct ap_flip *f, const struct ap_write *w, const bool *want, size_t n,
+                           long *run_of);
+/** Map staging copy @p which (0, 1) of @p run and fill it with the live pages. 0 or -errno. */
+AP_HIDDEN int ap_flip_stage(struct ap_flip *f, size_t run, int which, struct ap_poke_stats *st);
+/** Write @p len bytes for live address @p addr into staging copy @p which. 0 or -errno. */
+AP_HIDDEN int ap_flip_put(struct ap_flip *f, size_t run, int which, uintptr_t addr,
+                          const uint8_t *src, size_t len, struct ap_poke_stats *st);
+/** Where live address @p addr lies in staging copy @p which (readable). */
+AP_HIDDEN const uint8_t *ap_flip_view(const struct ap_flip *f, size_t run, int which,
+                                      uintptr_t addr);
+/** Move staging copy @p which over the live pages (raw mremap). 0 or -errno. */
+AP_HIDDEN int ap_flip_swap(struct ap_flip *f, size_t run, int which, struct ap_poke_stats *st);
+/** Unmap the staging copies not moved in, close the files, free. */
+AP_HIDDEN void ap_flip_release(struct ap_flip *f);
+
 /**
  * Whether the live protocol can run: membarrier SYNC_CORE registered,
- * /proc/self/mem writable, SIGTRAP and handshake handlers installed (live.c).
+ * /proc/self/mem writable, handshake handler installed, and (once per
+ * process) a page flip seen executed (live.c).
  * 0, or -errno with *why set to a sentence for the log.
  */
 AP_HIDDEN int ap_live_ready(const char **why);
 /**
  * Write a batch while other threads may run it (live.c, the x86 side of the
- * writer): int3 on every first byte, membarrier, handshake, tails, membarrier,
- * first bytes, membarrier. Same contract as ap_poke() (flags: none); results
+ * writer): page flips (flip.c), an entry barrier and a handshake for
+ * multi-instruction sites. Same contract as ap_poke() (flags: none); results
  * may also be the ALTPATCH_REASON_LIVE_* reasons.
  */
 AP_HIDDEN int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st);
@@ -148,8 +190,6 @@ AP_HIDDEN int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *s
  * the order an apply takes both.
  */
 AP_HIDDEN void ap_live_fork_prepare(void);
-/** A module's text [start, end) was unloaded: its sites leave the trap handler's set. */
-AP_HIDDEN void ap_live_forget(uintptr_t start, uintptr_t end);
 AP_HIDDEN void ap_live_fork_release(void);
 
 /* ------------------------------------------------------------------------- */

@@ -203,6 +203,8 @@ int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out)
     out->is_nop = insn_is_nop(&in);
     out->is_int3 = in.mnemonic == ZYDIS_MNEMONIC_INT3;
     out->is_call = in.mnemonic == ZYDIS_MNEMONIC_CALL; /* near or far, any form */
+    out->is_fence = in.mnemonic == ZYDIS_MNEMONIC_LFENCE || in.mnemonic == ZYDIS_MNEMONIC_MFENCE ||
+                    in.mnemonic == ZYDIS_MNEMONIC_SFENCE;
     return 0;
 }
 

@@ -2,44 +2,40 @@
 /*
  * Live re-patching: rewriting sites while other threads may execute them.
  *
- * This is the x86 side of the writer. poke.c knows nothing of x86; the int3
- * byte, the RIP fixup in the SIGTRAP handler and the instruction-level safety
- * rules live here. Bytes are written through /proc/self/mem (writer.c), which
- * never changes a page's protection (an RW window would make the page
- * non-executable for the threads running on it).
+ * This is the x86 side of the live writer: which sites can change in one
+ * step, the entry barrier of the others (`jmp .`), and where the other
+ * threads are. No byte is ever written into a page that a thread may be
+ * executing: the new contents of the pages go into a staging copy that
+ * replaces the live pages in one mremap() (flip.c), so every thread executes
+ * each instruction either from the old page or from the new one. No trap, no
+ * SIGTRAP: the threads' signal masks do not matter.
  *
- * One round per batch (every site an apply changes), the kernel's
- * cross-modifying-code protocol:
+ * One round per batch (every site an apply changes):
  *
- *   0. refuse sites that are not live-patchable (a call that is not the last
- *      instruction: its return address lies inside the site);
- *   1. busy := 1; write int3 (0xcc) on the first byte of every site;
- *      membarrier(PRIVATE_EXPEDITED_SYNC_CORE);
- *   2. handshake (only when a multi-instruction site is in the batch): signal
- *      every other thread, each reports the RIP it was interrupted at; a site
- *      some thread is strictly inside is retried for a bounded time, then
- *      refused (its first byte restored); a thread that does not answer makes
- *      every multi-instruction site of the round refused;
- *   3. write every byte but the first; membarrier;
- *   4. write the first bytes; membarrier; busy := 0.
+ *   0. classify: a site whose bytes in memory are one instruction (or whose
+ *      old and new bytes are only NOPs and fences, every old boundary a new
+ *      one) is class A: nobody can be inside it in a way the new bytes would
+ *      break. Others are class B (their first instruction must be at least
+ *      two bytes long). A call that is not the last instruction is refused
+ *      (its return address lies inside the site).
+ *   1. stage (before the round, may allocate): staging copy 1 holds the live
+ *      pages with the new bytes of A sites and `jmp .` (EB FE) on the first
+ *      two bytes of B sites; copy 2 (only for runs with a B site) holds every
+ *      new byte. Every site's old bytes are checked in the copies.
+ *   2. flip 1; membarrier(SYNC_CORE). A sites are done. A thread that enters
+ *      a B site now spins at its first byte; one already inside finishes the
+ *      old bytes (interior boundaries are untouched).
+ *   3. handshake (only with B sites): every other thread is located; a B site
+ *      some thread stays strictly inside is refused (its old bytes go back
+ *      into copy 2); a thread that does not answer refuses every B site.
+ *   4. flip 2; membarrier. Spinning threads resume at the site start on the
+ *      final bytes.
  *
- * A thread that executes one of the int3s gets SIGTRAP; the handler sees
- * RIP-1 is a site of a live round, waits until the round is over (busy == 0),
- * sets RIP back to the site start and returns: the thread runs the final
- * bytes. SIGTRAPs that are not ours go to the handler installed before.
+ * Between flip 1 and flip 2 the applying thread runs nothing but raw system
+ * calls: a B site it ran would spin forever.
  *
- * Why the handshake is enough: once the int3s are in, a thread can enter a
- * site only through its first byte (it traps) or by returning into it (refused
- * in step 0); so when every thread has been seen outside every
- * multi-instruction site after step 1, none can be inside while its bytes
- * change. A single-instruction original has no interior boundary: nobody can
- * be strictly inside it, no handshake is needed. See docs/live.md for the
- * limits (blocked signals, nested signal handlers).
- *
- * Nomenclature: "round" = steps 1-4 for one batch; "busy" = the global flag
- * telling the trap handler that int3s of a round may be in memory; "live set"
- * = every address written live in a module still loaded (the handler's lookup
- * table, published as immutable snapshots).
+ * Nomenclature: "round" = steps 2-4 for one batch; "run" = pages flipped
+ * together (flip.c).
  */
 #include "host.h"
 
@@ -53,13 +49,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
-#define AP_INT3 0xcc
+/** The entry barrier of a class B site: jmp . */
+static const uint8_t ap_spin[2] = {0xeb, 0xfe};
 /** Threads the handshake can track; more -> multi-instruction sites are refused. */
 #define AP_HS_MAX 1024
 /** How long the handshake may take in all, and how long one attempt waits for answers. */
@@ -67,7 +65,7 @@
 #define AP_HS_WAIT_NS (25 * 1000 * 1000)
 /** Pause between two attempts (threads inside a site get time to leave it). */
 #define AP_HS_PAUSE_NS (1000 * 1000)
-/** The handshake signal: a real-time one, so that it never merges with an int3's SIGTRAP. */
+/** The handshake signal: a real-time one (never merged with a program's standard signal). */
 #define AP_HS_SIG (SIGRTMAX - 3)
 
 /* ------------------------------------------------------------------------- */
@@ -79,23 +77,17 @@ static pid_t ap_gettid(void)
     return (pid_t)syscall(SYS_gettid);
 }
 
-static void ap_pause(void)
-{
-    __asm__ __volatile__("pause" ::: "memory");
-}
-
 /* ------------------------------------------------------------------------- */
 /* Threads, read from /proc without allocating                               */
 /* ------------------------------------------------------------------------- */
 
 /*
- * Between the first int3 and the last write the applying thread must not call
- * anything that may run a site of the round (a malloc or opendir wrapper of
- * the program can hold one): it would trap with every signal blocked. So the
- * round reads /proc with raw system calls into static buffers, on a
- * /proc/self/task descriptor opened before the round.
+ * Between the two flips the applying thread must not call anything that may
+ * run a site of the round (a malloc or opendir wrapper of the program can
+ * hold one): it would spin on the entry barrier forever. So the round reads
+ * /proc with raw system calls into static buffers, on a /proc/self/task
+ * descriptor opened before the round.
  */
-
 struct ap_dirent64 {
     uint64_t ino;
     int64_t off;
@@ -137,26 +129,6 @@ static long ap_task_read(pid_t tid, const char *file, char *buf, size_t size)
     return n;
 }
 
-/** Hexadecimal value after "@p key:" in @p text (a /proc status file); 0 when absent. */
-static uint64_t ap_status_hex(const char *text, const char *key)
-{
-    size_t kl = strlen(key);
-    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-        if (strncmp(l, key, kl) || l[kl] != ':')
-            continue;
-        uint64_t v = 0;
-        for (const char *c = l + kl + 1; *c && *c != '\n'; c++) {
-            int d = *c >= '0' && *c <= '9'   ? *c - '0'
-                    : *c >= 'a' && *c <= 'f' ? *c - 'a' + 10
-                                             : -1;
-            if (d >= 0)
-                v = v << 4 | (uint64_t)d;
-        }
-        return v;
-    }
-    return 0;
-}
-
 /**
  * Call @p fn(tid, ctx) for every thread of the process but the caller, from
  * the /proc/self/task descriptor @p dirfd (rewound). Stops when @p fn returns
@@ -196,59 +168,15 @@ static int ap_task_dir_open(void)
 }
 
 /* ------------------------------------------------------------------------- */
-/* Who cannot take SIGTRAP                                                   */
+/* The restorers of the process' signal handlers                             */
 /* ------------------------------------------------------------------------- */
-
-/*
- * The kernel forces the SIGTRAP of an int3 on the thread that executed it: when
- * that thread blocks or ignores SIGTRAP, the action is reset to the default and
- * the process dies. So no int3 goes into memory while some thread of the
- * process blocks, ignores or already has pending SIGTRAP, or while a signal
- * handler runs with SIGTRAP in its sa_mask (a site run by that handler would
- * trap with SIGTRAP blocked): the apply is refused with -EBUSY and the reason
- * names the thread or the signal.
- */
-
-static char ap_trap_why[160];
 
 /** The sa_restorer of the process' handlers: marks signal frames (see ap_frames_find). */
 #define AP_RESTORERS 4
 static uintptr_t ap_restorer[AP_RESTORERS];
 static size_t ap_nrestorer;
 
-#define AP_SIGTRAP_BIT (1ull << (SIGTRAP - 1))
-
-static int ap_trap_check_task(pid_t tid, void *ctx)
-{
-    static char st[4096];
-    (void)ctx;
-    if (ap_task_read(tid, "status", st, sizeof(st)) <= 0)
-        return 0; /* exited meanwhile */
-    const char *what = NULL;
-    if (ap_status_hex(st, "SigBlk") & AP_SIGTRAP_BIT)
-        what = "blocks SIGTRAP";
-    else if (ap_status_hex(st, "SigIgn") & AP_SIGTRAP_BIT)
-        what = "ignores SIGTRAP";
-    if (!what)
-        return 0;
-    char name[20] = "?";
-    const char *n = strstr(st, "Name:\t");
-    if (n) {
-        n += 6;
-        size_t k = 0;
-        while (n[k] && n[k] != '\n' && k < sizeof(name) - 1) {
-            name[k] = n[k];
-            k++;
-        }
-        name[k] = 0;
-    }
-    char *p = ap_put_dec(memcpy(ap_trap_why, "thread ", 7) + 7, (unsigned long)tid);
-    size_t left = sizeof(ap_trap_why) - (size_t)(p - ap_trap_why);
-    snprintf(p, left, " (%s) %s: an int3 it runs would kill the process", name, what);
-    return -EBUSY;
-}
-
-/** Signal handlers that run with SIGTRAP blocked. Not used during a round (sigaction is libc). */
+/** Remember the restorer of @p sa. Not used during a round (sigaction is libc). */
 static void ap_note_restorer(const struct sigaction *sa)
 {
     uintptr_t r = (uintptr_t)sa->sa_restorer;
@@ -261,180 +189,16 @@ static void ap_note_restorer(const struct sigaction *sa)
     }
 }
 
-static int ap_trap_check_handlers(void)
+/** Note the restorer of every installed handler. Not during a round (sigaction is libc). */
+static void ap_restorers_scan(void)
 {
     for (int sig = 1; sig < NSIG; sig++) {
         struct sigaction sa;
         if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &sa))
             continue;
-        if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)
-            continue;
-        ap_note_restorer(&sa);
-        if (sig == SIGTRAP)
-            continue;
-        if (sigismember(&sa.sa_mask, SIGTRAP)) {
-            snprintf(ap_trap_why, sizeof(ap_trap_why),
-                     "the handler of signal %d blocks SIGTRAP (sa_mask): an int3 it runs would "
-                     "kill the process",
-                     sig);
-            return -EBUSY;
-        }
+        if (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN)
+            ap_note_restorer(&sa);
     }
-    return 0;
-}
-
-static int ap_count_task(pid_t tid, void *ctx)
-{
-    (void)tid;
-    ++*(size_t *)ctx;
-    return 0;
-}
-
-/**
- * 0 when every other thread can take the SIGTRAP of an int3; -EBUSY with
- * ap_trap_why set otherwise (or when /proc/self/task cannot be read).
- */
-static int ap_trap_check(int dirfd)
-{
-    size_t others = 0;
-    int err = ap_tasks_each(dirfd, ap_count_task, &others);
-    if (!err && !others) {
-        ap_trap_check_handlers(); /* for the restorers only */
-        return 0; /* the applying thread blocks every signal during the round */
-    }
-    /* glibc blocks every signal for a moment in pthread_kill(), pthread_create(),
-     * fork(), ...: a block that goes away within a few milliseconds is no reason
-     * to refuse. */
-    for (int tries = 0; !err; tries++) {
-        err = ap_tasks_each(dirfd, ap_trap_check_task, NULL);
-        if (err != -EBUSY || tries == 20)
-            break;
-        struct timespec ts = {0, 100 * 1000};
-        syscall(SYS_nanosleep, &ts, NULL);
-        err = 0;
-    }
-    if (!err)
-        err = ap_trap_check_handlers();
-    if (err && err != -EBUSY) {
-        snprintf(ap_trap_why, sizeof(ap_trap_why), "/proc/self/task cannot be read");
-        err = -EBUSY;
-    }
-    return err;
-}
-
-/* ------------------------------------------------------------------------- */
-/* The live set: addresses the trap handler recognizes                       */
-/* ------------------------------------------------------------------------- */
-
-struct ap_live_set {
-    struct ap_live_set *retired; /* next older snapshot waiting to be freed */
-    size_t n;
-    uintptr_t a[]; /* sorted */
-};
-
-/*
- * Current snapshot. A trap handler reads it between an increment and a
- * decrement of ap_set_readers; the writer (under the apply lock) replaces it
- * and frees the snapshots it replaced once it sees no reader: a reader that
- * starts after that sees the new snapshot (sequentially consistent order).
- * The set holds the sites of loaded modules only (ap_live_forget() drops an
- * unloaded module's addresses), so its size follows what is loaded.
- */
-static struct ap_live_set *ap_live_sites;
-static int ap_set_readers;
-static struct ap_live_set *ap_set_retired; /* replaced snapshots not freed yet */
-/** 1 while int3s of a round may be in memory. */
-static int ap_live_busy;
-
-static bool ap_set_has(const struct ap_live_set *s, uintptr_t a)
-{
-    size_t lo = 0, hi = s ? s->n : 0;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (s->a[mid] == a)
-            return true;
-        if (s->a[mid] < a)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return false;
-}
-
-/** The handler's lookup (async-signal-safe). */
-static bool ap_set_lookup(uintptr_t a)
-{
-    __atomic_add_fetch(&ap_set_readers, 1, __ATOMIC_SEQ_CST);
-    bool has = ap_set_has(__atomic_load_n(&ap_live_sites, __ATOMIC_SEQ_CST), a);
-    __atomic_sub_fetch(&ap_set_readers, 1, __ATOMIC_SEQ_CST);
-    return has;
-}
-
-/** Make @p s current; free the replaced snapshots no handler can be reading. */
-static void ap_set_publish(struct ap_live_set *s)
-{
-    struct ap_live_set *old = __atomic_exchange_n(&ap_live_sites, s, __ATOMIC_SEQ_CST);
-    if (old) {
-        old->retired = ap_set_retired;
-        ap_set_retired = old;
-    }
-    if (__atomic_load_n(&ap_set_readers, __ATOMIC_SEQ_CST) != 0)
-        return; /* a handler may hold one: the next publish tries again */
-    while (ap_set_retired) {
-        struct ap_live_set *next = ap_set_retired->retired;
-        free(ap_set_retired);
-        ap_set_retired = next;
-    }
-}
-
-/** Publish old set + the addresses of @p w (sorted by address). 0 or -ENOMEM. */
-static int ap_set_add(const struct ap_write *w, size_t n)
-{
-    struct ap_live_set *old = __atomic_load_n(&ap_live_sites, __ATOMIC_ACQUIRE);
-    size_t fresh = 0;
-    for (size_t i = 0; i < n; i++)
-        fresh += !ap_set_has(old, w[i].addr);
-    if (!fresh)
-        return 0;
-    size_t on = old ? old->n : 0, total = on + fresh;
-    struct ap_live_set *s = malloc(sizeof(*s) + total * sizeof(uintptr_t));
-    if (!s)
-        return -ENOMEM;
-    size_t i = 0, j = 0, k = 0;
-    while (i < on || j < n) {
-        if (j < n && ap_set_has(old, w[j].addr)) {
-            j++;
-            continue;
-        }
-        if (j >= n || (i < on && old->a[i] < w[j].addr))
-            s->a[k++] = old->a[i++];
-        else
-            s->a[k++] = w[j++].addr;
-    }
-    s->n = k;
-    s->retired = NULL;
-    ap_set_publish(s);
-    return 0;
-}
-
-void ap_live_forget(uintptr_t start, uintptr_t end)
-{
-    struct ap_live_set *old = __atomic_load_n(&ap_live_sites, __ATOMIC_ACQUIRE);
-    size_t drop = 0;
-    for (size_t i = 0; old && i < old->n; i++)
-        drop += old->a[i] >= start && old->a[i] < end;
-    if (!drop)
-        return;
-    struct ap_live_set *s = malloc(sizeof(*s) + (old->n - drop) * sizeof(uintptr_t));
-    if (!s)
-        return; /* keeps the addresses: a larger set, never a wrong one */
-    size_t k = 0;
-    for (size_t i = 0; i < old->n; i++)
-        if (old->a[i] < start || old->a[i] >= end)
-            s->a[k++] = old->a[i];
-    s->n = k;
-    s->retired = NULL;
-    ap_set_publish(s);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -445,7 +209,7 @@ struct ap_hs_slot {
     pid_t tid;
     unsigned seq;  /* the handshake attempt this answer belongs to */
     uintptr_t rip; /* where the thread was interrupted */
-    bool stuck;    /* it waits in the trap handler: it cannot move before the round ends */
+    bool stuck;    /* it spins on an entry barrier: it cannot move before the round ends */
 };
 
 static struct ap_hs_slot ap_hs[AP_HS_MAX];
@@ -478,9 +242,8 @@ static struct ap_range *ap_hs_rng_retired[64];
 static size_t ap_hs_nretired;
 static size_t ap_hs_nrng;
 /*
- * Our own handlers mark their frames (uc_link, which sigreturn ignores): a
- * thread waiting in the trap handler is at the site start, not at the int3's
- * RIP, and the frames our handlers leave behind on the stack are not live.
+ * Our own handler marks its frames (uc_link, which sigreturn ignores): the
+ * frames it leaves behind on the stack are not live.
  */
 #define AP_OUR_FRAME ((struct ucontext_t *)1)
 /** process_vm_readv() works on our own memory (a seccomp filter may deny it). */
@@ -622,7 +385,7 @@ static bool ap_is_handshake(const siginfo_t *si)
 /* Signal handlers                                                           */
 /* ------------------------------------------------------------------------- */
 
-static struct sigaction ap_prev_trap, ap_prev_hs; /* actions installed before ours */
+static struct sigaction ap_prev_hs; /* the action installed before ours */
 
 /** Hand a signal that is not ours to the action that was installed before. */
 static void ap_chain(const struct sigaction *prev, int sig, siginfo_t *si, void *uc)
@@ -654,56 +417,21 @@ static void ap_chain(const struct sigaction *prev, int sig, siginfo_t *si, void 
     syscall(SYS_tgkill, syscall(SYS_getpid), ap_gettid(), sig);
 }
 
-/** True when the int3 at @p at belongs to a live round (current or past). */
-static bool ap_is_our_int3(uintptr_t at)
+/** True when @p rip is the first byte of a multi-instruction site of the round. */
+static bool ap_at_entry(uintptr_t rip)
 {
-    if (!ap_set_lookup(at))
-        return false;
-    return __atomic_load_n(&ap_live_busy, __ATOMIC_ACQUIRE) ||
-           *(const volatile uint8_t *)at != AP_INT3;
-}
-
-/**
- * Wait until the round is over; answer handshakes meanwhile: we sit at the
- * site start @p at, unless a signal frame below us was interrupted inside a
- * site (a handler that runs sites; @p sp is our interrupted stack pointer).
- */
-static void ap_park(uintptr_t at, uintptr_t sp)
-{
-    pid_t tid = ap_gettid();
-    unsigned seen = 0;
-    uintptr_t where = at;
-    for (unsigned spins = 1; __atomic_load_n(&ap_live_busy, __ATOMIC_ACQUIRE); spins++) {
-        unsigned seq = __atomic_load_n(&ap_hs_seq, __ATOMIC_ACQUIRE);
-        if (seq && seq != seen) {
-            where = ap_hs_where_self(at, sp);
-            seen = seq;
-        }
-        ap_hs_answer(tid, where, where != at);
-        if (spins % 64 == 0)
-            syscall(SYS_sched_yield);
+    const struct ap_range *r = __atomic_load_n(&ap_hs_rng, __ATOMIC_ACQUIRE);
+    size_t lo = 0, hi = __atomic_load_n(&ap_hs_nrng, __ATOMIC_ACQUIRE);
+    while (r && lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (rip == r[mid].a)
+            return true;
+        if (rip < r[mid].a)
+            hi = mid;
         else
-            ap_pause();
+            lo = mid + 1;
     }
-    ap_sync_core();
-}
-
-static void ap_trap_handler(int sig, siginfo_t *si, void *ucv)
-{
-    int saved = errno;
-    ucontext_t *uc = ucv;
-    uintptr_t rip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
-    if (si->si_code == SI_KERNEL && ap_is_our_int3(rip - 1)) {
-        uc->uc_link = AP_OUR_FRAME;
-        /* SA_NODEFER: SIGTRAP stays open while we wait, so a signal handler
-         * that runs here (even before our first instruction) and executes a
-         * site of the round traps again instead of being killed. */
-        ap_park(rip - 1, (uintptr_t)uc->uc_mcontext.gregs[REG_RSP]);
-        uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(rip - 1);
-    } else {
-        ap_chain(&ap_prev_trap, sig, si, ucv);
-    }
-    errno = saved;
+    return false;
 }
 
 static void ap_hs_handler(int sig, siginfo_t *si, void *ucv)
@@ -712,14 +440,18 @@ static void ap_hs_handler(int sig, siginfo_t *si, void *ucv)
     ucontext_t *uc = ucv;
     if (ap_is_handshake(si)) {
         uc->uc_link = AP_OUR_FRAME;
-        ap_hs_answer(ap_gettid(), ap_hs_where_self((uintptr_t)uc->uc_mcontext.gregs[REG_RIP],
-                                                   (uintptr_t)uc->uc_mcontext.gregs[REG_RSP]),
-                     false);
+        uintptr_t rip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+        uintptr_t where = ap_hs_where_self(rip, (uintptr_t)uc->uc_mcontext.gregs[REG_RSP]);
+        /* Spinning on an entry barrier (a handler that ran a site) over a
+         * frame interrupted inside a site: neither moves before flip 2. */
+        ap_hs_answer(ap_gettid(), where,
+                     where != rip && where != AP_WHERE_UNKNOWN && ap_at_entry(rip));
     } else {
         ap_chain(&ap_prev_hs, sig, si, ucv);
     }
     errno = saved;
 }
+
 
 /**
  * Install @p fn for @p sig unless it is already there, remembering the action
@@ -771,7 +503,7 @@ static void ap_sync_all(struct ap_poke_stats *st)
     ap_sync_core();
 }
 
-/* fork() waits while a round runs: no child starts with int3s in its text
+/* fork() waits while a round runs: no child starts with an entry barrier in its text
  * (registered by apply.c, after its own lock). */
 static pthread_mutex_t ap_fork_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -789,63 +521,63 @@ void ap_live_fork_release(void)
 /* Readiness                                                                 */
 /* ------------------------------------------------------------------------- */
 
-int ap_live_ready(const char **why)
-{
-    static const char *const msgs[] = {
-        "membarrier(PRIVATE_EXPEDITED_SYNC_CORE) is not available",
-        "/proc/self/mem cannot be opened for writing",
-        "the SIGTRAP or handshake signal handler cannot be installed",
-    };
-    int err = ap_membarrier_register();
-    if (err) {
-        *why = msgs[0];
-        return err;
-    }
-    int fd = ap_procmem_open();
-    if (fd < 0) {
-        *why = msgs[1];
-        return fd;
-    }
-    close(fd);
-    err = ap_install(SIGTRAP, ap_trap_handler, SA_NODEFER, &ap_prev_trap);
-    if (!err)
-        err = ap_install(AP_HS_SIG, ap_hs_handler, 0, &ap_prev_hs);
-    if (err) {
-        *why = msgs[2];
-        return err;
-    }
-    uint64_t probe = 0x5a, got = 0;
-    ap_peek_ok = ap_peek((uintptr_t)&probe, &got, sizeof(got)) == sizeof(got) && got == probe;
-    int dirfd = ap_task_dir_open();
-    err = dirfd < 0 ? dirfd : ap_trap_check(dirfd);
-    if (dirfd >= 0)
-        close(dirfd);
-    if (err)
-        *why = dirfd < 0 ? "/proc/self/task cannot be opened" : ap_trap_why;
-    return err;
-}
-
 /* ------------------------------------------------------------------------- */
 /* Classifying sites                                                         */
 /* ------------------------------------------------------------------------- */
 
-/**
- * Count the instructions of @p len bytes; *call_inside := a call that is not
- * the last instruction. Returns -1 when the bytes do not decode.
- */
-static int ap_count_insns(const uint8_t *p, size_t len, bool *call_inside)
+/** Instruction boundaries of @p len bytes, as a bit set (bit k: an instruction starts at k). */
+struct ap_shape {
+    int count;          /* instructions; -1 when the bytes do not decode */
+    int first;          /* length of the first one */
+    bool call_inside;   /* a call that is not the last instruction */
+    bool quiet;         /* every instruction is a NOP or a fence */
+    uint64_t starts[4]; /* sites are at most 255 bytes long */
+};
+
+static void ap_shape_of(const uint8_t *p, size_t len, struct ap_shape *s)
 {
-    int n = 0;
-    *call_inside = false;
-    for (size_t off = 0; off < len; n++) {
+    memset(s, 0, sizeof(*s));
+    s->quiet = true;
+    for (size_t off = 0; off < len; s->count++) {
         struct ap_insn in;
-        if (ap_insn_decode(p + off, len - off, &in) < 0)
-            return -1;
-        if (off + in.len < len && in.is_call)
-            *call_inside = true;
+        if (off >= 256 || ap_insn_decode(p + off, len - off, &in) < 0) {
+            s->count = -1;
+            return;
+        }
+        if (!off)
+            s->first = in.len;
+        s->starts[off / 64] |= 1ull << (off % 64);
+        s->call_inside |= off + in.len < len && in.is_call;
+        s->quiet &= in.is_nop || in.is_fence;
         off += in.len;
     }
-    return n;
+}
+
+/**
+ * Whether the change from @p old to @p new needs the entry barrier and the
+ * handshake (*multi, class B) or is safe in one flip (class A): a thread
+ * between two old instructions resumes on the new bytes at the same offset,
+ * which is right when that offset starts a new instruction and no
+ * instruction, old or new, does anything (NOPs and fences). 0, or the
+ * reason the site cannot be written live.
+ */
+static int ap_live_class(const uint8_t *old, const uint8_t *new, size_t len, bool *multi)
+{
+    struct ap_shape o, n;
+    ap_shape_of(old, len, &o);
+    ap_shape_of(new, len, &n);
+    *multi = false;
+    if (o.count < 0 || n.count < 0 || o.call_inside || n.call_inside)
+        return ALTPATCH_REASON_LIVE_CALL_INSIDE;
+    if (o.count == 1)
+        return 0;
+    bool nested = true;
+    for (int k = 0; k < 4; k++)
+        nested &= (o.starts[k] & ~n.starts[k]) == 0;
+    if (o.quiet && n.quiet && nested)
+        return 0;
+    *multi = true;
+    return o.first >= (int)sizeof(ap_spin) ? 0 : ALTPATCH_REASON_LIVE_SHORT_ENTRY;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -854,54 +586,40 @@ static int ap_count_insns(const uint8_t *p, size_t len, bool *call_inside)
 
 struct ap_live_item {
     struct ap_write *w;
-    bool multi; /* the bytes in memory hold more than one instruction */
-    bool out;   /* refused or failed: no further step for this site */
+    bool multi;    /* class B: entry barrier, handshake, second flip */
+    bool out;      /* refused or failed: no further step for this site */
+    bool fallback; /* its pages cannot be flipped */
+    long run;      /* its run (flip.c), or -1 */
 };
 
 struct ap_round {
     struct ap_live_item *it;
     size_t n;
-    int fd;
     int taskfd; /* /proc/self/task, opened before the round */
+    struct ap_flip f;
+    uint8_t *rstate; /* per run: AP_RUN_* */
     struct ap_poke_stats *st;
 };
 
-/** pwrite through /proc/self/mem (writer.c); counts it. */
-static int ap_rw(struct ap_round *r, uintptr_t addr, const uint8_t *src, size_t len)
-{
-    r->st->syscalls++;
-    int err = ap_procmem_write(r->fd, addr, src, len);
-    if (!err)
-        r->st->procmem_writes++;
-    return err;
-}
+enum {
+    AP_RUN_DEAD = 1,   /* cannot be flipped (staging failed): its sites fall back */
+    AP_RUN_TWO = 2,    /* holds a B site: staging copy 2 and a second flip */
+    AP_RUN_FLIPPED = 4 /* flip 1 is in */
+};
 
-/** Take @p it out of the round with @p reason; its first byte back to the original. */
+/**
+ * Take B site @p it out of the round with @p reason, after flip 1: its old
+ * bytes go back into staging copy 2, which will replace its entry barrier.
+ */
 static void ap_item_refuse(struct ap_round *r, struct ap_live_item *it, int reason)
 {
-    ap_rw(r, it->w->addr, it->w->old, 1);
+    /* Staging pages are ours and already written (no allocation): retried
+     * only against a transient failure. */
+    for (int tries = 0; tries < 100; tries++)
+        if (!ap_flip_put(&r->f, (size_t)it->run, 1, it->w->addr, it->w->old, it->w->len, r->st))
+            break;
     it->w->result = reason;
     it->out = true;
-}
-
-/** Step 0: decide which pending writes may go live. Returns how many may. */
-static size_t ap_classify(struct ap_round *r)
-{
-    size_t ok = 0;
-    for (size_t i = 0; i < r->n; i++) {
-        struct ap_live_item *it = &r->it[i];
-        bool call_old, call_new;
-        int nold = ap_count_insns(it->w->old, it->w->len, &call_old);
-        int nnew = ap_count_insns(it->w->new, it->w->len, &call_new);
-        it->multi = nold != 1;
-        if (nold < 0 || nnew < 0 || call_old || call_new) {
-            it->w->result = ALTPATCH_REASON_LIVE_CALL_INSIDE;
-            it->out = true;
-            continue;
-        }
-        ok++;
-    }
-    return ok;
 }
 
 /** Index of the multi-instruction item @p rip is strictly inside, or -1. */
@@ -939,7 +657,7 @@ static bool ap_hs_collect(int dirfd)
  * Where a sleeping thread is, without disturbing it: /proc/self/task/TID/syscall
  * holds "nr args... sp pc" (or "-1 sp pc") with the user RIP of a thread that
  * sleeps in the kernel, and "running" for one that runs. A thread seen asleep
- * at pc after the int3s went in answers the handshake as well as a signal
+ * at pc after flip 1 answers the handshake as well as a signal
  * would, and a signal would make its wait fail with EINTR (epoll_wait, ...).
  * Returns true and *pc for a sleeping thread.
  */
@@ -1011,11 +729,12 @@ static void ap_hs_wait(const int8_t *state, size_t n, unsigned seq)
 /*
  * Per-thread state: 0 done (seen outside every multi-instruction site, or
  * gone), 1 never answered yet, 2 last seen strictly inside item inside[i].
- * Once the int3s are in, a thread can enter a site only through its first
- * byte, so a thread seen outside stays outside, and a thread seen inside X
- * can only be inside X later: an attempt it does not answer keeps state 2.
- * 3: inside item inside[i] through a signal frame below the trap handler it
- * waits in; it cannot leave before the round ends, so it is not asked again.
+ * Once flip 1 is done, a thread can enter a site only through its first
+ * byte (where it spins), so a thread seen outside stays outside, and a thread
+ * seen inside X can only be inside X later: an attempt it does not answer
+ * keeps state 2. 3: inside item inside[i] through a signal frame below a
+ * handler that spins on an entry barrier; it cannot leave before the round
+ * ends, so it is not asked again.
  */
 static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_t n)
 {
@@ -1032,7 +751,7 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
             if (pass ? !need[i] : (need[i] = state[i] == 1 || state[i] == 2, !need[i]))
                 continue;
             if (__atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) == seq) {
-                need[i] = false; /* answered from the trap handler */
+                need[i] = false; /* answered already (a late handler) */
                 continue;
             }
             uintptr_t pc;
@@ -1104,54 +823,6 @@ static int ap_handshake(struct ap_round *r)
     return 0;
 }
 
-/** Steps 1-4 for the items not yet out. */
-static void ap_round_run(struct ap_round *r)
-{
-    static const uint8_t int3 = AP_INT3;
-    bool any_multi = false;
-    __atomic_store_n(&ap_live_busy, 1, __ATOMIC_SEQ_CST);
-    for (size_t i = 0; i < r->n; i++) {
-        struct ap_live_item *it = &r->it[i];
-        if (it->out)
-            continue;
-        if (ap_rw(r, it->w->addr, &int3, 1)) {
-            it->w->result = ALTPATCH_REASON_WRITE_DENIED;
-            it->out = true;
-        }
-        any_multi |= !it->out && it->multi;
-    }
-    ap_sync_all(r->st);
-    if (any_multi && ap_handshake(r) < 0)
-        for (size_t i = 0; i < r->n; i++)
-            if (!r->it[i].out && r->it[i].multi)
-                ap_item_refuse(r, &r->it[i], ALTPATCH_REASON_LIVE_NO_ANSWER);
-    for (size_t i = 0; i < r->n; i++) {
-        struct ap_live_item *it = &r->it[i];
-        if (!it->out && it->w->len > 1 &&
-            ap_rw(r, it->w->addr + 1, it->w->new + 1, it->w->len - 1)) {
-            /* Part of the tail may have landed: put the original back. */
-            ap_rw(r, it->w->addr + 1, it->w->old + 1, it->w->len - 1);
-            ap_item_refuse(r, it, ALTPATCH_REASON_WRITE_DENIED);
-        }
-    }
-    ap_sync_all(r->st);
-    for (size_t i = 0; i < r->n; i++) {
-        struct ap_live_item *it = &r->it[i];
-        if (it->out)
-            continue;
-        if (ap_rw(r, it->w->addr, it->w->new, 1)) {
-            /* The int3 stays a trap: put the original back, byte by byte. */
-            ap_rw(r, it->w->addr + 1, it->w->old + 1, it->w->len - 1);
-            ap_item_refuse(r, it, ALTPATCH_REASON_WRITE_DENIED);
-            continue;
-        }
-        it->w->wrote = true;
-        r->st->bytes += it->w->len;
-    }
-    ap_sync_all(r->st);
-    __atomic_store_n(&ap_live_busy, 0, __ATOMIC_SEQ_CST);
-}
-
 /** Which writes need a round: same rules as ap_poke() (skip unchanged, refuse mismatches). */
 static size_t ap_live_pending(struct ap_write *w, size_t n, struct ap_live_item *it)
 {
@@ -1193,47 +864,330 @@ static int ap_ranges_prepare(const struct ap_round *r)
     return 0;
 }
 
+/**
+ * Step 1 for run @p k: the staging copies, every site's old bytes checked in
+ * them, then the bytes of each flip written. False when the run cannot be
+ * flipped (its sites fall back).
+ */
+static bool ap_run_stage(struct ap_round *r, size_t k)
+{
+    bool two = r->rstate[k] & AP_RUN_TWO;
+    if (ap_flip_stage(&r->f, k, 0, r->st) || (two && ap_flip_stage(&r->f, k, 1, r->st)))
+        return false;
+    for (size_t i = 0; i < r->n; i++) {
+        struct ap_live_item *it = &r->it[i];
+        if (it->out || it->run != (long)k)
+            continue;
+        const struct ap_write *w = it->w;
+        if (memcmp(ap_flip_view(&r->f, k, 0, w->addr), w->old, w->len) ||
+            (two && memcmp(ap_flip_view(&r->f, k, 1, w->addr), w->old, w->len)))
+            return false; /* the copy is not what runs */
+        if (ap_flip_put(&r->f, k, 0, w->addr, it->multi ? ap_spin : w->new,
+                        it->multi ? sizeof(ap_spin) : w->len, r->st) ||
+            (two && ap_flip_put(&r->f, k, 1, w->addr, w->new, w->len, r->st)))
+            return false;
+    }
+    return true;
+}
+
+/** Flip 2 of run @p k: it must happen (threads spin on its entry barriers). */
+static void ap_run_flip2(struct ap_round *r, size_t k)
+{
+    for (int tries = 0; tries < 1000; tries++) {
+        if (!ap_flip_swap(&r->f, k, 1, r->st))
+            return;
+        struct timespec ts = {0, 100 * 1000};
+        syscall(SYS_nanosleep, &ts, NULL);
+    }
+    /* The kernel refuses to move a mapping over one it just moved: put each
+     * barrier's two bytes back in place (the other bytes never changed). */
+    int fd = r->f.memfd;
+    for (size_t i = 0; i < r->n; i++) {
+        struct ap_live_item *it = &r->it[i];
+        if (it->run != (long)k || !it->multi)
+            continue;
+        ap_procmem_write(fd, it->w->addr, it->w->old, sizeof(ap_spin));
+        if (!it->out)
+            it->w->result = ALTPATCH_REASON_WRITE_DENIED;
+        it->out = true;
+    }
+}
+
+/** Steps 2-4 (signals blocked, fork lock held). */
+static void ap_round_run(struct ap_round *r)
+{
+    bool any_multi = false, any = false;
+    for (size_t k = 0; k < r->f.nrun; k++) {
+        if (r->rstate[k] & AP_RUN_DEAD)
+            continue;
+        if (ap_flip_swap(&r->f, k, 0, r->st)) {
+            r->rstate[k] |= AP_RUN_DEAD;
+            continue;
+        }
+        r->rstate[k] |= AP_RUN_FLIPPED;
+        any = true;
+    }
+    for (size_t i = 0; i < r->n; i++) {
+        struct ap_live_item *it = &r->it[i];
+        if (it->out || it->fallback)
+            continue;
+        if (r->rstate[it->run] & AP_RUN_DEAD)
+            it->fallback = true, it->multi = false;
+        else
+            any_multi |= it->multi;
+    }
+    if (!any)
+        return;
+    ap_sync_all(r->st);
+    if (any_multi)
+        ap_handshake(r);
+    bool two = false;
+    for (size_t k = 0; k < r->f.nrun; k++) {
+        if ((r->rstate[k] & (AP_RUN_FLIPPED | AP_RUN_TWO)) == (AP_RUN_FLIPPED | AP_RUN_TWO)) {
+            ap_run_flip2(r, k);
+            two = true;
+        }
+    }
+    if (two)
+        ap_sync_all(r->st);
+    for (size_t i = 0; i < r->n; i++) {
+        struct ap_live_item *it = &r->it[i];
+        if (it->out || it->fallback)
+            continue;
+        it->w->wrote = true;
+        r->st->bytes += it->w->len;
+    }
+}
+
+/** Count the other threads (0 when alone). */
+static int ap_count_task(pid_t tid, void *ctx)
+{
+    (void)tid;
+    ++*(size_t *)ctx;
+    return 0;
+}
+
+/**
+ * The sites whose pages cannot be flipped: written by the single-threaded
+ * writer when no other thread runs, refused otherwise.
+ */
+static void ap_fallback(struct ap_round *r)
+{
+    size_t k = 0, others = 1;
+    for (size_t i = 0; i < r->n; i++)
+        k += !r->it[i].out && r->it[i].fallback;
+    if (!k)
+        return;
+    if (r->taskfd >= 0) {
+        others = 0;
+        if (ap_tasks_each(r->taskfd, ap_count_task, &others))
+            others = 1;
+    }
+    struct ap_write *w = others ? NULL : calloc(k, sizeof(*w));
+    k = 0;
+    for (size_t i = 0; w && i < r->n; i++)
+        if (!r->it[i].out && r->it[i].fallback)
+            w[k++] = *r->it[i].w;
+    if (w)
+        ap_poke(w, k, 0, r->st);
+    k = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        struct ap_live_item *it = &r->it[i];
+        if (it->out || !it->fallback)
+            continue;
+        if (w) {
+            it->w->result = w[k].result;
+            it->w->wrote = w[k].wrote;
+            k++;
+        } else {
+            it->w->result = ALTPATCH_REASON_LIVE_NO_FLIP;
+        }
+        it->out = true;
+    }
+    free(w);
+}
+
+/**
+ * Step 0 and 1 (may allocate and open): classes, runs, staging copies.
+ * 0 or -errno.
+ */
+static int ap_round_prepare(struct ap_round *r, struct ap_write *w, size_t n)
+{
+    bool *want = calloc(n ? n : 1, sizeof(*want));
+    long *run_of = calloc(n ? n : 1, sizeof(*run_of));
+    int err = want && run_of ? 0 : -ENOMEM;
+    for (size_t i = 0; !err && i < r->n; i++) {
+        struct ap_live_item *it = &r->it[i];
+        int why = ap_live_class(it->w->old, it->w->new, it->w->len, &it->multi);
+        if (why) {
+            it->w->result = why;
+            it->out = true;
+        }
+        want[it->w - w] = !it->out;
+    }
+    if (!err)
+        err = ap_flip_plan(&r->f, w, want, n, run_of);
+    if (!err && !(r->rstate = calloc(r->f.nrun ? r->f.nrun : 1, 1)))
+        err = -ENOMEM;
+    for (size_t i = 0; !err && i < r->n; i++) {
+        struct ap_live_item *it = &r->it[i];
+        it->run = run_of[it->w - w];
+        if (it->out)
+            continue;
+        if (it->run < 0)
+            it->fallback = true;
+        else if (it->multi)
+            r->rstate[it->run] |= AP_RUN_TWO;
+    }
+    for (size_t k = 0; !err && k < r->f.nrun; k++)
+        if (!ap_run_stage(r, k))
+            r->rstate[k] |= AP_RUN_DEAD;
+    for (size_t i = 0; !err && i < r->n; i++) {
+        struct ap_live_item *it = &r->it[i];
+        if (!it->out && !it->fallback && (r->rstate[it->run] & AP_RUN_DEAD))
+            it->fallback = true;
+        if (it->fallback)
+            it->multi = false; /* not in the handshake's ranges */
+    }
+    free(want);
+    free(run_of);
+    return err;
+}
+
 int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
 {
     struct ap_poke_stats dummy = {0};
-    struct ap_round r = {.st = st ? st : &dummy, .fd = -1, .taskfd = -1};
+    struct ap_round r = {.st = st ? st : &dummy, .taskfd = -1};
+    r.f.memfd = -1;
     r.it = calloc(n ? n : 1, sizeof(*r.it));
     if (!r.it)
         return -ENOMEM;
     r.n = ap_live_pending(w, n, r.it);
     int err = 0;
-    if (r.n && ap_classify(&r)) {
-        /* Everything the round needs is allocated and opened here (see ap_tasks_each). */
-        r.fd = ap_procmem_open();
+    if (r.n) {
+        /* Everything the round needs is allocated, mapped and opened here. */
         r.taskfd = ap_task_dir_open();
-        r.st->syscalls += 2;
-        err = r.fd < 0 ? r.fd : r.taskfd < 0 ? r.taskfd : ap_set_add(w, n);
+        r.st->syscalls++;
+        err = r.taskfd < 0 ? r.taskfd : ap_round_prepare(&r, w, n);
         if (!err)
             err = ap_ranges_prepare(&r);
         if (!err) {
+            ap_restorers_scan();
             uint64_t mask;
             ap_signals_block(&mask);
             pthread_mutex_lock(&ap_fork_lock);
-            /* Again, right before the first int3: threads change their masks. */
-            err = ap_trap_check(r.taskfd);
-            if (!err)
-                ap_round_run(&r);
+            ap_round_run(&r);
             pthread_mutex_unlock(&ap_fork_lock);
             ap_signals_restore(&mask);
-            if (err)
-                ap_log(ALTPATCH_WARN, "live patching refused: %s\n", ap_trap_why);
         }
-        if (r.fd >= 0)
-            close(r.fd);
+        ap_flip_release(&r.f);
+        if (!err)
+            ap_fallback(&r);
         if (r.taskfd >= 0)
             close(r.taskfd);
-        r.st->syscalls += 2;
+        r.st->syscalls++;
     }
     for (size_t i = 0; err && i < r.n; i++)
-        r.it[i].w->result = r.it[i].w->result ? r.it[i].w->result
-                            : err == -EBUSY   ? ALTPATCH_REASON_LIVE_NO_ANSWER
-                                              : ALTPATCH_REASON_WRITE_DENIED;
+        if (!r.it[i].w->result)
+            r.it[i].w->result = ALTPATCH_REASON_WRITE_DENIED;
     r.st->pages += ap_pages_written(w, n, (uintptr_t)sysconf(_SC_PAGESIZE));
+    free(r.rstate);
     free(r.it);
     return err;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Readiness                                                                 */
+/* ------------------------------------------------------------------------- */
+
+/**
+ * The oracle, once per process: does this machine execute what a flip moves
+ * in? An emulator that translates code once (qemu-user) may keep running the
+ * old bytes. A scratch copy of a page of our own text gets a function
+ * returning 1, is called, is replaced by a flip with one returning 2, and is
+ * called again. 0 when it returned 2.
+ */
+static int ap_flip_selftest(void)
+{
+    /* endbr64; mov $V, %eax; ret */
+    uint8_t one[] = {0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 1, 0, 0, 0, 0xc3};
+    uint8_t two[sizeof(one)];
+    memcpy(two, one, sizeof(one));
+    two[5] = 2;
+    struct ap_poke_stats st = {0};
+    struct ap_write self = {.addr = (uintptr_t)ap_flip_selftest, .len = 1};
+    bool want = true;
+    long run = -1;
+    struct ap_flip f;
+    /* A staging copy of our own page: file-backed, executable, not in use. */
+    int err = ap_flip_plan(&f, &self, &want, 1, &run);
+    if (!err && (run < 0 || (err = ap_flip_stage(&f, 0, 0, &st)) != 0))
+        err = err ? err : -ENOENT;
+    uint8_t *page = NULL;
+    size_t len = 0;
+    if (!err) {
+        page = f.run[0].stage[0], len = f.run[0].len;
+        f.run[0].stage[0] = NULL; /* ours now */
+        err = ap_procmem_write(f.memfd, (uintptr_t)page, one, sizeof(one));
+    }
+    ap_flip_release(&f);
+    long (*fn)(void) = (long (*)(void))(uintptr_t)page;
+    if (!err && (memcmp(page, one, sizeof(one)) || fn() != 1))
+        err = -ENOEXEC;
+    if (!err) {
+        struct ap_write w = {.addr = (uintptr_t)page, .old = one, .new = two, .len = sizeof(one)};
+        err = ap_flip_plan(&f, &w, &want, 1, &run);
+        if (!err && run < 0)
+            err = -ENOENT;
+        if (!err)
+            err = ap_flip_stage(&f, (size_t)run, 0, &st);
+        if (!err)
+            err = ap_flip_put(&f, (size_t)run, 0, w.addr, two, sizeof(two), &st);
+        if (!err)
+            err = ap_flip_swap(&f, (size_t)run, 0, &st);
+        ap_flip_release(&f);
+        if (!err)
+            ap_sync_all(&st);
+        if (!err && (memcmp(page, two, sizeof(two)) || fn() != 2))
+            err = -ENOEXEC;
+    }
+    if (page)
+        munmap(page, len);
+    return err;
+}
+
+int ap_live_ready(const char **why)
+{
+    static const char *const msgs[] = {
+        "membarrier(PRIVATE_EXPEDITED_SYNC_CORE) is not available",
+        "/proc/self/mem cannot be opened for writing",
+        "the handshake signal handler cannot be installed",
+        "text pages cannot be replaced by mremap(), or the flipped code is not executed "
+        "(an emulator)",
+    };
+    static int flip_ok = 1; /* 1: not tried yet; then 0 or -errno */
+    int err = ap_membarrier_register();
+    if (err) {
+        *why = msgs[0];
+        return err;
+    }
+    int fd = ap_procmem_open();
+    if (fd < 0) {
+        *why = msgs[1];
+        return fd;
+    }
+    close(fd);
+    err = ap_install(AP_HS_SIG, ap_hs_handler, 0, &ap_prev_hs);
+    if (err) {
+        *why = msgs[2];
+        return err;
+    }
+    uint64_t probe = 0x5a, got = 0;
+    ap_peek_ok = ap_peek((uintptr_t)&probe, &got, sizeof(got)) == sizeof(got) && got == probe;
+    ap_restorers_scan();
+    if (flip_ok == 1)
+        flip_ok = ap_flip_selftest();
+    if (flip_ok)
+        *why = msgs[3];
+    return flip_ok;
 }

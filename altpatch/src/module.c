@@ -342,8 +342,6 @@ int ap_modules_refresh(struct ap_module **list)
             continue;
         }
         *pp = m->next;
-        for (size_t i = 0; i < m->view.ntext; i++) /* its sites leave the live trap set */
-            ap_live_forget(m->view.text[i].addr, m->view.text[i].addr + m->view.text[i].size);
         ap_module_free(m);
     }
     ap_last_list = list;

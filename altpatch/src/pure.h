@@ -266,6 +266,7 @@ struct ap_insn {
     bool is_nop;        /* a true NOP (90, 66 90, 0f 1f /0, ...); not PAUSE (f3 90), not 41 90 */
     bool is_int3;       /* cc */
     bool is_call;       /* call of any form (near, far, direct, indirect) */
+    bool is_fence;      /* lfence, mfence, sfence: no register or memory effect of its own */
     /* The relative field, if any: a rel8/rel32 branch immediate or a
      * RIP-relative displacement. Target = address + len + rel_value. */
     bool has_rel;

@@ -25,6 +25,9 @@ static const char *const ap_reason_text[ALTPATCH_REASON__COUNT] = {
     [ALTPATCH_REASON_LIVE_THREAD_INSIDE] = "live: a thread stayed inside the site",
     [ALTPATCH_REASON_LIVE_NO_ANSWER] = "live: a thread did not answer the handshake",
     [ALTPATCH_REASON_UNKNOWN_FLAGS] = "unknown record flags",
+    [ALTPATCH_REASON_LIVE_NO_FLIP] = "live: the text pages cannot be replaced",
+    [ALTPATCH_REASON_LIVE_SHORT_ENTRY] =
+        "not live-patchable: the first instruction is one byte (no room for the entry barrier)",
 };
 
 const char *altpatch_strreason(int reason)

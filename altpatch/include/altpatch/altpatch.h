@@ -217,6 +217,8 @@ enum altpatch_reason {
     ALTPATCH_REASON_LIVE_THREAD_INSIDE, /**< live: a thread stayed inside the multi-instruction site */
     ALTPATCH_REASON_LIVE_NO_ANSWER,     /**< live: a thread did not answer the handshake */
     ALTPATCH_REASON_UNKNOWN_FLAGS,     /**< record flags other than ALT_FLAG_NOT (e.g. the kernel's ALT_FLAG_DIRECT_CALL) */
+    ALTPATCH_REASON_LIVE_NO_FLIP,      /**< live: the site's text pages cannot be replaced (anonymous, sealed, file not openable, mremap denied) while other threads run */
+    ALTPATCH_REASON_LIVE_SHORT_ENTRY,  /**< live: a multi-instruction site whose first instruction is one byte (no room for the entry barrier) */
     ALTPATCH_REASON__COUNT
 };
 
