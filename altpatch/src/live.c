@@ -67,6 +67,8 @@ static const uint8_t ap_spin[2] = {0xeb, 0xfe};
 #define AP_HS_PAUSE_NS (1000 * 1000)
 /** The handshake signal: a real-time one (never merged with a program's standard signal). */
 #define AP_HS_SIG (SIGRTMAX - 3)
+/** Attempts in a row that find a never-located thread blocking it before it is given up. */
+#define AP_HS_BLOCKED 2
 
 /* ------------------------------------------------------------------------- */
 /* Raw system calls (no libc interposition: ASan, fork handlers)             */
@@ -127,6 +129,24 @@ static long ap_task_read(pid_t tid, const char *file, char *buf, size_t size)
         return -err;
     buf[n] = 0;
     return n;
+}
+
+/** True when thread @p tid blocks the handshake signal (SigBlk of its status). */
+static bool ap_task_blocks_hs(pid_t tid)
+{
+    static char st[4096];
+    if (ap_task_read(tid, "status", st, sizeof(st)) <= 0)
+        return false;
+    const char *l = strstr(st, "\nSigBlk:");
+    if (!l)
+        return false;
+    uint64_t v = 0;
+    for (const char *c = l + 8; *c && *c != '\n'; c++) {
+        int d = *c >= '0' && *c <= '9' ? *c - '0' : *c >= 'a' && *c <= 'f' ? *c - 'a' + 10 : -1;
+        if (d >= 0)
+            v = v << 4 | (uint64_t)d;
+    }
+    return v >> (AP_HS_SIG - 1) & 1;
 }
 
 /**
@@ -712,13 +732,13 @@ static int ap_hs_send(pid_t pid, pid_t tid)
 }
 
 /** Wait (bounded) until every pending thread answered attempt @p seq. */
-static void ap_hs_wait(const int8_t *state, size_t n, unsigned seq)
+static void ap_hs_wait(const int8_t *state, const uint8_t *blocked, size_t n, unsigned seq)
 {
     uint64_t until = ap_now_ns() + AP_HS_WAIT_NS;
     for (;;) {
         size_t missing = 0;
         for (size_t i = 0; i < n; i++)
-            missing += (state[i] == 1 || state[i] == 2) &&
+            missing += (state[i] == 1 || state[i] == 2) && !blocked[i] &&
                        __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq;
         if (!missing || ap_now_ns() > until)
             return;
@@ -736,7 +756,8 @@ static void ap_hs_wait(const int8_t *state, size_t n, unsigned seq)
  * handler that spins on an entry barrier; it cannot leave before the round
  * ends, so it is not asked again.
  */
-static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_t n)
+static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, uint8_t *blocked,
+                          size_t n)
 {
     pid_t pid = (pid_t)syscall(SYS_getpid);
     unsigned seq = ++ap_hs_last ? ap_hs_last : ++ap_hs_last;
@@ -767,6 +788,14 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
                 left++;
                 continue;
             }
+            /* A thread that blocks the signal cannot answer it: not sent
+             * (nothing left pending), not waited for. */
+            r->st->syscalls += 4;
+            if (ap_task_blocks_hs(ap_hs[i].tid)) {
+                blocked[i] = blocked[i] < 255 ? blocked[i] + 1 : 255;
+                continue;
+            }
+            blocked[i] = 0;
             r->st->syscalls++;
             if (ap_hs_send(pid, ap_hs[i].tid) == -ESRCH)
                 state[i] = 0; /* exited */
@@ -776,7 +805,7 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, size_
         if (pass < 2)
             syscall(SYS_sched_yield);
     }
-    ap_hs_wait(state, n, seq);
+    ap_hs_wait(state, blocked, n, seq);
     for (size_t i = 0; i < n; i++) {
         if ((state[i] != 1 && state[i] != 2) ||
             __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq)
@@ -796,15 +825,20 @@ static int ap_handshake(struct ap_round *r)
 {
     static int8_t state[AP_HS_MAX];
     static long inside[AP_HS_MAX];
+    static uint8_t blocked[AP_HS_MAX]; /* attempts in a row that found the signal blocked */
     bool fits = ap_hs_collect(r->taskfd);
     size_t n = __atomic_load_n(&ap_hs_n, __ATOMIC_RELAXED);
     memset(state, 1, n);
+    memset(blocked, 0, n);
     uint64_t until = ap_now_ns() + AP_HS_BUDGET_NS;
     for (size_t left = n; left;) {
-        ap_hs_attempt(r, state, inside, n);
+        ap_hs_attempt(r, state, inside, blocked, n);
         left = 0;
+        /* A thread that never answered and kept the signal blocked for
+         * AP_HS_BLOCKED attempts (milliseconds: longer than the moments
+         * glibc blocks every signal) is given up: it stays silent. */
         for (size_t i = 0; i < n; i++)
-            left += state[i] == 1 || state[i] == 2;
+            left += state[i] == 2 || (state[i] == 1 && blocked[i] < AP_HS_BLOCKED);
         if (!left || ap_now_ns() > until)
             break;
         struct timespec ts = {0, AP_HS_PAUSE_NS};
