@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -29,6 +30,7 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
+#include "host.h"
 #include "ap_live_sites.h"
 #include "ap_warnlog.h"
 
@@ -1093,4 +1095,187 @@ Test(live, handler_over_a_site_keeps_the_site)
     cr_assert_eq(r->spin_result, 0, "the interrupted thread left through the original");
     cr_assert_eq(r->v2[S_SPIN].state, ALTPATCH_SITE_PATCHED);
     cr_assert_eq(r->spin_after, 2);
+}
+
+/* ---- text whose pages cannot be flipped ---------------------------------------------- */
+
+#ifndef SYS_mseal
+#define SYS_mseal 462 /* x86-64 */
+#endif
+
+/* One instruction each: movl $1, %eax / movl $2, %eax; then ret. */
+static const uint8_t fl_old[] = {0xb8, 1, 0, 0, 0}, fl_new[] = {0xb8, 2, 0, 0, 0};
+/* What the page starts with, and what the write changes (fl_old/fl_new by default). */
+static const uint8_t *fl_from = fl_old, *fl_to = fl_new;
+static size_t fl_len = sizeof(fl_old);
+
+enum { FL_ANON, FL_FILE, FL_SEALED, FL_THREADS = 16 };
+
+static char fl_path[64];
+
+/* An RX page starting with fl_old; ret: anonymous, or a private mapping of a file. */
+static uint8_t *fl_text(int kind)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uint8_t *code = calloc(1, (size_t)pg);
+    cr_assert(code);
+    memset(code, 0x90, (size_t)pg);
+    memcpy(code, fl_from, fl_len);
+    code[fl_len] = 0xc3;
+    uint8_t *p;
+    if (kind == FL_ANON) {
+        p = mmap(NULL, (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        cr_assert(p != MAP_FAILED);
+        memcpy(p, code, (size_t)pg);
+        cr_assert_eq(mprotect(p, (size_t)pg, PROT_READ | PROT_EXEC), 0);
+    } else {
+        snprintf(fl_path, sizeof(fl_path), "ap_flip_text_XXXXXX"); /* the test's directory */
+        int fd = mkstemp(fl_path);
+        cr_assert(fd >= 0, "mkstemp");
+        cr_assert_eq(write(fd, code, (size_t)pg), pg);
+        p = mmap(NULL, (size_t)pg, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) {
+            unlink(fl_path);
+            cr_skip_test("the test directory is mounted noexec");
+        }
+        if (kind == FL_SEALED && syscall(SYS_mseal, p, (size_t)pg, 0) != 0) {
+            int e = errno;
+            unlink(fl_path);
+            cr_skip_test("mseal not available: %s", strerror(e));
+        }
+    }
+    free(code);
+    return p;
+}
+
+struct fl_res {
+    int ready, rc, result, wrote, value, named;
+    uint8_t mem[16];
+};
+
+static uint8_t *fl_page;
+
+static void fl_body(void *out, void *ctx)
+{
+    struct fl_res *r = out;
+    int kind = (int)(intptr_t)ctx;
+    pthread_t t;
+    altpatch_set_print(NULL);
+    /* The thread blocks every signal but SIGTRAP and runs: it cannot answer a handshake. */
+    if ((kind & FL_THREADS) && (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, (void *)1)))
+        _exit(3);
+    const char *why;
+    r->ready = ap_live_ready(&why);
+    struct ap_write w = {.addr = (uintptr_t)fl_page, .old = fl_from, .new = fl_to, .len = fl_len};
+    struct ap_poke_stats st = {0};
+    r->rc = ap_live_poke(&w, 1, &st);
+    r->result = w.result, r->wrote = w.wrote;
+    memcpy(r->mem, fl_page, fl_len);
+    r->value = ((int (*)(void))(uintptr_t)fl_page)();
+    FILE *f = fopen("/proc/self/maps", "r");
+    char buf[512];
+    while (f && fgets(buf, sizeof(buf), f))
+        if (strtoul(buf, NULL, 16) == (uintptr_t)fl_page && fl_path[0])
+            r->named = strstr(buf, fl_path) != NULL && !strstr(buf, "(deleted)");
+    if (f)
+        fclose(f);
+    if (kind & FL_THREADS) {
+        g_release = 1;
+        if (write(g_pipe[1], "x", 1) != 1)
+            _exit(4);
+        pthread_join(t, NULL);
+    }
+}
+
+static struct fl_res *fl_run(int kind)
+{
+    fl_path[0] = 0;
+    fl_page = fl_text(kind & ~FL_THREADS);
+    struct fl_res *r = ap_isolated(sizeof(*r), fl_body, (void *)(intptr_t)kind);
+    if (fl_path[0])
+        unlink(fl_path);
+    cr_assert_eq(r->ready, 0, "live patching available");
+    cr_assert_eq(r->rc, 0);
+    return r;
+}
+
+Test(live, file_text_is_flipped_and_keeps_its_name)
+{
+    struct fl_res *r = fl_run(FL_FILE | FL_THREADS);
+    cr_assert_eq(r->result, ALTPATCH_REASON_NONE);
+    cr_assert(r->wrote);
+    cr_assert_eq(memcmp(r->mem, fl_new, sizeof(fl_new)), 0);
+    cr_assert_eq(r->value, 2);
+    cr_assert(r->named, "/proc/self/maps still names the file");
+}
+
+Test(live, anonymous_text_alone_goes_to_the_ordinary_writer)
+{
+    struct fl_res *r = fl_run(FL_ANON);
+    cr_assert_eq(r->result, ALTPATCH_REASON_NONE);
+    cr_assert(r->wrote);
+    cr_assert_eq(r->value, 2);
+}
+
+Test(live, anonymous_text_with_threads_is_refused)
+{
+    struct fl_res *r = fl_run(FL_ANON | FL_THREADS);
+    cr_assert_eq(r->result, ALTPATCH_REASON_LIVE_NO_FLIP);
+    cr_assert(!r->wrote);
+    cr_assert_eq(memcmp(r->mem, fl_old, sizeof(fl_old)), 0, "nothing written");
+    cr_assert_eq(r->value, 1);
+}
+
+Test(live, sealed_text_alone_goes_to_the_ordinary_writer)
+{
+    struct fl_res *r = fl_run(FL_SEALED);
+    cr_assert_eq(r->result, ALTPATCH_REASON_NONE);
+    cr_assert(r->wrote);
+    cr_assert_eq(r->value, 2);
+}
+
+Test(live, sealed_text_with_threads_is_refused)
+{
+    struct fl_res *r = fl_run(FL_SEALED | FL_THREADS);
+    cr_assert_eq(r->result, ALTPATCH_REASON_LIVE_NO_FLIP);
+    cr_assert(!r->wrote);
+    cr_assert_eq(memcmp(r->mem, fl_old, sizeof(fl_old)), 0, "nothing written");
+    cr_assert_eq(r->value, 1);
+    cr_assert(r->named, "the sealed mapping is untouched");
+}
+
+/* mfence; lfence -> two 3-byte NOPs: every instruction does nothing and every old
+ * boundary is a new one, so one flip suffices and no thread needs to answer. */
+Test(live, fences_to_nops_need_no_handshake)
+{
+    static const uint8_t fences[] = {0x0f, 0xae, 0xf0, 0x0f, 0xae, 0xe8};
+    static const uint8_t nops[] = {0x0f, 0x1f, 0x00, 0x0f, 0x1f, 0x00};
+    fl_from = fences, fl_to = nops, fl_len = sizeof(fences);
+    struct fl_res *r = fl_run(FL_FILE | FL_THREADS);
+    cr_assert_eq(r->result, ALTPATCH_REASON_NONE, "patched although a thread cannot answer");
+    cr_assert_eq(memcmp(r->mem, nops, sizeof(nops)), 0);
+}
+
+/* The same fences to one 6-byte NOP: a thread between the fences would resume
+ * inside the NOP, so the site needs the handshake, which the silent thread fails. */
+Test(live, fences_to_one_nop_need_the_handshake)
+{
+    static const uint8_t fences[] = {0x0f, 0xae, 0xf0, 0x0f, 0xae, 0xe8};
+    static const uint8_t nop6[] = {0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00};
+    fl_from = fences, fl_to = nop6, fl_len = sizeof(fences);
+    struct fl_res *r = fl_run(FL_FILE | FL_THREADS);
+    cr_assert_eq(r->result, ALTPATCH_REASON_LIVE_NO_ANSWER);
+    cr_assert_eq(memcmp(r->mem, fences, sizeof(fences)), 0, "nothing left behind");
+}
+
+/* A multi-instruction site whose first instruction is one byte: no room for jmp . */
+Test(live, one_byte_first_instruction_is_refused_live)
+{
+    static const uint8_t from[] = {0x90, 0xb8, 1, 0, 0, 0}, to[] = {0xb8, 2, 0, 0, 0, 0x90};
+    fl_from = from, fl_to = to, fl_len = sizeof(from);
+    struct fl_res *r = fl_run(FL_FILE | FL_THREADS);
+    cr_assert_eq(r->result, ALTPATCH_REASON_LIVE_SHORT_ENTRY);
+    cr_assert_eq(memcmp(r->mem, from, sizeof(from)), 0);
+    cr_assert_eq(r->value, 1);
 }
