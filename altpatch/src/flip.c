@@ -52,7 +52,8 @@ static int ap_flip_vma_fd(struct ap_flip_vma *v, uintptr_t pgsz)
     if (v->fd != -1)
         return v->fd;
     v->fd = -ENOENT;
-    if (!v->path || !v->priv || !(v->prot & PROT_READ))
+    /* Text only: readable (the pages are copied), executable, private. */
+    if (!v->path || !v->priv || (v->prot & (PROT_READ | PROT_EXEC)) != (PROT_READ | PROT_EXEC))
         return v->fd;
     int fd = open(v->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
