@@ -79,6 +79,18 @@ static pid_t ap_gettid(void)
     return (pid_t)syscall(SYS_gettid);
 }
 
+/*
+ * Give the other threads a moment (to answer, or to reach the sleep they are
+ * about to enter). A short sleep rather than sched_yield(): on a loaded
+ * machine a yield can hand the CPU to another process for a whole time
+ * slice, a 20 us sleep wakes up on time.
+ */
+static void ap_nap(void)
+{
+    struct timespec ts = {0, 20 * 1000};
+    syscall(SYS_nanosleep, &ts, NULL);
+}
+
 /* ------------------------------------------------------------------------- */
 /* Threads, read from /proc without allocating                               */
 /* ------------------------------------------------------------------------- */
@@ -742,7 +754,7 @@ static void ap_hs_wait(const int8_t *state, const uint8_t *blocked, size_t n, un
                        __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq;
         if (!missing || ap_now_ns() > until)
             return;
-        syscall(SYS_sched_yield);
+        ap_nap();
     }
 }
 
@@ -803,7 +815,7 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, uint8
         if (pass < 2 && !left)
             break;
         if (pass < 2)
-            syscall(SYS_sched_yield);
+            ap_nap();
     }
     ap_hs_wait(state, blocked, n, seq);
     for (size_t i = 0; i < n; i++) {
@@ -1106,7 +1118,11 @@ int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
         if (!err)
             err = ap_ranges_prepare(&r);
         if (!err) {
-            ap_restorers_scan();
+            bool any_multi = false;
+            for (size_t i = 0; i < r.n; i++)
+                any_multi |= !r.it[i].out && r.it[i].multi;
+            if (any_multi)
+                ap_restorers_scan(); /* for the handshake's frame search */
             uint64_t mask;
             ap_signals_block(&mask);
             pthread_mutex_lock(&ap_fork_lock);
@@ -1218,7 +1234,6 @@ int ap_live_ready(const char **why)
     }
     uint64_t probe = 0x5a, got = 0;
     ap_peek_ok = ap_peek((uintptr_t)&probe, &got, sizeof(got)) == sizeof(got) && got == probe;
-    ap_restorers_scan();
     if (flip_ok == 1)
         flip_ok = ap_flip_selftest();
     if (flip_ok)
