@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Live re-patching (altpatch/src/live.c, docs/live.md): the int3 +
- * membarrier protocol, the handshake's refusals (thread inside a
- * multi-instruction site, thread not answering, call inside a site), SIGTRAP
+ * Live re-patching (altpatch/src/live.c, flip.c, docs/live.md): the page-flip
+ * protocol, the handshake's refusals (thread inside a
+ * multi-instruction site, thread not answering, call inside a site), signal masks
+ * and the program's SIGTRAP handler,
  * chaining, fork and signals during apply, the flags and the stats.
  *
  * Every body runs in a fork()ed child (ap_isolate.h) that starts with one
@@ -149,7 +150,7 @@ Test(live, flag_patches_and_reverts_single_threaded)
     cr_assert_eq(memcmp(r->v[S_CALLIN].cur, r->v[S_CALLIN].orig, r->v[S_CALLIN].len), 0,
                  "refused call site keeps its bytes");
     cr_assert_eq(r->v[S_ONE].cur[0], 0xb8);
-    cr_assert_eq(r->v[S_ONE].cur[1], 2, "no int3 left behind");
+    cr_assert_eq(r->v[S_ONE].cur[1], 2, "nothing left behind");
     cr_assert_eq(r->rc_again, 0);
     cr_assert_eq(r->st_again.bytes_written, 0, "idempotent");
     cr_assert_eq(r->rc_revert, 0);
@@ -443,12 +444,14 @@ struct fork_res {
 
 static struct site_view fork_sites[S_COUNT];
 
-/** No int3 at the first byte of any site. */
+/** No entry barrier (jmp ., EB FE) and no int3 at the first bytes of any site. */
 static bool first_bytes_ok(void)
 {
-    for (int i = 0; i < S_COUNT; i++)
-        if (fork_sites[i].addr && *(volatile uint8_t *)fork_sites[i].addr == 0xcc)
+    for (int i = 0; i < S_COUNT; i++) {
+        const volatile uint8_t *p = (const volatile uint8_t *)fork_sites[i].addr;
+        if (p && (p[0] == 0xcc || (p[0] == 0xeb && p[1] == 0xfe)))
             return false;
+    }
     return true;
 }
 
@@ -458,7 +461,7 @@ static void *forker(void *p)
     while (!fork_stop) {
         pid_t pid = fork();
         if (pid == 0) {
-            /* No int3 may be left in the child's text: nobody would remove it. */
+            /* No barrier may be left in the child's text: nobody would remove it. */
             if (!first_bytes_ok())
                 _exit(2);
             long pair = site_pair(), one = site_one();
@@ -836,7 +839,7 @@ Test(live, flipped_pages_stay_the_files_and_mappings_stay_bounded)
                  r->lines_first, r->lines_after);
 }
 
-/* ---- a signal handler runs a site while its thread waits in the trap handler -------- */
+/* ---- a signal handler runs a site while its thread spins on an entry barrier -------- */
 
 static volatile long nest_runs, nest_bad, nest_sigs;
 static volatile int nest_stop;
@@ -853,8 +856,8 @@ static void *nest_worker(void *arg)
 {
     (void)arg;
     while (!nest_stop) {
-        long one = site_one();
-        nest_bad += one != 1 && one != 2;
+        long one = site_one(), pair = site_pair();
+        nest_bad += !((one == 1 || one == 2) && (pair == 11 || pair == 22));
         nest_runs++;
     }
     return NULL;
@@ -885,9 +888,9 @@ static void nest_body(void *out, void *ctx)
     altpatch_set_print(NULL);
     signal(SIGUSR1, on_nest);
     /* A thread stays inside site_spin: the handshake retries for its whole
-     * budget, so the round lasts long and the worker, which traps on
-     * site_one's int3, waits in the trap handler meanwhile; the kicker's
-     * SIGUSR1 handler runs sites on top of that wait. */
+     * budget, so the round lasts long and the worker, which reaches
+     * site_pair's entry barrier, spins there meanwhile; the kicker's
+     * SIGUSR1 handler runs sites on top of that spin. */
     spin_flag = 1;
     if (pthread_create(&sp, NULL, spinner, NULL))
         _exit(3);
@@ -909,7 +912,7 @@ static void nest_body(void *out, void *ctx)
     r->runs = nest_runs, r->sigs = nest_sigs, r->bad = nest_bad;
 }
 
-Test(live, handler_runs_site_while_thread_is_parked_in_the_trap)
+Test(live, handler_runs_site_while_thread_spins_on_a_barrier)
 {
     struct nest_res *r = ap_isolated(sizeof(*r), nest_body, NULL);
     cr_assert_eq(r->apply_errors, 0);
@@ -921,8 +924,7 @@ Test(live, handler_runs_site_while_thread_is_parked_in_the_trap)
 /* ---- a site in a function the apply itself calls ------------------------------------ */
 
 /* The program's calloc holds a multi-instruction site: the round must not call
- * it between the first int3 and the last write (it would trap with every
- * signal blocked). */
+ * it between the two flips (it would spin on the entry barrier forever). */
 static volatile int calloc_hook;
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
