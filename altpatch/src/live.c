@@ -1212,8 +1212,7 @@ int ap_live_ready(const char **why)
         "membarrier(PRIVATE_EXPEDITED_SYNC_CORE) is not available",
         "/proc/self/mem cannot be opened for writing",
         "the handshake signal handler cannot be installed",
-        "text pages cannot be replaced by mremap(), or the flipped code is not executed "
-        "(an emulator)",
+        "text pages cannot be replaced, or flipped code is not executed (an emulator)",
     };
     static int flip_ok = 1; /* 1: not tried yet; then 0 or -errno */
     int err = ap_membarrier_register();
