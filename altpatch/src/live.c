@@ -945,8 +945,9 @@ static void ap_run_flip2(struct ap_round *r, size_t k)
         struct timespec ts = {0, 100 * 1000};
         syscall(SYS_nanosleep, &ts, NULL);
     }
-    /* The kernel refuses to move a mapping over one it just moved: put each
-     * barrier's two bytes back in place (the other bytes never changed). */
+    /* Flip 2 replaces exactly the mapping flip 1 made, so the kernel has no
+     * reason to refuse it; should it still, the barriers must go: put each
+     * one's two old bytes back in place (the other bytes never changed). */
     int fd = r->f.memfd;
     for (size_t i = 0; i < r->n; i++) {
         struct ap_live_item *it = &r->it[i];
