@@ -2,6 +2,7 @@
 #   stress_live          worker threads run sites while main toggles them live
 #                        (tests/stress_live.c); ctest runs 200 toggles, the
 #                        `stress` target 100k (not part of ctest)
+#   live_toggle_bench    what one live toggle costs (not part of ctest)
 #   libaphost_*.so       hostile-record modules (testdata/hostile/*.S)
 #   hostile_secure_helper  run set-uid root as an unprivileged user by test_hostile
 enable_language(ASM)
@@ -15,6 +16,10 @@ set_tests_properties(stress_live_short PROPERTIES TIMEOUT 120
 add_test(NAME stress_live_sigtrap_blocked COMMAND stress_live --toggles 300 --sigtrap-blocked)
 set_tests_properties(stress_live_sigtrap_blocked PROPERTIES TIMEOUT 120
   PASS_REGULAR_EXPRESSION "wrong=0 apply_errors=0 \\(first 0\\) ebusy=0 ")
+# The cost of one live toggle (docs/live.md): a figure, not a test.
+add_executable(live_toggle_bench live_toggle_bench.c)
+target_compile_definitions(live_toggle_bench PRIVATE _GNU_SOURCE)
+target_link_libraries(live_toggle_bench PRIVATE altpatch pthread)
 set(ALTPATCH_STRESS_TOGGLES 100000 CACHE STRING "toggles of the `stress` target")
 add_custom_target(stress
   COMMAND stress_live --toggles ${ALTPATCH_STRESS_TOGGLES}
