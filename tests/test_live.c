@@ -1282,3 +1282,92 @@ Test(live, one_byte_first_instruction_is_refused_live)
     cr_assert_eq(memcmp(r->mem, from, sizeof(from)), 0);
     cr_assert_eq(r->value, 1);
 }
+
+/* A site across the boundary an earlier flip left between two mappings of the
+ * same file: both sides flip together (and become one mapping again). */
+struct straddle_res {
+    int ready, r1, r2, w1, w2, lines_mid, lines_end;
+    uint8_t mem[8];
+};
+
+static uint8_t *st_page;
+static size_t st_len;
+
+static int st_lines_in(uintptr_t s, uintptr_t e)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char buf[512];
+    int n = 0;
+    while (f && fgets(buf, sizeof(buf), f)) {
+        unsigned long a = strtoul(buf, NULL, 16);
+        n += a >= s && a < e;
+    }
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static void straddle_body(void *out, void *ctx)
+{
+    struct straddle_res *r = out;
+    pthread_t t;
+    (void)ctx;
+    altpatch_set_print(NULL);
+    if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, NULL))
+        _exit(3);
+    const char *why;
+    r->ready = ap_live_ready(&why);
+    static const uint8_t nop2[] = {0x66, 0x90}, mov2[] = {0x89, 0xc0}; /* one insn each */
+    struct ap_poke_stats st = {0};
+    /* Block 0 alone: the mapping is split at 64 KiB. */
+    struct ap_write w1 = {.addr = (uintptr_t)st_page, .old = nop2, .new = mov2, .len = 2};
+    ap_live_poke(&w1, 1, &st);
+    r->r1 = w1.result, r->w1 = w1.wrote;
+    r->lines_mid = st_lines_in((uintptr_t)st_page, (uintptr_t)st_page + st_len);
+    /* A 2-byte instruction across the split. */
+    struct ap_write w2 = {.addr = (uintptr_t)st_page + 65535, .old = nop2, .new = mov2, .len = 2};
+    ap_live_poke(&w2, 1, &st);
+    r->r2 = w2.result, r->w2 = w2.wrote;
+    memcpy(r->mem, st_page + 65535, 2);
+    r->lines_end = st_lines_in((uintptr_t)st_page, (uintptr_t)st_page + st_len);
+    g_release = 1;
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+}
+
+Test(live, site_across_an_earlier_split_is_flipped)
+{
+    st_len = 128 * 1024;
+    uint8_t *code = malloc(st_len);
+    cr_assert(code);
+    memset(code, 0x90, st_len);
+    memcpy(code, "\x66\x90", 2);
+    memcpy(code + 65535, "\x66\x90", 2);
+    snprintf(fl_path, sizeof(fl_path), "ap_flip_text_XXXXXX");
+    int fd = mkstemp(fl_path);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, code, st_len), (ssize_t)st_len);
+    free(code);
+    /* Reserve 192 KiB and map at a 64 KiB-aligned address inside: the blocks
+     * are the file's two halves. */
+    uint8_t *res = mmap(NULL, st_len + 65536, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert(res != MAP_FAILED);
+    uintptr_t at = ((uintptr_t)res + 65535) & ~(uintptr_t)65535;
+    st_page = mmap((void *)at, st_len, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, 0);
+    close(fd);
+    if (st_page == MAP_FAILED) {
+        unlink(fl_path);
+        cr_skip_test("the test directory is mounted noexec");
+    }
+    struct straddle_res *r = ap_isolated(sizeof(*r), straddle_body, NULL);
+    unlink(fl_path);
+    cr_assert_eq(r->ready, 0);
+    cr_assert_eq(r->r1, ALTPATCH_REASON_NONE);
+    cr_assert(r->w1);
+    cr_assert_eq(r->lines_mid, 2, "the first flip split the mapping at 64 KiB");
+    cr_assert_eq(r->r2, ALTPATCH_REASON_NONE, "reason %d", r->r2);
+    cr_assert(r->w2);
+    cr_assert_eq(memcmp(r->mem, "\x89\xc0", 2), 0);
+    cr_assert_eq(r->lines_end, 1, "one mapping again");
+}

@@ -35,7 +35,7 @@
 /** Runs are made of blocks of this many bytes (aligned), clipped to the mapping. */
 #define AP_FLIP_GRANULE (64 * 1024)
 
-/** One line of /proc/self/maps that holds a site. */
+/** One line of /proc/self/maps that holds a site, with the lines that continue it. */
 struct ap_flip_vma {
     uintptr_t s, e;
     uint64_t off;
@@ -123,6 +123,16 @@ static int ap_flip_vmas(struct ap_flip *f, const struct ap_write *w, size_t n)
         char *path;
         if (!ap_flip_parse(line, &v, &path))
             continue;
+        /* The continuation of the last mapping kept (an earlier flip split
+         * it): one range for the runs, so that a site across the split and
+         * the blocks on both sides flip together (and the pieces merge). */
+        struct ap_flip_vma *last = f->nvma ? &f->vma[f->nvma - 1] : NULL;
+        if (last && last->path && path && last->e == v.s && last->dev == v.dev &&
+            last->ino == v.ino && last->prot == v.prot && last->priv == v.priv &&
+            last->off + (last->e - last->s) == v.off && !strcmp(last->path, path)) {
+            last->e = v.e;
+            continue;
+        }
         size_t k = ap_flip_lower(w, n, v.s);
         if (k == n || w[k].addr >= v.e)
             continue;
