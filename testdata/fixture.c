@@ -111,7 +111,9 @@ static int check_site(const struct altpatch_site_info *s, void *ctx)
     bool changes = memcmp(want, s->original, s->len) != 0;
     bool live_refused = t->live && changes && s->state == ALTPATCH_SITE_REFUSED &&
                         (s->reason == ALTPATCH_REASON_LIVE_THREAD_INSIDE ||
-                         s->reason == ALTPATCH_REASON_LIVE_NO_ANSWER);
+                         s->reason == ALTPATCH_REASON_LIVE_NO_ANSWER ||
+                         s->reason == ALTPATCH_REASON_LIVE_SHORT_ENTRY ||
+                         s->reason == ALTPATCH_REASON_LIVE_NO_FLIP);
     t->live_refused += live_refused;
     if (t->reverted && live_refused)
         return 0; /* revert refused: the set's bytes stay, checked before */

@@ -56,7 +56,8 @@ struct walk {
 static bool live_reason(int reason)
 {
     return reason == ALTPATCH_REASON_LIVE_CALL_INSIDE ||
-           reason == ALTPATCH_REASON_LIVE_THREAD_INSIDE || reason == ALTPATCH_REASON_LIVE_NO_ANSWER;
+           reason == ALTPATCH_REASON_LIVE_THREAD_INSIDE || reason == ALTPATCH_REASON_LIVE_NO_ANSWER ||
+           reason == ALTPATCH_REASON_LIVE_NO_FLIP || reason == ALTPATCH_REASON_LIVE_SHORT_ENTRY;
 }
 
 static int print_site(const struct altpatch_site_info *s, void *ctx)
