@@ -18,7 +18,6 @@
  */
 #include "apply.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
@@ -120,23 +119,6 @@ static void ap_atfork_done(void)
 __attribute__((constructor)) static void ap_atfork_register(void)
 {
     pthread_atfork(ap_atfork_prepare, ap_atfork_done, ap_atfork_done);
-}
-
-/* ------------------------------------------------------------------------- */
-/* Threads                                                                   */
-/* ------------------------------------------------------------------------- */
-
-/** Threads of this process (/proc/self/task entries), or -1 when unknown. */
-static long ap_count_threads(void)
-{
-    DIR *d = opendir("/proc/self/task");
-    if (!d)
-        return -1;
-    long n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -419,6 +401,8 @@ static int ap_check_threads(unsigned flags, bool *live)
     *live = false;
     if (flags & ALTPATCH_APPLY_DRY_RUN)
         return 0;
+    if (!(flags & ALTPATCH_APPLY_LIVE) && ap_mm_alone())
+        return 0; /* the kernel says so: no /proc read */
     long n = ap_count_threads();
     if (n <= 1 && !(flags & ALTPATCH_APPLY_LIVE))
         return 0; /* unknown (no /proc): the writer needs /proc too and will refuse */

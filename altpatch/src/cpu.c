@@ -90,10 +90,11 @@ unsigned ap_feature_leaves(unsigned id)
             return AP_LEAVES_BASE | AP_LEAVES_EXT7;
         return AP_LEAVES_BASE;
     case 9:
-    case 12:
     case 16:
     case 18:
         return AP_LEAVES_BASE | AP_LEAVES_STD7;
+    case 12:
+        return AP_LEAVES_BASE | AP_LEAVES_STD7 | AP_LEAVES_STD71;
     case 10:
         return AP_LEAVES_BASE | AP_LEAVES_STDD;
     case 13:
@@ -125,17 +126,37 @@ static void ap_read_base(struct altpatch_features *f)
     }
 }
 
-/* Leaves 7.0 and 7.1 into words 9, 16, 18 and 12. */
+/*
+ * How ap_sync_core() serializes, learnt from leaf 7.0 when it is read for the
+ * features (ap_sync_core() itself never runs a CPUID leaf to decide):
+ * AP_SYNC_CPUID until then.
+ */
+enum { AP_SYNC_CPUID, AP_SYNC_SERIALIZE, AP_SYNC_IRET, AP_SYNC_IRET_UNLESS_SHSTK };
+static int ap_sync_kind = AP_SYNC_CPUID;
+static uint32_t ap_std7_maxsub; /* CPUID.(7,0):EAX (STD7 group) */
+
+/* Leaf 7.0 into words 9, 16, 18; how to serialize. */
 static void ap_read_std7(struct altpatch_features *f)
 {
     if (ap_std_max < 7)
         return;
     struct ap_regs r = ap_cpuid(7, 0);
-    uint32_t maxsub = r.a;
+    ap_std7_maxsub = r.a;
     f->word[9] = r.b;
     f->word[16] = r.c;
     f->word[18] = r.d;
-    if (maxsub >= 1)
+    int kind = AP_SYNC_IRET;
+    if (r.d & (1u << (X86_FEATURE_SERIALIZE % 32)))
+        kind = AP_SYNC_SERIALIZE;
+    else if (r.c & (1u << (X86_FEATURE_SHSTK % 32)))
+        kind = AP_SYNC_IRET_UNLESS_SHSTK; /* a thread may run on a shadow stack */
+    __atomic_store_n(&ap_sync_kind, kind, __ATOMIC_RELEASE);
+}
+
+/* Leaf 7.1 into word 12 (after ap_read_std7()). */
+static void ap_read_std71(struct altpatch_features *f)
+{
+    if (ap_std_max >= 7 && ap_std7_maxsub >= 1)
         f->word[12] = ap_cpuid(7, 1).a;
 }
 
@@ -185,6 +206,8 @@ static void ap_read_ext(struct altpatch_features *f, unsigned group)
 static void ap_read_leaves(unsigned groups)
 {
     groups |= AP_LEAVES_BASE; /* vendor and leaf 1 feed every derivation */
+    if (groups & AP_LEAVES_STD71)
+        groups |= AP_LEAVES_STD7; /* the highest subleaf of leaf 7 */
     unsigned todo = groups & ~ap_raw_groups & AP_LEAVES_ALL;
     if (!todo)
         return;
@@ -192,6 +215,8 @@ static void ap_read_leaves(unsigned groups)
         ap_read_base(&ap_raw);
     if (todo & AP_LEAVES_STD7)
         ap_read_std7(&ap_raw);
+    if (todo & AP_LEAVES_STD71)
+        ap_read_std71(&ap_raw);
     if (todo & AP_LEAVES_STDD)
         ap_read_stdd(&ap_raw);
     static const unsigned ext[] = {AP_LEAVES_EXT1, AP_LEAVES_EXT7, AP_LEAVES_EXT8,
@@ -433,6 +458,37 @@ void ap_host_leaves(unsigned groups, struct altpatch_features *out)
     ap_derive_synthetic(&f);
     pthread_mutex_unlock(&ap_leaves_mx);
     *out = f;
+}
+
+/*
+ * The kernel's sync_core() serializes with SERIALIZE where the CPU has it and
+ * otherwise with an IRET to self, because CPUID exits to the hypervisor in a
+ * guest (1-6 us there, against well under one for the others). The same
+ * choice here; IRET is left out on a thread running with a shadow stack (it
+ * would expect a shadow-stack frame that nobody pushed), which is asked
+ * (arch_prctl, this thread) only where CPUID claims shadow stacks.
+ */
+void ap_sync_core(void)
+{
+    switch (__atomic_load_n(&ap_sync_kind, __ATOMIC_ACQUIRE)) {
+    case AP_SYNC_SERIALIZE:
+        ap_serialize_insn();
+        return;
+    case AP_SYNC_IRET_UNLESS_SHSTK: {
+        unsigned long st = 0;
+        if (syscall(SYS_arch_prctl, ARCH_SHSTK_STATUS, &st) != 0 || !(st & AP_ARCH_SHSTK_SHSTK)) {
+            ap_serialize_iret();
+            return;
+        }
+        break;
+    }
+    case AP_SYNC_IRET:
+        ap_serialize_iret();
+        return;
+    default:
+        break;
+    }
+    ap_serialize_cpuid();
 }
 
 static struct altpatch_features ap_host;
