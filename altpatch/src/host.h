@@ -94,6 +94,9 @@ struct ap_write {
 enum ap_poke_flags {
     AP_POKE_PROCMEM_ONLY = 1u << 0,
     AP_POKE_NO_PROCMEM = 1u << 1,
+    /* learn protections by reading all of /proc/self/maps, not by PROCMAP_QUERY
+     * (what a kernel before 6.11 gets; for tests) */
+    AP_POKE_MAPS_FILE = 1u << 2,
 };
 
 struct ap_poke_stats {
