@@ -429,14 +429,16 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     if (ap_in != AP_IN_NONE)
         return -EDEADLK; /* from a callback, or a signal handler that interrupted a call */
     ap_in = AP_IN_ENTRY;
-    struct ap_pins pins;
-    ap_pins_take(&pins); /* before ap_lock: see ap_pins */
+    struct ap_pins pins = {0};
+    bool off = ap_env_on("ALTPATCH_OFF"); /* nothing at all: not even the pins */
+    if (!off)
+        ap_pins_take(&pins); /* before ap_lock: see ap_pins */
     pthread_mutex_lock(&ap_lock);
     ap_in = AP_IN_LOCKED;
     uint64_t t0 = ap_now_ns();
     bool live = false; /* other threads run: the live protocol writes */
     struct altpatch_stats st = {.sz = sizeof(st)};
-    if (ap_env_on("ALTPATCH_OFF")) {
+    if (off) {
         ap_log(ALTPATCH_INFO, "ALTPATCH_OFF is set: nothing patched\n");
     } else if (!(err = ap_check_threads(o.flags, &live))) {
         err = ap_run_locked(o.features, o.flags, live, &pins, &st);

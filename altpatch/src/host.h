@@ -233,6 +233,9 @@ struct ap_module {
  */
 AP_HIDDEN int ap_modules_refresh(struct ap_module **list);
 AP_HIDDEN void ap_modules_free(struct ap_module *list);
+struct dl_phdr_info;
+/** True when the loaded object @p info carries an altpatch note (a module of the list). */
+AP_HIDDEN bool ap_module_has_note(const struct dl_phdr_info *info);
 
 /**
  * Module @p m's note says version 2 (prepatch_load.c), so its sites hold a
