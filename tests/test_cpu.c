@@ -385,6 +385,15 @@ Test(cpu, lazy_std7_leaves_subleaf_1_unread)
             cr_expect_eq(f.word[w], h->word[w], "word %u", w);
 }
 
+Test(cpu, lazy_lfence_rdtsc_agrees_with_the_host)
+{
+    /* decided by the vendor rule (no extended leaf read) or by 0x80000021 */
+    struct altpatch_features f;
+    ap_host_leaves(ap_feature_leaves(X86_FEATURE_LFENCE_RDTSC), &f);
+    cr_expect_eq(altpatch_features_has(&f, X86_FEATURE_LFENCE_RDTSC),
+                 altpatch_features_has(ap_host_features(), X86_FEATURE_LFENCE_RDTSC));
+}
+
 /* One group at a time, in a fresh process, in an order of its own: every bit a
  * group decides equals the full detection's, whatever was read before. */
 static void lazy_groups_agree(const unsigned *order, size_t n)

@@ -102,6 +102,8 @@ unsigned ap_feature_leaves(unsigned id)
     case 17:
         return AP_LEAVES_BASE | AP_LEAVES_EXT7;
     case 20:
+        if (id == X86_FEATURE_LFENCE_RDTSC)
+            return AP_LEAVES_BASE | AP_LEAVES_LFENCE;
         return AP_LEAVES_BASE | AP_LEAVES_EXT21;
     default: /* no CPUID word: nothing to read */
         return AP_LEAVES_BASE;
@@ -178,16 +180,27 @@ static uint32_t ap_read_ext_max(void)
     return ap_ext_max;
 }
 
-/* Extended leaves of @p group: 0x80000001/7/8/0x21 into words 1 and 6, 17
- * (+ the TSC bits of word 3), 13, 20. */
+/*
+ * Extended leaves of @p group: 0x80000001/7/8/0x21 into words 1 and 6, 17
+ * (+ the TSC bits of word 3), 13, 20.
+ *
+ * Leaf 0x80000001 is read without asking 0x80000000 first: it is where a CPU
+ * says it has long mode (EDX bit 29), so every CPU running this 64-bit code
+ * has it, and Linux does not boot in 64-bit mode where the highest extended
+ * leaf is below it (arch/x86/kernel/verify_cpu.S checks exactly that). One
+ * CPUID, one hypervisor exit, less. The other extended leaves are asked only
+ * below the highest one: an Intel CPU answers a leaf above it with the data
+ * of its highest basic leaf.
+ */
 static void ap_read_ext(struct altpatch_features *f, unsigned group)
 {
-    uint32_t max = ap_read_ext_max();
-    if (group == AP_LEAVES_EXT1 && max >= 0x80000001u) {
+    if (group == AP_LEAVES_EXT1) {
         struct ap_regs r = ap_cpuid(0x80000001u, 0);
         f->word[1] = r.d;
         f->word[6] = r.c;
+        return;
     }
+    uint32_t max = ap_read_ext_max();
     if (group == AP_LEAVES_EXT7 && max >= 0x80000007u) {
         struct ap_regs r = ap_cpuid(0x80000007u, 0);
         f->word[17] = r.b;
@@ -202,12 +215,34 @@ static void ap_read_ext(struct altpatch_features *f, unsigned group)
         f->word[20] = ap_cpuid(0x80000021u, 0).a;
 }
 
+/*
+ * Whether the vendor rule alone sets LFENCE_RDTSC (Intel, AMD, Hygon,
+ * Centaur, Zhaoxin with SSE2): then leaf 0x80000021 cannot change that bit
+ * and is not read for it (ap_raw's base group read).
+ */
+static bool ap_lfence_by_vendor(void)
+{
+    struct altpatch_features t = ap_raw;
+    t.word[X86_FEATURE_LFENCE_RDTSC / 32] = 0; /* the vendor rule only, not the CPUID bit */
+    ap_mask_known(&t);
+    ap_derive_synthetic(&t);
+    return ap_features_test(&t, X86_FEATURE_LFENCE_RDTSC);
+}
+
 /* Read the groups of @p groups not read yet into ap_raw (ap_leaves_mx held). */
 static void ap_read_leaves(unsigned groups)
 {
     groups |= AP_LEAVES_BASE; /* vendor and leaf 1 feed every derivation */
     if (groups & AP_LEAVES_STD71)
         groups |= AP_LEAVES_STD7; /* the highest subleaf of leaf 7 */
+    if (groups & AP_LEAVES_LFENCE) {
+        if (!(ap_raw_groups & AP_LEAVES_BASE)) {
+            ap_read_base(&ap_raw);
+            ap_raw_groups |= AP_LEAVES_BASE;
+        }
+        if (!ap_lfence_by_vendor())
+            groups |= AP_LEAVES_EXT21;
+    }
     unsigned todo = groups & ~ap_raw_groups & AP_LEAVES_ALL;
     if (!todo)
         return;

@@ -38,6 +38,9 @@ AP_HIDDEN void ap_effective_features(struct altpatch_features *out);
 #define AP_LEAVES_EXT21 0x40u /* leaf 0x80000021: word 20 */
 #define AP_LEAVES_STD71 0x80u /* leaf 7.1: word 12 (needs STD7: 7.0 gives the highest subleaf) */
 #define AP_LEAVES_ALL 0xffu
+/* Not a leaf: what decides LFENCE_RDTSC. The vendor rule where it applies
+ * (base leaves only), else leaf 0x80000021 (AP_LEAVES_EXT21). */
+#define AP_LEAVES_LFENCE 0x100u
 /** The groups of leaves that decide feature @p id (any id; BASE when none). */
 AP_HIDDEN unsigned ap_feature_leaves(unsigned id);
 /**
