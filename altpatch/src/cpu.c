@@ -437,11 +437,9 @@ static void ap_run_probes(const struct altpatch_features *f)
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_sigaction = ap_probe_sigill;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    sigset_t ill, old;
-    sigemptyset(&ill);
-    sigaddset(&ill, SIGILL);
+    sa.sa_flags = SA_SIGINFO; /* sa_mask: empty (memset) */
+    /* the kernel's sigset: one bit per signal, SIGILL is bit SIGILL - 1 */
+    uint64_t ill = 1ull << (SIGILL - 1), old = 0;
     if (sigaction(SIGILL, &sa, &ap_probe_prev) != 0) {
         /* cannot tell: claim neither */
         if (tscp)
@@ -451,7 +449,7 @@ static void ap_run_probes(const struct altpatch_features *f)
         return;
     }
     /* a blocked SIGILL raised by an instruction would kill the process */
-    if (pthread_sigmask(SIG_UNBLOCK, &ill, &old) != 0) {
+    if (syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &ill, &old, sizeof(ill)) != 0) {
         if (tscp)
             ap_rdtscp_ok = 0;
         if (pid)
@@ -466,8 +464,8 @@ static void ap_run_probes(const struct altpatch_features *f)
             ap_probe_ill = 0;
             ap_rdpid_ok = ap_rdpid_usable();
         }
-        if (sigismember(&old, SIGILL) == 1)
-            pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (old & ill)
+            syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof(old));
     }
     ap_probe_at = NULL;
     sigaction(SIGILL, &ap_probe_prev, NULL);

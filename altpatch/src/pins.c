@@ -52,8 +52,12 @@ void ap_pins_take(struct ap_pins *p)
     ap_gate_enter(); /* see ap_gate_mx in apply.c */
     *p = (struct ap_pins){0};
     dl_iterate_phdr(ap_pins_collect, p); /* dlopen() is not allowed inside the walk */
-    p->h = calloc(p->n ? p->n : 1, sizeof(*p->h));
-    p->base = calloc(p->n ? p->n : 1, sizeof(*p->base));
+    if (p->n == 0) { /* nothing to pin (the main program needs none) */
+        ap_gate_leave();
+        return;
+    }
+    p->h = calloc(p->n, sizeof(*p->h));
+    p->base = calloc(p->n, sizeof(*p->base));
     for (size_t i = 0; p->h && p->base && i < p->n; i++) {
         void *h = dlopen(p->name[i], RTLD_NOLOAD | RTLD_LAZY);
         struct link_map *lm = NULL;

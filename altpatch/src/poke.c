@@ -40,6 +40,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -684,8 +685,10 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
     struct ap_poke_stats dummy = {0};
     struct ap_batch b = {
         .w = w, .n = n, .flags = flags, .st = st ? st : &dummy, .memfd = -1,
-        .pgsz = (uintptr_t)sysconf(_SC_PAGESIZE),
+        .pgsz = (uintptr_t)getauxval(AT_PAGESZ),
     };
+    if (!b.pgsz)
+        b.pgsz = (uintptr_t)sysconf(_SC_PAGESIZE);
     size_t pending = 0;
     for (size_t i = 0; i < n; i++)
         pending += ap_write_pending(&w[i]);
