@@ -385,6 +385,23 @@ Test(cpu, lazy_std7_leaves_subleaf_1_unread)
             cr_expect_eq(f.word[w], h->word[w], "word %u", w);
 }
 
+Test(cpu, lazy_os_facts_only_when_wanted)
+{
+    /* AMX and SHSTK need a fact from the kernel: left out (clear) until a
+     * caller wants one of them, then the host's */
+    static const unsigned ids[] = {X86_FEATURE_AMX_TILE, X86_FEATURE_AMX_INT8,
+                                   X86_FEATURE_AMX_BF16, X86_FEATURE_SHSTK};
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_STD7, &f);
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
+        cr_expect_not(altpatch_features_has(&f, ids[i]), "feature %u before it is wanted", ids[i]);
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        ap_host_leaves(ap_feature_leaves(ids[i]), &f);
+        cr_expect_eq(altpatch_features_has(&f, ids[i]),
+                     altpatch_features_has(ap_host_features(), ids[i]), "feature %u", ids[i]);
+    }
+}
+
 Test(cpu, lazy_lfence_rdtsc_agrees_with_the_host)
 {
     /* decided by the vendor rule (no extended leaf read) or by 0x80000021 */

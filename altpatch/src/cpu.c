@@ -75,9 +75,9 @@ static uint32_t ap_std_max; /* CPUID.0:EAX (base group) */
 static uint32_t ap_ext_max; /* CPUID.80000000h:EAX, 0 when not yet read or absent */
 static bool ap_ext_max_read;
 
-unsigned ap_feature_leaves(unsigned id)
+/* The CPUID leaves of feature @p id (in word @p w). */
+static unsigned ap_feature_cpuid_leaves(unsigned id, unsigned w)
 {
-    unsigned w = id / 32;
     switch (w) {
     case 0:
     case 4:
@@ -243,7 +243,7 @@ static void ap_read_leaves(unsigned groups)
         if (!ap_lfence_by_vendor())
             groups |= AP_LEAVES_EXT21;
     }
-    unsigned todo = groups & ~ap_raw_groups & AP_LEAVES_ALL;
+    unsigned todo = groups & ~ap_raw_groups & AP_LEAVES_CPUID;
     if (!todo)
         return;
     if (todo & AP_LEAVES_BASE)
@@ -322,6 +322,24 @@ static bool ap_shstk_enabled(void)
     return ap_shstk_on;
 }
 
+static bool ap_in_list(unsigned id, const uint16_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id)
+            return true;
+    return false;
+}
+
+unsigned ap_feature_leaves(unsigned id)
+{
+    unsigned os = 0; /* what the OS is asked for this feature */
+    if (ap_in_list(id, ap_amx_family, sizeof(ap_amx_family) / sizeof(ap_amx_family[0])))
+        os = AP_LEAVES_XCOMP;
+    else if (id == X86_FEATURE_SHSTK)
+        os = AP_LEAVES_SHSTK;
+    return os | ap_feature_cpuid_leaves(id, id / 32);
+}
+
 static bool ap_any_set(const struct altpatch_features *f, const uint16_t *ids, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -330,8 +348,14 @@ static bool ap_any_set(const struct altpatch_features *f, const uint16_t *ids, s
     return false;
 }
 
-/* Remove what CPUID reports but the OS does not let this process use. */
-static void ap_apply_os_enablement(struct altpatch_features *f)
+/*
+ * Remove what CPUID reports but the OS does not let this process use. The
+ * two facts asked of the kernel (AMX permission, shadow stack) are asked only
+ * once a caller wanted a feature they decide (@p asked: AP_LEAVES_XCOMP,
+ * AP_LEAVES_SHSTK); until then those features are left out (clear), which
+ * is never wrong, only conservative.
+ */
+static void ap_apply_os_enablement(struct altpatch_features *f, unsigned asked)
 {
     if (!(getauxval(AT_HWCAP2) & HWCAP2_FSGSBASE))
         ap_bit_clear(f, X86_FEATURE_FSGSBASE);
@@ -346,11 +370,13 @@ static void ap_apply_os_enablement(struct altpatch_features *f)
     if ((xcr0 & (ymm | AP_XCR0_AVX512)) != (ymm | AP_XCR0_AVX512))
         AP_CLEAR_ALL(f, ap_avx512_family);
     if (ap_any_set(f, ap_amx_family, sizeof(ap_amx_family) / sizeof(ap_amx_family[0])) &&
-        ((xcr0 & AP_XCR0_AMX) != AP_XCR0_AMX || !ap_amx_permitted()))
+        ((xcr0 & AP_XCR0_AMX) != AP_XCR0_AMX || !(asked & AP_LEAVES_XCOMP) ||
+         !ap_amx_permitted()))
         AP_CLEAR_ALL(f, ap_amx_family);
     if (!ap_features_test(f, X86_FEATURE_OSPKE))
         ap_bit_clear(f, X86_FEATURE_PKU); /* RDPKRU/WRPKRU need CR4.PKE */
-    if (ap_features_test(f, X86_FEATURE_SHSTK) && !ap_shstk_enabled())
+    if (ap_features_test(f, X86_FEATURE_SHSTK) &&
+        (!(asked & AP_LEAVES_SHSTK) || !ap_shstk_enabled()))
         ap_bit_clear(f, X86_FEATURE_SHSTK);
 }
 
@@ -480,13 +506,17 @@ static void ap_probe_instructions(struct altpatch_features *f)
         ap_bit_clear(f, X86_FEATURE_RDPID);
 }
 
+/* The facts asked of the OS so far (AP_LEAVES_XCOMP, AP_LEAVES_SHSTK). */
+static unsigned ap_os_asked;
+
 void ap_host_leaves(unsigned groups, struct altpatch_features *out)
 {
     pthread_mutex_lock(&ap_leaves_mx);
     ap_read_leaves(groups);
+    ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK);
     struct altpatch_features f = ap_raw;
     ap_mask_known(&f);
-    ap_apply_os_enablement(&f);
+    ap_apply_os_enablement(&f, ap_os_asked);
     ap_probe_instructions(&f);
     ap_derive_synthetic(&f);
     pthread_mutex_unlock(&ap_leaves_mx);

@@ -37,10 +37,12 @@ AP_HIDDEN void ap_effective_features(struct altpatch_features *out);
 #define AP_LEAVES_EXT8 0x20u  /* leaf 0x80000008: word 13 */
 #define AP_LEAVES_EXT21 0x40u /* leaf 0x80000021: word 20 */
 #define AP_LEAVES_STD71 0x80u /* leaf 7.1: word 12 (needs STD7: 7.0 gives the highest subleaf) */
-#define AP_LEAVES_ALL 0xffu
-/* Not a leaf: what decides LFENCE_RDTSC. The vendor rule where it applies
- * (base leaves only), else leaf 0x80000021 (AP_LEAVES_EXT21). */
-#define AP_LEAVES_LFENCE 0x100u
+#define AP_LEAVES_CPUID 0xffu /* the groups above: CPUID leaves */
+/* Not leaves: what else decides a bit, asked only for features that need it. */
+#define AP_LEAVES_LFENCE 0x100u /* LFENCE_RDTSC: the vendor rule, else leaf 0x80000021 */
+#define AP_LEAVES_XCOMP 0x200u  /* AMX: the process's XTILEDATA permission (arch_prctl) */
+#define AP_LEAVES_SHSTK 0x400u  /* SHSTK: whether the shadow stack is on (arch_prctl) */
+#define AP_LEAVES_ALL 0x7ffu
 /** The groups of leaves that decide feature @p id (any id; BASE when none). */
 AP_HIDDEN unsigned ap_feature_leaves(unsigned id);
 /**
