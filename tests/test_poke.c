@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "ap_isolate.h"
@@ -195,6 +197,28 @@ Test(poke, readonly_data_page_keeps_its_protection)
     char perms[5];
     perms_of(p, perms);
     cr_assert_str_eq(perms, "r--p");
+}
+
+Test(poke, no_selinux_label_means_not_enforcing)
+{
+    /* the writer's shortcut: no security.selinux label on /proc/self/maps ->
+     * SELinux is not enforcing (checked against /sys/fs/selinux/enforce) */
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    errno = 0;
+    ssize_t n = fgetxattr(fd, "security.selinux", NULL, 0);
+    int err = errno;
+    close(fd);
+    char c = '0';
+    int efd = open("/sys/fs/selinux/enforce", O_RDONLY | O_CLOEXEC);
+    if (efd >= 0) {
+        cr_assert_eq(read(efd, &c, 1), 1);
+        close(efd);
+    }
+    if (n < 0 && (err == EOPNOTSUPP || err == ENODATA))
+        cr_assert_eq(c, '0', "no label on /proc/self/maps, yet SELinux enforces");
+    if (c == '1')
+        cr_assert_gt(n, 0, "SELinux enforces: /proc/self/maps has a label");
 }
 
 /* The two ways of learning protections, for the "both ways" tests. */

@@ -45,6 +45,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #ifndef PR_GET_MDWE
@@ -530,9 +531,21 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
     return r > 0 ? -ENOTRECOVERABLE : 0;
 }
 
-/** True when SELinux is enforcing (it may refuse execmod: RX on a modified file page). */
+/**
+ * True when SELinux is enforcing (it may refuse execmod: RX on a modified
+ * file page). Where SELinux runs (a policy loaded), every inode carries its
+ * label: /proc/self/maps, open already, without one means it does not, which
+ * one fgetxattr() says without a path walk through /sys (several times
+ * dearer on a process's first call). Otherwise /sys/fs/selinux/enforce is read.
+ */
 static bool ap_selinux_enforcing(struct ap_batch *b)
 {
+    if (b->maps.fd >= 0) {
+        ssize_t n = fgetxattr(b->maps.fd, "security.selinux", NULL, 0);
+        b->st->syscalls++;
+        if (n < 0 && (errno == EOPNOTSUPP || errno == ENODATA))
+            return false;
+    }
     char c = '0';
     int fd = open("/sys/fs/selinux/enforce", O_RDONLY | O_CLOEXEC);
     b->st->syscalls++;
