@@ -389,3 +389,22 @@ Test(altbench, startup_reports_both_variants)
     free(run(ALTBENCH_BIN " startup 2>/dev/null", &st));
     cr_assert_eq(st, 2);
 }
+
+Test(altbench, startup_inside_reports_the_apply_time)
+{
+    need_tools();
+    int st;
+    char *out = run_ok(ALTBENCH_BIN " startup --inside -n 3 " ALTBENCH_STARTUP);
+    const char *p = strstr(out, "startup_inside prog=" ALTBENCH_STARTUP " runs=3 ");
+    cr_assert_not_null(p, "%s", out);
+    double mn, p10, med;
+    p = strstr(p, "apply_min_us=");
+    cr_assert_not_null(p, "%s", out);
+    cr_assert_eq(sscanf(p, "apply_min_us=%lf apply_p10_us=%lf apply_med_us=%lf", &mn, &p10, &med),
+                 3, "%s", out);
+    cr_assert(mn > 0 && mn <= p10 && p10 <= med, "%s", out);
+    free(out);
+    /* a program that does not report is refused, not timed */
+    free(run(ALTBENCH_BIN " startup --inside -n 2 /bin/true 2>/dev/null", &st));
+    cr_assert_eq(st, 1);
+}

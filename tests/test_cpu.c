@@ -372,12 +372,51 @@ Test(cpu, lazy_base_reads_no_other_leaf)
             cr_expect_eq(altpatch_features_has(&f, id), altpatch_features_has(h, id), "%u", id);
 }
 
+Test(cpu, lazy_std7_leaves_subleaf_1_unread)
+{
+    struct altpatch_features f, g;
+    ap_host_leaves(AP_LEAVES_STD7, &f);
+    cr_expect_eq(f.word[12], 0u, "leaf 7.1 is its own group");
+    ap_host_leaves(AP_LEAVES_STD71, &g);
+    const struct altpatch_features *h = ap_host_features();
+    cr_expect_eq(g.word[12], h->word[12]);
+    for (unsigned w = 0; w < AP_NCAPWORDS; w++)
+        if (w == 9 || w == 16 || w == 18)
+            cr_expect_eq(f.word[w], h->word[w], "word %u", w);
+}
+
+Test(cpu, lazy_os_facts_only_when_wanted)
+{
+    /* AMX and SHSTK need a fact from the kernel: left out (clear) until a
+     * caller wants one of them, then the host's */
+    static const unsigned ids[] = {X86_FEATURE_AMX_TILE, X86_FEATURE_AMX_INT8,
+                                   X86_FEATURE_AMX_BF16, X86_FEATURE_SHSTK};
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_STD7, &f);
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
+        cr_expect_not(altpatch_features_has(&f, ids[i]), "feature %u before it is wanted", ids[i]);
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        ap_host_leaves(ap_feature_leaves(ids[i]), &f);
+        cr_expect_eq(altpatch_features_has(&f, ids[i]),
+                     altpatch_features_has(ap_host_features(), ids[i]), "feature %u", ids[i]);
+    }
+}
+
+Test(cpu, lazy_lfence_rdtsc_agrees_with_the_host)
+{
+    /* decided by the vendor rule (no extended leaf read) or by 0x80000021 */
+    struct altpatch_features f;
+    ap_host_leaves(ap_feature_leaves(X86_FEATURE_LFENCE_RDTSC), &f);
+    cr_expect_eq(altpatch_features_has(&f, X86_FEATURE_LFENCE_RDTSC),
+                 altpatch_features_has(ap_host_features(), X86_FEATURE_LFENCE_RDTSC));
+}
+
 /* One group at a time, in a fresh process, in an order of its own: every bit a
  * group decides equals the full detection's, whatever was read before. */
 static void lazy_groups_agree(const unsigned *order, size_t n)
 {
-    struct altpatch_features part[8];
-    unsigned have = 0, had[8];
+    struct altpatch_features part[9];
+    unsigned have = 0, had[9];
     for (size_t i = 0; i < n; i++) {
         ap_host_leaves(order[i], &part[i]);
         have |= order[i] | AP_LEAVES_BASE;
@@ -395,15 +434,17 @@ static void lazy_groups_agree(const unsigned *order, size_t n)
 
 Test(cpu, lazy_groups_ascending)
 {
-    static const unsigned order[] = {AP_LEAVES_STD7, AP_LEAVES_STDD, AP_LEAVES_EXT1,
-                                     AP_LEAVES_EXT7, AP_LEAVES_EXT8, AP_LEAVES_EXT21};
+    static const unsigned order[] = {AP_LEAVES_STD7, AP_LEAVES_STD71, AP_LEAVES_STDD,
+                                     AP_LEAVES_EXT1, AP_LEAVES_EXT7,  AP_LEAVES_EXT8,
+                                     AP_LEAVES_EXT21};
     lazy_groups_agree(order, sizeof(order) / sizeof(order[0]));
 }
 
 Test(cpu, lazy_groups_descending)
 {
     static const unsigned order[] = {AP_LEAVES_EXT21, AP_LEAVES_EXT8, AP_LEAVES_EXT7,
-                                     AP_LEAVES_EXT1, AP_LEAVES_STDD, AP_LEAVES_STD7};
+                                     AP_LEAVES_EXT1,  AP_LEAVES_STDD, AP_LEAVES_STD71,
+                                     AP_LEAVES_STD7};
     lazy_groups_agree(order, sizeof(order) / sizeof(order[0]));
 }
 

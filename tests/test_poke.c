@@ -3,7 +3,10 @@
  * The writer (poke.c) on private mappings this test creates: bytes land,
  * unchanged writes cost nothing, protections come back exactly, pages are
  * grouped into windows, and the /proc/self/mem fallback is used (and
- * reported) when mprotect may not be used.
+ * reported) when mprotect may not be used. Protections are learnt with
+ * PROCMAP_QUERY where the kernel answers it, else from the whole maps file;
+ * the tests marked "both ways" also force the file (AP_POKE_MAPS_FILE), so
+ * both paths are checked on any kernel.
  */
 #include <criterion/criterion.h>
 
@@ -11,7 +14,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "ap_isolate.h"
@@ -89,7 +94,7 @@ Test(poke, write_lands_and_protection_restored)
     cr_assert_eq(st.pages, 1);
     cr_assert_eq(st.mprotect_writes, 1);
     cr_assert_eq(st.procmem_writes, 0);
-    cr_assert_geq(st.syscalls, 5, "open+read+close maps, 2 mprotect: %lu",
+    cr_assert_geq(st.syscalls, 5, "open, query or read, close maps, 2 mprotect: %lu",
                   (unsigned long)st.syscalls);
     assert_rx(p);
     assert_rx(p + pgsz());
@@ -192,6 +197,114 @@ Test(poke, readonly_data_page_keeps_its_protection)
     char perms[5];
     perms_of(p, perms);
     cr_assert_str_eq(perms, "r--p");
+}
+
+Test(poke, no_selinux_label_means_not_enforcing)
+{
+    /* the writer's shortcut: no security.selinux label on /proc/self/maps ->
+     * SELinux is not enforcing (checked against /sys/fs/selinux/enforce) */
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    errno = 0;
+    ssize_t n = fgetxattr(fd, "security.selinux", NULL, 0);
+    int err = errno;
+    close(fd);
+    char c = '0';
+    int efd = open("/sys/fs/selinux/enforce", O_RDONLY | O_CLOEXEC);
+    if (efd >= 0) {
+        cr_assert_eq(read(efd, &c, 1), 1);
+        close(efd);
+    }
+    if (n < 0 && (err == EOPNOTSUPP || err == ENODATA))
+        cr_assert_eq(c, '0', "no label on /proc/self/maps, yet SELinux enforces");
+    if (c == '1')
+        cr_assert_gt(n, 0, "SELinux enforces: /proc/self/maps has a label");
+}
+
+/* The two ways of learning protections, for the "both ways" tests. */
+static const unsigned maps_ways[] = {0, AP_POKE_MAPS_FILE};
+
+Test(poke, both_ways_write_lands_and_protection_restored)
+{
+    for (size_t k = 0; k < 2; k++) {
+        uint8_t *p = rx_pages(2);
+        struct ap_write w = wr(p + pgsz() + 7, CC3, NEW3, 3);
+        struct ap_poke_stats st = {0};
+        cr_assert_eq(ap_poke(&w, 1, maps_ways[k], &st), 0);
+        cr_assert(w.wrote, "way %zu", k);
+        cr_assert_arr_eq(p + pgsz() + 7, NEW3, 3);
+        cr_assert_eq(st.mprotect_writes, 1);
+        cr_assert_eq(st.procmem_writes, 0);
+        assert_rx(p);
+        assert_rx(p + pgsz());
+        munmap(p, 2 * pgsz());
+    }
+}
+
+Test(poke, both_ways_window_stops_where_the_protection_changes)
+{
+    for (size_t k = 0; k < 2; k++) {
+        /* page 0 r-x, page 1 r--: two mappings, two windows, each restored to its own */
+        uint8_t *p = rx_pages(2);
+        cr_assert_eq(mprotect(p + pgsz(), pgsz(), PROT_READ), 0);
+        struct ap_write w[2] = {wr(p + pgsz() - 8, CC3, NEW3, 3), wr(p + pgsz() + 8, CC3, NEW3, 3)};
+        struct ap_poke_stats st = {0};
+        cr_assert_eq(ap_poke(w, 2, maps_ways[k], &st), 0);
+        cr_assert(w[0].wrote && w[1].wrote, "way %zu", k);
+        cr_assert_eq(st.mprotect_writes, 2, "way %zu: %u windows", k, st.mprotect_writes);
+        cr_assert_arr_eq(p + pgsz() - 8, NEW3, 3);
+        cr_assert_arr_eq(p + pgsz() + 8, NEW3, 3);
+        char perms[5];
+        perms_of(p, perms);
+        cr_assert_str_eq(perms, "r-xp", "way %zu", k);
+        perms_of(p + pgsz(), perms);
+        cr_assert_str_eq(perms, "r--p", "way %zu", k);
+        munmap(p, 2 * pgsz());
+    }
+}
+
+Test(poke, both_ways_write_straddling_two_protections_uses_procmem)
+{
+    for (size_t k = 0; k < 2; k++) {
+        /* one write across an r-x and an r-- page: no one protection to restore */
+        uint8_t *p = rx_pages(2);
+        cr_assert_eq(mprotect(p + pgsz(), pgsz(), PROT_READ), 0);
+        struct ap_write w = wr(p + pgsz() - 1, CC3, NEW3, 3);
+        struct ap_poke_stats st = {0};
+        cr_assert_eq(ap_poke(&w, 1, maps_ways[k], &st), 0);
+        cr_assert(w.wrote, "way %zu", k);
+        cr_assert_eq(st.mprotect_writes, 0);
+        cr_assert_eq(st.procmem_writes, 1);
+        cr_assert_arr_eq(p + pgsz() - 1, NEW3, 3);
+        char perms[5];
+        perms_of(p, perms);
+        cr_assert_str_eq(perms, "r-xp");
+        perms_of(p + pgsz(), perms);
+        cr_assert_str_eq(perms, "r--p");
+        munmap(p, 2 * pgsz());
+    }
+}
+
+Test(poke, both_ways_shared_mapping_is_never_written)
+{
+    for (size_t k = 0; k < 2; k++) {
+        int fd = memfd_create("ap_test", MFD_CLOEXEC);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(ftruncate(fd, (off_t)pgsz()), 0);
+        uint8_t *p = mmap(NULL, pgsz(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        cr_assert(p != MAP_FAILED);
+        memset(p, 0xcc, pgsz());
+        cr_assert_eq(mprotect(p, pgsz(), PROT_READ | PROT_EXEC), 0);
+        struct ap_write w = wr(p + 1, CC3, NEW3, 3);
+        cr_assert_eq(ap_poke(&w, 1, maps_ways[k], NULL), 0);
+        cr_assert_eq(w.result, ALTPATCH_REASON_WRITE_DENIED, "way %zu", k);
+        cr_assert_arr_eq(p + 1, CC3, 3, "the file's bytes are untouched");
+        char perms[5];
+        perms_of(p, perms);
+        cr_assert_str_eq(perms, "r-xs");
+        munmap(p, pgsz());
+        close(fd);
+    }
 }
 
 Test(poke, shared_mapping_is_never_written)

@@ -18,7 +18,6 @@
  */
 #include "apply.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
@@ -120,23 +119,6 @@ static void ap_atfork_done(void)
 __attribute__((constructor)) static void ap_atfork_register(void)
 {
     pthread_atfork(ap_atfork_prepare, ap_atfork_done, ap_atfork_done);
-}
-
-/* ------------------------------------------------------------------------- */
-/* Threads                                                                   */
-/* ------------------------------------------------------------------------- */
-
-/** Threads of this process (/proc/self/task entries), or -1 when unknown. */
-static long ap_count_threads(void)
-{
-    DIR *d = opendir("/proc/self/task");
-    if (!d)
-        return -1;
-    long n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -419,6 +401,8 @@ static int ap_check_threads(unsigned flags, bool *live)
     *live = false;
     if (flags & ALTPATCH_APPLY_DRY_RUN)
         return 0;
+    if (!(flags & ALTPATCH_APPLY_LIVE) && ap_mm_alone())
+        return 0; /* the kernel says so: no /proc read */
     long n = ap_count_threads();
     if (n <= 1 && !(flags & ALTPATCH_APPLY_LIVE))
         return 0; /* unknown (no /proc): the writer needs /proc too and will refuse */
@@ -445,14 +429,16 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     if (ap_in != AP_IN_NONE)
         return -EDEADLK; /* from a callback, or a signal handler that interrupted a call */
     ap_in = AP_IN_ENTRY;
-    struct ap_pins pins;
-    ap_pins_take(&pins); /* before ap_lock: see ap_pins */
+    struct ap_pins pins = {0};
+    bool off = ap_env_on("ALTPATCH_OFF"); /* nothing at all: not even the pins */
+    if (!off)
+        ap_pins_take(&pins); /* before ap_lock: see ap_pins */
     pthread_mutex_lock(&ap_lock);
     ap_in = AP_IN_LOCKED;
     uint64_t t0 = ap_now_ns();
     bool live = false; /* other threads run: the live protocol writes */
     struct altpatch_stats st = {.sz = sizeof(st)};
-    if (ap_env_on("ALTPATCH_OFF")) {
+    if (off) {
         ap_log(ALTPATCH_INFO, "ALTPATCH_OFF is set: nothing patched\n");
     } else if (!(err = ap_check_threads(o.flags, &live))) {
         err = ap_run_locked(o.features, o.flags, live, &pins, &st);

@@ -75,9 +75,9 @@ static uint32_t ap_std_max; /* CPUID.0:EAX (base group) */
 static uint32_t ap_ext_max; /* CPUID.80000000h:EAX, 0 when not yet read or absent */
 static bool ap_ext_max_read;
 
-unsigned ap_feature_leaves(unsigned id)
+/* The CPUID leaves of feature @p id (in word @p w). */
+static unsigned ap_feature_cpuid_leaves(unsigned id, unsigned w)
 {
-    unsigned w = id / 32;
     switch (w) {
     case 0:
     case 4:
@@ -90,10 +90,11 @@ unsigned ap_feature_leaves(unsigned id)
             return AP_LEAVES_BASE | AP_LEAVES_EXT7;
         return AP_LEAVES_BASE;
     case 9:
-    case 12:
     case 16:
     case 18:
         return AP_LEAVES_BASE | AP_LEAVES_STD7;
+    case 12:
+        return AP_LEAVES_BASE | AP_LEAVES_STD7 | AP_LEAVES_STD71;
     case 10:
         return AP_LEAVES_BASE | AP_LEAVES_STDD;
     case 13:
@@ -101,6 +102,8 @@ unsigned ap_feature_leaves(unsigned id)
     case 17:
         return AP_LEAVES_BASE | AP_LEAVES_EXT7;
     case 20:
+        if (id == X86_FEATURE_LFENCE_RDTSC)
+            return AP_LEAVES_BASE | AP_LEAVES_LFENCE;
         return AP_LEAVES_BASE | AP_LEAVES_EXT21;
     default: /* no CPUID word: nothing to read */
         return AP_LEAVES_BASE;
@@ -125,17 +128,37 @@ static void ap_read_base(struct altpatch_features *f)
     }
 }
 
-/* Leaves 7.0 and 7.1 into words 9, 16, 18 and 12. */
+/*
+ * How ap_sync_core() serializes, learnt from leaf 7.0 when it is read for the
+ * features (ap_sync_core() itself never runs a CPUID leaf to decide):
+ * AP_SYNC_CPUID until then.
+ */
+enum { AP_SYNC_CPUID, AP_SYNC_SERIALIZE, AP_SYNC_IRET, AP_SYNC_IRET_UNLESS_SHSTK };
+static int ap_sync_kind = AP_SYNC_CPUID;
+static uint32_t ap_std7_maxsub; /* CPUID.(7,0):EAX (STD7 group) */
+
+/* Leaf 7.0 into words 9, 16, 18; how to serialize. */
 static void ap_read_std7(struct altpatch_features *f)
 {
     if (ap_std_max < 7)
         return;
     struct ap_regs r = ap_cpuid(7, 0);
-    uint32_t maxsub = r.a;
+    ap_std7_maxsub = r.a;
     f->word[9] = r.b;
     f->word[16] = r.c;
     f->word[18] = r.d;
-    if (maxsub >= 1)
+    int kind = AP_SYNC_IRET;
+    if (r.d & (1u << (X86_FEATURE_SERIALIZE % 32)))
+        kind = AP_SYNC_SERIALIZE;
+    else if (r.c & (1u << (X86_FEATURE_SHSTK % 32)))
+        kind = AP_SYNC_IRET_UNLESS_SHSTK; /* a thread may run on a shadow stack */
+    __atomic_store_n(&ap_sync_kind, kind, __ATOMIC_RELEASE);
+}
+
+/* Leaf 7.1 into word 12 (after ap_read_std7()). */
+static void ap_read_std71(struct altpatch_features *f)
+{
+    if (ap_std_max >= 7 && ap_std7_maxsub >= 1)
         f->word[12] = ap_cpuid(7, 1).a;
 }
 
@@ -157,16 +180,27 @@ static uint32_t ap_read_ext_max(void)
     return ap_ext_max;
 }
 
-/* Extended leaves of @p group: 0x80000001/7/8/0x21 into words 1 and 6, 17
- * (+ the TSC bits of word 3), 13, 20. */
+/*
+ * Extended leaves of @p group: 0x80000001/7/8/0x21 into words 1 and 6, 17
+ * (+ the TSC bits of word 3), 13, 20.
+ *
+ * Leaf 0x80000001 is read without asking 0x80000000 first: it is where a CPU
+ * says it has long mode (EDX bit 29), so every CPU running this 64-bit code
+ * has it, and Linux does not boot in 64-bit mode where the highest extended
+ * leaf is below it (arch/x86/kernel/verify_cpu.S checks exactly that). One
+ * CPUID, one hypervisor exit, less. The other extended leaves are asked only
+ * below the highest one: an Intel CPU answers a leaf above it with the data
+ * of its highest basic leaf.
+ */
 static void ap_read_ext(struct altpatch_features *f, unsigned group)
 {
-    uint32_t max = ap_read_ext_max();
-    if (group == AP_LEAVES_EXT1 && max >= 0x80000001u) {
+    if (group == AP_LEAVES_EXT1) {
         struct ap_regs r = ap_cpuid(0x80000001u, 0);
         f->word[1] = r.d;
         f->word[6] = r.c;
+        return;
     }
+    uint32_t max = ap_read_ext_max();
     if (group == AP_LEAVES_EXT7 && max >= 0x80000007u) {
         struct ap_regs r = ap_cpuid(0x80000007u, 0);
         f->word[17] = r.b;
@@ -181,17 +215,43 @@ static void ap_read_ext(struct altpatch_features *f, unsigned group)
         f->word[20] = ap_cpuid(0x80000021u, 0).a;
 }
 
+/*
+ * Whether the vendor rule alone sets LFENCE_RDTSC (Intel, AMD, Hygon,
+ * Centaur, Zhaoxin with SSE2): then leaf 0x80000021 cannot change that bit
+ * and is not read for it (ap_raw's base group read).
+ */
+static bool ap_lfence_by_vendor(void)
+{
+    struct altpatch_features t = ap_raw;
+    t.word[X86_FEATURE_LFENCE_RDTSC / 32] = 0; /* the vendor rule only, not the CPUID bit */
+    ap_mask_known(&t);
+    ap_derive_synthetic(&t);
+    return ap_features_test(&t, X86_FEATURE_LFENCE_RDTSC);
+}
+
 /* Read the groups of @p groups not read yet into ap_raw (ap_leaves_mx held). */
 static void ap_read_leaves(unsigned groups)
 {
     groups |= AP_LEAVES_BASE; /* vendor and leaf 1 feed every derivation */
-    unsigned todo = groups & ~ap_raw_groups & AP_LEAVES_ALL;
+    if (groups & AP_LEAVES_STD71)
+        groups |= AP_LEAVES_STD7; /* the highest subleaf of leaf 7 */
+    if (groups & AP_LEAVES_LFENCE) {
+        if (!(ap_raw_groups & AP_LEAVES_BASE)) {
+            ap_read_base(&ap_raw);
+            ap_raw_groups |= AP_LEAVES_BASE;
+        }
+        if (!ap_lfence_by_vendor())
+            groups |= AP_LEAVES_EXT21;
+    }
+    unsigned todo = groups & ~ap_raw_groups & AP_LEAVES_CPUID;
     if (!todo)
         return;
     if (todo & AP_LEAVES_BASE)
         ap_read_base(&ap_raw);
     if (todo & AP_LEAVES_STD7)
         ap_read_std7(&ap_raw);
+    if (todo & AP_LEAVES_STD71)
+        ap_read_std71(&ap_raw);
     if (todo & AP_LEAVES_STDD)
         ap_read_stdd(&ap_raw);
     static const unsigned ext[] = {AP_LEAVES_EXT1, AP_LEAVES_EXT7, AP_LEAVES_EXT8,
@@ -262,6 +322,24 @@ static bool ap_shstk_enabled(void)
     return ap_shstk_on;
 }
 
+static bool ap_in_list(unsigned id, const uint16_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id)
+            return true;
+    return false;
+}
+
+unsigned ap_feature_leaves(unsigned id)
+{
+    unsigned os = 0; /* what the OS is asked for this feature */
+    if (ap_in_list(id, ap_amx_family, sizeof(ap_amx_family) / sizeof(ap_amx_family[0])))
+        os = AP_LEAVES_XCOMP;
+    else if (id == X86_FEATURE_SHSTK)
+        os = AP_LEAVES_SHSTK;
+    return os | ap_feature_cpuid_leaves(id, id / 32);
+}
+
 static bool ap_any_set(const struct altpatch_features *f, const uint16_t *ids, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -270,8 +348,14 @@ static bool ap_any_set(const struct altpatch_features *f, const uint16_t *ids, s
     return false;
 }
 
-/* Remove what CPUID reports but the OS does not let this process use. */
-static void ap_apply_os_enablement(struct altpatch_features *f)
+/*
+ * Remove what CPUID reports but the OS does not let this process use. The
+ * two facts asked of the kernel (AMX permission, shadow stack) are asked only
+ * once a caller wanted a feature they decide (@p asked: AP_LEAVES_XCOMP,
+ * AP_LEAVES_SHSTK); until then those features are left out (clear), which
+ * is never wrong, only conservative.
+ */
+static void ap_apply_os_enablement(struct altpatch_features *f, unsigned asked)
 {
     if (!(getauxval(AT_HWCAP2) & HWCAP2_FSGSBASE))
         ap_bit_clear(f, X86_FEATURE_FSGSBASE);
@@ -286,11 +370,13 @@ static void ap_apply_os_enablement(struct altpatch_features *f)
     if ((xcr0 & (ymm | AP_XCR0_AVX512)) != (ymm | AP_XCR0_AVX512))
         AP_CLEAR_ALL(f, ap_avx512_family);
     if (ap_any_set(f, ap_amx_family, sizeof(ap_amx_family) / sizeof(ap_amx_family[0])) &&
-        ((xcr0 & AP_XCR0_AMX) != AP_XCR0_AMX || !ap_amx_permitted()))
+        ((xcr0 & AP_XCR0_AMX) != AP_XCR0_AMX || !(asked & AP_LEAVES_XCOMP) ||
+         !ap_amx_permitted()))
         AP_CLEAR_ALL(f, ap_amx_family);
     if (!ap_features_test(f, X86_FEATURE_OSPKE))
         ap_bit_clear(f, X86_FEATURE_PKU); /* RDPKRU/WRPKRU need CR4.PKE */
-    if (ap_features_test(f, X86_FEATURE_SHSTK) && !ap_shstk_enabled())
+    if (ap_features_test(f, X86_FEATURE_SHSTK) &&
+        (!(asked & AP_LEAVES_SHSTK) || !ap_shstk_enabled()))
         ap_bit_clear(f, X86_FEATURE_SHSTK);
 }
 
@@ -377,11 +463,9 @@ static void ap_run_probes(const struct altpatch_features *f)
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_sigaction = ap_probe_sigill;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    sigset_t ill, old;
-    sigemptyset(&ill);
-    sigaddset(&ill, SIGILL);
+    sa.sa_flags = SA_SIGINFO; /* sa_mask: empty (memset) */
+    /* the kernel's sigset: one bit per signal, SIGILL is bit SIGILL - 1 */
+    uint64_t ill = 1ull << (SIGILL - 1), old = 0;
     if (sigaction(SIGILL, &sa, &ap_probe_prev) != 0) {
         /* cannot tell: claim neither */
         if (tscp)
@@ -391,7 +475,7 @@ static void ap_run_probes(const struct altpatch_features *f)
         return;
     }
     /* a blocked SIGILL raised by an instruction would kill the process */
-    if (pthread_sigmask(SIG_UNBLOCK, &ill, &old) != 0) {
+    if (syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &ill, &old, sizeof(ill)) != 0) {
         if (tscp)
             ap_rdtscp_ok = 0;
         if (pid)
@@ -406,8 +490,8 @@ static void ap_run_probes(const struct altpatch_features *f)
             ap_probe_ill = 0;
             ap_rdpid_ok = ap_rdpid_usable();
         }
-        if (sigismember(&old, SIGILL) == 1)
-            pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (old & ill)
+            syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof(old));
     }
     ap_probe_at = NULL;
     sigaction(SIGILL, &ap_probe_prev, NULL);
@@ -422,17 +506,52 @@ static void ap_probe_instructions(struct altpatch_features *f)
         ap_bit_clear(f, X86_FEATURE_RDPID);
 }
 
+/* The facts asked of the OS so far (AP_LEAVES_XCOMP, AP_LEAVES_SHSTK). */
+static unsigned ap_os_asked;
+
 void ap_host_leaves(unsigned groups, struct altpatch_features *out)
 {
     pthread_mutex_lock(&ap_leaves_mx);
     ap_read_leaves(groups);
+    ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK);
     struct altpatch_features f = ap_raw;
     ap_mask_known(&f);
-    ap_apply_os_enablement(&f);
+    ap_apply_os_enablement(&f, ap_os_asked);
     ap_probe_instructions(&f);
     ap_derive_synthetic(&f);
     pthread_mutex_unlock(&ap_leaves_mx);
     *out = f;
+}
+
+/*
+ * The kernel's sync_core() serializes with SERIALIZE where the CPU has it and
+ * otherwise with an IRET to self, because CPUID exits to the hypervisor in a
+ * guest (1-6 us there, against well under one for the others). The same
+ * choice here; IRET is left out on a thread running with a shadow stack (it
+ * would expect a shadow-stack frame that nobody pushed), which is asked
+ * (arch_prctl, this thread) only where CPUID claims shadow stacks.
+ */
+void ap_sync_core(void)
+{
+    switch (__atomic_load_n(&ap_sync_kind, __ATOMIC_ACQUIRE)) {
+    case AP_SYNC_SERIALIZE:
+        ap_serialize_insn();
+        return;
+    case AP_SYNC_IRET_UNLESS_SHSTK: {
+        unsigned long st = 0;
+        if (syscall(SYS_arch_prctl, ARCH_SHSTK_STATUS, &st) != 0 || !(st & AP_ARCH_SHSTK_SHSTK)) {
+            ap_serialize_iret();
+            return;
+        }
+        break;
+    }
+    case AP_SYNC_IRET:
+        ap_serialize_iret();
+        return;
+    default:
+        break;
+    }
+    ap_serialize_cpuid();
 }
 
 static struct altpatch_features ap_host;

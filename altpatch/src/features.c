@@ -153,7 +153,8 @@ void ap_bit_clear(struct altpatch_features *f, unsigned id)
 void ap_set_vendor(struct altpatch_features *f, const char *vendor)
 {
     memset(f->vendor, 0, sizeof(f->vendor));
-    strncpy(f->vendor, vendor, sizeof(f->vendor) - 1);
+    for (size_t i = 0; i < sizeof(f->vendor) - 1 && vendor[i]; i++)
+        f->vendor[i] = vendor[i];
 }
 
 void ap_features_init(struct altpatch_features *f)
@@ -162,15 +163,28 @@ void ap_features_init(struct altpatch_features *f)
     ap_set_vendor(f, AP_VENDOR_UNKNOWN);
 }
 
+/*
+ * The bits the table names, per word: made from the table on first use and
+ * published with atomic stores (threads that meet it unmade make the same
+ * words, so there is nothing to lock).
+ */
+static uint32_t ap_known_words[AP_NCAPWORDS];
+static int ap_known_ready;
+
 /* Keep only the bits the table names. */
 void ap_mask_known(struct altpatch_features *f)
 {
-    struct altpatch_features m;
-    memset(m.word, 0, sizeof(m.word));
-    for (size_t i = 0; i < AP_NFEAT; i++)
-        if (ap_features_test(f, ap_feat_table[i].id))
+    if (!__atomic_load_n(&ap_known_ready, __ATOMIC_ACQUIRE)) {
+        struct altpatch_features m;
+        memset(m.word, 0, sizeof(m.word));
+        for (size_t i = 0; i < AP_NFEAT; i++)
             ap_bit_set(&m, ap_feat_table[i].id);
-    memcpy(f->word, m.word, sizeof(m.word));
+        for (size_t w = 0; w < AP_NCAPWORDS; w++)
+            __atomic_store_n(&ap_known_words[w], m.word[w], __ATOMIC_RELAXED);
+        __atomic_store_n(&ap_known_ready, 1, __ATOMIC_RELEASE);
+    }
+    for (size_t w = 0; w < AP_NCAPWORDS; w++)
+        f->word[w] &= __atomic_load_n(&ap_known_words[w], __ATOMIC_RELAXED);
 }
 
 ALTPATCH_API struct altpatch_features *altpatch_features_new(void)

@@ -30,13 +30,19 @@ AP_HIDDEN void ap_effective_features(struct altpatch_features *out);
 
 /* Groups of CPUID leaves, read lazily (each CPUID may be a hypervisor exit). */
 #define AP_LEAVES_BASE 0x01u  /* leaf 0 (vendor) and 1: words 0, 4 */
-#define AP_LEAVES_STD7 0x02u  /* leaves 7.0, 7.1: words 9, 16, 18, 12 */
+#define AP_LEAVES_STD7 0x02u  /* leaf 7.0: words 9, 16, 18 */
 #define AP_LEAVES_STDD 0x04u  /* leaf 0xd.1: word 10 */
 #define AP_LEAVES_EXT1 0x08u  /* leaf 0x80000001: words 1, 6 */
 #define AP_LEAVES_EXT7 0x10u  /* leaf 0x80000007: word 17, CONSTANT_TSC, NONSTOP_TSC */
 #define AP_LEAVES_EXT8 0x20u  /* leaf 0x80000008: word 13 */
 #define AP_LEAVES_EXT21 0x40u /* leaf 0x80000021: word 20 */
-#define AP_LEAVES_ALL 0x7fu
+#define AP_LEAVES_STD71 0x80u /* leaf 7.1: word 12 (needs STD7: 7.0 gives the highest subleaf) */
+#define AP_LEAVES_CPUID 0xffu /* the groups above: CPUID leaves */
+/* Not leaves: what else decides a bit, asked only for features that need it. */
+#define AP_LEAVES_LFENCE 0x100u /* LFENCE_RDTSC: the vendor rule, else leaf 0x80000021 */
+#define AP_LEAVES_XCOMP 0x200u  /* AMX: the process's XTILEDATA permission (arch_prctl) */
+#define AP_LEAVES_SHSTK 0x400u  /* SHSTK: whether the shadow stack is on (arch_prctl) */
+#define AP_LEAVES_ALL 0x7ffu
 /** The groups of leaves that decide feature @p id (any id; BASE when none). */
 AP_HIDDEN unsigned ap_feature_leaves(unsigned id);
 /**
@@ -47,6 +53,13 @@ AP_HIDDEN unsigned ap_feature_leaves(unsigned id);
 AP_HIDDEN void ap_host_leaves(unsigned groups, struct altpatch_features *out);
 /** ap_effective_features() for at least the leaves of @p groups. */
 AP_HIDDEN void ap_effective_leaves(unsigned groups, struct altpatch_features *out);
+/**
+ * Serialize this CPU after code was written (the kernel's sync_core()):
+ * SERIALIZE where CPUID says so, else an IRET to self, else CPUID. Never
+ * executes a CPUID leaf to decide (it uses leaf 7 when it was read for the
+ * features); async-signal-safe.
+ */
+AP_HIDDEN void ap_sync_core(void);
 
 /* ------------------------------------------------------------------------- */
 /* The view builder (view.c)                                                 */
@@ -86,6 +99,9 @@ struct ap_write {
 enum ap_poke_flags {
     AP_POKE_PROCMEM_ONLY = 1u << 0,
     AP_POKE_NO_PROCMEM = 1u << 1,
+    /* learn protections by reading all of /proc/self/maps, not by PROCMAP_QUERY
+     * (what a kernel before 6.11 gets; for tests) */
+    AP_POKE_MAPS_FILE = 1u << 2,
 };
 
 struct ap_poke_stats {
@@ -124,6 +140,16 @@ AP_HIDDEN uint64_t ap_pages_written(const struct ap_write *w, size_t n, uintptr_
 AP_HIDDEN void ap_signals_block(uint64_t *saved);
 /** Restore the mask ap_signals_block() saved. */
 AP_HIDDEN void ap_signals_restore(const uint64_t *saved);
+/**
+ * True when the kernel proves that this thread is the only task using this
+ * address space (unshare(CLONE_VM) succeeds: no other thread, whoever created
+ * it, and no process sharing the memory). False when another task shares it,
+ * when a seccomp filter is active (the call is then not made: a filter may
+ * kill), or when the kernel does not answer: ap_count_threads() decides then.
+ */
+AP_HIDDEN bool ap_mm_alone(void);
+/** Threads of this process (/proc/self/task entries), or -1 when unknown. */
+AP_HIDDEN long ap_count_threads(void);
 /** open("/proc/self/mem", O_RDWR | O_CLOEXEC): a descriptor or -errno. */
 AP_HIDDEN int ap_procmem_open(void);
 /** pwrite() @p len bytes at @p addr through @p fd, EINTR retried: 0 or -errno (-EIO if short). */
@@ -252,6 +278,9 @@ struct ap_module {
  */
 AP_HIDDEN int ap_modules_refresh(struct ap_module **list);
 AP_HIDDEN void ap_modules_free(struct ap_module *list);
+struct dl_phdr_info;
+/** True when the loaded object @p info carries an altpatch note (a module of the list). */
+AP_HIDDEN bool ap_module_has_note(const struct dl_phdr_info *info);
 
 /**
  * Module @p m's note says version 2 (prepatch_load.c), so its sites hold a

@@ -95,6 +95,12 @@ static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *de
     return NULL;
 }
 
+bool ap_module_has_note(const struct dl_phdr_info *info)
+{
+    uint32_t descsz = 0;
+    return ap_find_note(info, &descsz) != NULL;
+}
+
 /* ------------------------------------------------------------------------- */
 /* Building and freeing one module                                           */
 /* ------------------------------------------------------------------------- */

@@ -7,7 +7,8 @@
  * another thread may dlclose() a library and unmap its site and replacement
  * bytes. Every loaded library is therefore pinned with dlopen(path,
  * RTLD_NOLOAD) for the duration of an apply or a site walk, and released at
- * the end; a module of the list that is not pinned (unloaded meanwhile, or a
+ * the end -- every library that carries an altpatch note, the only ones whose
+ * bytes are read or written (ap_module_has_note()); a module of the list that is not pinned (unloaded meanwhile, or a
  * new copy at another address, or loaded after the pins were taken) is
  * skipped this time. The main program (empty path) cannot be unloaded. A
  * library loaded with dlmopen() into another namespace is not found by name
@@ -29,7 +30,7 @@ static int ap_pins_collect(struct dl_phdr_info *info, size_t size, void *data)
 {
     struct ap_pins *p = data;
     (void)size;
-    if (!info->dlpi_name || !info->dlpi_name[0])
+    if (!info->dlpi_name || !info->dlpi_name[0] || !ap_module_has_note(info))
         return 0;
     if (p->n == p->cap) {
         size_t cap = p->cap ? 2 * p->cap : 32;
@@ -51,8 +52,12 @@ void ap_pins_take(struct ap_pins *p)
     ap_gate_enter(); /* see ap_gate_mx in apply.c */
     *p = (struct ap_pins){0};
     dl_iterate_phdr(ap_pins_collect, p); /* dlopen() is not allowed inside the walk */
-    p->h = calloc(p->n ? p->n : 1, sizeof(*p->h));
-    p->base = calloc(p->n ? p->n : 1, sizeof(*p->base));
+    if (p->n == 0) { /* nothing to pin (the main program needs none) */
+        ap_gate_leave();
+        return;
+    }
+    p->h = calloc(p->n, sizeof(*p->h));
+    p->base = calloc(p->n, sizeof(*p->base));
     for (size_t i = 0; p->h && p->base && i < p->n; i++) {
         void *h = dlopen(p->name[i], RTLD_NOLOAD | RTLD_LAZY);
         struct link_map *lm = NULL;

@@ -8,7 +8,9 @@
  *   1. check  every write against memory: already new -> skipped; neither old
  *             nor new -> MEM_MISMATCH; else pending. Nothing pending: done,
  *             no system call at all (an idempotent apply costs nothing).
- *   2. learn  each page's protection from /proc/self/maps (once per batch).
+ *   2. learn  each page's protection from /proc/self/maps: one PROCMAP_QUERY
+ *             ioctl per mapping a window touches (Linux 6.11+), else the
+ *             whole file, read once per batch.
  *   3. group  pending writes into windows: runs of adjacent pages with the
  *             same original protection. Pages of a shared mapping are never
  *             written (that would change a file): WRITE_DENIED.
@@ -38,9 +40,12 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #ifndef PR_GET_MDWE
@@ -136,17 +141,40 @@ struct ap_map {
     bool shared;
 };
 
+/*
+ * What /proc/self/maps says, learnt one mapping at a time with PROCMAP_QUERY
+ * (an ioctl on the open file: the kernel answers for one address without
+ * printing every mapping as text) or, where the kernel does not know that
+ * ioctl (before 6.11, or an emulator's own maps file), all at once by reading
+ * the file. v: the mappings learnt so far, sorted by address, disjoint.
+ */
 struct ap_maps {
     struct ap_map *v;
     size_t n, cap;
+    int fd;             /* /proc/self/maps while mappings are asked one by one, else -1 */
+    uint64_t *syscalls; /* the batch's counter */
+    int err;            /* -ENOMEM once an answer could not be kept: the batch stops */
 };
 
-static int ap_read_file(const char *path, char **out, size_t *outlen, uint64_t *syscalls)
+/* PROCMAP_QUERY (include/uapi/linux/fs.h, Linux 6.11): the layout is ABI. */
+struct ap_procmap_query {
+    uint64_t size;
+    uint64_t query_flags;
+    uint64_t query_addr;
+    uint64_t vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+    uint32_t dev_major, dev_minor;
+    uint32_t vma_name_size, build_id_size;
+    uint64_t vma_name_addr, build_id_addr;
+};
+#define AP_PROCMAP_QUERY _IOWR('f', 17, struct ap_procmap_query)
+#define AP_PROCMAP_READABLE 0x01u
+#define AP_PROCMAP_WRITABLE 0x02u
+#define AP_PROCMAP_EXECUTABLE 0x04u
+#define AP_PROCMAP_SHARED 0x08u
+
+/** Read what remains of @p fd (then closed) into a NUL-terminated buffer. */
+static int ap_read_fd(int fd, char **out, size_t *outlen, uint64_t *syscalls)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    (*syscalls)++;
-    if (fd < 0)
-        return -errno;
     size_t cap = 16384, len = 0;
     char *buf = malloc(cap);
     int err = buf ? 0 : -ENOMEM;
@@ -238,11 +266,15 @@ static bool ap_maps_line(const char *line, struct ap_map *e)
     return e->end > e->start;
 }
 
-static int ap_maps_load(struct ap_maps *m, uint64_t *syscalls)
+/** Read the whole file from m->fd (which is closed) into m->v. */
+static int ap_maps_read_all(struct ap_maps *m)
 {
     char *buf = NULL;
     size_t len = 0;
-    int err = ap_read_file("/proc/self/maps", &buf, &len, syscalls);
+    int fd = m->fd;
+    m->fd = -1;
+    m->n = 0;
+    int err = ap_read_fd(fd, &buf, &len, m->syscalls);
     if (err)
         return err;
     for (char *line = buf; !err && line < buf + len;) {
@@ -258,20 +290,104 @@ static int ap_maps_load(struct ap_maps *m, uint64_t *syscalls)
     return err;
 }
 
-/** The mapping containing @p addr, or NULL (maps lines are sorted by address). */
-static const struct ap_map *ap_maps_find(const struct ap_maps *m, uintptr_t addr)
+/** Open /proc/self/maps for ap_maps_find(). 0 or -errno (then nothing is known). */
+static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls)
+{
+    *m = (struct ap_maps){.fd = -1, .syscalls = syscalls};
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    (*syscalls)++;
+    if (fd < 0)
+        return -errno;
+    m->fd = fd;
+    return 0;
+}
+
+static void ap_maps_close(struct ap_maps *m)
+{
+    if (m->fd >= 0) {
+        close(m->fd);
+        (*m->syscalls)++;
+    }
+    free(m->v);
+    m->v = NULL;
+    m->n = m->cap = 0;
+    m->fd = -1;
+}
+
+/** Index of the first learnt mapping that ends above @p addr (m->n if none). */
+static size_t ap_maps_index(const struct ap_maps *m, uintptr_t addr)
 {
     size_t lo = 0, hi = m->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (addr < m->v[mid].start)
-            hi = mid;
-        else if (addr >= m->v[mid].end)
+        if (addr >= m->v[mid].end)
             lo = mid + 1;
         else
-            return &m->v[mid];
+            hi = mid;
     }
-    return NULL;
+    return lo;
+}
+
+/**
+ * Ask the kernel for the mapping holding @p addr and insert it at index @p at
+ * (clipped to the mappings learnt before it, which stay as they were). 1:
+ * m->v[at] holds it; 0: nothing is mapped there, or no memory to keep the
+ * answer (unknown is never guessed); -ENOTTY: the kernel does not answer
+ * this query (unknown ioctl, or an answer not understood).
+ */
+static int ap_maps_query(struct ap_maps *m, uintptr_t addr, size_t at)
+{
+    struct ap_procmap_query q;
+    memset(&q, 0, sizeof(q));
+    q.size = sizeof(q);
+    q.query_addr = addr;
+    int r = ioctl(m->fd, AP_PROCMAP_QUERY, &q);
+    (*m->syscalls)++;
+    if (r != 0 && errno == ENOENT)
+        return 0;
+    if (r != 0 || q.vma_end <= q.vma_start || addr < q.vma_start || addr >= q.vma_end)
+        return -ENOTTY;
+    struct ap_map e = {
+        .start = (uintptr_t)q.vma_start,
+        .end = (uintptr_t)q.vma_end,
+        .prot = ((q.vma_flags & AP_PROCMAP_READABLE) ? PROT_READ : 0) |
+                ((q.vma_flags & AP_PROCMAP_WRITABLE) ? PROT_WRITE : 0) |
+                ((q.vma_flags & AP_PROCMAP_EXECUTABLE) ? PROT_EXEC : 0),
+        .shared = (q.vma_flags & AP_PROCMAP_SHARED) != 0,
+    };
+    if (at > 0 && e.start < m->v[at - 1].end)
+        e.start = m->v[at - 1].end;
+    if (at < m->n && e.end > m->v[at].start)
+        e.end = m->v[at].start;
+    if (ap_maps_add(m, &e) < 0) {
+        m->err = -ENOMEM;
+        return 0;
+    }
+    memmove(&m->v[at + 1], &m->v[at], (m->n - 1 - at) * sizeof(*m->v));
+    m->v[at] = e;
+    return 1;
+}
+
+/** The mapping containing @p addr, or NULL (unmapped, or unknown). */
+static const struct ap_map *ap_maps_find(struct ap_maps *m, uintptr_t addr)
+{
+    size_t i = ap_maps_index(m, addr);
+    if (i < m->n && addr >= m->v[i].start)
+        return &m->v[i];
+    if (m->fd < 0)
+        return NULL;
+    int r = ap_maps_query(m, addr, i);
+    if (r > 0)
+        return &m->v[i];
+    if (r == 0)
+        return NULL;
+    int err = ap_maps_read_all(m); /* closes m->fd; the file's answer replaces the queries' */
+    if (err == -ENOMEM)
+        m->err = err;
+    if (err)
+        return NULL;
+    i = ap_maps_index(m, addr);
+    return i < m->n && addr >= m->v[i].start ? &m->v[i] : NULL;
 }
 
 /** ap_maps_prot(): pages not all mapped, or with different protections. */
@@ -283,7 +399,7 @@ static const struct ap_map *ap_maps_find(const struct ap_maps *m, uintptr_t addr
  * Protection of every page of [start, end) if they are all mapped privately
  * with one protection, else AP_PROT_MIXED or AP_PROT_SHARED.
  */
-static int ap_maps_prot(const struct ap_maps *m, uintptr_t start, uintptr_t end)
+static int ap_maps_prot(struct ap_maps *m, uintptr_t start, uintptr_t end)
 {
     int prot = AP_PROT_MIXED;
     for (uintptr_t a = start; a < end;) {
@@ -415,9 +531,21 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
     return r > 0 ? -ENOTRECOVERABLE : 0;
 }
 
-/** True when SELinux is enforcing (it may refuse execmod: RX on a modified file page). */
+/**
+ * True when SELinux is enforcing (it may refuse execmod: RX on a modified
+ * file page). Where SELinux runs (a policy loaded), every inode carries its
+ * label: /proc/self/maps, open already, without one means it does not, which
+ * one fgetxattr() says without a path walk through /sys (several times
+ * dearer on a process's first call). Otherwise /sys/fs/selinux/enforce is read.
+ */
 static bool ap_selinux_enforcing(struct ap_batch *b)
 {
+    if (b->maps.fd >= 0) {
+        ssize_t n = fgetxattr(b->maps.fd, "security.selinux", NULL, 0);
+        b->st->syscalls++;
+        if (n < 0 && (errno == EOPNOTSUPP || errno == ENODATA))
+            return false;
+    }
     char c = '0';
     int fd = open("/sys/fs/selinux/enforce", O_RDONLY | O_CLOEXEC);
     b->st->syscalls++;
@@ -546,6 +674,8 @@ static int ap_write_all(struct ap_batch *b)
             if (e > end)
                 end = e;
         }
+        if (b->maps.err)
+            return b->maps.err; /* out of memory: stop (ap_poke() reports the rest) */
         if (prot < 0)
             j = i + 1;
         int err = ap_write_group(b, i, j, start, end, prot);
@@ -568,19 +698,25 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
     struct ap_poke_stats dummy = {0};
     struct ap_batch b = {
         .w = w, .n = n, .flags = flags, .st = st ? st : &dummy, .memfd = -1,
-        .pgsz = (uintptr_t)sysconf(_SC_PAGESIZE),
+        .pgsz = (uintptr_t)getauxval(AT_PAGESZ),
     };
+    if (!b.pgsz)
+        b.pgsz = (uintptr_t)sysconf(_SC_PAGESIZE);
     size_t pending = 0;
     for (size_t i = 0; i < n; i++)
         pending += ap_write_pending(&w[i]);
     if (!pending)
         return 0;
     int ret = 0;
+    b.maps.fd = -1;
     if (!(flags & AP_POKE_PROCMEM_ONLY)) {
-        int err = ap_maps_load(&b.maps, &b.st->syscalls);
-        b.maps_ok = err == 0;
-        if (err == -ENOMEM)
-            ret = err;
+        b.maps_ok = ap_maps_open(&b.maps, &b.st->syscalls) == 0;
+        if (b.maps_ok && (flags & AP_POKE_MAPS_FILE)) {
+            int err = ap_maps_read_all(&b.maps);
+            b.maps_ok = err == 0;
+            if (err == -ENOMEM)
+                ret = err;
+        }
         b.mdwe = ap_mdwe_active(b.st);
     }
     if (!ret)
@@ -594,7 +730,7 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
         close(b.memfd);
         b.st->syscalls++;
     }
-    free(b.maps.v);
+    ap_maps_close(&b.maps);
     if (b.wrote_any)
         ap_sync_core();
     return ret;

@@ -57,6 +57,12 @@ static int ap_default_print(enum altpatch_print_level level, const char *fmt, va
 
 static altpatch_print_fn ap_print = ap_default_print;
 
+/** What ap_default_print() would drop: not formatted at all. */
+static bool ap_default_drops(altpatch_print_fn fn, enum altpatch_print_level level)
+{
+    return fn == ap_default_print && level != ALTPATCH_WARN && !ap_env_on("ALTPATCH_DEBUG");
+}
+
 altpatch_print_fn altpatch_set_print(altpatch_print_fn fn)
 {
     return __atomic_exchange_n(&ap_print, fn, __ATOMIC_ACQ_REL);
@@ -65,7 +71,7 @@ altpatch_print_fn altpatch_set_print(altpatch_print_fn fn)
 void ap_log(enum altpatch_print_level level, const char *fmt, ...)
 {
     altpatch_print_fn fn = __atomic_load_n(&ap_print, __ATOMIC_ACQUIRE);
-    if (!fn)
+    if (!fn || ap_default_drops(fn, level))
         return;
     /* Every message starts with "altpatch: ", whatever the callback. */
     char prefixed[256];

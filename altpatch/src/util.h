@@ -65,11 +65,53 @@ static inline uint64_t ap_xgetbv0(void)
     return ((uint64_t)hi << 32) | lo;
 }
 
-/** Serializing instruction (CPUID), after writing code. */
-static inline void ap_sync_core(void)
+/*
+ * Serializing instructions. After code was written, the CPU that runs it
+ * next must not execute what it fetched or decoded before the write (Intel
+ * SDM vol. 3A, "Handling Self- and Cross-Modifying Code": a serializing
+ * instruction resynchronizes the prefetch queue; a write through another
+ * linear address, such as /proc/self/mem, is not caught by the processor's
+ * self-modifying-code check). Which one to run is cpu.c's ap_sync_core().
+ */
+
+/** CPUID leaf 0: serializing everywhere, and an exit to the hypervisor in a guest. */
+static inline void ap_serialize_cpuid(void)
 {
     uint32_t a = 0, b, c = 0, d;
     __asm__ volatile("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d) : : "memory");
+}
+
+/** SERIALIZE (0f 01 e8): only where CPUID.(EAX=7,ECX=0):EDX[14] says so, else #UD. */
+static inline void ap_serialize_insn(void)
+{
+    __asm__ volatile(".byte 0x0f, 0x01, 0xe8" : : : "memory");
+}
+
+/**
+ * IRETQ to the next instruction, at the same privilege level: serializing,
+ * and no hypervisor exit. The frame (SS, RSP, RFLAGS, CS, RIP) is built below
+ * the 128-byte red zone, which the compiler may be using. Not where a shadow
+ * stack is enabled: IRET then expects a matching shadow-stack frame (#CP).
+ */
+static inline void ap_serialize_iret(void)
+{
+    uint64_t tmp;
+    __asm__ volatile("subq $128, %%rsp\n\t"
+                     "movq %%ss, %0\n\t"
+                     "pushq %0\n\t"
+                     "leaq 8(%%rsp), %0\n\t"
+                     "pushq %0\n\t"
+                     "pushfq\n\t"
+                     "movq %%cs, %0\n\t"
+                     "pushq %0\n\t"
+                     "leaq 1f(%%rip), %0\n\t"
+                     "pushq %0\n\t"
+                     "iretq\n"
+                     "1:\n\t"
+                     "addq $128, %%rsp"
+                     : "=&r"(tmp)
+                     :
+                     : "cc", "memory");
 }
 
 #endif /* ALTPATCH_UTIL_H */

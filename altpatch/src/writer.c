@@ -4,16 +4,54 @@
  * a single thread runs) and live.c (int3 + membarrier while other threads
  * run). The same check decides which writes are pending, the same rule
  * counts pages, the same raw system call masks signals, and the same calls
- * write through /proc/self/mem.
+ * write through /proc/self/mem. Which of the two writers may run is decided
+ * here too (ap_mm_alone(), ap_count_threads()).
  */
 #include "host.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+/*
+ * unshare(CLONE_VM) changes nothing: the kernel has no way to give a task a
+ * copy of its address space. It succeeds only when there is nothing to unshare
+ * -- no other thread in this thread group and no other task using this mm
+ * (kernel/fork.c, check_unshare_flags(): thread_group_empty(),
+ * current_is_single_threaded()) -- and fails with EINVAL otherwise. That is
+ * the kernel's own answer, so it also counts threads the C library did not
+ * create (qemu-user's, a raw clone()) and processes sharing the address space
+ * without being threads (clone(CLONE_VM) without CLONE_THREAD), which
+ * /proc/self/task does not list. One system call, no /proc.
+ *
+ * A seccomp filter may answer an unexpected system call with a signal that
+ * ends the process (SECCOMP_RET_KILL, RET_TRAP): under any filter the call is
+ * not made and the caller counts /proc/self/task instead.
+ */
+bool ap_mm_alone(void)
+{
+    if (prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L) != 0)
+        return false; /* filtered (2), or unknown (-1: no answer means no proof) */
+    return syscall(SYS_unshare, CLONE_VM) == 0;
+}
+
+long ap_count_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    long n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
 
 bool ap_write_pending(struct ap_write *w)
 {

@@ -11,6 +11,7 @@
  *   altbench size ALT PLAIN SITES         text-size overhead of a generated program
  *   altbench scaling FILE...              apply-scaling table from the harness outputs
  *   altbench startup [-n RUNS] PROG...    start-up wall time with and without ALTPATCH_OFF=1
+ *   altbench startup --inside [-n RUNS] PROG...  the first apply, timed inside each process
  *
  *   opts: --iters N (executions per repetition), --reps R, --cpu C
  */
@@ -106,7 +107,7 @@ static void usage(FILE *f)
           "       altbench insn|sites|select|all [--iters N] [--reps R] [--cpu C]\n"
           "       altbench size ALT_PROG PLAIN_PROG SITES\n"
           "       altbench scaling RESULT_FILE...\n"
-          "       altbench startup [-n RUNS] PROG...\n",
+          "       altbench startup [--inside] [-n RUNS] PROG...\n",
           f);
 }
 
