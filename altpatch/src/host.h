@@ -13,6 +13,8 @@
  *                    counting, signal masking, /proc/self/mem
  *   poke.c           the writer: RW windows, /proc/self/mem (knows no x86)
  *   live.c           the writer while other threads run (int3, membarrier)
+ *   frames.c         where a thread in a signal handler was interrupted (the
+ *                    kernel's signal frames on its stacks), for live.c
  */
 #ifndef ALTPATCH_HOST_H
 #define ALTPATCH_HOST_H
@@ -217,6 +219,33 @@ AP_HIDDEN int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *s
  */
 AP_HIDDEN void ap_live_fork_prepare(void);
 AP_HIDDEN void ap_live_fork_release(void);
+
+/* ------------------------------------------------------------------------- */
+/* Signal frames on thread stacks (frames.c)                                 */
+/* ------------------------------------------------------------------------- */
+
+/** A frame search's answer when the stacks cannot be read at all (process_vm_readv denied). */
+#define AP_WHERE_UNKNOWN ((uintptr_t)1)
+/** A frame search's answer when a stack could not be read to its end (too long, too many). */
+#define AP_WHERE_CUT ((uintptr_t)2)
+
+/** Probe what the search can use (process_vm_readv, PROCMAP_QUERY). Not in a handler. */
+AP_HIDDEN void ap_frames_init(void);
+/** An sa_restorer of the process: frames returning to it need no further shape check. */
+AP_HIDDEN void ap_frames_hint_restorer(uintptr_t restorer);
+/**
+ * Where the calling thread, interrupted at @p rip with stack pointer @p sp,
+ * really is: a RIP saved in a signal frame on its stacks (from @p sp up, and
+ * on each stack a frame interrupted) for which @p inside is true, else @p rip;
+ * AP_WHERE_UNKNOWN or AP_WHERE_CUT when that cannot be told. Bounded by the
+ * thread's control block and its sigaltstack. Async-signal-safe.
+ */
+AP_HIDDEN uintptr_t ap_frames_where_self(uintptr_t rip, uintptr_t sp, bool (*inside)(uintptr_t));
+/**
+ * The same for another thread stopped at @p rip / @p sp (read from /proc), its
+ * stacks bounded by their mappings. One caller at a time (a static buffer).
+ */
+AP_HIDDEN uintptr_t ap_frames_where_task(uintptr_t rip, uintptr_t sp, bool (*inside)(uintptr_t));
 
 /* ------------------------------------------------------------------------- */
 /* Modules (module.c, prepatch_load.c)                                       */

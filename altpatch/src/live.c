@@ -41,7 +41,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <asm/prctl.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <signal.h>
@@ -51,7 +50,6 @@
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -203,22 +201,10 @@ static int ap_task_dir_open(void)
 /* The restorers of the process' signal handlers                             */
 /* ------------------------------------------------------------------------- */
 
-/** The sa_restorer of the process' handlers: marks signal frames (see ap_frames_find). */
-#define AP_RESTORERS 4
-static uintptr_t ap_restorer[AP_RESTORERS];
-static size_t ap_nrestorer;
-
-/** Remember the restorer of @p sa. Not used during a round (sigaction is libc). */
+/** Remember the restorer of @p sa: a hint for the frame search (frames.c). */
 static void ap_note_restorer(const struct sigaction *sa)
 {
-    uintptr_t r = (uintptr_t)sa->sa_restorer;
-    for (size_t i = 0; i < ap_nrestorer; i++)
-        if (ap_restorer[i] == r)
-            return;
-    if (r && ap_nrestorer < AP_RESTORERS) {
-        ap_restorer[ap_nrestorer] = r;
-        __atomic_store_n(&ap_nrestorer, ap_nrestorer + 1, __ATOMIC_RELEASE);
-    }
+    ap_frames_hint_restorer((uintptr_t)sa->sa_restorer);
 }
 
 /** Note the restorer of every installed handler. Not during a round (sigaction is libc). */
@@ -253,15 +239,10 @@ static const char ap_hs_cookie = 'L'; /* si_value of our handshake signals */
 /*
  * Signal frames. A thread that runs a signal handler was interrupted
  * somewhere, maybe strictly inside a multi-instruction site; its RIP (in the
- * handler) does not tell. The interrupted context lies in the handler's
- * rt_sigframe, on the thread's stack above the handler's frames: the return
- * address of the handler (the sa_restorer of the process' handlers, glibc's
- * __restore_rt), then the ucontext. So a thread's answer also looks up its
- * stack (and the stacks the frames it finds were interrupted on) for such
- * frames, and answers with a saved RIP that lies inside a multi-instruction
- * site of the round, when one does. Memory is read with process_vm_readv()
- * on our own pid, which fails on unmapped or PROT_NONE memory (it cannot
- * fault); a word that merely looks like a frame can only make a site refused.
+ * handler) does not tell. So every answer (the handshake handler, a sleeping
+ * thread read through /proc) asks frames.c, which reads the thread's stacks
+ * for the kernel's signal frames and answers with a saved RIP that lies
+ * inside a multi-instruction site of the round, when one does (ap_in_round).
  */
 struct ap_range {
     uintptr_t a, e; /* [a, e): a multi-instruction site of the running round */
@@ -273,17 +254,6 @@ static const struct ap_range *ap_hs_rng; /* sorted; published for the handshake 
 static struct ap_range *ap_hs_rng_retired[64];
 static size_t ap_hs_nretired;
 static size_t ap_hs_nrng;
-/*
- * Our own handler marks its frames (uc_link, which sigreturn ignores): the
- * frames it leaves behind on the stack are not live.
- */
-#define AP_OUR_FRAME ((struct ucontext_t *)1)
-/** process_vm_readv() works on our own memory (a seccomp filter may deny it). */
-static bool ap_peek_ok;
-/** An answer that locates nothing: the stacks cannot be read (the thread counts as silent). */
-#define AP_WHERE_UNKNOWN ((uintptr_t)1)
-/** How far up one stack the frames are looked for. */
-#define AP_SCAN_MAX (256 * 1024)
 
 /** True when @p rip is strictly inside a multi-instruction site of the round. */
 static bool ap_in_round(uintptr_t rip)
@@ -304,93 +274,17 @@ static bool ap_in_round(uintptr_t rip)
     return false;
 }
 
-/** Copy @p len bytes at @p addr of our own memory; bytes copied, or -1 (cannot fault). */
-static long ap_peek(uintptr_t addr, void *dst, size_t len)
-{
-    struct iovec l = {dst, len}, r = {(void *)addr, len};
-    return syscall(SYS_process_vm_readv, syscall(SYS_getpid), &l, 1UL, &r, 1UL, 0UL);
-}
-
-static bool ap_is_restorer(uint64_t v)
-{
-    for (size_t i = 0; i < ap_nrestorer; i++)
-        if (ap_restorer[i] == v)
-            return true;
-    return false;
-}
-
 /**
- * A RIP saved in a signal frame on the stack from @p sp up that lies inside a
- * multi-instruction site of the round, or 0. @p depth bounds the stacks followed.
- */
-static uintptr_t ap_frames_find(uintptr_t sp, uintptr_t top, uint64_t *buf, size_t size,
-                                int depth)
-{
-    enum { HDR = offsetof(ucontext_t, uc_mcontext) + sizeof(gregset_t) };
-    uintptr_t base = sp & ~(uintptr_t)7, end = base + AP_SCAN_MAX;
-    if (top > base && top < end)
-        end = top;
-    for (uintptr_t a = base; a < end; a += size) {
-        long n = ap_peek(a, buf, a + size <= end ? size : end - a);
-        if (n <= 0)
-            return 0;
-        for (long i = 0; i < n / 8; i++) {
-            if (!ap_is_restorer(buf[i]))
-                continue;
-            union {
-                ucontext_t uc;
-                char b[HDR];
-            } u;
-            if (ap_peek(a + (uintptr_t)i * 8 + 8, u.b, HDR) != HDR || u.uc.uc_link ||
-                (u.uc.uc_mcontext.gregs[REG_CSGSFS] & 0xffff) != 0x33)
-                continue;
-            uintptr_t rip = (uintptr_t)u.uc.uc_mcontext.gregs[REG_RIP];
-            uintptr_t rsp = (uintptr_t)u.uc.uc_mcontext.gregs[REG_RSP];
-            if (ap_in_round(rip))
-                return rip;
-            /* Interrupted on another stack (a sigaltstack handler): look there too. */
-            if (depth > 0 && (rsp < base || rsp >= end)) {
-                uintptr_t in = ap_frames_find(rsp, 0, buf, size, depth - 1);
-                if (in)
-                    return in;
-            }
-        }
-        if (n < (long)size)
-            return 0;
-    }
-    return 0;
-}
-
-/**
- * What a thread interrupted at @p rip with stack pointer @p rsp answers.
- * @p top: where its stack ends, when known (0: where the mapping ends).
- */
-static uintptr_t ap_hs_where(uintptr_t rip, uintptr_t rsp, uintptr_t top, uint64_t *buf,
-                             size_t size)
-{
-    if (ap_in_round(rip) || !ap_nrestorer)
-        return rip;
-    if (!ap_peek_ok)
-        return AP_WHERE_UNKNOWN;
-    uintptr_t in = ap_frames_find(rsp, top, buf, size, 3);
-    return in ? in : rip;
-}
-
-/**
- * The calling thread's answer: glibc puts a thread's control block (its
- * %fs base) right above the stack it allocated, which bounds the search;
- * otherwise (the main thread, a stack of the program's) the mapping's end does.
+ * The calling thread's answer, interrupted at @p rip with stack pointer
+ * @p rsp (frames.c; a search that cannot tell makes it "not located").
  */
 static uintptr_t ap_hs_where_self(uintptr_t rip, uintptr_t rsp)
 {
-    uint64_t buf[64];
-    unsigned long tcb = 0; /* asked, not read through %fs: a thread may have none */
-    if (syscall(SYS_arch_prctl, ARCH_GET_FS, &tcb))
-        tcb = 0;
-    return ap_hs_where(rip, rsp, (uintptr_t)tcb, buf, sizeof(buf));
+    uintptr_t where = ap_frames_where_self(rip, rsp, ap_in_round);
+    return where == AP_WHERE_CUT ? AP_WHERE_UNKNOWN : where;
 }
 
-/** Answer the running handshake (if any) for thread @p tid, at @p rip (see ap_hs_where). */
+/** Answer the running handshake (if any) for thread @p tid, at @p rip (see ap_hs_where_self). */
 static void ap_hs_answer(pid_t tid, uintptr_t rip, bool stuck)
 {
     unsigned seq = __atomic_load_n(&ap_hs_seq, __ATOMIC_ACQUIRE);
@@ -471,7 +365,8 @@ static void ap_hs_handler(int sig, siginfo_t *si, void *ucv)
     int saved = errno;
     ucontext_t *uc = ucv;
     if (ap_is_handshake(si)) {
-        uc->uc_link = AP_OUR_FRAME;
+        /* Our frame is not marked: its saved RIP is where the thread resumes,
+         * and a search from another thread (/proc) that finds it must count it. */
         uintptr_t rip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
         uintptr_t where = ap_hs_where_self(rip, (uintptr_t)uc->uc_mcontext.gregs[REG_RSP]);
         /* Spinning on an entry barrier (a handler that ran a site) over a
@@ -716,18 +611,21 @@ static bool ap_task_regs(pid_t tid, uintptr_t *sp, uintptr_t *pc)
 }
 
 /**
- * Where a sleeping thread is (see ap_hs_where: a signal frame on its stack
- * may hold a RIP inside a site). Its stack is read while it sleeps, so the
+ * Where a sleeping thread is (a signal frame on its stacks may hold a RIP
+ * inside a site: frames.c). Its stacks are read while it sleeps, so the
  * registers are read again after: a thread that moved meanwhile is not
- * located this way.
+ * located this way, nor one whose stacks this search cannot read to their
+ * end (the handshake signal asks it: its handler knows its thread's control
+ * block and sigaltstack).
  */
 static bool ap_task_pc(pid_t tid, uintptr_t *where)
 {
     uintptr_t sp, pc, sp2, pc2;
     if (!ap_task_regs(tid, &sp, &pc))
         return false;
-    static uint64_t buf[2048];
-    *where = ap_hs_where(pc, sp, 0, buf, sizeof(buf));
+    *where = ap_frames_where_task(pc, sp, ap_in_round);
+    if (*where == AP_WHERE_CUT)
+        return false;
     return ap_task_regs(tid, &sp2, &pc2) && sp2 == sp && pc2 == pc;
 }
 
@@ -1232,8 +1130,7 @@ int ap_live_ready(const char **why)
         *why = msgs[2];
         return err;
     }
-    uint64_t probe = 0x5a, got = 0;
-    ap_peek_ok = ap_peek((uintptr_t)&probe, &got, sizeof(got)) == sizeof(got) && got == probe;
+    ap_frames_init();
     if (flip_ok == 1)
         flip_ok = ap_flip_selftest();
     if (flip_ok)
