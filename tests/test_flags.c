@@ -84,7 +84,7 @@ Test(flags, strreason)
 {
     cr_assert_str_eq(altpatch_strreason(ALTPATCH_REASON_UNKNOWN_FLAGS),
                      "unknown record flags");
-    cr_assert_eq(ALTPATCH_REASON_LIVE_SHORT_ENTRY + 1, ALTPATCH_REASON__COUNT,
+    cr_assert_eq(ALTPATCH_REASON_LIVE_REALTIME + 1, ALTPATCH_REASON__COUNT,
                  "new reasons go at the end");
     cr_assert_lt(ALTPATCH_REASON_UNKNOWN_FLAGS, ALTPATCH_REASON_LIVE_NO_FLIP,
                  "existing values do not move");

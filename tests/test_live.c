@@ -1146,7 +1146,7 @@ static const uint8_t fl_old[] = {0xb8, 1, 0, 0, 0}, fl_new[] = {0xb8, 2, 0, 0, 0
 static const uint8_t *fl_from = fl_old, *fl_to = fl_new;
 static size_t fl_len = sizeof(fl_old);
 
-enum { FL_ANON, FL_FILE, FL_SEALED, FL_THREADS = 16 };
+enum { FL_ANON, FL_FILE, FL_SEALED, FL_THREADS = 16, FL_REALTIME = 32 };
 
 static char fl_path[64];
 
@@ -1187,7 +1187,7 @@ static uint8_t *fl_text(int kind)
 }
 
 struct fl_res {
-    int ready, rc, result, wrote, value, named;
+    int ready, rc, result, wrote, value, named, no_rt;
     uint8_t mem[16];
 };
 
@@ -1202,6 +1202,22 @@ static void fl_body(void *out, void *ctx)
     /* The thread blocks every signal but SIGTRAP and runs: it cannot answer a handshake. */
     if ((kind & FL_THREADS) && (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, (void *)1)))
         _exit(3);
+    if (kind & FL_REALTIME) {
+        /* A SCHED_FIFO thread asleep in read(): it runs nothing of ours. */
+        pthread_attr_t a;
+        struct sched_param sp = {.sched_priority = 1};
+        if (pipe(g_pipe) || pthread_attr_init(&a) ||
+            pthread_attr_setinheritsched(&a, PTHREAD_EXPLICIT_SCHED) ||
+            pthread_attr_setschedpolicy(&a, SCHED_FIFO) || pthread_attr_setschedparam(&a, &sp))
+            _exit(3);
+        int e = pthread_create(&t, &a, sleeper, NULL);
+        if (e == EPERM) {
+            r->no_rt = 1;
+            return;
+        }
+        if (e)
+            _exit(3);
+    }
     const char *why;
     r->ready = ap_live_ready(&why);
     struct ap_write w = {.addr = (uintptr_t)fl_page, .old = fl_from, .new = fl_to, .len = fl_len};
@@ -1217,7 +1233,7 @@ static void fl_body(void *out, void *ctx)
             r->named = strstr(buf, fl_path) != NULL && !strstr(buf, "(deleted)");
     if (f)
         fclose(f);
-    if (kind & FL_THREADS) {
+    if (kind & (FL_THREADS | FL_REALTIME)) {
         g_release = 1;
         if (write(g_pipe[1], "x", 1) != 1)
             _exit(4);
@@ -1228,10 +1244,12 @@ static void fl_body(void *out, void *ctx)
 static struct fl_res *fl_run(int kind)
 {
     fl_path[0] = 0;
-    fl_page = fl_text(kind & ~FL_THREADS);
+    fl_page = fl_text(kind & ~(FL_THREADS | FL_REALTIME));
     struct fl_res *r = ap_isolated(sizeof(*r), fl_body, (void *)(intptr_t)kind);
     if (fl_path[0])
         unlink(fl_path);
+    if (r->no_rt)
+        cr_skip_test("no permission for SCHED_FIFO (RLIMIT_RTPRIO 0, no CAP_SYS_NICE)");
     cr_assert_eq(r->ready, 0, "live patching available");
     cr_assert_eq(r->rc, 0);
     return r;
@@ -1304,6 +1322,27 @@ Test(live, fences_to_one_nop_need_the_handshake)
     struct fl_res *r = fl_run(FL_FILE | FL_THREADS);
     cr_assert_eq(r->result, ALTPATCH_REASON_LIVE_NO_ANSWER);
     cr_assert_eq(memcmp(r->mem, fences, sizeof(fences)), 0, "nothing left behind");
+}
+
+/* A thread entering a class B site spins on its entry barrier until the second
+ * flip; under a real-time policy it could keep the applying thread off its CPU,
+ * so no barrier is written while such a thread exists. One-instruction sites
+ * need no barrier and are still written. */
+Test(live, realtime_thread_keeps_multi_instruction_sites)
+{
+    static const uint8_t pair_old[] = {0xb8, 1, 0, 0, 0, 0x83, 0xc0, 10};
+    static const uint8_t pair_new[] = {0xb8, 2, 0, 0, 0, 0x83, 0xc0, 20};
+    fl_from = pair_old, fl_to = pair_new, fl_len = sizeof(pair_old);
+    struct fl_res *r = fl_run(FL_FILE | FL_REALTIME);
+    cr_assert_eq(r->result, ALTPATCH_REASON_LIVE_REALTIME);
+    cr_assert(!r->wrote);
+    cr_assert_eq(memcmp(r->mem, pair_old, sizeof(pair_old)), 0, "no barrier left behind");
+    cr_assert_eq(r->value, 11);
+    fl_from = fl_old, fl_to = fl_new, fl_len = sizeof(fl_old);
+    r = fl_run(FL_FILE | FL_REALTIME);
+    cr_assert_eq(r->result, ALTPATCH_REASON_NONE, "a one-instruction site needs no barrier");
+    cr_assert_eq(memcmp(r->mem, fl_new, sizeof(fl_new)), 0);
+    cr_assert_eq(r->value, 2);
 }
 
 /* A multi-instruction site whose first instruction is one byte: no room for jmp . */

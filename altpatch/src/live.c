@@ -956,14 +956,34 @@ static void ap_fallback(struct ap_round *r)
  * Step 0 and 1 (may allocate and open): classes, runs, staging copies.
  * 0 or -errno.
  */
+/** ap_tasks_each() callback: 1 when @p tid runs under a real-time policy. */
+static int ap_task_realtime(pid_t tid, void *ctx)
+{
+    (void)ctx;
+    long pol = syscall(SYS_sched_getscheduler, tid);
+    /* SCHED_FIFO 1, SCHED_RR 2, SCHED_DEADLINE 6 (with SCHED_RESET_ON_FORK masked off). */
+    pol &= ~0x40000000L;
+    return pol == 1 || pol == 2 || pol == 6;
+}
+
 static int ap_round_prepare(struct ap_round *r, struct ap_write *w, size_t n)
 {
     bool *want = calloc(n ? n : 1, sizeof(*want));
     long *run_of = calloc(n ? n : 1, sizeof(*run_of));
     int err = want && run_of ? 0 : -ENOMEM;
+    int realtime = -1; /* another thread under a real-time policy (-1: not asked yet) */
     for (size_t i = 0; !err && i < r->n; i++) {
         struct ap_live_item *it = &r->it[i];
         int why = ap_live_class(it->w->old, it->w->new, it->w->len, &it->multi);
+        /* A thread that enters a class B site spins on its entry barrier until
+         * the second flip; a real-time one could keep the applying thread off
+         * its CPU for good. Asked once, only when a class B site exists. */
+        if (!why && it->multi) {
+            if (realtime < 0)
+                realtime = ap_tasks_each(r->taskfd, ap_task_realtime, NULL) != 0;
+            if (realtime)
+                why = ALTPATCH_REASON_LIVE_REALTIME;
+        }
         if (why) {
             it->w->result = why;
             it->out = true;

@@ -28,6 +28,8 @@ static const char *const ap_reason_text[ALTPATCH_REASON__COUNT] = {
     [ALTPATCH_REASON_LIVE_NO_FLIP] = "live: the text pages cannot be replaced",
     [ALTPATCH_REASON_LIVE_SHORT_ENTRY] =
         "not live-patchable: the first instruction is one byte (no room for the entry barrier)",
+    [ALTPATCH_REASON_LIVE_REALTIME] =
+        "live: a real-time thread could spin on the entry barrier and starve the apply",
 };
 
 const char *altpatch_strreason(int reason)

@@ -219,6 +219,7 @@ enum altpatch_reason {
     ALTPATCH_REASON_UNKNOWN_FLAGS,     /**< record flags other than ALT_FLAG_NOT (e.g. the kernel's ALT_FLAG_DIRECT_CALL) */
     ALTPATCH_REASON_LIVE_NO_FLIP,      /**< live: the site's text pages cannot be replaced (anonymous, sealed, file not openable, mremap denied) while other threads run */
     ALTPATCH_REASON_LIVE_SHORT_ENTRY,  /**< live: a multi-instruction site whose first instruction is one byte (no room for the entry barrier) */
+    ALTPATCH_REASON_LIVE_REALTIME,     /**< live: a multi-instruction site while another thread runs under a real-time policy (it could spin on the entry barrier and starve the apply) */
     ALTPATCH_REASON__COUNT
 };
 
