@@ -63,6 +63,8 @@ static const uint8_t ap_spin[2] = {0xeb, 0xfe};
 #define AP_HS_WAIT_NS (25 * 1000 * 1000)
 /** Pause between two attempts (threads inside a site get time to leave it). */
 #define AP_HS_PAUSE_NS (1000 * 1000)
+/** How long a running thread is read again through /proc before it is signalled. */
+#define AP_HS_POLL_NS (400 * 1000)
 /** The handshake signal: a real-time one (never merged with a program's standard signal). */
 #define AP_HS_SIG (SIGRTMAX - 3)
 /** Attempts in a row that find a never-located thread blocking it before it is given up. */
@@ -673,10 +675,12 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, uint8
     unsigned seq = ++ap_hs_last ? ap_hs_last : ++ap_hs_last;
     __atomic_store_n(&ap_hs_seq, seq, __ATOMIC_RELEASE);
     /* Sleeping threads are located through /proc; a thread that runs is read
-     * again after a yield (it may be about to sleep: a signal then would
-     * interrupt its wait) and signalled only when it still runs. */
+     * again, a short nap apart, for AP_HS_POLL_NS (it may be about to sleep,
+     * and a signal then would interrupt its wait: a thread that sleeps now
+     * and then is caught asleep) and signalled only when it ran all along. */
     static bool need[AP_HS_MAX];
-    for (int pass = 0; pass < 3; pass++) {
+    uint64_t poll_until = ap_now_ns() + AP_HS_POLL_NS;
+    for (int pass = 0; pass < 3; pass = pass ? pass + 1 : ap_now_ns() > poll_until) {
         size_t left = 0;
         for (size_t i = 0; i < n; i++) {
             if (pass ? !need[i] : (need[i] = state[i] == 1 || state[i] == 2, !need[i]))
