@@ -348,7 +348,7 @@ static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint6
     const char *name = elf_strptr(r->elf, c->strndx, sym.st_name);
     bool start = name && strncmp(name, "__start_", 8) == 0;
     if (name && (start || strncmp(name, "__stop_", 7) == 0)) {
-        uint64_t lo, hi;
+        uint64_t lo = 0, hi = 0;
         if (name_span(img, name + (start ? 8 : 7), &lo, &hi)) {
             *out = start ? lo : hi;
             return 0;

@@ -75,30 +75,78 @@
     ".popsection\n"                                                                        \
     ".endif\n"
 
-#define ALTPATCH_ALT_SLEN_ "772b-771b"
-#define ALTPATCH_ALT_TOTAL_SLEN_ "773b-771b"
-#define ALTPATCH_ALT_RLEN_ "775f-774f"
-
-/* The original, padded with 0x90 up to the replacement's length. The
- * comparison yields -1 when true in GNU as and LLVM's assembler alike. */
-#define ALTPATCH_OLDINSTR_(oldinstr)                                                       \
-    "771:\n\t" oldinstr "\n772:\n"                                                         \
-    ".skip -(((" ALTPATCH_ALT_RLEN_ ")-(" ALTPATCH_ALT_SLEN_ ")) > 0) * "                   \
-    "((" ALTPATCH_ALT_RLEN_ ")-(" ALTPATCH_ALT_SLEN_ ")),0x90\n"                            \
-    "773:\n"
-
-#define ALTPATCH_ENTRY_(ft_flags)                                                          \
-    ".pushsection altinstructions,\"a?R\"\n"                                                \
-    " .long 771b - .\n"                                                                    \
-    " .long 774f - .\n"                                                                    \
-    " .4byte " ALTPATCH_STR(ft_flags) "\n"                                                 \
-    " .byte " ALTPATCH_ALT_TOTAL_SLEN_ "\n"                                                \
-    " .byte " ALTPATCH_ALT_RLEN_ "\n"                                                      \
-    ".popsection\n"
-
-#define ALTPATCH_REPLACEMENT_(newinstr)                                                    \
+/*
+ * Replacements are shared: each distinct replacement text is assembled once per
+ * translation unit, and every site that uses it points its record at that one
+ * copy. The copy is named after the replacement's text as the assembler sees it
+ * (after operand substitution): the text stringified twice is a quoted symbol
+ * name that holds any character, the text stringified three times names the
+ * end of the copy. `.ifndef` on the first name skips every later copy. A
+ * relative operand of a replacement (call, jmp, RIP-relative load) designates
+ * the same target from every copy of the same text, and the runtime relocates
+ * it from wherever the copy lies, so sharing changes no site's final bytes.
+ *
+ * A replacement whose bytes depend on where it is assembled (it refers to a
+ * numeric label outside itself, or to `.`) is not the same code at two sites:
+ * define ALTPATCH_UNSHARED_REPLACEMENTS before including this header to give
+ * every site its own copy, as the kernel does.
+ */
+#ifdef ALTPATCH_UNSHARED_REPLACEMENTS
+#define ALTPATCH_REPL_START_(newinstr) "774f"
+#define ALTPATCH_REPL_END_(newinstr) "775f"
+#define ALTPATCH_REPL_FIRST_(newinstr) ""
+#define ALTPATCH_REPL_LAST_(newinstr)                                                      \
     ".pushsection altinstr_replacement,\"ax?R\"\n"                                          \
     "774:\n\t" newinstr "\n775:\n"                                                         \
+    ".popsection\n"
+#else
+#define ALTPATCH_REPL_START_(newinstr) ALTPATCH_STR(ALTPATCH_STR_(newinstr))
+#define ALTPATCH_REPL_END_(newinstr) ALTPATCH_STR(ALTPATCH_STR(ALTPATCH_STR_(newinstr)))
+/* Outside any section group: sites in different groups (C++ inline functions)
+ * share it, and a group the linker discards does not take it along. */
+#define ALTPATCH_REPL_FIRST_(newinstr)                                                     \
+    ".ifndef " ALTPATCH_REPL_START_(newinstr) "\n"                                         \
+    ".pushsection altinstr_replacement,\"axR\"\n"                                          \
+    ALTPATCH_REPL_START_(newinstr) ":\n"                                                   \
+    "774:\n\t" newinstr "\n775:\n"                                                         \
+    ALTPATCH_REPL_END_(newinstr) ":\n"                                                     \
+    ".popsection\n"                                                                        \
+    ".endif\n"
+#define ALTPATCH_REPL_LAST_(newinstr) ""
+#endif
+
+/** Emits @p newinstr into altinstr_replacement (once per translation unit
+ * unless ALTPATCH_UNSHARED_REPLACEMENTS); must come before the site's entry. */
+#define ALTPATCH_REPLACEMENT_(newinstr) ALTPATCH_REPL_FIRST_(newinstr) ALTPATCH_REPL_LAST_(newinstr)
+
+#define ALTPATCH_ALT_SLEN_ "772b-771b"
+#define ALTPATCH_ALT_TOTAL_SLEN_ "773b-771b"
+#define ALTPATCH_ALT_RLEN_(newinstr)                                                       \
+    "(" ALTPATCH_REPL_END_(newinstr) "-" ALTPATCH_REPL_START_(newinstr) ")"
+
+/* The original, padded with 0x90 up to the replacement's length. The
+ * comparison yields -1 when true in GNU as and LLVM's assembler alike. With
+ * shared replacements the length is often known where the padding is
+ * assembled, and GNU as warns about a `.skip` of 0 bytes but not about a
+ * `.fill` of 0 bytes; both assemblers defer either until the length is known. */
+#ifdef ALTPATCH_UNSHARED_REPLACEMENTS
+#define ALTPATCH_PAD_(n) ".skip " n ",0x90\n"
+#else
+#define ALTPATCH_PAD_(n) ".fill " n ",1,0x90\n"
+#endif
+#define ALTPATCH_OLDINSTR_(oldinstr, newinstr)                                             \
+    "771:\n\t" oldinstr "\n772:\n"                                                         \
+    ALTPATCH_PAD_("-(((" ALTPATCH_ALT_RLEN_(newinstr) ")-(" ALTPATCH_ALT_SLEN_ ")) > 0) * " \
+                  "((" ALTPATCH_ALT_RLEN_(newinstr) ")-(" ALTPATCH_ALT_SLEN_ "))")          \
+    "773:\n"
+
+#define ALTPATCH_ENTRY_(ft_flags, newinstr)                                                \
+    ".pushsection altinstructions,\"a?R\"\n"                                                \
+    " .long 771b - .\n"                                                                    \
+    " .long " ALTPATCH_REPL_START_(newinstr) " - .\n"                                      \
+    " .4byte " ALTPATCH_STR(ft_flags) "\n"                                                 \
+    " .byte " ALTPATCH_ALT_TOTAL_SLEN_ "\n"                                                \
+    " .byte " ALTPATCH_ALT_RLEN_(newinstr) "\n"                                            \
     ".popsection\n"
 
 /**
@@ -107,9 +155,10 @@
  */
 #define ALTERNATIVE(oldinstr, newinstr, ft_flags)                                          \
     ALTPATCH_NOTE_                                                                         \
-    ALTPATCH_OLDINSTR_(oldinstr)                                                           \
-    ALTPATCH_ENTRY_(ft_flags)                                                              \
-    ALTPATCH_REPLACEMENT_(newinstr)
+    ALTPATCH_REPL_FIRST_(newinstr)                                                         \
+    ALTPATCH_OLDINSTR_(oldinstr, newinstr)                                                 \
+    ALTPATCH_ENTRY_(ft_flags, newinstr)                                                    \
+    ALTPATCH_REPL_LAST_(newinstr)
 
 /**
  * Two replacements; nested like the kernel's (6.11+): the entries are
