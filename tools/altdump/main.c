@@ -83,9 +83,11 @@ static int parse(int argc, char **argv, struct args *a)
         }
         case 'h': usage(stdout); exit(AD_EXIT_OK);
         case 'V':
-            printf("altdump (altpatch) %d.%d.%d, record format %d (and %u: pre-patched)\n",
+            printf("altdump (altpatch) %d.%d.%d, record formats %d and %d (and %d, %d: "
+                   "pre-patched)\n",
                    ALTPATCH_VERSION_MAJOR, ALTPATCH_VERSION_MINOR, ALTPATCH_VERSION_PATCH,
-                   ALTPATCH_FORMAT_VERSION, AD_FORMAT_PREPATCHED);
+                   ALTPATCH_FORMAT_COMPACT, ALTPATCH_FORMAT_KERNEL, AD_FORMAT_COMPACT_PREPATCHED,
+                   AD_FORMAT_PREPATCHED);
             exit(AD_EXIT_OK);
         default:
             fprintf(stderr, "altdump: unknown or incomplete option '%s' (try --help)\n",

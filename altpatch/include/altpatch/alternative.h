@@ -34,15 +34,37 @@
 
 #include <altpatch/cpufeatures.h>
 
-/** Format version of the record tables (see docs/format.md). */
-#define ALTPATCH_FORMAT_VERSION 1
-/** Size in bytes of one record (`struct altpatch_record`). */
-#define ALTPATCH_RECORD_SIZE 14
+/** Format 1: the Linux kernel's 14-byte `struct alt_instr` in `altinstructions`. */
+#define ALTPATCH_FORMAT_KERNEL 1
+/** Size in bytes of a format-1 record. */
+#define ALTPATCH_RECORD_SIZE_KERNEL 14
+/** Format 3: 12-byte records (Linux's layout before 6.3) in `altinstr_table`. */
+#define ALTPATCH_FORMAT_COMPACT 3
+/** Size in bytes of a format-3 record. */
+#define ALTPATCH_RECORD_SIZE_COMPACT 12
+
+/*
+ * What this header emits (see docs/format.md): format 3, or format 1 where
+ * ALTPATCH_KERNEL_RECORDS is defined before the first include. Readers of
+ * this library take both. The two formats use different record sections, so
+ * a module that links objects of both formats patches the sites of one of
+ * them (the format of the note the linker kept) and leaves the others'
+ * original bytes in place.
+ */
+#ifdef ALTPATCH_KERNEL_RECORDS
+#define ALTPATCH_FORMAT_VERSION ALTPATCH_FORMAT_KERNEL
+#define ALTPATCH_RECORD_SIZE ALTPATCH_RECORD_SIZE_KERNEL
+#define ALTPATCH_TABLE_NAME_ altinstructions
+#else
+#define ALTPATCH_FORMAT_VERSION ALTPATCH_FORMAT_COMPACT
+#define ALTPATCH_RECORD_SIZE ALTPATCH_RECORD_SIZE_COMPACT
+#define ALTPATCH_TABLE_NAME_ altinstr_table
+#endif
 /** ELF note owner name and type of the table note. */
 #define ALTPATCH_NOTE_NAME "altpatch"
 #define ALTPATCH_NOTE_TYPE 0x41505431 /* 'APT1' */
 
-/** Flags live in the upper 16 bits of the record's ft_flags word. */
+/** Flags live in the upper 16 bits of an ft_flags word (a format-1 record holds it as is). */
 #define ALT_FLAGS_SHIFT 16
 /** Patch when the feature is *absent*. */
 #define ALT_FLAG_NOT (1 << 0)
@@ -51,13 +73,16 @@
 
 #define ALTPATCH_STR_(x) #x
 #define ALTPATCH_STR(x) ALTPATCH_STR_(x)
+#define ALTPATCH_PASTE2_(a, b) a##b
+#define ALTPATCH_PASTE_(a, b) ALTPATCH_PASTE2_(a, b)
 
 /* One note per module: the .ifndef keeps it to one per object file, the COMDAT
  * group to one per linked module. */
 #define ALTPATCH_NOTE_                                                                     \
     ".ifndef .Laltpatch_note_emitted\n"                                                    \
     ".set .Laltpatch_note_emitted, 1\n"                                                    \
-    ".hidden __start_altinstructions, __stop_altinstructions\n"                            \
+    ".hidden " ALTPATCH_STR(ALTPATCH_PASTE_(__start_, ALTPATCH_TABLE_NAME_)) ", "              \
+    ALTPATCH_STR(ALTPATCH_PASTE_(__stop_, ALTPATCH_TABLE_NAME_)) "\n"                        \
     ".hidden __start_altinstr_replacement, __stop_altinstr_replacement\n"                  \
     ".pushsection .note.altpatch,\"aGR\",@note,.note.altpatch,comdat\n"                     \
     ".balign 4\n"                                                                          \
@@ -68,8 +93,8 @@
     ".balign 4\n"                                                                          \
     ".long " ALTPATCH_STR(ALTPATCH_FORMAT_VERSION) "\n"                                    \
     ".long " ALTPATCH_STR(ALTPATCH_RECORD_SIZE) "\n"                                       \
-    ".long __start_altinstructions - .\n"                                                  \
-    ".long __stop_altinstructions - .\n"                                                   \
+    ".long " ALTPATCH_STR(ALTPATCH_PASTE_(__start_, ALTPATCH_TABLE_NAME_)) " - .\n"          \
+    ".long " ALTPATCH_STR(ALTPATCH_PASTE_(__stop_, ALTPATCH_TABLE_NAME_)) " - .\n"           \
     ".long __start_altinstr_replacement - .\n"                                             \
     ".long __stop_altinstr_replacement - .\n"                                              \
     ".popsection\n"                                                                        \
@@ -140,11 +165,27 @@
                   "((" ALTPATCH_ALT_RLEN_(newinstr) ")-(" ALTPATCH_ALT_SLEN_ "))")          \
     "773:\n"
 
+/*
+ * The feature word of a record. Format 1: ft_flags as is (u32). Format 3:
+ * u16, bits 0..14 the feature, bit 15 ALT_FLAG_NOT; any other flag or a
+ * feature id above 0x7fff cannot be written there and stops the assembly.
+ */
+#ifdef ALTPATCH_KERNEL_RECORDS
+#define ALTPATCH_FT_(ft) " .4byte " ft "\n"
+#else
+#define ALTPATCH_FT_(ft)                                                                   \
+    ".if (" ft ") & 0xfffe8000\n"                                                           \
+    ".error \"altpatch: format-3 records hold a feature id below 0x8000 and only the "       \
+    "ALT_NOT flag\"\n"                                                                       \
+    ".endif\n"                                                                              \
+    " .2byte ((" ft ") & 0x7fff) | (((" ft ") >> 1) & 0x8000)\n"
+#endif
+
 #define ALTPATCH_ENTRY_(ft_flags, newinstr)                                                \
-    ".pushsection altinstructions,\"a?R\"\n"                                                \
+    ".pushsection " ALTPATCH_STR(ALTPATCH_TABLE_NAME_) ",\"a?R\"\n"                        \
     " .long 771b - .\n"                                                                    \
     " .long " ALTPATCH_REPL_START_(newinstr) " - .\n"                                      \
-    " .4byte " ALTPATCH_STR(ft_flags) "\n"                                                 \
+    ALTPATCH_FT_(ALTPATCH_STR(ft_flags))                                                   \
     " .byte " ALTPATCH_ALT_TOTAL_SLEN_ "\n"                                                \
     " .byte " ALTPATCH_ALT_RLEN_(newinstr) "\n"                                            \
     ".popsection\n"

@@ -184,14 +184,16 @@ ALTPATCH_API int altpatch_image_write_mem(const struct altpatch_image *img,
 
 /** Record layouts of altpatch_image_open_regions(). */
 enum altpatch_record_layout {
-    /** This library's 14-byte record (docs/format.md), also Linux's from 6.3 on. */
+    /** This library's 14-byte record of format 1 (docs/format.md), also Linux's from 6.3 on. */
     ALTPATCH_LAYOUT_ALTPATCH = 0,
     /**
      * Linux before 6.3, 12 bytes: s32 site offset, s32 replacement offset,
      * u16 cpuid (bit 15: inverted, read as ALT_FLAG_NOT), u8 site length,
-     * u8 replacement length.
+     * u8 replacement length. This library's format 3 uses this layout.
      */
     ALTPATCH_LAYOUT_LINUX_12 = 1,
+    /** This library's 12-byte record of format 3: the same layout as ALTPATCH_LAYOUT_LINUX_12. */
+    ALTPATCH_LAYOUT_COMPACT = ALTPATCH_LAYOUT_LINUX_12,
 };
 
 /** Most text regions altpatch_image_open_regions() takes. */
