@@ -372,6 +372,22 @@ Test(altbench, size_table_adds_up)
     cr_assert_eq(total, rec + repl + pad + note);
     cr_assert_eq(total, diff, "split %lld != text difference %lld", total, diff);
     free(out);
+#ifdef ALTBENCH_ALTDUMP
+    /* altdump --size reads the same program through the note and the records. */
+    out = run_ok(ALTBENCH_ALTDUMP " --size " ALTBENCH_ALT);
+    static const char *const keys[] = {"sites", "records", "record table (altinstr_table)",
+                                       "replacements (altinstr_replacement)",
+                                       "note (.note.altpatch)"};
+    long long want[] = {n, entries, rec, repl, note};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        const char *p = strstr(out, keys[i]);
+        cr_assert(p, "altdump --size has no '%s':\n%s", keys[i], out);
+        long long v = -1;
+        cr_assert_eq(sscanf(p + strlen(keys[i]), "%lld", &v), 1);
+        cr_assert_eq(v, want[i], "%s: altdump %lld, sections %lld", keys[i], v, want[i]);
+    }
+    free(out);
+#endif
 }
 
 Test(altbench, startup_reports_both_variants)

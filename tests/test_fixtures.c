@@ -135,8 +135,9 @@ static unsigned file_format(const char *file)
     return info.format_version;
 }
 
-/* A program whose records are format 1 (built with ALTPATCH_KERNEL_RECORDS,
- * or with earlier headers) applies and checks like the format-3 builds. */
+/* A program whose records are format 1 with a replacement per site (built
+ * with ALTPATCH_KERNEL_RECORDS and ALTPATCH_UNSHARED_REPLACEMENTS, as earlier
+ * headers emit them) applies and checks like the format-3 builds. */
 Test(fixtures, format1_records)
 {
     cr_assert_eq(file_format("apfix_format1"), ALTPATCH_FORMAT_KERNEL);

@@ -6,9 +6,12 @@
  * A *site* is a sequence of original instructions ("oldinstr") that is always
  * correct, padded with one-byte NOPs up to the length of its longest
  * replacement. Each replacement ("newinstr") lives in the section
- * `altinstr_replacement`, and each (site, replacement, feature) triple is
- * described by one 14-byte record in the section `altinstructions`. The
- * layout is the Linux kernel's `struct alt_instr`; see docs/format.md.
+ * `altinstr_replacement`, once per distinct text in a translation unit, and
+ * each (site, replacement, feature) triple is described by one 12-byte
+ * record in the section `altinstr_table` (format 3: the Linux kernel's
+ * `struct alt_instr` before 6.3), or a 14-byte one in `altinstructions`
+ * (format 1: Linux 6.3 on) where ALTPATCH_KERNEL_RECORDS is defined before
+ * the first include; see docs/format.md.
  *
  *     asm volatile(ALTERNATIVE("movq %%fs:0, %0", "rdfsbase %0",
  *                              X86_FEATURE_FSGSBASE) : "=r"(v));
