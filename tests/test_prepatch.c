@@ -174,13 +174,26 @@ static int cmp_site(const struct altpatch_image_site *s, void *ctx)
     return 0;
 }
 
+/* The format version the note of @p file says. */
+static unsigned file_format(const char *file)
+{
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(file, NULL, &img), 0, "open %s", file);
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
+    altpatch_image_close(img);
+    return info.format_version;
+}
+
 static void check_written(const char *plain, const char *pre, const char *profile)
 {
     struct altpatch_image *img;
+    /* format 1 pre-patched is 2, format 3 pre-patched is 4 */
+    unsigned want = file_format(plain) == ALTPATCH_FORMAT_KERNEL ? 2u : 4u;
     cr_assert_eq(altpatch_image_open(pre, NULL, &img), 0, "reopen %s", pre);
     struct altpatch_image_info info = {.sz = sizeof(info)};
     cr_assert_eq(altpatch_image_get_info(img, &info), 0);
-    cr_assert_eq(info.format_version, FIXTURE_PREPATCHED);
+    cr_assert_eq(info.format_version, want);
     cr_assert_str_eq(info.prepatched_profile, profile);
     struct altpatch_features *fs = altpatch_features_profile(profile);
     const struct altpatch_features *rec = altpatch_image_prepatched_features(img);
@@ -243,6 +256,15 @@ TestSuite(prepatch, .init = setup, .fini = teardown, .timeout = 120);
 Test(prepatch, every_profile_converges_pie)
 {
     each_profile(PREPATCH_FIXTURE);
+}
+
+/* A program with format-1 records (earlier headers, ALTPATCH_KERNEL_RECORDS):
+ * written as format 2, converges and reverts like the format-3 one. */
+Test(prepatch, every_profile_converges_format1)
+{
+    cr_assert_eq(file_format(PREPATCH_FIXTURE_FORMAT1), ALTPATCH_FORMAT_KERNEL);
+    cr_assert_eq(file_format(PREPATCH_FIXTURE), FIXTURE_FORMAT);
+    each_profile(PREPATCH_FIXTURE_FORMAT1);
 }
 
 Test(prepatch, every_profile_converges_nopie)

@@ -52,7 +52,7 @@ _Static_assert(sizeof(struct altpatch_record) == ALTPATCH_RECORD_SIZE_KERNEL, "r
 struct ap_note {
     uint32_t version;     /* 1 or 3, or 2 / 4 for the same pre-patched */
     uint32_t record_size; /* ALTPATCH_RECORD_SIZE_KERNEL or _COMPACT, as the version says */
-    uint64_t table_start, table_end; /* altinstructions */
+    uint64_t table_start, table_end; /* the record table */
     uint64_t repl_start, repl_end;   /* altinstr_replacement */
 };
 

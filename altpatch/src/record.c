@@ -6,9 +6,8 @@
  * table (`altinstr_table`, format 3, or `altinstructions`, format 1) into
  * absolute addresses, and groups table entries into sites. Every offset in
  * the format is self-relative: it is added to the address of the field that
- * holds it. Nothing here touches memory beyond the
- * buffers it is given, and the packed records are read with memcpy (no
- * unaligned dereference).
+ * holds it. Nothing here touches memory beyond the buffers it is given, and
+ * the packed records are read with memcpy (no unaligned dereference).
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -143,8 +143,9 @@
 #define ALTPATCH_REPL_LAST_(newinstr) ""
 #endif
 
-/** Emits @p newinstr into altinstr_replacement (once per translation unit
- * unless ALTPATCH_UNSHARED_REPLACEMENTS); must come before the site's entry. */
+/* @p newinstr into altinstr_replacement, once per translation unit: before
+ * the entries that use it (ALTPATCH_UNSHARED_REPLACEMENTS: a copy per use,
+ * after its entry, as in the kernel). */
 #define ALTPATCH_REPLACEMENT_(newinstr) ALTPATCH_REPL_FIRST_(newinstr) ALTPATCH_REPL_LAST_(newinstr)
 
 #define ALTPATCH_ALT_SLEN_ "772b-771b"
