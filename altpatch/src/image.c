@@ -196,8 +196,8 @@ static int read_prepatched(struct altpatch_image *img)
     struct ap_prepatch p;
     struct ap_prepatch_site ps;
     if (!img->has_origsec)
-        return fail(img, -EBADMSG, "format version 2 (pre-patched) without a %s section",
-                    AP_PREPATCH_SECTION);
+        return fail(img, -EBADMSG, "format version %u (pre-patched) without a %s section",
+                    img->note.version, AP_PREPATCH_SECTION);
     if (img->origsec.type == SHT_NOBITS ||
         ap_prepatch_parse(img->buf + img->origsec.offset, img->origsec.size, &p))
         return fail(img, -EBADMSG, "malformed %s section", AP_PREPATCH_SECTION);
