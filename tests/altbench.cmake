@@ -18,4 +18,8 @@ if(TARGET altbench AND TARGET test_altbench)
     ALTBENCH_N=${_ab_n})
   add_dependencies(test_altbench altbench altbench_gen altbench_alt_${_ab_n}
                    altbench_plain_${_ab_n} altbench_startup_8)
+  if(TARGET altdump)
+    target_compile_definitions(test_altbench PRIVATE ALTBENCH_ALTDUMP="$<TARGET_FILE:altdump>")
+    add_dependencies(test_altbench altdump)
+  endif()
 endif()

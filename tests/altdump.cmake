@@ -103,7 +103,12 @@ set_source_files_properties(${AD_FIX}/groups.o PROPERTIES EXTERNAL_OBJECT TRUE G
 target_link_libraries(altdump_groups_run PRIVATE altpatch)
 target_link_options(altdump_groups_run PRIVATE -Wl,-z,noexecstack)
 
+# Objects of both record formats in one program (format 3 linked first).
+add_executable(altdump_mixed ${AD_SRC}/mixed_a.c ${AD_SRC}/mixed_b.c ${AD_SRC}/mixed_main.c)
+target_link_libraries(altdump_mixed PRIVATE altpatch)
+
 target_compile_definitions(test_altdump PRIVATE
+  ALTDUMP_MIXED="$<TARGET_FILE:altdump_mixed>"
   ALTDUMP_GROUPS_RUN="$<TARGET_FILE:altdump_groups_run>"
   ALTDUMP_BIN="$<TARGET_FILE:altdump>"
   ALTDUMP_LIVE="$<TARGET_FILE:altdump_live>"
@@ -113,7 +118,8 @@ target_compile_definitions(test_altdump PRIVATE
   ALTDUMP_TESTDATA="${PROJECT_SOURCE_DIR}/testdata"
   ALTDUMP_HAVE_CORRUPT=${AD_HAVE_CORRUPT})
 target_link_libraries(test_altdump PRIVATE PkgConfig::LIBELF)
-add_dependencies(test_altdump altdump altdump_live altdump_fixtures altdump_groups_run)
+add_dependencies(test_altdump altdump altdump_live altdump_fixtures altdump_groups_run
+                 altdump_mixed)
 
 # --- Fuzz harness: libFuzzer needs clang; built by a test, then run ~60 s ---
 find_program(ALTDUMP_CLANG NAMES clang clang-14)

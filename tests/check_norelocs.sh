@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fails when a dynamic relocation of ELF file $1 lands in altinstructions,
-# altinstr_replacement or .note.altpatch: the tables must need none (their
+# Fails when a dynamic relocation of ELF file $1 lands in the record table
+# (altinstr_table, or altinstructions for format 1), altinstr_replacement or .note.altpatch: the tables must need none (their
 # offsets are self-relative), in PIE executables and shared objects alike.
 set -euo pipefail
 f=$1
@@ -10,7 +10,7 @@ while read -r name addr size; do
     lo+=($((16#$addr)))
     hi+=($((16#$addr + 16#$size)))
 done < <(readelf -SW "$f" | sed -E 's/^ *\[ *[0-9]+\] *//' |
-         awk '$1 == "altinstructions" || $1 == "altinstr_replacement" || $1 == ".note.altpatch" { print $1, $3, $5 }')
+         awk '$1 == "altinstr_table" || $1 == "altinstructions" || $1 == "altinstr_replacement" || $1 == ".note.altpatch" { print $1, $3, $5 }')
 [ "${#names[@]}" -eq 3 ] || { echo "$f: expected the 3 altpatch sections, got: ${names[*]:-none}" >&2; exit 1; }
 nrel=0 bad=0
 while read -r off rest; do

@@ -3,8 +3,10 @@ if(TARGET test_prepatch AND TARGET prepatch_fixture AND TARGET altprepatch AND T
   target_compile_definitions(test_prepatch PRIVATE
     PREPATCH_FIXTURE="$<TARGET_FILE:prepatch_fixture>"
     PREPATCH_FIXTURE_NOPIE="$<TARGET_FILE:prepatch_fixture_nopie>"
+    PREPATCH_FIXTURE_FORMAT1="$<TARGET_FILE:prepatch_fixture_format1>"
     ALTPREPATCH="$<TARGET_FILE:altprepatch>"
     ALTDUMP="$<TARGET_FILE:altdump>"
     PREPATCH_LIB="$<TARGET_FILE:apfix_dl>")
-  add_dependencies(test_prepatch prepatch_fixture prepatch_fixture_nopie altprepatch altdump apfix_dl)
+  add_dependencies(test_prepatch prepatch_fixture prepatch_fixture_nopie prepatch_fixture_format1
+                   altprepatch altdump apfix_dl)
 endif()

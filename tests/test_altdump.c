@@ -836,6 +836,29 @@ Test(altdump, usage)
     result_free(&r);
 }
 
+/* --- objects of both record formats in one program ----------------------- */
+
+/* The linker keeps the first object's note (format 3): its site is patched,
+ * the format-1 object's keeps its original; altdump says so. */
+Test(altdump, mixed_formats)
+{
+    struct result r = run_exe(ALTDUMP_MIXED, (const char *const[]){NULL});
+    cr_assert_eq(r.rc, 0, "%s%s", r.out, r.err);
+    cr_assert(strstr(r.out, "mixed rc=0 a=2 b=1"), "%s", r.out);
+    result_free(&r);
+    r = RUN(ALTDUMP_MIXED);
+    cr_assert_eq(r.rc, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "altpatch format 3, 1 records, 1 sites"), "%s", r.out);
+    cr_assert(strstr(r.err, "also has 14 bytes of format-1 records in altinstructions that its "
+                            "note (format 3) does not describe"),
+              "%s", r.err);
+    result_free(&r);
+    r = RUN("--check", ALTDUMP_MIXED);
+    cr_assert_eq(r.rc, 1, "%s%s", r.out, r.err);
+    cr_assert_null(strstr(r.out, "ok, "), "%s", r.out);
+    result_free(&r);
+}
+
 /* --- cross-check with a live process --------------------------------------- */
 
 struct live {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Runs every build of testdata/fixture.c (-O0, -O2, -O3, -flto, gc-sections,
- * non-PIE, -static, the other compiler) and asserts its exit status and its
+ * non-PIE, format-1 records, -static, the other compiler) and asserts its exit status and its
  * result line. Each fixture checks its own sites' bytes and values after
  * altpatch_apply() (see testdata/fixture.c).
  */
@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include <altpatch/altpatch.h>
+#include <altpatch/alternative.h>
+#include <altpatch/image.h>
 
 extern char **environ;
 
@@ -119,6 +121,31 @@ Test(fixtures, O3) { check_variant("apfix_O3", "O3", NULL); }
 Test(fixtures, lto) { check_variant("apfix_lto", "lto", NULL); }
 Test(fixtures, gc_sections) { check_variant("apfix_gcsections", "gcsections", NULL); }
 Test(fixtures, non_pie) { check_variant("apfix_nopie", "nopie", NULL); }
+
+/* The record format a fixture file carries, read back through the image API. */
+static unsigned file_format(const char *file)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", APFIX_DIR, file);
+    struct altpatch_image *img = NULL;
+    cr_assert_eq(altpatch_image_open(path, NULL, &img), 0, "%s", path);
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
+    altpatch_image_close(img);
+    return info.format_version;
+}
+
+/* A program whose records are format 1 with a replacement per site (built
+ * with ALTPATCH_KERNEL_RECORDS and ALTPATCH_UNSHARED_REPLACEMENTS, as earlier
+ * headers emit them) applies and checks like the format-3 builds. */
+Test(fixtures, format1_records)
+{
+    cr_assert_eq(file_format("apfix_format1"), ALTPATCH_FORMAT_KERNEL);
+    cr_assert_eq(file_format("apfix_O2"), ALTPATCH_FORMAT_COMPACT);
+    struct counts one = check_variant("apfix_format1", "format1", NULL);
+    struct counts three = check_variant("apfix_O2", "O2", NULL);
+    cr_assert_eq(memcmp(&one, &three, sizeof(one)), 0, "same sites, same decisions");
+}
 
 Test(fixtures, static_exe)
 {

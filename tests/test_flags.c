@@ -99,10 +99,10 @@ __attribute__((noinline)) static long site_wide(void)
 {
     long v;
     __asm__ __volatile__(ALTPATCH_NOTE_
+                         ALTPATCH_REPLACEMENT_("movl $2, %%eax")
                          "771:\n\tmovl $1, %%eax\n772:\n773:\n"
                          ".rept " ALTPATCH_STR(WIDE_N) "\n"
-                         ALTPATCH_ENTRY_(X86_FEATURE_ALWAYS)
-                         ALTPATCH_REPLACEMENT_("movl $2, %%eax")
+                         ALTPATCH_ENTRY_(X86_FEATURE_ALWAYS, "movl $2, %%eax")
                          ".endr\n"
                          : "=a"(v));
     return v;

@@ -80,6 +80,7 @@ static const struct mod_expect mod_expect[] = {
     {"recsize", ALTPATCH_REASON_BAD_VERSION},   {"descsz", ALTPATCH_REASON_BAD_VERSION},
     {"inverted", ALTPATCH_REASON_BAD_TABLE},    {"misaligned", ALTPATCH_REASON_BAD_TABLE},
     {"table_out", ALTPATCH_REASON_BAD_TABLE},   {"repl_out", ALTPATCH_REASON_BAD_TABLE},
+    {"v3recsize", ALTPATCH_REASON_BAD_VERSION}, {"v3table", ALTPATCH_REASON_BAD_TABLE},
 };
 #define NMOD (sizeof(mod_expect) / sizeof(mod_expect[0]))
 #define NALL (NMOD + 1)
@@ -115,7 +116,7 @@ static int segs_cb(struct dl_phdr_info *info, size_t size, void *p)
 static int segs_take(struct segs *s, const char *file)
 {
     memset(s, 0, sizeof(*s));
-    snprintf(s->name, sizeof(s->name), "%s", file);
+    snprintf(s->name, sizeof(s->name), "%.*s", (int)sizeof(s->name) - 1, file);
     dl_iterate_phdr(segs_cb, s);
     for (int i = 0; i < s->n; i++) {
         s->copy[i] = malloc(s->size[i]);

@@ -22,7 +22,12 @@
 #include <unistd.h>
 
 #include <altpatch/altpatch.h>
+#include <altpatch/alternative.h>
 #include <altpatch/image.h>
+
+/* The fixtures are built with this header: their format, and that format pre-patched. */
+#define FIXTURE_FORMAT ALTPATCH_FORMAT_VERSION
+#define FIXTURE_PREPATCHED (ALTPATCH_FORMAT_VERSION == ALTPATCH_FORMAT_COMPACT ? 4u : 2u)
 
 #ifndef PREPATCH_FIXTURE
 #error "PREPATCH_FIXTURE must be defined by tests/prepatch.cmake"
@@ -169,13 +174,26 @@ static int cmp_site(const struct altpatch_image_site *s, void *ctx)
     return 0;
 }
 
+/* The format version the note of @p file says. */
+static unsigned file_format(const char *file)
+{
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(file, NULL, &img), 0, "open %s", file);
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
+    altpatch_image_close(img);
+    return info.format_version;
+}
+
 static void check_written(const char *plain, const char *pre, const char *profile)
 {
     struct altpatch_image *img;
+    /* format 1 pre-patched is 2, format 3 pre-patched is 4 */
+    unsigned want = file_format(plain) == ALTPATCH_FORMAT_KERNEL ? 2u : 4u;
     cr_assert_eq(altpatch_image_open(pre, NULL, &img), 0, "reopen %s", pre);
     struct altpatch_image_info info = {.sz = sizeof(info)};
     cr_assert_eq(altpatch_image_get_info(img, &info), 0);
-    cr_assert_eq(info.format_version, 2);
+    cr_assert_eq(info.format_version, want);
     cr_assert_str_eq(info.prepatched_profile, profile);
     struct altpatch_features *fs = altpatch_features_profile(profile);
     const struct altpatch_features *rec = altpatch_image_prepatched_features(img);
@@ -238,6 +256,15 @@ TestSuite(prepatch, .init = setup, .fini = teardown, .timeout = 120);
 Test(prepatch, every_profile_converges_pie)
 {
     each_profile(PREPATCH_FIXTURE);
+}
+
+/* A program with format-1 records (earlier headers, ALTPATCH_KERNEL_RECORDS):
+ * written as format 2, converges and reverts like the format-3 one. */
+Test(prepatch, every_profile_converges_format1)
+{
+    cr_assert_eq(file_format(PREPATCH_FIXTURE_FORMAT1), ALTPATCH_FORMAT_KERNEL);
+    cr_assert_eq(file_format(PREPATCH_FIXTURE), FIXTURE_FORMAT);
+    each_profile(PREPATCH_FIXTURE_FORMAT1);
 }
 
 Test(prepatch, every_profile_converges_nopie)
@@ -444,7 +471,7 @@ Test(image_api, bad_arguments)
     struct altpatch_image_info info = {.sz = sizeof(info)};
     cr_assert_eq(altpatch_image_get_info(img, &info), 0);
     cr_assert_str_eq(info.name, "fixture");
-    cr_assert_eq(info.format_version, 1);
+    cr_assert_eq(info.format_version, FIXTURE_FORMAT);
     cr_assert_null(info.prepatched_profile);
     cr_assert_null(altpatch_image_prepatched_features(img));
     cr_assert_eq(errno, ENOENT);
@@ -470,7 +497,7 @@ Test(image_api, bad_arguments)
     /* The bytes written open as a pre-patched image. */
     cr_assert_eq(altpatch_image_open_mem(buf, len, NULL, &img), 0);
     cr_assert_eq(altpatch_image_get_info(img, &info), 0);
-    cr_assert_eq(info.format_version, 2);
+    cr_assert_eq(info.format_version, FIXTURE_PREPATCHED);
     cr_assert_str_eq(info.prepatched_profile, "baseline");
     altpatch_image_close(img);
     /* Truncated: headers out of bounds, no tables found, never a crash. */
@@ -561,7 +588,7 @@ Test(prepatch, tool_writes_and_reports)
     cr_assert(strstr(o, "Usage: altprepatch"));
     free(o);
     cr_assert_eq(run(NULL, ALTPREPATCH, "--version", &o, NULL), 0);
-    cr_assert(strstr(o, "record format 2"));
+    cr_assert(strstr(o, "record format 4 (2 from format-1 input)"));
     free(o);
 }
 
@@ -575,7 +602,9 @@ Test(prepatch, altdump_shows_and_checks)
     char args[512], *o, *e;
     snprintf(args, sizeof(args), "'%s'", pre);
     cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
-    cr_assert(strstr(o, "altpatch format 2"), "%s", o);
+    char want[32];
+    snprintf(want, sizeof(want), "altpatch format %u", FIXTURE_PREPATCHED);
+    cr_assert(strstr(o, want), "%s", o);
     cr_assert(strstr(o, "pre-patched for amd-zen4"), "%s", o);
     free(o);
     free(e);

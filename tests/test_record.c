@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Record format (record.c): the note descriptor, the 14-byte records with
- * self-relative offsets, and grouping of entries into sites. The byte images
- * are built by hand, as the assembler would lay them out.
+ * Record format (record.c): the note descriptor, the 14-byte (format 1) and
+ * 12-byte (format 3) records with self-relative offsets, and grouping of
+ * entries into sites. The byte images are built by hand, as the assembler would lay them out.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -33,8 +33,8 @@ static void make_note(uint8_t *d, uint64_t at, uint32_t version, uint32_t recsiz
 static void make_record(uint8_t *t, uint64_t table_addr, size_t i, uint64_t site, uint64_t repl,
                         uint32_t ft_flags, uint8_t instrlen, uint8_t repllen)
 {
-    uint8_t *p = t + i * ALTPATCH_RECORD_SIZE;
-    uint64_t at = table_addr + i * ALTPATCH_RECORD_SIZE;
+    uint8_t *p = t + i * ALTPATCH_RECORD_SIZE_KERNEL;
+    uint64_t at = table_addr + i * ALTPATCH_RECORD_SIZE_KERNEL;
 
     put32(p + 0, (uint32_t)(site - at));
     put32(p + 4, (uint32_t)(repl - (at + 4)));
@@ -76,9 +76,23 @@ Test(note, bad_version_and_sizes)
     uint8_t d[AP_NOTE_DESCSZ + 4] = {0};
     struct ap_note n;
 
-    make_note(d, 0x1000, 3, 14, 0x2000, 0x2000, 0x3000, 0x3000);
+    make_note(d, 0x1000, 5, 14, 0x2000, 0x2000, 0x3000, 0x3000);
     cr_assert_eq(ap_note_parse(d, AP_NOTE_DESCSZ, 0x1000, &n), ALTPATCH_REASON_BAD_VERSION);
-    cr_assert_eq(n.version, 3, "filled as far as read");
+    cr_assert_eq(n.version, 5, "filled as far as read");
+    /* each version with its own record size only */
+    static const uint32_t vs[][2] = {{1, 12}, {2, 12}, {3, 14}, {4, 14}, {0, 14}, {0, 12}};
+    for (size_t i = 0; i < sizeof(vs) / sizeof(vs[0]); i++) {
+        make_note(d, 0x1000, vs[i][0], vs[i][1], 0x2000, 0x2000, 0x3000, 0x3000);
+        cr_assert_eq(ap_note_parse(d, AP_NOTE_DESCSZ, 0x1000, &n), ALTPATCH_REASON_BAD_VERSION,
+                     "version %u, record size %u", vs[i][0], vs[i][1]);
+    }
+    static const uint32_t ok[][2] = {{1, 14}, {2, 14}, {3, 12}, {4, 12}};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        make_note(d, 0x1000, ok[i][0], ok[i][1], 0x2000, 0x2000, 0x3000, 0x3000);
+        cr_assert_eq(ap_note_parse(d, AP_NOTE_DESCSZ, 0x1000, &n), ALTPATCH_REASON_NONE,
+                     "version %u, record size %u", ok[i][0], ok[i][1]);
+        cr_assert_eq(ap_note_prepatched(&n), ok[i][0] == 2 || ok[i][0] == 4);
+    }
     make_note(d, 0x1000, 1, 16, 0x2000, 0x2000, 0x3000, 0x3000);
     cr_assert_eq(ap_note_parse(d, AP_NOTE_DESCSZ, 0x1000, &n), ALTPATCH_REASON_BAD_VERSION);
     cr_assert_eq(n.record_size, 16);
@@ -104,7 +118,7 @@ Test(note, inverted_ranges)
 Test(records, self_relative_math)
 {
     const uint64_t ta = 0x7f0000001000;
-    uint8_t raw[3 * ALTPATCH_RECORD_SIZE + 1];
+    uint8_t raw[3 * ALTPATCH_RECORD_SIZE_KERNEL + 1];
     uint8_t *t = raw + 1; /* deliberately misaligned */
     struct ap_entry *e;
     size_t n;
@@ -112,7 +126,8 @@ Test(records, self_relative_math)
     make_record(t, ta, 0, 0x7f0000000100, 0x7f0000002000, X86_FEATURE_FSGSBASE, 9, 5);
     make_record(t, ta, 1, 0x7f0000000100, 0x7f0000002005, ALT_NOT(X86_FEATURE_RDPID), 9, 4);
     make_record(t, ta, 2, 0x7f0000003000, 0x7f0000000f00, X86_FEATURE_ALWAYS, 255, 0);
-    cr_assert_eq(ap_records_parse(t, 3 * ALTPATCH_RECORD_SIZE, ta, &e, &n), ALTPATCH_REASON_NONE);
+    cr_assert_eq(ap_records_parse(t, 3 * ALTPATCH_RECORD_SIZE_KERNEL, ta,
+                                  ALTPATCH_RECORD_SIZE_KERNEL, &e, &n), ALTPATCH_REASON_NONE);
     cr_assert_eq(n, 3);
     cr_assert_eq(e[0].site, 0x7f0000000100);
     cr_assert_eq(e[0].repl, 0x7f0000002000);
@@ -137,7 +152,7 @@ Test(records, raw_field_values)
 {
     /* The first record's instr_offset is relative to the table start, its
      * repl_offset to table start + 4: check the raw encoding as well. */
-    uint8_t t[ALTPATCH_RECORD_SIZE] = {
+    uint8_t t[ALTPATCH_RECORD_SIZE_KERNEL] = {
         0x00, 0xf0, 0xff, 0xff,             /* -0x1000 */
         0x00, 0x10, 0x00, 0x00,             /* +0x1000 */
         0x00, 0x01, 0x01, 0x00,             /* feature 0x100 | flags 1 */
@@ -146,7 +161,8 @@ Test(records, raw_field_values)
     struct ap_entry *e;
     size_t n;
 
-    cr_assert_eq(ap_records_parse(t, sizeof(t), 0x10000, &e, &n), ALTPATCH_REASON_NONE);
+    cr_assert_eq(ap_records_parse(t, sizeof(t), 0x10000,
+                                  ALTPATCH_RECORD_SIZE_KERNEL, &e, &n), ALTPATCH_REASON_NONE);
     cr_assert_eq(n, 1);
     cr_assert_eq(e[0].site, 0xf000);
     cr_assert_eq(e[0].repl, 0x11004);
@@ -159,16 +175,95 @@ Test(records, raw_field_values)
 
 Test(records, truncated_table_is_bad)
 {
-    uint8_t t[2 * ALTPATCH_RECORD_SIZE] = {0};
+    uint8_t t[2 * ALTPATCH_RECORD_SIZE_KERNEL] = {0};
     struct ap_entry *e = (struct ap_entry *)1;
     size_t n = 99;
 
-    cr_assert_eq(ap_records_parse(t, sizeof(t) - 1, 0x1000, &e, &n), ALTPATCH_REASON_BAD_TABLE);
+    cr_assert_eq(ap_records_parse(t, sizeof(t) - 1, 0x1000,
+                                  ALTPATCH_RECORD_SIZE_KERNEL, &e, &n), ALTPATCH_REASON_BAD_TABLE);
     cr_assert_null(e);
     cr_assert_eq(n, 0);
-    cr_assert_eq(ap_records_parse(t, 1, 0x1000, &e, &n), ALTPATCH_REASON_BAD_TABLE);
-    cr_assert_eq(ap_records_parse(NULL, ALTPATCH_RECORD_SIZE, 0x1000, &e, &n),
+    cr_assert_eq(ap_records_parse(t, 1, 0x1000,
+                                  ALTPATCH_RECORD_SIZE_KERNEL, &e, &n), ALTPATCH_REASON_BAD_TABLE);
+    cr_assert_eq(ap_records_parse(NULL, ALTPATCH_RECORD_SIZE_KERNEL, 0x1000,
+                                  ALTPATCH_RECORD_SIZE_KERNEL, &e, &n),
                  ALTPATCH_REASON_BAD_TABLE);
+}
+
+/* Format 3: record @i of a 12-byte table, as the macros emit it. */
+static void make_compact(uint8_t *t, uint64_t table_addr, size_t i, uint64_t site, uint64_t repl,
+                         uint16_t ft, uint8_t instrlen, uint8_t repllen)
+{
+    uint8_t *p = t + i * ALTPATCH_RECORD_SIZE_COMPACT;
+    uint64_t at = table_addr + i * ALTPATCH_RECORD_SIZE_COMPACT;
+
+    put32(p + 0, (uint32_t)(site - at));
+    put32(p + 4, (uint32_t)(repl - (at + 4)));
+    p[8] = (uint8_t)ft;
+    p[9] = (uint8_t)(ft >> 8);
+    p[10] = instrlen;
+    p[11] = repllen;
+}
+
+Test(records, compact_self_relative_math)
+{
+    const uint64_t ta = 0x7f0000001000;
+    uint8_t raw[3 * ALTPATCH_RECORD_SIZE_COMPACT + 1];
+    uint8_t *t = raw + 1; /* deliberately misaligned */
+    struct ap_entry *e;
+    size_t n;
+
+    make_compact(t, ta, 0, 0x7f0000000100, 0x7f0000002000, X86_FEATURE_FSGSBASE, 9, 5);
+    make_compact(t, ta, 1, 0x7f0000000100, 0x7f0000002005, 0x8000 | X86_FEATURE_RDPID, 9, 4);
+    make_compact(t, ta, 2, 0x7f0000003000, 0x7f0000000f00, 0x7fff, 255, 0);
+    cr_assert_eq(ap_records_parse(t, 3 * ALTPATCH_RECORD_SIZE_COMPACT, ta,
+                                  ALTPATCH_RECORD_SIZE_COMPACT, &e, &n),
+                 ALTPATCH_REASON_NONE);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(e[0].site, 0x7f0000000100);
+    cr_assert_eq(e[0].repl, 0x7f0000002000);
+    cr_assert_eq(e[0].feature, X86_FEATURE_FSGSBASE);
+    cr_assert_eq(e[0].flags, 0);
+    cr_assert_eq(e[0].instrlen, 9);
+    cr_assert_eq(e[0].repllen, 5);
+    cr_assert_eq(e[1].site, 0x7f0000000100, "second record: offsets relative to 0x...100c");
+    cr_assert_eq(e[1].repl, 0x7f0000002005);
+    cr_assert_eq(e[1].feature, X86_FEATURE_RDPID);
+    cr_assert_eq(e[1].flags, ALT_FLAG_NOT);
+    cr_assert_eq(e[1].index, 1);
+    cr_assert_eq(e[2].site, 0x7f0000003000);
+    cr_assert_eq(e[2].repl, 0x7f0000000f00, "negative repl_offset");
+    cr_assert_eq(e[2].feature, 0x7fff, "bit 15 only is the flag");
+    cr_assert_eq(e[2].flags, 0);
+    cr_assert_eq(e[2].instrlen, 255);
+    cr_assert_eq(e[2].repllen, 0);
+    free(e);
+}
+
+Test(records, sizes_per_format)
+{
+    uint8_t t[12 * 14] = {0};
+    struct ap_entry *e = (struct ap_entry *)1;
+    size_t n = 99;
+
+    /* 84 bytes: 6 records of 14 or 7 of 12; 70 bytes: 5 of 14, not whole records of 12 */
+    cr_assert_eq(ap_records_parse(t, 84, 0x1000, ALTPATCH_RECORD_SIZE_KERNEL, &e, &n), 0);
+    cr_assert_eq(n, 6);
+    free(e);
+    cr_assert_eq(ap_records_parse(t, 84, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, &e, &n), 0);
+    cr_assert_eq(n, 7);
+    free(e);
+    cr_assert_eq(ap_records_parse(t, 70, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, &e, &n),
+                 ALTPATCH_REASON_BAD_TABLE);
+    cr_assert_null(e);
+    cr_assert_eq(n, 0);
+    for (uint32_t rs = 0; rs < 20; rs++) {
+        if (rs == ALTPATCH_RECORD_SIZE_KERNEL || rs == ALTPATCH_RECORD_SIZE_COMPACT)
+            continue;
+        cr_assert_eq(ap_records_parse(t, 84, 0x1000, rs, &e, &n), ALTPATCH_REASON_BAD_VERSION,
+                     "record size %u", rs);
+        cr_assert_null(e);
+    }
 }
 
 Test(records, empty_table)
@@ -176,7 +271,8 @@ Test(records, empty_table)
     struct ap_entry *e = (struct ap_entry *)1;
     size_t n = 99;
 
-    cr_assert_eq(ap_records_parse(NULL, 0, 0x1000, &e, &n), ALTPATCH_REASON_NONE);
+    cr_assert_eq(ap_records_parse(NULL, 0, 0x1000,
+                                  ALTPATCH_RECORD_SIZE_KERNEL, &e, &n), ALTPATCH_REASON_NONE);
     cr_assert_null(e);
     cr_assert_eq(n, 0);
 }
@@ -315,14 +411,14 @@ Test(sites, from_parsed_nested_records)
 {
     /* ALTERNATIVE_2 layout: inner entry (instrlen 2), outer entry (instrlen 6) */
     const uint64_t ta = 0x5000;
-    uint8_t t[2 * ALTPATCH_RECORD_SIZE];
+    uint8_t t[2 * ALTPATCH_RECORD_SIZE_KERNEL];
     struct ap_entry *e;
     struct ap_site *s;
     size_t n, ns;
 
     make_record(t, ta, 0, 0x1000, 0x6000, X86_FEATURE_RDTSCP, 2, 2);
     make_record(t, ta, 1, 0x1000, 0x6002, X86_FEATURE_RDPID, 6, 6);
-    cr_assert_eq(ap_records_parse(t, sizeof(t), ta, &e, &n), 0);
+    cr_assert_eq(ap_records_parse(t, sizeof(t), ta, ALTPATCH_RECORD_SIZE_KERNEL, &e, &n), 0);
     cr_assert_eq(ap_sites_group(e, n, &s, &ns), 0);
     cr_assert_eq(ns, 1);
     cr_assert_eq(s[0].count, 2);

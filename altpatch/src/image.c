@@ -141,7 +141,8 @@ static int read_tables(struct altpatch_image *img)
             seg[ns++] = (struct ap_segment){p->p_vaddr, size, data, true};
     }
     ap_view_build(&img->view, seg, ns, n->repl_start, rsize, repl);
-    int r = ap_records_parse(table, tsize, n->table_start, &img->entries, &img->nentries);
+    int r = ap_records_parse(table, tsize, n->table_start, n->record_size, &img->entries,
+                             &img->nentries);
     if (r < 0)
         return r;
     if (r)
@@ -195,8 +196,8 @@ static int read_prepatched(struct altpatch_image *img)
     struct ap_prepatch p;
     struct ap_prepatch_site ps;
     if (!img->has_origsec)
-        return fail(img, -EBADMSG, "format version 2 (pre-patched) without a %s section",
-                    AP_PREPATCH_SECTION);
+        return fail(img, -EBADMSG, "format version %u (pre-patched) without a %s section",
+                    img->note.version, AP_PREPATCH_SECTION);
     if (img->origsec.type == SHT_NOBITS ||
         ap_prepatch_parse(img->buf + img->origsec.offset, img->origsec.size, &p))
         return fail(img, -EBADMSG, "malformed %s section", AP_PREPATCH_SECTION);
@@ -239,7 +240,7 @@ static int image_load(struct altpatch_image *img)
     if (r == -ENOMEM)
         return r;
     img->has_origsec = r == 0;
-    if (img->note.version == AP_FORMAT_PREPATCHED)
+    if (ap_note_prepatched(&img->note))
         return read_prepatched(img);
     return 0;
 }
@@ -657,7 +658,7 @@ ALTPATCH_API int altpatch_image_write_mem(const struct altpatch_image *img,
         if (fo >= 0)
             memcpy(out + fo, img->final + off, img->sites[i].len);
     }
-    uint32_t v = AP_FORMAT_PREPATCHED;
+    uint32_t v = ap_format_prepatched(img->note.version);
     memcpy(out + img->note_off, &v, sizeof(v));
     *buf = out;
     *len = outlen;

@@ -4,8 +4,8 @@
  * a tool describes (a relocatable object's sections, a process's memory, a
  * kernel image) instead of an ELF file's program headers. The view comes from
  * ap_view_build(), as for files and loaded modules; the records from
- * ap_records_parse() or, for the older kernel layout, the decoder below; the
- * rest (originals, plans, walks) is the file image's code.
+ * ap_records_parse() (the older kernel layout is format 3's); the rest (originals,
+ * plans, walks) is the file image's code.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -14,11 +14,6 @@
 #include <string.h>
 
 #include "apply.h"
-
-/** Bytes of one record of the older kernel layout. */
-#define AP_LINUX12_SIZE 12
-/** Bit of its u16 cpuid that inverts the condition. */
-#define AP_LINUX12_INV 0x8000u
 
 static int rfail(const char *name, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -79,43 +74,11 @@ static int check(const struct altpatch_image_regions *d, const char *name)
         if (d->known[i] >= 32u * AP_NCAPWORDS)
             return rfail(name, -EINVAL, "known feature id %u out of range (below %u)", d->known[i],
                          32u * AP_NCAPWORDS);
-    size_t rec = d->layout == ALTPATCH_LAYOUT_LINUX_12 ? AP_LINUX12_SIZE : ALTPATCH_RECORD_SIZE;
+    size_t rec = d->layout == ALTPATCH_LAYOUT_LINUX_12 ? ALTPATCH_RECORD_SIZE_COMPACT
+                                                       : ALTPATCH_RECORD_SIZE_KERNEL;
     if (d->table.size % rec)
         return rfail(name, -EBADMSG, "table of %llu bytes is not a whole number of %zu-byte records",
                      (unsigned long long)d->table.size, rec);
-    return 0;
-}
-
-static int32_t rd_s32(const uint8_t *p)
-{
-    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                     (uint32_t)p[3] << 24);
-}
-
-/* The older kernel layout into entries. 0 or -ENOMEM. */
-static int parse_linux12(const uint8_t *t, size_t size, uint64_t addr, struct ap_entry **out,
-                         size_t *n)
-{
-    size_t cnt = size / AP_LINUX12_SIZE;
-    struct ap_entry *e = calloc(cnt ? cnt : 1, sizeof(*e));
-    if (!e)
-        return -ENOMEM;
-    for (size_t i = 0; i < cnt; i++) {
-        const uint8_t *p = t + i * AP_LINUX12_SIZE;
-        uint64_t at = addr + (uint64_t)i * AP_LINUX12_SIZE;
-        unsigned cpuid = (unsigned)p[8] | (unsigned)p[9] << 8;
-        e[i] = (struct ap_entry){
-            .site = at + (uint64_t)(int64_t)rd_s32(p),
-            .repl = at + 4 + (uint64_t)(int64_t)rd_s32(p + 4),
-            .feature = (uint16_t)(cpuid & ~AP_LINUX12_INV),
-            .flags = (cpuid & AP_LINUX12_INV) ? ALT_FLAG_NOT : 0,
-            .instrlen = p[10],
-            .repllen = p[11],
-            .index = (uint32_t)i,
-        };
-    }
-    *out = e;
-    *n = cnt;
     return 0;
 }
 
@@ -149,23 +112,20 @@ static int build(struct altpatch_image *img, const struct altpatch_image_regions
     }
     ap_view_build(&img->view, seg, ns, d->repl.addr, d->repl.size, repl);
 
+    bool compact = d->layout == ALTPATCH_LAYOUT_LINUX_12;
     img->note = (struct ap_note){
-        .version = ALTPATCH_FORMAT_VERSION,
-        .record_size = d->layout == ALTPATCH_LAYOUT_LINUX_12 ? AP_LINUX12_SIZE
-                                                             : ALTPATCH_RECORD_SIZE,
+        .version = compact ? ALTPATCH_FORMAT_COMPACT : ALTPATCH_FORMAT_KERNEL,
+        .record_size = compact ? ALTPATCH_RECORD_SIZE_COMPACT : ALTPATCH_RECORD_SIZE_KERNEL,
         .table_start = d->table.addr,
         .table_end = d->table.addr + d->table.size,
         .repl_start = d->repl.addr,
         .repl_end = d->repl.addr + d->repl.size,
     };
-    int r;
-    if (d->layout == ALTPATCH_LAYOUT_LINUX_12) {
-        r = parse_linux12(table, d->table.size, d->table.addr, &img->entries, &img->nentries);
-    } else {
-        r = ap_records_parse(table, d->table.size, d->table.addr, &img->entries, &img->nentries);
-        if (r > 0) /* the size was checked: nothing else is refused here */
-            r = -EBADMSG;
-    }
+    /* Linux's layout before 6.3 is this library's format 3. */
+    int r = ap_records_parse(table, d->table.size, d->table.addr, img->note.record_size,
+                             &img->entries, &img->nentries);
+    if (r > 0) /* the layout and size were checked: nothing else is refused here */
+        r = -EBADMSG;
     if (r)
         return r;
     if (d->nknown || d->flags) {

@@ -152,9 +152,9 @@ static int ap_save_originals(struct ap_module *m)
         m->res[i] = (struct ap_site_result){ALTPATCH_SITE_ORIGINAL, -1, 0, 0};
         m->cache_chosen[i] = AP_NOT_CACHED;
     }
-    /* A pre-patched file (format 2): memory holds a profile's bytes, the
+    /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the
      * compiler's originals are in the file (prepatch_load.c). */
-    return m->note.version == AP_FORMAT_PREPATCHED ? ap_prepatch_originals(m) : 0;
+    return ap_note_prepatched(&m->note) ? ap_prepatch_originals(m) : 0;
 }
 
 /** Decode the table and group it into sites (the module is refused on a bad table). */
@@ -180,7 +180,8 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     if (!m->repl_copy)
         return -ENOMEM;
     memcpy(m->repl_copy, m->view.repl.data, m->view.repl.size);
-    int r = ap_records_parse(table, m->table_size, n->table_start, &m->entries, &m->nentries);
+    int r = ap_records_parse(table, m->table_size, n->table_start, n->record_size, &m->entries,
+                             &m->nentries);
     if (r < 0)
         return r;
     if (r != ALTPATCH_REASON_NONE) {

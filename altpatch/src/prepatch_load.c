@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * prepatch_load.c - the runtime side of pre-patched files: a module whose
- * note says version 2 runs a profile's bytes at its sites; the compiler's
- * originals are in a non-allocated section of its file, which is not mapped,
- * so they are read from the file (the module's path, /proc/self/exe for the
- * main program).
+ * note says version 2 (or 4) runs a profile's bytes at its sites; the
+ * compiler's originals are in a non-allocated section of its file, which is
+ * not mapped, so they are read from the file (the module's path,
+ * /proc/self/exe for the main program).
  *
  * The file on disk may not be the one mapped (replaced since it was loaded),
  * so nothing is believed before it is checked against memory: the same table

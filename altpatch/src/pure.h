@@ -3,7 +3,7 @@
  * pure.h - floor 1 of libaltpatch: pure layers over bytes and data, no
  * system calls (floors: util.h).
  *
- *   record.c     the record table and the note (format versions 1 and 2)
+ *   record.c     the record table and the note (format versions 1 to 4)
  *   prepatch.c   the section of a pre-patched file that keeps the originals
  *   elfsec.c     a section or the altpatch note of an ELF file, through a reader
  *   features.c   the feature table: names, sets, the edit language, profiles
@@ -12,7 +12,8 @@
  *   reloc.c      relative fields moved to another address
  *
  * Nomenclature:
- *   record / entry  one 14-byte struct altpatch_record in `altinstructions`
+ *   record / entry  one record of the table: 14 bytes (struct altpatch_record,
+ *                   format 1) or 12 (format 3)
  *   site            the bytes at one address that one or more consecutive
  *                   entries describe (nested ALTERNATIVE_2/3); its length is
  *                   the largest instrlen among them
@@ -45,13 +46,13 @@ struct altpatch_record {
     uint8_t replacementlen;
 } __attribute__((packed));
 
-_Static_assert(sizeof(struct altpatch_record) == ALTPATCH_RECORD_SIZE, "record size");
+_Static_assert(sizeof(struct altpatch_record) == ALTPATCH_RECORD_SIZE_KERNEL, "record size");
 
 /** Descriptor of the `.note.altpatch` note, resolved to addresses. */
 struct ap_note {
-    uint32_t version;     /* ALTPATCH_FORMAT_VERSION */
-    uint32_t record_size; /* ALTPATCH_RECORD_SIZE */
-    uint64_t table_start, table_end; /* altinstructions */
+    uint32_t version;     /* 1 or 3, or 2 / 4 for the same pre-patched */
+    uint32_t record_size; /* ALTPATCH_RECORD_SIZE_KERNEL or _COMPACT, as the version says */
+    uint64_t table_start, table_end; /* the record table */
     uint64_t repl_start, repl_end;   /* altinstr_replacement */
 };
 
@@ -87,12 +88,15 @@ struct ap_site {
 };
 
 /**
- * Decode the table of @p size bytes whose first byte is at @p table_addr.
- * Returns ALTPATCH_REASON_NONE, ALTPATCH_REASON_BAD_TABLE (size not a multiple
- * of the record size: nothing decoded), or -ENOMEM. *out is malloc'ed.
+ * Decode the table of @p size bytes whose first byte is at @p table_addr, of
+ * records of @p record_size bytes (a note's: ALTPATCH_RECORD_SIZE_KERNEL or
+ * ALTPATCH_RECORD_SIZE_COMPACT). Returns ALTPATCH_REASON_NONE,
+ * ALTPATCH_REASON_BAD_VERSION (another record size), ALTPATCH_REASON_BAD_TABLE
+ * (size not a multiple of the record size: nothing decoded), or -ENOMEM.
+ * *out is malloc'ed.
  */
 AP_HIDDEN int ap_records_parse(const uint8_t *table, size_t size, uint64_t table_addr,
-                               struct ap_entry **out, size_t *n);
+                               uint32_t record_size, struct ap_entry **out, size_t *n);
 
 /**
  * Group consecutive entries with the same site address into sites (in table
@@ -165,8 +169,24 @@ AP_HIDDEN int ap_profile_fill(const char *name, struct altpatch_features *f);
  * "prepatch record") is parsed and built here, without touching any file.
  */
 
-/** Note version of a pre-patched file (version 1 plus the section below). */
+/** Note version of a pre-patched format-1 file (version 1 plus the section below). */
 #define AP_FORMAT_PREPATCHED 2u
+/** Note version of a pre-patched format-3 file (version 3 plus the same section). */
+#define AP_FORMAT_COMPACT_PREPATCHED 4u
+
+/** True when the note says the file is pre-patched (version 2 or 4). */
+static inline bool ap_note_prepatched(const struct ap_note *n)
+{
+    return n->version == AP_FORMAT_PREPATCHED || n->version == AP_FORMAT_COMPACT_PREPATCHED;
+}
+
+/** The note version of a pre-patched copy of a file whose note says @p version. */
+static inline uint32_t ap_format_prepatched(uint32_t version)
+{
+    return version == ALTPATCH_FORMAT_COMPACT || version == AP_FORMAT_COMPACT_PREPATCHED
+               ? AP_FORMAT_COMPACT_PREPATCHED
+               : AP_FORMAT_PREPATCHED;
+}
 /** Name of the non-allocated section that keeps the originals. */
 #define AP_PREPATCH_SECTION ".altpatch.orig"
 /** First 8 bytes of that section. */

@@ -2,12 +2,12 @@
 /*
  * record.c - the on-disk/in-memory record format (docs/format.md).
  *
- * Turns the raw bytes of the `.note.altpatch` descriptor and of the
- * `altinstructions` table into absolute addresses, and groups table entries
- * into sites. Every offset in the format is self-relative: it is added to the
- * address of the field that holds it. Nothing here touches memory beyond the
- * buffers it is given, and the packed records are read with memcpy (no
- * unaligned dereference).
+ * Turns the raw bytes of the `.note.altpatch` descriptor and of the record
+ * table (`altinstr_table`, format 3, or `altinstructions`, format 1) into
+ * absolute addresses, and groups table entries into sites. Every offset in
+ * the format is self-relative: it is added to the address of the field that
+ * holds it. Nothing here touches memory beyond the buffers it is given, and
+ * the packed records are read with memcpy (no unaligned dereference).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -23,9 +23,13 @@
 #define NOTE_OFF_REPL_START 16
 #define NOTE_OFF_REPL_END 20
 
-/* Offsets of the fields of a record (struct altpatch_record, packed). */
+/* Offsets of the fields of a record (both formats; struct altpatch_record, packed). */
 #define REC_OFF_INSTR 0
 #define REC_OFF_REPL 4
+#define REC_OFF_FT 8
+/* The feature word of a format-3 record. */
+#define REC_COMPACT_FEATURE 0x7fffu
+#define REC_COMPACT_NOT 0x8000u
 
 static uint32_t rd_u32(const uint8_t *p)
 {
@@ -51,11 +55,16 @@ int ap_note_parse(const uint8_t *desc, size_t descsz, uint64_t desc_addr, struct
         return ALTPATCH_REASON_BAD_VERSION;
     out->version = rd_u32(desc + NOTE_OFF_VERSION);
     out->record_size = rd_u32(desc + NOTE_OFF_RECSIZE);
-    /* Versions 1 and 2 (pre-patched, same descriptor) have exactly this
-     * descriptor; anything else is another format. */
-    if ((out->version != ALTPATCH_FORMAT_VERSION && out->version != AP_FORMAT_PREPATCHED) ||
-        out->record_size != ALTPATCH_RECORD_SIZE ||
-        descsz != AP_NOTE_DESCSZ)
+    /* Versions 1 to 4 have exactly this descriptor; 1 and 2 (pre-patched)
+     * 14-byte records, 3 and 4 (pre-patched) 12-byte records. Anything else
+     * is another format. */
+    bool kernel = out->version == ALTPATCH_FORMAT_KERNEL || out->version == AP_FORMAT_PREPATCHED;
+    bool compact = out->version == ALTPATCH_FORMAT_COMPACT ||
+                   out->version == AP_FORMAT_COMPACT_PREPATCHED;
+    if (!(kernel && out->record_size == ALTPATCH_RECORD_SIZE_KERNEL) &&
+        !(compact && out->record_size == ALTPATCH_RECORD_SIZE_COMPACT))
+        return ALTPATCH_REASON_BAD_VERSION;
+    if (descsz != AP_NOTE_DESCSZ)
         return ALTPATCH_REASON_BAD_VERSION;
     out->table_start = rd_selfrel(desc + NOTE_OFF_TABLE_START, desc_addr + NOTE_OFF_TABLE_START);
     out->table_end = rd_selfrel(desc + NOTE_OFF_TABLE_END, desc_addr + NOTE_OFF_TABLE_END);
@@ -66,11 +75,11 @@ int ap_note_parse(const uint8_t *desc, size_t descsz, uint64_t desc_addr, struct
     return ALTPATCH_REASON_NONE;
 }
 
-/* Decode record @i of @table (first byte at @table_addr) into @e. */
+/* Decode format-1 record @i of @table (first byte at @table_addr) into @e. */
 static void record_decode(const uint8_t *table, uint64_t table_addr, size_t i, struct ap_entry *e)
 {
-    const uint8_t *p = table + i * ALTPATCH_RECORD_SIZE;
-    uint64_t at = table_addr + (uint64_t)i * ALTPATCH_RECORD_SIZE;
+    const uint8_t *p = table + i * ALTPATCH_RECORD_SIZE_KERNEL;
+    uint64_t at = table_addr + (uint64_t)i * ALTPATCH_RECORD_SIZE_KERNEL;
     struct altpatch_record r;
 
     memcpy(&r, p, sizeof(r));
@@ -83,23 +92,52 @@ static void record_decode(const uint8_t *table, uint64_t table_addr, size_t i, s
     e->index = (uint32_t)i;
 }
 
-int ap_records_parse(const uint8_t *table, size_t size, uint64_t table_addr,
+/*
+ * Decode format-3 record @i: s32 site, s32 replacement, u16 feature word
+ * (bits 0..14 the feature, bit 15 ALT_FLAG_NOT), u8 site length, u8
+ * replacement length.
+ */
+static void record_decode_compact(const uint8_t *table, uint64_t table_addr, size_t i,
+                                  struct ap_entry *e)
+{
+    const uint8_t *p = table + i * ALTPATCH_RECORD_SIZE_COMPACT;
+    uint64_t at = table_addr + (uint64_t)i * ALTPATCH_RECORD_SIZE_COMPACT;
+    uint16_t ft;
+
+    memcpy(&ft, p + REC_OFF_FT, sizeof(ft));
+    e->site = rd_selfrel(p + REC_OFF_INSTR, at + REC_OFF_INSTR);
+    e->repl = rd_selfrel(p + REC_OFF_REPL, at + REC_OFF_REPL);
+    e->feature = (uint16_t)(ft & REC_COMPACT_FEATURE);
+    e->flags = (ft & REC_COMPACT_NOT) ? ALT_FLAG_NOT : 0;
+    e->instrlen = p[REC_OFF_FT + 2];
+    e->repllen = p[REC_OFF_FT + 3];
+    e->index = (uint32_t)i;
+}
+
+int ap_records_parse(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,
                      struct ap_entry **out, size_t *n)
 {
-    size_t count = size / ALTPATCH_RECORD_SIZE;
+    size_t count;
     struct ap_entry *e;
 
     *out = NULL;
     *n = 0;
-    if (size % ALTPATCH_RECORD_SIZE != 0 || (size && !table) || count > UINT32_MAX)
+    if (record_size != ALTPATCH_RECORD_SIZE_KERNEL && record_size != ALTPATCH_RECORD_SIZE_COMPACT)
+        return ALTPATCH_REASON_BAD_VERSION;
+    count = size / record_size;
+    if (size % record_size != 0 || (size && !table) || count > UINT32_MAX)
         return ALTPATCH_REASON_BAD_TABLE;
     if (count == 0)
         return ALTPATCH_REASON_NONE;
     e = calloc(count, sizeof(*e));
     if (!e)
         return -ENOMEM;
-    for (size_t i = 0; i < count; i++)
-        record_decode(table, table_addr, i, &e[i]);
+    if (record_size == ALTPATCH_RECORD_SIZE_KERNEL)
+        for (size_t i = 0; i < count; i++)
+            record_decode(table, table_addr, i, &e[i]);
+    else
+        for (size_t i = 0; i < count; i++)
+            record_decode_compact(table, table_addr, i, &e[i]);
     *out = e;
     *n = count;
     return ALTPATCH_REASON_NONE;

@@ -21,7 +21,8 @@
 
 struct elf_sizes {
     struct berkeley_sizes b;                /* as size(1) counts them */
-    uint64_t code, records, repl, note;     /* .text, altinstructions, altinstr_replacement, .note.altpatch */
+    uint64_t code, records, repl, note;     /* .text, the record table(s), altinstr_replacement, .note.altpatch */
+    uint64_t entries;                       /* records: 12 B in altinstr_table, 14 in altinstructions */
 };
 
 static void add_section(struct elf_sizes *z, const char *name, const GElf_Shdr *sh)
@@ -31,8 +32,10 @@ static void add_section(struct elf_sizes *z, const char *name, const GElf_Shdr *
     berkeley_add(&z->b, sh->sh_flags, sh->sh_type, sh->sh_size);
     if (!strcmp(name, ".text"))
         z->code += sh->sh_size;
+    else if (!strcmp(name, "altinstr_table"))
+        z->records += sh->sh_size, z->entries += sh->sh_size / ALTPATCH_RECORD_SIZE_COMPACT;
     else if (!strcmp(name, "altinstructions"))
-        z->records += sh->sh_size;
+        z->records += sh->sh_size, z->entries += sh->sh_size / ALTPATCH_RECORD_SIZE_KERNEL;
     else if (!strcmp(name, "altinstr_replacement"))
         z->repl += sh->sh_size;
     else if (!strcmp(name, ".note.altpatch"))
@@ -107,10 +110,11 @@ int ab_mode_size(int argc, char **argv)
     struct elf_sizes a, p;
     if (read_sizes(argv[0], &a) || read_sizes(argv[1], &p))
         return 1;
-    struct elf_sizes d = {{a.b.text - p.b.text, a.b.data - p.b.data, a.b.bss - p.b.bss}, 0, 0, 0, 0};
+    struct elf_sizes d = {{a.b.text - p.b.text, a.b.data - p.b.data, a.b.bss - p.b.bss}, 0, 0, 0, 0, 0};
     printf("### Text-size overhead: %lu sites\n\n", sites);
     printf("Section sizes read with libelf; columns as `size` (Berkeley) counts them: text = "
-           "every allocated read-only section, so it includes `altinstructions` and "
+           "every allocated read-only section, so it includes the record table "
+           "(`altinstr_table`, or `altinstructions` for format 1) and "
            "`altinstr_replacement`.\n\n");
     printf("| build | text | data | bss | dec |\n|---|---:|---:|---:|---:|\n");
     size_row("only the original instructions", &p);
@@ -119,14 +123,16 @@ int ab_mode_size(int argc, char **argv)
     int64_t pad = (int64_t)a.code - (int64_t)p.code;
     int64_t total = (int64_t)(a.records + a.repl + a.note) + pad;
     printf("\n| part | bytes | bytes per site |\n|---|---:|---:|\n");
-    part_row("records (`altinstructions`, 14 B per entry)", (int64_t)a.records, sites);
+    char what[96];
+    snprintf(what, sizeof(what), "records (%.2f B per entry)",
+             a.entries ? (double)a.records / (double)a.entries : 0.0);
+    part_row(what, (int64_t)a.records, sites);
     part_row("replacements (`altinstr_replacement`)", (int64_t)a.repl, sites);
     part_row("padding (`.text` growth: NOPs after shorter originals)", pad, sites);
     part_row("`.note.altpatch` (once per module)", (int64_t)a.note, sites);
     part_row("**total**", total, sites);
     printf("| Linux kernel (seed): +25.7 KB for 1578 sites | 25700 | 16.29 |\n\n");
     printf("Entries: %llu (%.2f per site; ALTERNATIVE_2 sites carry two).\n\n",
-           (unsigned long long)(a.records / ALTPATCH_RECORD_SIZE),
-           (double)(a.records / ALTPATCH_RECORD_SIZE) / (double)sites);
+           (unsigned long long)a.entries, (double)a.entries / (double)sites);
     return 0;
 }

@@ -34,8 +34,9 @@
 
 /** Longest site (a record's u8 length). */
 #define AD_MAX_SITE 255
-/** Note format version of a pre-patched file (docs/format.md). */
+/** Note format versions of pre-patched files (docs/format.md): of format 1, of format 3. */
 #define AD_FORMAT_PREPATCHED 2
+#define AD_FORMAT_COMPACT_PREPATCHED 4
 /** The section of a pre-patched file that keeps the originals. */
 #define AD_PREPATCH_SECTION ".altpatch.orig"
 
@@ -84,8 +85,9 @@ struct ad_plan {
     char detail[160]; /* why a site was refused, or what a direct call became */
 };
 
-/** altinstructions and altinstr_replacement: the sections a .o may hold several of. */
-#define AD_NJOINED 2
+/** altinstructions, altinstr_replacement and altinstr_table: the sections a .o may hold
+ * several of. */
+#define AD_NJOINED 3
 
 /** Exit codes (documented in docs/altdump.1). */
 enum ad_exit {

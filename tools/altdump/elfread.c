@@ -209,6 +209,8 @@ static int joined_kind(const char *name)
         return 0;
     if (strcmp(name, "altinstr_replacement") == 0)
         return 1;
+    if (strcmp(name, "altinstr_table") == 0)
+        return 2;
     return -1;
 }
 
@@ -253,7 +255,7 @@ static void layout_rel(struct reader *r)
 {
     struct ad_image *img = r->img;
     uint64_t cur = AD_REL_BASE;
-    bool seen[AD_NJOINED] = {false, false};
+    bool seen[AD_NJOINED] = {false, false, false};
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 1; i < img->nsecs; i++) {
             struct ad_section *s = &img->secs[i];
@@ -348,7 +350,7 @@ static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint6
     const char *name = elf_strptr(r->elf, c->strndx, sym.st_name);
     bool start = name && strncmp(name, "__start_", 8) == 0;
     if (name && (start || strncmp(name, "__stop_", 7) == 0)) {
-        uint64_t lo, hi;
+        uint64_t lo = 0, hi = 0;
         if (name_span(img, name + (start ? 8 : 7), &lo, &hi)) {
             *out = start ? lo : hi;
             return 0;
@@ -440,7 +442,8 @@ static int apply_rela(struct reader *r, size_t relidx)
  */
 static int join_sections(struct reader *r, int k)
 {
-    static const char *const names[AD_NJOINED] = {"altinstructions", "altinstr_replacement"};
+    static const char *const names[AD_NJOINED] = {"altinstructions", "altinstr_replacement",
+                                                  "altinstr_table"};
     struct ad_image *img = r->img;
     uint64_t lo = 0, hi = 0;
     size_t count = 0;
@@ -460,7 +463,7 @@ static int join_sections(struct reader *r, int k)
     uint8_t *m = malloc(hi - lo ? hi - lo : 1);
     if (!m)
         return oom(r);
-    memset(m, k == 0 ? 0 : 0xcc, hi - lo);
+    memset(m, k == 1 ? 0xcc : 0, hi - lo);
     for (size_t i = 1; i < img->nsecs; i++) {
         const struct ad_section *s = &img->secs[i];
         if ((s->flags & SHF_ALLOC) && strcmp(s->name, names[k]) == 0)
@@ -536,8 +539,13 @@ static int note_parse(const uint8_t *d, size_t descsz, uint64_t at, struct ad_no
         return ALTPATCH_REASON_BAD_VERSION;
     n->version = rd_u32(d);
     n->record_size = rd_u32(d + 4);
-    if ((n->version != ALTPATCH_FORMAT_VERSION && n->version != AD_FORMAT_PREPATCHED) ||
-        n->record_size != ALTPATCH_RECORD_SIZE || descsz != 24)
+    bool kernel = n->version == ALTPATCH_FORMAT_KERNEL || n->version == AD_FORMAT_PREPATCHED;
+    bool compact = n->version == ALTPATCH_FORMAT_COMPACT ||
+                   n->version == AD_FORMAT_COMPACT_PREPATCHED;
+    if (!(kernel && n->record_size == ALTPATCH_RECORD_SIZE_KERNEL) &&
+        !(compact && n->record_size == ALTPATCH_RECORD_SIZE_COMPACT))
+        return ALTPATCH_REASON_BAD_VERSION;
+    if (descsz != 24)
         return ALTPATCH_REASON_BAD_VERSION;
     n->table_start = rd_selfrel(d + 8, at + 8);
     n->table_end = rd_selfrel(d + 12, at + 12);
@@ -571,9 +579,11 @@ static int read_note(struct reader *r, const struct ad_section *ns, bool *found)
         int rc = note_parse(ns->data + desc_off, nh.n_descsz, ns->addr + desc_off, &img->note);
         if (rc == ALTPATCH_REASON_BAD_VERSION)
             return fail(r, "unsupported altpatch note (format version %u, record size %u, "
-                           "descriptor %u bytes; this altdump reads version %d, record size %d)",
+                           "descriptor %u bytes; this altdump reads versions %d and %d, record "
+                           "sizes %d and %d)",
                         img->note.version, img->note.record_size, (unsigned)nh.n_descsz,
-                        ALTPATCH_FORMAT_VERSION, ALTPATCH_RECORD_SIZE);
+                        ALTPATCH_FORMAT_COMPACT, ALTPATCH_FORMAT_KERNEL,
+                        ALTPATCH_RECORD_SIZE_COMPACT, ALTPATCH_RECORD_SIZE_KERNEL);
         if (rc != ALTPATCH_REASON_NONE)
             return fail(r, "bad altpatch note (%s)", altpatch_strreason(rc));
         return 0;
@@ -876,10 +886,13 @@ static int open_tables(struct reader *r, unsigned layout, const unsigned *known,
 static int read_records(struct reader *r)
 {
     struct ad_image *img = r->img;
-    if (img->table_size % ALTPATCH_RECORD_SIZE)
-        return fail(r, "altinstructions holds %zu bytes, not a multiple of the %d-byte record",
-                    img->table_size, ALTPATCH_RECORD_SIZE);
-    return open_tables(r, ALTPATCH_LAYOUT_ALTPATCH, NULL, 0, 0);
+    bool compact = img->note.record_size == ALTPATCH_RECORD_SIZE_COMPACT;
+    if (img->table_size % img->note.record_size)
+        return fail(r, "%s holds %zu bytes, not a multiple of the %u-byte record",
+                    compact ? "altinstr_table" : "altinstructions", img->table_size,
+                    img->note.record_size);
+    return open_tables(r, compact ? ALTPATCH_LAYOUT_COMPACT : ALTPATCH_LAYOUT_ALTPATCH, NULL, 0,
+                       0);
 }
 
 /* --- Linux kernel images and modules --------------------------------------- */
@@ -982,9 +995,11 @@ static int read_all(struct reader *r, unsigned flags)
     if (!found) {
         if (flags & AD_READ_ALLOW_NOALT)
             return 0;
-        if (ad_section_by_name(img, "altinstructions"))
-            return fail(r, "has altinstructions but no altpatch note (the runtime would "
-                           "ignore it)");
+        const char *t = ad_section_by_name(img, "altinstr_table") ? "altinstr_table"
+                        : ad_section_by_name(img, "altinstructions") ? "altinstructions"
+                                                                      : NULL;
+        if (t)
+            return fail(r, "has %s but no altpatch note (the runtime would ignore it)", t);
         return fail(r, "no altpatch tables (no .note.altpatch note, no kernel .altinstructions)");
     }
     if (!rc)
@@ -992,7 +1007,8 @@ static int read_all(struct reader *r, unsigned flags)
     if (!rc)
         rc = build_view(r);
     /* A pre-patched file: its originals go back into the text first. */
-    if (!rc && img->note.version == AD_FORMAT_PREPATCHED)
+    if (!rc && (img->note.version == AD_FORMAT_PREPATCHED ||
+                img->note.version == AD_FORMAT_COMPACT_PREPATCHED))
         rc = ad_prepatched_read(img, r->err, r->errsz);
     if (!rc)
         rc = read_records(r);

@@ -4,6 +4,7 @@
  * with the runtime's own planner, measure their size cost, and compare them
  * with a live process. See docs/altdump.1 and docs/altdump.md.
  */
+#include <elf.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
@@ -83,9 +84,11 @@ static int parse(int argc, char **argv, struct args *a)
         }
         case 'h': usage(stdout); exit(AD_EXIT_OK);
         case 'V':
-            printf("altdump (altpatch) %d.%d.%d, record format %d (and %u: pre-patched)\n",
+            printf("altdump (altpatch) %d.%d.%d, record formats %d and %d (and %d, %d: "
+                   "pre-patched)\n",
                    ALTPATCH_VERSION_MAJOR, ALTPATCH_VERSION_MINOR, ALTPATCH_VERSION_PATCH,
-                   ALTPATCH_FORMAT_VERSION, AD_FORMAT_PREPATCHED);
+                   ALTPATCH_FORMAT_COMPACT, ALTPATCH_FORMAT_KERNEL, AD_FORMAT_COMPACT_PREPATCHED,
+                   AD_FORMAT_PREPATCHED);
             exit(AD_EXIT_OK);
         default:
             fprintf(stderr, "altdump: unknown or incomplete option '%s' (try --help)\n",
@@ -119,6 +122,32 @@ static int worst(int a, int b)
     return a > b ? a : b;
 }
 
+/*
+ * Records of the other format than the note's (objects built with and
+ * without ALTPATCH_KERNEL_RECORDS linked together): the runtime reads only
+ * the note's table, so those sites keep their original bytes. One warning
+ * line; true when there are such records.
+ */
+static bool other_format_records(const struct ad_image *img, const char *file)
+{
+    if (!img->has_alt || img->kernel.on)
+        return false;
+    bool compact = img->note.record_size == ALTPATCH_RECORD_SIZE_COMPACT;
+    const char *other = compact ? "altinstructions" : "altinstr_table";
+    uint64_t bytes = 0;
+    for (size_t i = 1; i < img->nsecs; i++)
+        if ((img->secs[i].flags & SHF_ALLOC) && strcmp(img->secs[i].name, other) == 0)
+            bytes += img->secs[i].size;
+    if (!bytes)
+        return false;
+    fprintf(stderr,
+            "altdump: %s: also has %llu bytes of format-%d records in %s that its note (format "
+            "%u) does not describe: the runtime leaves those sites unpatched\n",
+            file, (unsigned long long)bytes,
+            compact ? ALTPATCH_FORMAT_KERNEL : ALTPATCH_FORMAT_COMPACT, other, img->note.version);
+    return true;
+}
+
 /* One file in table, size or check mode. */
 static int one_file(const struct args *a, const struct ad_opts *o, const char *file,
                     struct ad_json *j)
@@ -142,6 +171,7 @@ static int one_file(const struct args *a, const struct ad_opts *o, const char *f
     ad_size_compute(&img, plans, &sz);
     size_t refused = ad_count_refused(&img, plans);
     size_t mismatched = 0;
+    bool other = other_format_records(&img, file);
     if (a->mode == MODE_CHECK && img.prepatched) {
         mismatched = ad_prepatched_check(stdout, &img);
         if (mismatched == (size_t)-1) {
@@ -159,7 +189,9 @@ static int one_file(const struct args *a, const struct ad_opts *o, const char *f
         ad_print_size(stdout, &img, &sz, o);
     if (a->mode == MODE_CHECK && !o->json) {
         ad_print_refusals(stdout, "", &img, plans);
-        if (!refused && !mismatched && img.prepatched)
+        if (other)
+            ; /* warned above: not ok */
+        else if (!refused && !mismatched && img.prepatched)
             printf("%s: ok, %zu sites, %zu records, pre-patched for %s\n", file, img.nsites,
                    img.nentries, img.pp_profile);
         else if (!refused && !mismatched)
@@ -170,6 +202,8 @@ static int one_file(const struct args *a, const struct ad_opts *o, const char *f
     }
     free(plans);
     ad_image_free(&img);
+    if (a->mode == MODE_CHECK && other)
+        return AD_EXIT_REFUSED;
     return refused || mismatched ? AD_EXIT_REFUSED : AD_EXIT_OK;
 }
 

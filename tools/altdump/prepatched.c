@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * prepatched.c - files written by altprepatch (record format 2): the sites
+ * prepatched.c - files written by altprepatch (record format 4, or 2): the sites
  * hold a profile's plan and .altpatch.orig keeps the compiler's bytes. The
  * reader puts the originals back so that every view (table, --check, --size,
  * --pid) plans from them as it does for any file; --check then also checks
@@ -72,7 +72,8 @@ int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
 {
     const struct ad_section *sec = ad_section_by_name(img, AD_PREPATCH_SECTION);
     if (!sec || !sec->data) {
-        snprintf(err, errsz, "pre-patched (format 2) but no %s section", AD_PREPATCH_SECTION);
+        snprintf(err, errsz, "pre-patched (format %u) but no %s section", img->note.version,
+                 AD_PREPATCH_SECTION);
         return AD_EXIT_BADINPUT;
     }
     /* The library checks the record against the file and keeps both bytes. */
@@ -103,7 +104,8 @@ int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
     const struct altpatch_features *fs = altpatch_image_prepatched_features(li);
     if (altpatch_image_get_info(li, &info) != 0 || !fs || !info.prepatched_profile) {
         altpatch_image_close(li);
-        snprintf(err, errsz, "pre-patched (format 2) but the library does not read it as such");
+        snprintf(err, errsz, "pre-patched (format %u) but the library does not read it as such",
+                 img->note.version);
         return AD_EXIT_BADINPUT;
     }
     size_t total = 0;

@@ -3,7 +3,8 @@
  * --size and --compare. The rules (docs/altdump.md "Size figures"):
  *   text      sum of SHF_ALLOC+SHF_EXECINSTR sections, altinstr_replacement excluded
  *   padding   per site, the trailing NOP instructions of the original bytes
- *   total     altinstructions + altinstr_replacement + padding + .note.altpatch
+ *   total     record table (altinstr_table, or altinstructions for format 1)
+ *             + altinstr_replacement + padding + .note.altpatch
  *   pages     distinct 4 KiB pages touched by sites whose final bytes differ
  *   size(1)   Berkeley rule over section headers: SHF_ALLOC sections only;
  *             executable or read-only -> text, else NOBITS -> bss, else data
@@ -96,7 +97,10 @@ void ad_print_size(FILE *f, const struct ad_image *img, const struct ad_size *s,
     fprintf(f, "  %-36s %10llu bytes\n", "text (executable sections)", (unsigned long long)s->text);
     fprintf(f, "  %-36s %10llu\n", "sites", (unsigned long long)s->sites);
     fprintf(f, "  %-36s %10llu\n", "records", (unsigned long long)s->records);
-    fprintf(f, "  %-36s %10llu bytes\n", "record table (altinstructions)",
+    fprintf(f, "  %-36s %10llu bytes\n",
+            !img->kernel.on && img->note.record_size == ALTPATCH_RECORD_SIZE_COMPACT
+                ? "record table (altinstr_table)"
+                : "record table (altinstructions)",
             (unsigned long long)s->table_bytes);
     fprintf(f, "  %-36s %10llu bytes\n", "replacements (altinstr_replacement)",
             (unsigned long long)s->repl_bytes);

@@ -2,7 +2,7 @@
 /*
  * altprepatch: write a copy of an executable or shared library whose
  * altpatch sites already hold the plan for one CPU profile (record format
- * version 2), for hosts where text cannot be written at run time and for a
+ * version 4, or 2 for a format-1 input), for hosts where text cannot be written at run time and for a
  * start-up without patching. See docs/man/altprepatch.1.
  *
  * Built on the public API only (<altpatch/image.h>), like any user's tool.
@@ -127,7 +127,8 @@ int main(int argc, char **argv)
         case 'q': quiet = true; break;
         case 'h': usage(stdout); return EXIT_OK_;
         case 'V':
-            printf("altprepatch (altpatch) %s, writes record format 2\n", altpatch_version());
+            printf("altprepatch (altpatch) %s, writes record format 4 (2 from format-1 input)\n",
+                   altpatch_version());
             return EXIT_OK_;
         default:
             fprintf(stderr, "altprepatch: unknown or incomplete option '%s' (try --help)\n",

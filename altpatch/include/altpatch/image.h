@@ -10,7 +10,7 @@
  * the runtime's planner for any feature set, lets a tool walk every site with
  * its original, current and final bytes and the reason for a refusal, and
  * writes a pre-patched copy: a file whose sites already hold the plan (record
- * format version 2, docs/format.md).
+ * format version 4, or 2 for a format-1 file, docs/format.md).
  *
  * Conventions as in <altpatch/altpatch.h>: 0 or a negative errno; options
  * structs start with `size_t sz`; messages go through altpatch_set_print()
@@ -66,12 +66,12 @@ ALTPATCH_API void altpatch_image_close(struct altpatch_image *img);
 struct altpatch_image_info {
     size_t sz;               /**< set by the caller: sizeof(struct altpatch_image_info) */
     const char *name;        /**< as given in the opts, or the path */
-    unsigned format_version; /**< 1, or 2 for a pre-patched file */
+    unsigned format_version; /**< 3 or 1; 4 or 2 for a pre-patched file of that format */
     /** Pre-patched files: the profile text it was written for (as given to the writer); else NULL. */
     const char *prepatched_profile;
     size_t entries;          /**< records in the table */
     size_t sites;            /**< sites (groups of records for one address) */
-    uint64_t table_addr;     /**< link-time address of altinstructions */
+    uint64_t table_addr;     /**< link-time address of the record table */
     uint64_t repl_addr;      /**< link-time address of altinstr_replacement */
     uint64_t repl_size;
     bool planned;            /**< altpatch_image_plan() succeeded at least once */
@@ -158,7 +158,7 @@ struct altpatch_image_write_opts {
 /**
  * Write a pre-patched copy of @p img to @p path: every site inside the text
  * holds the last plan's final bytes (the original where the plan keeps it),
- * the note says format version 2, and a non-allocated section
+ * the note says format version 4 (2 for a format-1 file), and a non-allocated section
  * `.altpatch.orig` keeps the profile, its feature set and every site's
  * original bytes, so that altpatch_apply() still converges to the running
  * CPU's plan and ALTPATCH_APPLY_REVERT restores the compiler's bytes. The
@@ -184,14 +184,16 @@ ALTPATCH_API int altpatch_image_write_mem(const struct altpatch_image *img,
 
 /** Record layouts of altpatch_image_open_regions(). */
 enum altpatch_record_layout {
-    /** This library's 14-byte record (docs/format.md), also Linux's from 6.3 on. */
+    /** This library's 14-byte record of format 1 (docs/format.md), also Linux's from 6.3 on. */
     ALTPATCH_LAYOUT_ALTPATCH = 0,
     /**
      * Linux before 6.3, 12 bytes: s32 site offset, s32 replacement offset,
      * u16 cpuid (bit 15: inverted, read as ALT_FLAG_NOT), u8 site length,
-     * u8 replacement length.
+     * u8 replacement length. This library's format 3 uses this layout.
      */
     ALTPATCH_LAYOUT_LINUX_12 = 1,
+    /** This library's 12-byte record of format 3: the same layout as ALTPATCH_LAYOUT_LINUX_12. */
+    ALTPATCH_LAYOUT_COMPACT = ALTPATCH_LAYOUT_LINUX_12,
 };
 
 /** Most text regions altpatch_image_open_regions() takes. */
@@ -214,7 +216,7 @@ struct altpatch_image_regions {
     size_t sz;          /**< sizeof(struct altpatch_image_regions) */
     const char *name;   /**< name used in messages (default "image") */
     unsigned layout;    /**< enum altpatch_record_layout */
-    /** The record table (altinstructions); its size a multiple of the layout's record. */
+    /** The record table; its size a multiple of the layout's record. */
     struct altpatch_image_region table;
     /** The replacements (altinstr_replacement); may be empty. */
     struct altpatch_image_region repl;
@@ -247,7 +249,8 @@ struct altpatch_image_regions {
  * Open an image from caller-described memory @p desc (every byte copied).
  * The image is planned, walked and queried like one read from a file
  * (altpatch_image_plan() applies @p desc's rules); it has no file behind it,
- * so altpatch_image_write() answers -ENOTSUP, and its format_version is 1.
+ * so altpatch_image_write() answers -ENOTSUP, and its format_version is 1
+ * (ALTPATCH_LAYOUT_ALTPATCH) or 3 (the 12-byte layout).
  * Errors, each with one WARN line and nothing allocated: -EINVAL (NULL
  * arguments, bad @c sz, non-zero reserved or unknown fields, an unknown
  * layout, a region with NULL data or that wraps around, more than

@@ -5,7 +5,7 @@
  *        getcpu, ordered TSC read, and a call switched between two functions.
  *
  * Every helper here is `static inline` and always inlined, so each call site
- * in your code becomes one altpatch site (one or more 14-byte records). Until
+ * in your code becomes one altpatch site (one or more 12-byte records). Until
  * altpatch_apply() runs, every site executes its original bytes, which are
  * correct on every x86-64 Linux machine (see each helper). After apply, the
  * site holds the replacement chosen for this CPU.
