@@ -126,34 +126,57 @@ __attribute__((constructor)) static void ap_atfork_register(void)
 /* ------------------------------------------------------------------------- */
 
 
-static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs,
-                      struct ap_memo *memo, unsigned flags)
+/*
+ * The templates of site shapes (memo.c), kept from apply to apply while the
+ * feature set stays the same (each module remembers its sites' templates,
+ * for generation ap_shapes_gen). Guarded by ap_lock.
+ */
+static struct ap_memo ap_shapes;
+static uint64_t ap_shapes_gen;
+
+/** The memo for @p fs: the kept one, or a new generation when the set changed. */
+static struct ap_memo *ap_shapes_for(const struct altpatch_features *fs)
+{
+    if (ap_shapes_gen && memcmp(&ap_shapes.fs, fs, sizeof(*fs)) == 0)
+        return &ap_shapes;
+    ap_memo_free(&ap_shapes);
+    ap_memo_init(&ap_shapes, fs);
+    ap_shapes.fs_at = &ap_shapes.fs;
+    ap_shapes_gen++;
+    return &ap_shapes;
+}
+
+/* Site @p wk (target slot @p slot in the run's arena): its plan, then memory. */
+static void ap_decide(struct ap_work *wk, uint8_t *slot, struct ap_memo *memo, unsigned flags)
 {
     struct ap_module *m = wk->m;
     const struct ap_site *s = &m->sites[wk->idx];
     size_t off = m->orig_off[wk->idx];
-    struct ap_plan plan;
+    /* saved only for a site inside the module's text: memory is then at its
+     * address (a module's view of live memory maps every address to itself) */
     wk->orig = off != AP_NO_ORIG ? m->orig + off : NULL;
-    wk->cur = s->len ? ap_view_text(&m->view, s->addr, s->len) : NULL;
-    const uint8_t *final = ap_plan_cached(m, wk->idx, fs, memo, &plan);
-    if (plan.reason && plan.detail[0])
-        wk->detail = strndup(plan.detail, sizeof(plan.detail));
-    wk->reason = m->reason ? m->reason : plan.reason;
-    wk->chosen = wk->reason || (flags & ALTPATCH_APPLY_REVERT) ? -1 : plan.chosen;
-    if (!wk->orig || !wk->cur) {
+    wk->cur = wk->orig ? (const uint8_t *)(uintptr_t)s->addr : NULL;
+    int reason;
+    int chosen = ap_plan_cached(m, wk->idx, wk->orig, memo, ap_shapes_gen, slot, &reason,
+                                &wk->detail);
+    wk->reason = m->reason ? m->reason : reason;
+    wk->chosen = wk->reason || (flags & ALTPATCH_APPLY_REVERT) ? -1 : chosen;
+    if (!wk->orig) {
         if (!wk->reason)
             wk->reason = ALTPATCH_REASON_SITE_BOUNDS;
         wk->chosen = -1;
         wk->action = AP_ACT_REFUSED;
         return;
     }
-    memcpy(wk->target, wk->chosen >= 0 ? final : wk->orig, s->len);
+    wk->target = wk->chosen >= 0 ? slot : wk->orig;
     const uint8_t *planned = m->planned + off;
-    if (memcmp(wk->cur, wk->target, s->len) == 0) {
+    if (ap_equal_small(wk->cur, wk->target, s->len)) {
         wk->action = wk->reason ? AP_ACT_REFUSED : AP_ACT_UNCHANGED;
-    } else if (memcmp(wk->cur, wk->orig, s->len) == 0 ||
-               memcmp(wk->cur, planned, s->len) == 0) {
-        wk->old = memcmp(wk->cur, wk->orig, s->len) == 0 ? wk->orig : planned;
+    } else if (ap_equal_small(wk->cur, wk->orig, s->len)) {
+        wk->old = wk->orig;
+        wk->action = AP_ACT_WRITE;
+    } else if (ap_equal_small(wk->cur, planned, s->len)) {
+        wk->old = planned;
         wk->action = AP_ACT_WRITE;
     } else {
         wk->reason = ALTPATCH_REASON_MEM_MISMATCH;
@@ -168,7 +191,7 @@ static void ap_decide(struct ap_work *wk, const struct altpatch_features *fs,
 
 struct ap_run {
     struct ap_work *work;
-    uint8_t *arena; /* target bytes of every site */
+    uint8_t *arena; /* final bytes of every site that chose an entry */
     size_t nwork;
     struct ap_write *writes;
     size_t *wmap; /* writes[i] belongs to work[wmap[i]] */
@@ -191,22 +214,23 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     r->arena = malloc(bytes ? bytes : 1);
     if (!r->work || !r->arena)
         return -ENOMEM;
-    struct ap_memo memo; /* plans of identical sites, this apply only */
-    ap_memo_init(&memo, fs);
+    struct ap_memo *memo = ap_shapes_for(fs);
     bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
         if (m->gone)
             continue;
-        if (m->nsites)
-            ap_cache_check(m, fs);
+        ap_cache_check(m, ap_shapes_gen);
         for (size_t i = 0; i < m->nsites; i++) {
             struct ap_work *wk = &r->work[r->nwork++];
-            *wk = (struct ap_work){.m = m, .idx = i, .target = r->arena + bytes};
+            wk->m = m;
+            wk->idx = i;
+            wk->old = NULL;
+            wk->target = NULL;
+            wk->detail = NULL;
+            ap_decide(wk, r->arena + bytes, memo, flags);
             bytes += m->sites[i].len;
-            ap_decide(wk, fs, &memo, flags);
         }
     }
-    ap_memo_free(&memo);
     return 0;
 }
 
@@ -282,7 +306,7 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
         st->sites_patched += res->state == ALTPATCH_SITE_PATCHED;
         st->sites_unchanged += !refused && wk->action == AP_ACT_UNCHANGED;
         if (!(flags & ALTPATCH_APPLY_DRY_RUN) && !refused)
-            memcpy(m->planned + m->orig_off[wk->idx], wk->target, m->sites[wk->idx].len);
+            ap_copy_small(m->planned + m->orig_off[wk->idx], wk->target, m->sites[wk->idx].len);
         if (debug)
             ap_debug_site(wk);
     }

@@ -31,7 +31,7 @@ struct ap_work {
     const uint8_t *orig;    /* saved original, NULL when outside the text */
     const uint8_t *cur;     /* live memory, NULL when outside the text */
     const uint8_t *old;     /* what memory holds, for the writer */
-    uint8_t *target;        /* the bytes memory must hold (in the run's arena) */
+    const uint8_t *target;  /* the bytes memory must hold: orig, or final in the run's arena */
     char *detail;           /* the planner's detail of a refusal (malloc'ed), or NULL */
     int chosen;             /* entry memory will hold; -1 = original */
     int reason;             /* refusal, or NONE */
@@ -71,16 +71,19 @@ AP_HIDDEN void ap_gate_leave(void);
 /* ------------------------------------------------------------------------- */
 
 /**
- * The plan of site @p i: from the module's cache when it holds one for this
- * feature set, else from the planner through @p memo (and then cached if
- * accepted). Fills out->reason, chosen and detail; returns the final bytes
- * (valid while @p out and the module live).
+ * The plan of site @p i (original bytes @p orig, NULL when outside the
+ * text) under @p memo's feature set: the template the site used last time
+ * (m->shape, valid for memo generation @p gen), else one of its shape found
+ * in @p memo, else the planner (through @p memo, which keeps the template if
+ * accepted). Returns the chosen entry (-1: the original), with its final
+ * bytes in @p final (site length), or -2 for a refusal: *@p reason, and
+ * *@p detail the planner's detail (malloc'ed) or NULL.
  */
-AP_HIDDEN const uint8_t *ap_plan_cached(struct ap_module *m, size_t i,
-                                        const struct altpatch_features *fs,
-                                        struct ap_memo *memo, struct ap_plan *out);
-/** Forget a module's cached plans unless they were made for @p fs. */
-AP_HIDDEN void ap_cache_check(struct ap_module *m, const struct altpatch_features *fs);
+AP_HIDDEN int ap_plan_cached(struct ap_module *m, size_t i, const uint8_t *orig,
+                             struct ap_memo *memo, uint64_t gen, uint8_t *final, int *reason,
+                             char **detail);
+/** Forget a module's site templates unless they belong to memo generation @p gen. */
+AP_HIDDEN void ap_cache_check(struct ap_module *m, uint64_t gen);
 
 /* ------------------------------------------------------------------------- */
 /* Debug output (debug.c)                                                    */

@@ -285,16 +285,13 @@ struct ap_module {
     void *pin;
     bool gone;
     uint8_t *planned;           /* per site (at orig_off): the bytes the last apply left */
-    /* Plan cache (sitecache.c): the planner is pure, so for the same feature set
-     * a site's plan does not change. Only accepted plans are cached. */
-    bool cache_valid;           /* cache_fs holds the set the cache was made for */
-    struct altpatch_features cache_fs;
-    int32_t *cache_chosen;      /* per site: AP_NOT_CACHED, -1 (original) or the entry */
-    uint8_t *cache_final;       /* per site (at orig_off): the planned final bytes */
+    /* Each site's template (sitecache.c): the planner is pure, so under the
+     * same feature set a site's plan does not change. Id of the template in
+     * apply's memo (memo.c) of generation shape_gen, 0: none (planned, or
+     * refused, every time). */
+    uint64_t shape_gen;
+    uint32_t *shape;
 };
-
-/** cache_chosen of a site without a cached plan. */
-#define AP_NOT_CACHED (-2)
 
 /** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */
 #define AP_NO_ORIG ((size_t)-1)

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * memo.c - plan identical sites once per apply.
+ * memo.c - one address-free template per site shape.
  *
  * A program has thousands of sites but only a handful of distinct site
  * shapes: the same original bytes with the same replacements. For such a
  * site the planner's answer is a function of its content alone, so the memo
- * keys a plan on that content:
+ * keys a template on that content:
  *
  *   site length, original bytes, and for every entry in order: feature,
  *   flags, replacement length and replacement bytes
@@ -51,6 +51,13 @@
  * at all, for the stored site as for this one, and NOP kinds and lengths
  * come from the instructions, which are the same.
  *
+ * Per site, a lookup is: the address checks, the key copied from the
+ * site's bytes (no decoder), a 64-bit hash, one probe and a compare; the
+ * template is then instantiated (ap_memo_inst: the chosen entry's final
+ * bytes, each relative field's value range-checked and stored). Templates
+ * keep a stable id, so a caller may remember a site's template across
+ * applies under the same feature set and skip the lookup.
+ *
  * The table belongs to the caller (no globals, nothing shared between
  * threads); the planner itself stays pure. tests/test_memo.c compares memo
  * and planner on varied sites.
@@ -62,23 +69,19 @@
 
 /** Longest key memoized (bytes); longer sites always go to the planner. */
 #define AP_MEMO_KEY_MAX 512
-/** Most plans kept by one memo; past it, new shapes go to the planner. */
+/** Most templates kept by one memo; past it, new shapes go to the planner. */
 #define AP_MEMO_MAX_PLANS 65536u
 #define AP_MEMO_MIN_SLOTS 64u
 
-/** One stored plan: key bytes then final bytes, in the memo's arena. */
+/** One hash slot: a template's key hash and id (0: empty). */
 struct ap_memo_slot {
     uint64_t hash;
-    size_t off;      /* of the key in the arena; the final bytes follow it */
-    uint32_t keylen; /* 0: empty slot */
-    int32_t chosen;
-    uint16_t nfields; /* relocated fields, after the final bytes (struct ap_memo_field) */
-    bool relative;    /* the planner's ap_plan.relative */
+    uint32_t id;
 };
 
 /** A relative field of an entry's replacement (stored unaligned). */
 struct ap_memo_field {
-    uint16_t kpos;  /* offset of the field in the key (its value is read from there) */
+    uint16_t kpos;  /* offset of the field in the key */
     uint8_t entry;  /* index within the site */
     uint8_t end;    /* offset of the end of its instruction in the replacement */
     uint8_t pos;    /* offset of the field in the replacement (= in the site) */
@@ -101,48 +104,68 @@ void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs)
 void ap_memo_free(struct ap_memo *m)
 {
     free(m->slots);
+    free(m->tmpl);
     free(m->arena);
     m->slots = NULL;
+    m->tmpl = NULL;
     m->arena = NULL;
-    m->nslots = m->nplans = m->arena_len = m->arena_cap = m->nmasks = 0;
+    m->nslots = m->nplans = m->tmpl_cap = m->arena_len = m->arena_cap = m->nmasks = 0;
 }
 
-/* Append @n bytes at @p to the key; false when it would exceed the maximum. */
-static bool key_put(uint8_t *key, size_t *len, const void *p, size_t n)
+/* The site's text region has bytes at [addr, addr+len)? (ap_site_check's rule) */
+static inline bool site_in_text(const struct ap_view *v, const struct ap_site *s)
 {
-    if (*len + n > AP_MEMO_KEY_MAX)
-        return false;
-    memcpy(key + *len, p, n);
-    *len += n;
-    return true;
+    size_t n = v->ntext < AP_MAX_TEXT ? v->ntext : AP_MAX_TEXT;
+
+    for (size_t i = 0; i < n; i++)
+        if (ap_region_holds(&v->text[i], s->addr, s->len))
+            return true;
+    return false;
 }
 
-/* Build the content key of site @s; 0 when a check fails or it is too long. */
+/* The bytes of entry @e's replacement when it lies inside altinstr_replacement
+ * (ap_entry_repl's rule); *ok false otherwise. */
+static inline const uint8_t *repl_bytes(const struct ap_view *v, const struct ap_entry *e,
+                                        bool *ok)
+{
+    *ok = ap_region_holds(&v->repl, e->repl, e->repllen) && (v->repl.data || !e->repllen);
+    return *ok && e->repllen ? v->repl.data + (e->repl - v->repl.addr) : NULL;
+}
+
+/*
+ * Build the content key of site @s (original @orig, length checked by the
+ * caller): length, original, per entry a 5-byte header and the replacement,
+ * a final mask byte (0). 0 when a replacement lies outside altinstr_replacement
+ * (the planner refuses REPL_BOUNDS) or the key is too long.
+ */
 static size_t key_build(const struct ap_view *v, const struct ap_site *s,
                         const struct ap_entry *entries, const uint8_t *orig, uint8_t *key)
 {
-    size_t len = 0;
+    size_t len = 1 + (size_t)s->len;
 
-    if (!key_put(key, &len, &s->len, 1) || !key_put(key, &len, orig, s->len))
-        return 0;
+    key[0] = s->len;
+    ap_copy_small(key + 1, orig, s->len);
     for (uint32_t k = 0; k < s->count; k++) {
         const struct ap_entry *e = &entries[s->first + k];
-        uint8_t hdr[5] = {(uint8_t)e->feature, (uint8_t)(e->feature >> 8), (uint8_t)e->flags,
-                          (uint8_t)(e->flags >> 8), e->repllen};
+        bool ok;
+        const uint8_t *repl = repl_bytes(v, e, &ok);
 
-        const uint8_t *repl;
-
-        if (!ap_entry_repl(v, e, &repl))
-            return 0; /* the planner refuses it (REPL_BOUNDS) */
-        if (!key_put(key, &len, hdr, sizeof(hdr)) ||
-            (e->repllen && !key_put(key, &len, repl, e->repllen)))
+        if (!ok || len + 5 + e->repllen + 1 > AP_MEMO_KEY_MAX)
             return 0;
+        key[len] = (uint8_t)e->feature;
+        key[len + 1] = (uint8_t)(e->feature >> 8);
+        key[len + 2] = (uint8_t)e->flags;
+        key[len + 3] = (uint8_t)(e->flags >> 8);
+        key[len + 4] = e->repllen;
+        ap_copy_small(key + len + 5, repl, e->repllen);
+        len += 5 + (size_t)e->repllen;
     }
-    return key_put(key, &len, "", 1) ? len : 0; /* mask 0: the original as it is */
+    key[len] = 0; /* mask 0: the content as it is */
+    return len + 1;
 }
 
 /* 64-bit hash of @n bytes, 8 at a time (multiply-xorshift). */
-static uint64_t key_hash(const uint8_t *p, size_t n)
+static inline uint64_t key_hash(const uint8_t *p, size_t n)
 {
     uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
 
@@ -172,10 +195,14 @@ static struct ap_memo_slot *slot_find(const struct ap_memo *m, uint64_t h, const
     for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
         struct ap_memo_slot *sl = &m->slots[i];
 
-        if (sl->keylen == 0)
+        if (sl->id == 0)
             return sl;
-        if (sl->hash == h && sl->keylen == keylen && memcmp(m->arena + sl->off, key, keylen) == 0)
-            return sl;
+        if (sl->hash == h) {
+            const struct ap_memo_tmpl *t = &m->tmpl[sl->id - 1];
+
+            if (t->keylen == keylen && ap_equal_small(m->arena + t->off, key, keylen))
+                return sl;
+        }
     }
 }
 
@@ -190,41 +217,59 @@ static bool slots_grow(struct ap_memo *m)
         return false;
     m->slots = nw;
     m->nslots = n;
-    for (size_t i = 0; i < oldn; i++)
-        if (old[i].keylen)
-            *slot_find(m, old[i].hash, m->arena + old[i].off, old[i].keylen) = old[i];
+    for (size_t i = 0; i < oldn; i++) {
+        if (old[i].id) {
+            const struct ap_memo_tmpl *t = &m->tmpl[old[i].id - 1];
+
+            *slot_find(m, old[i].hash, m->arena + t->off, t->keylen) = old[i];
+        }
+    }
     free(old);
     return true;
 }
 
-/* Room for @n more bytes in the arena; false when memory is short. */
-static bool arena_reserve(struct ap_memo *m, size_t n)
+/* Room for @n more bytes in the arena and one more template; false when memory is short. */
+static bool room_reserve(struct ap_memo *m, size_t n)
 {
     size_t cap = m->arena_cap ? m->arena_cap : 4096;
-    uint8_t *p;
 
-    if (m->arena_len + n <= m->arena_cap)
-        return true;
-    while (cap < m->arena_len + n)
-        cap *= 2;
-    p = realloc(m->arena, cap);
-    if (!p)
+    if (m->arena_len + n > UINT32_MAX)
         return false;
-    m->arena = p;
-    m->arena_cap = cap;
+    if (m->arena_len + n > m->arena_cap) {
+        uint8_t *p;
+
+        while (cap < m->arena_len + n)
+            cap *= 2;
+        p = realloc(m->arena, cap);
+        if (!p)
+            return false;
+        m->arena = p;
+        m->arena_cap = cap;
+    }
+    if (m->nplans >= m->tmpl_cap) {
+        size_t tc = m->tmpl_cap ? m->tmpl_cap * 2 : 16;
+        struct ap_memo_tmpl *t = realloc(m->tmpl, tc * sizeof(*t));
+
+        if (!t)
+            return false;
+        m->tmpl = t;
+        m->tmpl_cap = tc;
+    }
     return true;
 }
 
 /* The value (sign-extended) of the @size-byte field at @p. */
-static int64_t field_read(const uint8_t *p, unsigned size)
+static inline int64_t field_read(const uint8_t *p, unsigned size)
 {
-    uint64_t u = 0;
+    if (size == 4) {
+        int32_t v;
 
-    for (unsigned i = 0; i < size; i++)
-        u |= (uint64_t)p[i] << (8 * i);
-    if ((u >> (8 * size - 1)) & 1)
-        u |= ~0ull << (8 * size - 1);
-    return (int64_t)u;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    if (size == 1)
+        return (int8_t)p[0];
+    return (int16_t)(uint16_t)(p[0] | (unsigned)p[1] << 8);
 }
 
 /*
@@ -232,8 +277,8 @@ static int64_t field_read(const uint8_t *p, unsigned size)
  * (mod 2^64) lies in [0, repllen] (a target inside its replacement), else
  * old + repl - site. False when that does not fit the field (RELOC_OVERFLOW).
  */
-static bool field_value(const struct ap_memo_field *f, int64_t old, uint64_t repl,
-                        uint64_t site, int64_t *nv)
+static inline bool field_value(const struct ap_memo_field *f, int64_t old, uint64_t repl,
+                               uint64_t site, int64_t *nv)
 {
     if ((uint64_t)f->end + (uint64_t)old <= f->repllen) {
         *nv = old;
@@ -247,7 +292,7 @@ static bool field_value(const struct ap_memo_field *f, int64_t old, uint64_t rep
  * Does field @f of the chosen entry, of value @nv at the site, point inside
  * the site [0, len)? Then NOP folding is cut there: not memoized.
  */
-static bool field_cuts(const struct ap_memo_field *f, int64_t nv, unsigned len)
+static inline bool field_cuts(const struct ap_memo_field *f, int64_t nv, unsigned len)
 {
     return (uint64_t)f->end + (uint64_t)nv < len;
 }
@@ -344,15 +389,15 @@ static int mask_find(struct ap_memo *m, const struct ap_memo_mask *mk)
 
 /*
  * Before storing: when the content has relative fields (the replacements'
- * @f[0..nf), and the original's, found here), key the plan without their
+ * @f[0..nf), and the original's, found here), key the template without their
  * values: they are zeroed and the mask named in the key's last byte, *@h
- * recomputed. So every site of that content finds it whatever its fields
+ * recomputed. So every site of that shape finds it whatever its fields
  * hold. Sound because a field's value changes neither the length nor the
  * validity of an instruction (x86 decodes prefixes, opcode, ModRM and SIB;
  * displacement and immediate bytes are data); the plan reads the original
  * only through its decoding and, when no entry is chosen, as the final
- * bytes, which memo_fill() takes from the site itself; and memo_fill() reads
- * each replacement field's value from the site's own key. False when the
+ * bytes, which are then the site's own; and ap_memo_inst() reads each
+ * replacement field's value from the site's own replacement. False when the
  * plan is not to be stored.
  */
 static bool key_mask(struct ap_memo *m, uint8_t *key, size_t keylen,
@@ -392,128 +437,142 @@ static bool key_mask(struct ap_memo *m, uint8_t *key, size_t keylen,
 
 /*
  * Look @key up as it is, then under each mask of its length (on a copy:
- * @key keeps the site's own values). Returns the slot found or NULL.
+ * @key keeps the site's own values). Returns the template id, or 0.
  */
-static const struct ap_memo_slot *memo_find(const struct ap_memo *m, const uint8_t *key,
-                                            size_t keylen, uint64_t h)
+static uint32_t memo_lookup(const struct ap_memo *m, const uint8_t *key, size_t keylen)
 {
     const struct ap_memo_slot *sl;
     uint8_t mkey[AP_MEMO_KEY_MAX];
 
-    if (!m->nslots)
-        return NULL;
-    sl = slot_find(m, h, key, keylen);
-    if (sl->keylen)
-        return sl;
+    if (!m->nslots || keylen < 2 || keylen > AP_MEMO_KEY_MAX)
+        return 0;
+    sl = slot_find(m, key_hash(key, keylen), key, keylen);
+    if (sl->id)
+        return sl->id;
     for (size_t i = 0; i < m->nmasks; i++) {
         if (m->masks[i].keylen != keylen)
             continue;
-        memcpy(mkey, key, keylen);
+        ap_copy_small(mkey, key, keylen);
         mask_apply(&m->masks[i], i, mkey, keylen);
         sl = slot_find(m, key_hash(mkey, keylen), mkey, keylen);
-        if (sl->keylen)
-            return sl;
+        if (sl->id)
+            return sl->id;
     }
-    return NULL;
+    return 0;
 }
 
-/* Remember an accepted plan (best effort: skipped when memory is short). */
-static void memo_store(struct ap_memo *m, uint64_t h, uint8_t *key, size_t keylen,
-                       const struct ap_site *s, const struct ap_entry *entries,
-                       const struct ap_plan *p)
+/* Remember an accepted plan as a template (best effort: skipped when memory
+ * is short). Returns its id, or 0. */
+static uint32_t memo_store(struct ap_memo *m, uint8_t *key, size_t keylen,
+                           const struct ap_site *s, const struct ap_entry *entries,
+                           const struct ap_plan *p)
 {
     struct ap_memo_field f[AP_MEMO_MAX_FIELDS];
     struct ap_memo_slot *sl;
+    uint64_t h = key_hash(key, keylen);
     size_t fsz;
     bool relative = false;
     int nf;
 
-    if (m->nplans >= AP_MEMO_MAX_PLANS)
-        return;
+    if (m->nplans >= AP_MEMO_MAX_PLANS || p->chosen > INT16_MAX)
+        return 0;
     nf = fields_collect(key, s, entries, p, f, &relative);
     if (nf < 0 || relative != p->relative || !key_mask(m, key, keylen, f, nf, &h))
-        return;
+        return 0;
     fsz = (size_t)nf * sizeof(f[0]);
     if ((m->nplans + 1) * 2 > m->nslots && !slots_grow(m))
-        return;
-    if (!arena_reserve(m, keylen + p->len + fsz))
-        return;
+        return 0;
+    if (!room_reserve(m, keylen + p->len + fsz))
+        return 0;
     sl = slot_find(m, h, key, keylen);
-    if (sl->keylen)
-        return; /* already there (cannot happen: the caller missed) */
+    if (sl->id)
+        return 0; /* already there (cannot happen: the caller missed) */
     memcpy(m->arena + m->arena_len, key, keylen);
     memcpy(m->arena + m->arena_len + keylen, p->final, p->len);
     if (fsz)
         memcpy(m->arena + m->arena_len + keylen + p->len, f, fsz);
-    *sl = (struct ap_memo_slot){.hash = h, .off = m->arena_len, .keylen = (uint32_t)keylen,
-                                .chosen = p->chosen, .nfields = (uint16_t)nf,
-                                .relative = p->relative};
+    m->tmpl[m->nplans] = (struct ap_memo_tmpl){.off = (uint32_t)m->arena_len,
+                                               .keylen = (uint16_t)keylen, .len = p->len,
+                                               .nfields = (uint8_t)nf,
+                                               .chosen = (int16_t)p->chosen,
+                                               .relative = p->relative};
     m->arena_len += keylen + p->len + fsz;
-    m->nplans++;
+    *sl = (struct ap_memo_slot){.hash = h, .id = (uint32_t)++m->nplans};
+    return sl->id;
 }
 
-/*
- * A hit: the stored plan, as the planner writes it for an accepted site,
- * with every relative field recomputed from this site's own values (@key)
- * and addresses. False (and @out unusable) when a field does not fit here or
- * one of the chosen entry's points inside the site: the planner decides.
- */
-static bool memo_fill(const struct ap_memo *m, const struct ap_memo_slot *sl,
-                      const struct ap_site *s, const struct ap_entry *entries,
-                      const uint8_t *key, const uint8_t *orig, struct ap_plan *out)
+uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+                      const struct ap_entry *entries, const uint8_t *orig)
 {
-    const uint8_t *fp = m->arena + sl->off + sl->keylen + s->len;
+    uint8_t key[AP_MEMO_KEY_MAX];
+    size_t keylen;
 
-    /* none chosen: the original, this site's own (its relative fields may differ) */
-    memcpy(out->final, sl->chosen < 0 ? orig : m->arena + sl->off + sl->keylen, s->len);
-    for (unsigned i = 0; i < sl->nfields; i++) {
+    if (!m->nplans || s->reason || !s->len || !s->count || !site_in_text(v, s))
+        return 0;
+    keylen = key_build(v, s, entries, orig, key);
+    return keylen ? memo_lookup(m, key, keylen) : 0;
+}
+
+int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
+                 const struct ap_site *s, const struct ap_entry *entries, uint8_t *final)
+{
+    const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
+    const uint8_t *fp = m->arena + t->off + t->keylen + t->len;
+
+    if (t->chosen >= 0)
+        ap_copy_small(final, m->arena + t->off + t->keylen, t->len);
+    for (unsigned i = 0; i < t->nfields; i++) {
         struct ap_memo_field f;
+        const struct ap_entry *e;
         int64_t nv;
 
         memcpy(&f, fp + i * sizeof(f), sizeof(f));
-        if (!field_value(&f, field_read(key + f.kpos, f.size), entries[s->first + f.entry].repl,
-                         s->addr, &nv))
-            return false; /* RELOC_OVERFLOW: the planner says where */
-        if (f.entry == sl->chosen) {
+        e = &entries[s->first + f.entry];
+        /* inside altinstr_replacement: ap_memo_find() checked it */
+        if (!field_value(&f, field_read(v->repl.data + (e->repl - v->repl.addr) + f.pos, f.size),
+                         e->repl, s->addr, &nv))
+            return -2; /* RELOC_OVERFLOW: the planner says where */
+        if (f.entry == t->chosen) {
             if (field_cuts(&f, nv, s->len))
-                return false;
-            ap_rel_store(out->final + f.pos, nv, f.size);
+                return -2;
+            ap_rel_store(final + f.pos, nv, f.size);
         }
     }
-    out->reason = ALTPATCH_REASON_NONE;
-    out->bad_entry = -1;
-    out->chosen = sl->chosen;
-    out->len = s->len;
-    out->relative = sl->relative;
-    out->detail[0] = '\0';
-    memcpy(out->orig, orig, s->len);
-    return true;
+    return t->chosen;
 }
 
-void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
-                  const struct ap_entry *entries, const uint8_t *orig,
-                  const struct altpatch_features *fs, struct ap_plan *out)
+uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+                      const struct ap_entry *entries, const uint8_t *orig,
+                      const struct altpatch_features *fs, struct ap_plan *out)
 {
     uint8_t key[AP_MEMO_KEY_MAX];
     const uint8_t *bytes;
     size_t keylen = 0;
-    uint64_t h = 0;
 
     if (!m || !fs || (fs != m->fs_at && memcmp(fs, &m->fs, sizeof(*fs)) != 0)) {
         ap_plan_site(v, s, entries, orig, fs, out); /* not this memo's feature set */
-        return;
+        return 0;
     }
     if (ap_site_check(v, s, orig, &bytes) == ALTPATCH_REASON_NONE)
         keylen = key_build(v, s, entries, bytes, key);
     if (keylen) {
-        const struct ap_memo_slot *sl;
+        uint32_t id = memo_lookup(m, key, keylen);
 
-        h = key_hash(key, keylen);
-        sl = memo_find(m, key, keylen, h);
-        if (sl) {
-            if (memo_fill(m, sl, s, entries, key, bytes, out)) {
+        if (id) {
+            int chosen = ap_memo_inst(m, id, v, s, entries, out->final);
+
+            if (chosen >= -1) {
+                if (chosen < 0)
+                    memcpy(out->final, bytes, s->len); /* the site's own original */
+                out->reason = ALTPATCH_REASON_NONE;
+                out->bad_entry = -1;
+                out->chosen = chosen;
+                out->len = s->len;
+                out->relative = m->tmpl[id - 1].relative;
+                out->detail[0] = '\0';
+                memcpy(out->orig, bytes, s->len);
                 m->hits++;
-                return;
+                return id;
             }
             keylen = 0; /* stored, but not valid at this address: the planner alone */
         }
@@ -521,5 +580,6 @@ void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_si
     m->misses++;
     ap_plan_site(v, s, entries, orig, fs, out);
     if (keylen && out->reason == ALTPATCH_REASON_NONE)
-        memo_store(m, h, key, keylen, s, entries, out);
+        return memo_store(m, key, keylen, s, entries, out);
+    return 0;
 }

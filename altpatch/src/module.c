@@ -118,8 +118,7 @@ static void ap_module_free(struct ap_module *m)
     free(m->orig_off);
     free(m->res);
     free(m->planned);
-    free(m->cache_chosen);
-    free(m->cache_final);
+    free(m->shape);
     free(m);
 }
 
@@ -127,31 +126,32 @@ static void ap_module_free(struct ap_module *m)
 static int ap_save_originals(struct ap_module *m)
 {
     size_t total = 0;
-    m->orig_off = calloc(m->nsites ? m->nsites : 1, sizeof(*m->orig_off));
-    m->res = calloc(m->nsites ? m->nsites : 1, sizeof(*m->res));
-    if (!m->orig_off || !m->res)
+    m->orig_off = malloc((m->nsites ? m->nsites : 1) * sizeof(*m->orig_off));
+    m->res = malloc((m->nsites ? m->nsites : 1) * sizeof(*m->res));
+    m->shape = calloc(m->nsites ? m->nsites : 1, sizeof(*m->shape)); /* 0: no template */
+    if (!m->orig_off || !m->res || !m->shape)
         return -ENOMEM;
     for (size_t i = 0; i < m->nsites; i++)
         total += m->sites[i].len;
     m->orig = malloc(total ? total : 1);
     m->planned = malloc(total ? total : 1);
-    m->cache_final = malloc(total ? total : 1);
-    m->cache_chosen = malloc((m->nsites ? m->nsites : 1) * sizeof(*m->cache_chosen));
-    if (!m->orig || !m->planned || !m->cache_final || !m->cache_chosen)
+    if (!m->orig || !m->planned)
         return -ENOMEM;
     size_t off = 0;
+    const struct ap_region *r = NULL; /* the region of the last site: sites come in order */
     for (size_t i = 0; i < m->nsites; i++) {
         const struct ap_site *s = &m->sites[i];
-        const uint8_t *live = s->len ? ap_view_text(&m->view, s->addr, s->len) : NULL;
+        if (!r || !ap_region_holds(r, s->addr, s->len))
+            r = s->len ? ap_view_find(&m->view, s->addr, s->len) : NULL;
+        const uint8_t *live = r && r->data ? r->data + (s->addr - r->addr) : NULL;
         m->orig_off[i] = live ? off : AP_NO_ORIG;
         if (live) {
-            memcpy(m->orig + off, live, s->len);
-            memcpy(m->planned + off, live, s->len);
+            ap_copy_small(m->orig + off, live, s->len);
             off += s->len;
         }
         m->res[i] = (struct ap_site_result){ALTPATCH_SITE_ORIGINAL, -1, 0, 0};
-        m->cache_chosen[i] = AP_NOT_CACHED;
     }
+    memcpy(m->planned, m->orig, off);
     /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the
      * compiler's originals are in the file (prepatch_load.c). */
     return ap_note_prepatched(&m->note) ? ap_prepatch_originals(m) : 0;

@@ -108,16 +108,22 @@ AP_HIDDEN bool ap_entry_repl(const struct ap_view *v, const struct ap_entry *e,
                              const uint8_t **bytes);
 
 /* ------------------------------------------------------------------------- */
-/* Plan memo (memo.c): identical sites planned once per apply                */
+/* Shape templates (memo.c): one plan per site shape                         */
 /* ------------------------------------------------------------------------- */
 
 /**
- * Plans keyed on a site's content (length, original bytes, every entry's
- * feature, flags and replacement bytes) for one feature set. Owned by the
- * caller (one per apply); ap_memo_init() allocates nothing.
+ * A site's plan depends on its SHAPE -- length, original bytes, every
+ * entry's feature, flags and replacement bytes -- and, for relative fields,
+ * on arithmetic over its addresses. The memo keeps one address-free template
+ * per shape under one feature set: the key (the shape, relative field values
+ * zeroed), the chosen entry, the final bytes with holes for the chosen
+ * entry's relative fields, and where every replacement's relative fields lie
+ * (each one is range-checked per site, chosen or not: the planner refuses
+ * RELOC_OVERFLOW for any entry). Zydis runs per shape, never per site.
+ * Owned by the caller; ap_memo_init() allocates nothing.
  */
-/** Where the relative fields of a site's content lie in its memo key (memo.c
- * keys such sites without their values). */
+/** Where the relative fields of a site's content lie in its key (keyed
+ * without their values). */
 struct ap_memo_mask {
     uint16_t keylen;
     uint16_t n;       /* fields */
@@ -127,12 +133,24 @@ struct ap_memo_mask {
 
 #define AP_MEMO_MAX_MASKS 8
 
+/** One template (stable index: a site may keep it as "id" = index + 1). */
+struct ap_memo_tmpl {
+    uint32_t off;     /* key in the arena; final bytes, then fields, follow */
+    uint16_t keylen;
+    uint8_t len;      /* site length */
+    uint8_t nfields;  /* relative fields of the replacements (struct ap_memo_field) */
+    int16_t chosen;   /* entry selected; -1 = the original */
+    bool relative;    /* the planner's ap_plan.relative */
+};
+
 struct ap_memo {
     struct altpatch_features fs; /* the set every plan was made for */
     const struct altpatch_features *fs_at; /* where the caller keeps it (unchanged while in use) */
     struct ap_memo_slot *slots;  /* open addressing, power-of-two size */
     size_t nslots, nplans;
-    uint8_t *arena;              /* keys and final bytes */
+    struct ap_memo_tmpl *tmpl;   /* nplans templates */
+    size_t tmpl_cap;
+    uint8_t *arena;              /* keys, final bytes, fields */
     size_t arena_len, arena_cap;
     uint64_t hits, misses;       /* sites answered from the memo / by the planner */
     struct ap_memo_mask masks[AP_MEMO_MAX_MASKS]; /* relative field layouts seen */
@@ -145,16 +163,36 @@ AP_HIDDEN void ap_memo_init(struct ap_memo *m, const struct altpatch_features *f
 AP_HIDDEN void ap_memo_free(struct ap_memo *m);
 /**
  * ap_plan_site() with the same arguments and the same result, answered from
- * @p m when a site of the same content was planned before (the address checks
- * are made again, relative fields relocated again for this site's addresses).
- * Accepted plans are stored.
+ * @p m when a site of the same shape was planned before (the address checks
+ * are made again, relative fields computed for this site's addresses).
+ * Accepted plans are stored. Returns the id of the template that answered
+ * or was stored (0: none).
  * @p m NULL, or @p fs other than the memo's set: the planner alone. The set
  * given to ap_memo_init() is recognised by its address, so the caller must
  * not change it while it uses the memo; any other pointer is compared by
  * content.
  */
-AP_HIDDEN void ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
-                            const struct ap_entry *entries, const uint8_t *orig,
-                            const struct altpatch_features *fs, struct ap_plan *out);
+AP_HIDDEN uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v,
+                                const struct ap_site *s, const struct ap_entry *entries,
+                                const uint8_t *orig, const struct altpatch_features *fs,
+                                struct ap_plan *out);
+/**
+ * The template of site @p s (original bytes @p orig, non-NULL), or 0: the
+ * site's address checks pass (no preset reason, inside one text region,
+ * every replacement inside altinstr_replacement) and a site of its shape was
+ * planned and accepted under the memo's set. No planner, no Zydis.
+ */
+AP_HIDDEN uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v,
+                                const struct ap_site *s, const struct ap_entry *entries,
+                                const uint8_t *orig);
+/**
+ * Template @p id at site @p s (whose checks ap_memo_find() made): the
+ * chosen entry (-1: the original, @p final untouched), with its final bytes
+ * in @p final (s->len bytes); or -2 when a relative field does not fit here
+ * or points into the site: then only the planner can answer.
+ */
+AP_HIDDEN int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
+                           const struct ap_site *s, const struct ap_entry *entries,
+                           uint8_t *final);
 
 #endif /* ALTPATCH_PLAN_H */

@@ -1,50 +1,72 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sitecache.c - each module's plans from the last apply. The planner is
- * pure, so for the same feature set a site's plan does not change: a second
- * apply (a dlopen, say) takes every known site's plan from its module and
- * sends only new sites to the planner, through this apply's memo (memo.c:
- * identical sites planned once). Only accepted plans are kept.
+ * sitecache.c - each site's plan, from its shape's template.
+ *
+ * The planner is pure and a site's plan depends only on its shape plus the
+ * arithmetic of its relative fields (memo.c), so apply keeps one memo of
+ * templates for as long as the feature set stays the same, and each module
+ * remembers which template each of its sites used. A site is then decided
+ * by instantiating that template (the chosen entry's bytes, relative fields
+ * computed and range-checked for this site); a site seen for the first time
+ * looks its shape up (a hash of its bytes, no decoder); only a new shape or
+ * a refusal reaches the planner.
  */
 #include "apply.h"
 
+#include <stdlib.h>
 #include <string.h>
 
-/**
- * The plan of site @p i: from the module's cache when it holds one for this
- * feature set, else from the planner (and then cached if accepted). Fills
- * out->reason, chosen and detail; returns the final bytes (valid while @p out
- * and the module live).
- */
-const uint8_t *ap_plan_cached(struct ap_module *m, size_t i,
-                                     const struct altpatch_features *fs, struct ap_memo *memo,
-                                     struct ap_plan *out)
+/* The planner, through the memo: refusals, new shapes, relative fields that
+ * do not fit at this site. */
+static __attribute__((noinline)) int ap_plan_slow(struct ap_module *m, size_t i,
+                                                  const uint8_t *orig, struct ap_memo *memo,
+                                                  uint8_t *final, int *reason, char **detail)
 {
-    size_t off = m->orig_off[i];
-    const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
-    if (orig && m->cache_chosen[i] != AP_NOT_CACHED) {
-        out->reason = ALTPATCH_REASON_NONE;
-        out->chosen = m->cache_chosen[i];
-        out->detail[0] = '\0';
-        return m->cache_final + off;
+    struct ap_plan plan;
+    uint32_t id = ap_memo_plan(memo, &m->view, &m->sites[i], m->entries, orig, &memo->fs, &plan);
+
+    if (plan.reason != ALTPATCH_REASON_NONE) {
+        *reason = plan.reason;
+        *detail = plan.detail[0] ? strndup(plan.detail, sizeof(plan.detail)) : NULL;
+        return -2;
     }
-    /* the planner through this apply's memo (memo.c): identical sites planned once */
-    ap_memo_plan(memo, &m->view, &m->sites[i], m->entries, orig, fs, out);
-    if (orig && out->reason == ALTPATCH_REASON_NONE) {
-        m->cache_chosen[i] = (int32_t)out->chosen;
-        memcpy(m->cache_final + off, out->final, m->sites[i].len);
-    }
-    return out->final;
+    if (orig && id)
+        m->shape[i] = id;
+    if (plan.chosen >= 0)
+        ap_copy_small(final, plan.final, m->sites[i].len);
+    return plan.chosen;
 }
 
-/** Forget a module's cached plans unless they were made for @p fs. */
-void ap_cache_check(struct ap_module *m, const struct altpatch_features *fs)
+int ap_plan_cached(struct ap_module *m, size_t i, const uint8_t *orig, struct ap_memo *memo,
+                   uint64_t gen, uint8_t *final, int *reason, char **detail)
 {
-    if (m->cache_valid && memcmp(&m->cache_fs, fs, sizeof(*fs)) == 0)
+    const struct ap_site *s = &m->sites[i];
+    uint32_t id;
+    int chosen;
+
+    *reason = ALTPATCH_REASON_NONE;
+    *detail = NULL;
+    if (!orig || m->shape_gen != gen)
+        return ap_plan_slow(m, i, orig, memo, final, reason, detail);
+    id = m->shape[i];
+    if (!id) {
+        /* the address checks, then the shape's hash: no decoder */
+        id = ap_memo_find(memo, &m->view, s, m->entries, orig);
+        if (!id)
+            return ap_plan_slow(m, i, orig, memo, final, reason, detail);
+    }
+    chosen = ap_memo_inst(memo, id, &m->view, s, m->entries, final);
+    if (chosen < -1) /* a relative field that does not fit here: the planner refuses it */
+        return ap_plan_slow(m, i, orig, memo, final, reason, detail);
+    m->shape[i] = id;
+    memo->hits++;
+    return chosen;
+}
+
+void ap_cache_check(struct ap_module *m, uint64_t gen)
+{
+    if (m->shape_gen == gen || !m->shape)
         return;
-    for (size_t i = 0; i < m->nsites; i++)
-        m->cache_chosen[i] = AP_NOT_CACHED;
-    m->cache_fs = *fs;
-    m->cache_valid = true;
+    memset(m->shape, 0, m->nsites * sizeof(*m->shape));
+    m->shape_gen = gen;
 }
-

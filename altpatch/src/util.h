@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
@@ -112,6 +113,64 @@ static inline void ap_serialize_iret(void)
                      : "=&r"(tmp)
                      :
                      : "cc", "memory");
+}
+
+/* ------------------------------------------------------------------------- */
+/* Small copies and compares (site bytes: a few at a time)                   */
+/* ------------------------------------------------------------------------- */
+
+/**
+ * Copy @p n bytes (a site or a replacement: usually a few) without a library
+ * call: overlapping word moves for 4..16, single bytes below.
+ */
+static inline void ap_copy_small(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    if (n > 16) {
+        memcpy(dst, src, n);
+    } else if (n >= 8) {
+        uint64_t a, b;
+
+        memcpy(&a, src, 8);
+        memcpy(&b, src + n - 8, 8);
+        memcpy(dst, &a, 8);
+        memcpy(dst + n - 8, &b, 8);
+    } else if (n >= 4) {
+        uint32_t a, b;
+
+        memcpy(&a, src, 4);
+        memcpy(&b, src + n - 4, 4);
+        memcpy(dst, &a, 4);
+        memcpy(dst + n - 4, &b, 4);
+    } else if (n) {
+        dst[0] = src[0];
+        if (n > 1) {
+            dst[1] = src[1];
+            if (n > 2)
+                dst[2] = src[2];
+        }
+    }
+}
+
+/** Are the @p n bytes at @p a and @p b equal? (a site, a key: a few words) */
+static inline bool ap_equal_small(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    uint64_t x, y, d = 0;
+
+    if (n > 32)
+        return memcmp(a, b, n) == 0;
+    if (n < 8) {
+        for (size_t i = 0; i < n; i++)
+            d |= (uint64_t)(a[i] ^ b[i]);
+        return d == 0;
+    }
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        d |= x ^ y;
+    }
+    memcpy(&x, a + n - 8, 8);
+    memcpy(&y, b + n - 8, 8);
+    return (d | (x ^ y)) == 0;
 }
 
 #endif /* ALTPATCH_UTIL_H */
