@@ -23,11 +23,11 @@
  * Relative fields (a `call rel32`, a jcc, a RIP-relative operand), in the
  * original or in a replacement. Every ALTPATCH_ALT_CALL site is a different
  * `call oldfn` with a different `call newfn` replacement: same instructions,
- * other field values. So when an accepted plan has relative fields, it is
- * keyed WITHOUT their values (zeroed in the key, whose last byte names the
- * field layout, a "mask"; a lookup that misses as it is tries each known
- * mask of its key length). That is sound because a field's value changes
- * neither the length nor the validity of an instruction, and:
+ * other field values. So when an accepted plan has relative fields, its
+ * template is keyed WITHOUT their values: the key holds zeros there and a
+ * byte mask beside the key leaves them out of the compare. That is sound
+ * because a field's value changes neither the length nor the validity of
+ * an instruction, and:
  *
  *   - the original is read only through its decoding, and as the final
  *     bytes when no entry is chosen (taken from the site itself on a hit);
@@ -40,6 +40,13 @@
  *     RELOC_OVERFLOW for a non-chosen entry too), sends the site to the
  *     planner, which refuses it with its own detail. The chosen entry's
  *     values are written over the stored final bytes.
+ *
+ * Lookup without a decoder: templates are hashed on a SIGNATURE that no
+ * relative field can change -- the site length, the entry count, every
+ * entry's feature, flags and replacement length, and the first byte of the
+ * original and of every replacement (an opcode or prefix byte: a relative
+ * field never starts an instruction). Templates of one signature share its
+ * hash; each candidate is compared with the site's bytes under its mask.
  *
  * NOP folding (plan.c fold_site) never folds across an offset of the site
  * that a relative field of the final bytes points to, and those targets now
@@ -73,7 +80,7 @@
 #define AP_MEMO_MAX_PLANS 65536u
 #define AP_MEMO_MIN_SLOTS 64u
 
-/** One hash slot: a template's key hash and id (0: empty). */
+/** One hash slot: a template's signature hash and id (0: empty). */
 struct ap_memo_slot {
     uint64_t hash;
     uint32_t id;
@@ -123,87 +130,125 @@ static inline bool site_in_text(const struct ap_view *v, const struct ap_site *s
     return false;
 }
 
-/* The bytes of entry @e's replacement when it lies inside altinstr_replacement
- * (ap_entry_repl's rule); *ok false otherwise. */
-static inline const uint8_t *repl_bytes(const struct ap_view *v, const struct ap_entry *e,
-                                        bool *ok)
+/* Entry @e's replacement lies inside altinstr_replacement (ap_entry_repl's rule)? */
+static inline bool repl_ok(const struct ap_view *v, const struct ap_entry *e)
 {
-    *ok = ap_region_holds(&v->repl, e->repl, e->repllen) && (v->repl.data || !e->repllen);
-    return *ok && e->repllen ? v->repl.data + (e->repl - v->repl.addr) : NULL;
+    return ap_region_holds(&v->repl, e->repl, e->repllen) && (v->repl.data || !e->repllen);
+}
+
+/* Its bytes (only after repl_ok(); NULL for length 0). */
+static inline const uint8_t *repl_at(const struct ap_view *v, const struct ap_entry *e)
+{
+    return e->repllen ? v->repl.data + (e->repl - v->repl.addr) : NULL;
+}
+
+static inline uint64_t mix(uint64_t h, uint64_t w)
+{
+    h = (h ^ w) * 0xff51afd7ed558ccdull;
+    return h ^ (h >> 32);
 }
 
 /*
- * Build the content key of site @s (original @orig, length checked by the
- * caller): length, original, per entry a 5-byte header and the replacement,
- * a final mask byte (0). 0 when a replacement lies outside altinstr_replacement
- * (the planner refuses REPL_BOUNDS) or the key is too long.
+ * The signature hash of site @s (original @orig): length, entry count, per
+ * entry feature, flags, replacement length and first replacement byte, the
+ * original's first byte. Nothing a relative field's value changes. False
+ * when a replacement lies outside altinstr_replacement (REPL_BOUNDS: the
+ * planner decides).
  */
-static size_t key_build(const struct ap_view *v, const struct ap_site *s,
-                        const struct ap_entry *entries, const uint8_t *orig, uint8_t *key)
+static inline bool sig_hash(const struct ap_view *v, const struct ap_site *s,
+                            const struct ap_entry *entries, const uint8_t *orig, uint64_t *h)
 {
-    size_t len = 1 + (size_t)s->len;
+    uint64_t x = mix(0x9e3779b97f4a7c15ull,
+                     (uint64_t)s->len | (uint64_t)orig[0] << 8 | (uint64_t)s->count << 16);
 
-    key[0] = s->len;
-    ap_copy_small(key + 1, orig, s->len);
     for (uint32_t k = 0; k < s->count; k++) {
         const struct ap_entry *e = &entries[s->first + k];
-        bool ok;
-        const uint8_t *repl = repl_bytes(v, e, &ok);
 
-        if (!ok || len + 5 + e->repllen + 1 > AP_MEMO_KEY_MAX)
-            return 0;
-        key[len] = (uint8_t)e->feature;
-        key[len + 1] = (uint8_t)(e->feature >> 8);
-        key[len + 2] = (uint8_t)e->flags;
-        key[len + 3] = (uint8_t)(e->flags >> 8);
-        key[len + 4] = e->repllen;
-        ap_copy_small(key + len + 5, repl, e->repllen);
-        len += 5 + (size_t)e->repllen;
+        if (!repl_ok(v, e))
+            return false;
+        x = mix(x, (uint64_t)e->feature | (uint64_t)e->flags << 16 | (uint64_t)e->repllen << 32 |
+                       (uint64_t)(e->repllen ? repl_at(v, e)[0] : 0) << 40);
     }
-    key[len] = 0; /* mask 0: the content as it is */
-    return len + 1;
+    *h = x ^ (x >> 29);
+    return true;
 }
 
-/* 64-bit hash of @n bytes, 8 at a time (multiply-xorshift). */
-static inline uint64_t key_hash(const uint8_t *p, size_t n)
+/* Are the @n bytes at @a equal to those at @b where @mk has bits set? */
+static inline bool masked_equal(const uint8_t *a, const uint8_t *b, const uint8_t *mk, size_t n)
 {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    uint64_t x, y, z, d = 0;
 
-    for (; n >= 8; p += 8, n -= 8) {
-        uint64_t w;
-
-        memcpy(&w, p, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdull;
-        h ^= h >> 32;
+    if (n < 8 || n > 16) {
+        for (size_t i = 0; i < n; i++)
+            d |= (uint64_t)((a[i] ^ b[i]) & mk[i]);
+        return d == 0;
     }
-    if (n) {
-        uint64_t w = 0;
-
-        for (size_t i = 0; i < n; i++) /* not memcpy: a library call for a few bytes */
-            w |= (uint64_t)p[i] << (8 * i);
-        h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
-    }
-    return h ^ (h >> 29);
+    memcpy(&x, a, 8);
+    memcpy(&y, b, 8);
+    memcpy(&z, mk, 8);
+    d = (x ^ y) & z;
+    memcpy(&x, a + n - 8, 8);
+    memcpy(&y, b + n - 8, 8);
+    memcpy(&z, mk + n - 8, 8);
+    return (d | ((x ^ y) & z)) == 0;
 }
 
-/* The slot holding @key, or the empty slot where it would go. */
-static struct ap_memo_slot *slot_find(const struct ap_memo *m, uint64_t h, const uint8_t *key,
-                                      size_t keylen)
+/*
+ * Is site @s (original @orig; every replacement checked by sig_hash()) of
+ * the shape of template @t? Its bytes against the template's key under the
+ * key's mask: length, original, per entry the 5-byte header and the
+ * replacement.
+ */
+static bool tmpl_match(const struct ap_memo *m, const struct ap_memo_tmpl *t,
+                       const struct ap_view *v, const struct ap_site *s,
+                       const struct ap_entry *entries, const uint8_t *orig)
+{
+    const uint8_t *key = m->arena + t->off, *mk = key + t->keylen;
+    size_t at = 1 + (size_t)s->len;
+
+    if (t->len != s->len || t->count != s->count || !masked_equal(orig, key + 1, mk + 1, s->len))
+        return false;
+    for (uint32_t k = 0; k < s->count; k++) {
+        const struct ap_entry *e = &entries[s->first + k];
+        const uint8_t *h = key + at;
+
+        if (at + 5 + e->repllen > t->keylen ||
+            (h[0] | h[1] << 8) != e->feature || (h[2] | h[3] << 8) != e->flags ||
+            h[4] != e->repllen || !masked_equal(repl_at(v, e), h + 5, mk + at + 5, e->repllen))
+            return false;
+        at += 5 + (size_t)e->repllen;
+    }
+    return at == t->keylen;
+}
+
+/* The template of site @s among those of signature hash @h, or 0. */
+static uint32_t memo_lookup(const struct ap_memo *m, uint64_t h, const struct ap_view *v,
+                            const struct ap_site *s, const struct ap_entry *entries,
+                            const uint8_t *orig)
 {
     size_t mask = m->nslots - 1;
 
+    if (!m->nslots)
+        return 0;
     for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
-        struct ap_memo_slot *sl = &m->slots[i];
+        const struct ap_memo_slot *sl = &m->slots[i];
 
         if (sl->id == 0)
-            return sl;
-        if (sl->hash == h) {
-            const struct ap_memo_tmpl *t = &m->tmpl[sl->id - 1];
-
-            if (t->keylen == keylen && ap_equal_small(m->arena + t->off, key, keylen))
-                return sl;
-        }
+            return 0;
+        if (sl->hash == h && tmpl_match(m, &m->tmpl[sl->id - 1], v, s, entries, orig))
+            return sl->id;
     }
+}
+
+/* The first empty slot from @h's place on. */
+static struct ap_memo_slot *slot_free(const struct ap_memo *m, uint64_t h)
+{
+    size_t mask = m->nslots - 1;
+    size_t i = (size_t)h & mask;
+
+    while (m->slots[i].id)
+        i = (i + 1) & mask;
+    return &m->slots[i];
 }
 
 /* Double the table (or create it); false when memory is short. */
@@ -217,13 +262,9 @@ static bool slots_grow(struct ap_memo *m)
         return false;
     m->slots = nw;
     m->nslots = n;
-    for (size_t i = 0; i < oldn; i++) {
-        if (old[i].id) {
-            const struct ap_memo_tmpl *t = &m->tmpl[old[i].id - 1];
-
-            *slot_find(m, old[i].hash, m->arena + t->off, t->keylen) = old[i];
-        }
-    }
+    for (size_t i = 0; i < oldn; i++)
+        if (old[i].id)
+            *slot_free(m, old[i].hash) = old[i];
     free(old);
     return true;
 }
@@ -256,6 +297,35 @@ static bool room_reserve(struct ap_memo *m, size_t n)
         m->tmpl_cap = tc;
     }
     return true;
+}
+
+/*
+ * The content key of site @s (original @orig; replacements checked by
+ * sig_hash()): length, original, per entry a 5-byte header and the
+ * replacement. 0 when it is too long.
+ */
+static size_t key_build(const struct ap_view *v, const struct ap_site *s,
+                        const struct ap_entry *entries, const uint8_t *orig, uint8_t *key)
+{
+    size_t len = 1 + (size_t)s->len;
+
+    key[0] = s->len;
+    memcpy(key + 1, orig, s->len);
+    for (uint32_t k = 0; k < s->count; k++) {
+        const struct ap_entry *e = &entries[s->first + k];
+
+        if (len + 5 + e->repllen > AP_MEMO_KEY_MAX)
+            return 0;
+        key[len] = (uint8_t)e->feature;
+        key[len + 1] = (uint8_t)(e->feature >> 8);
+        key[len + 2] = (uint8_t)e->flags;
+        key[len + 3] = (uint8_t)(e->flags >> 8);
+        key[len + 4] = e->repllen;
+        if (e->repllen)
+            memcpy(key + len + 5, repl_at(v, e), e->repllen);
+        len += 5 + (size_t)e->repllen;
+    }
+    return len;
 }
 
 /* The value (sign-extended) of the @size-byte field at @p. */
@@ -367,160 +437,105 @@ static int fields_collect(const uint8_t *key, const struct ap_site *s,
     return (int)nf;
 }
 
-/* Zero the fields of mask @i in @key (built by key_build) and name the mask in its last byte. */
-static void mask_apply(const struct ap_memo_mask *mk, size_t i, uint8_t *key, size_t keylen)
-{
-    for (unsigned j = 0; j < mk->n; j++)
-        memset(key + mk->pos[j], 0, mk->size[j]);
-    key[keylen - 1] = (uint8_t)(i + 1);
-}
-
-/* The index of mask @mk in @m, added if new; -1 when the list is full. */
-static int mask_find(struct ap_memo *m, const struct ap_memo_mask *mk)
-{
-    for (size_t i = 0; i < m->nmasks; i++)
-        if (memcmp(&m->masks[i], mk, sizeof(*mk)) == 0)
-            return (int)i;
-    if (m->nmasks >= AP_MEMO_MAX_MASKS)
-        return -1;
-    m->masks[m->nmasks] = *mk;
-    return (int)m->nmasks++;
-}
-
 /*
- * Before storing: when the content has relative fields (the replacements'
- * @f[0..nf), and the original's, found here), key the template without their
- * values: they are zeroed and the mask named in the key's last byte, *@h
- * recomputed. So every site of that shape finds it whatever its fields
- * hold. Sound because a field's value changes neither the length nor the
- * validity of an instruction (x86 decodes prefixes, opcode, ModRM and SIB;
- * displacement and immediate bytes are data); the plan reads the original
- * only through its decoding and, when no entry is chosen, as the final
- * bytes, which are then the site's own; and ap_memo_inst() reads each
- * replacement field's value from the site's own replacement. False when the
- * plan is not to be stored.
+ * Before storing: the key's byte mask (0xff: compared), with the relative
+ * fields of the replacements (@f[0..nf)) and of the original (found here)
+ * left out and zeroed in @key, so that every site of that shape matches
+ * whatever its fields hold. Sound because a field's value changes neither
+ * the length nor the validity of an instruction (x86 decodes prefixes,
+ * opcode, ModRM and SIB; displacement and immediate bytes are data); the
+ * plan reads the original only through its decoding and, when no entry is
+ * chosen, as the final bytes, which are then the site's own; and
+ * ap_memo_inst() reads each replacement field's value from the site's own
+ * replacement. *@p masked: some field was left out. False when the plan is
+ * not to be stored.
  */
-static bool key_mask(struct ap_memo *m, uint8_t *key, size_t keylen,
-                     const struct ap_memo_field *f, int nf, uint64_t *h)
+static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_memo_field *f,
+                     int nf, bool *masked)
 {
-    struct ap_memo_mask mk;
     struct ap_insn in;
-    int i;
 
-    memset(&mk, 0, sizeof(mk)); /* compared with memcmp: no stray padding */
-    mk.keylen = (uint16_t)keylen;
+    memset(mk, 0xff, keylen);
+    *masked = nf > 0;
     for (size_t off = 0; off < key[0]; off += in.len) {
         if (ap_insn_decode(key + 1 + off, key[0] - off, &in) < 0)
             return false; /* cannot happen: the planner decoded it */
         if (!in.has_rel)
             continue;
-        if (mk.n >= sizeof(mk.size))
-            return false;
-        mk.pos[mk.n] = (uint16_t)(1 + off + in.rel_off);
-        mk.size[mk.n++] = in.rel_size;
+        memset(mk + 1 + off + in.rel_off, 0, in.rel_size);
+        *masked = true;
     }
-    for (int j = 0; j < nf; j++) {
-        if (mk.n >= sizeof(mk.size))
-            return false;
-        mk.pos[mk.n] = f[j].kpos;
-        mk.size[mk.n++] = f[j].size;
-    }
-    if (mk.n == 0)
-        return true; /* keyed as it is */
-    i = mask_find(m, &mk);
-    if (i < 0)
-        return false;
-    mask_apply(&m->masks[i], (size_t)i, key, keylen);
-    *h = key_hash(key, keylen);
+    for (int j = 0; j < nf; j++)
+        memset(mk + f[j].kpos, 0, f[j].size);
+    for (size_t i = 0; i < keylen; i++)
+        key[i] &= mk[i];
     return true;
 }
 
-/*
- * Look @key up as it is, then under each mask of its length (on a copy:
- * @key keeps the site's own values). Returns the template id, or 0.
- */
-static uint32_t memo_lookup(const struct ap_memo *m, const uint8_t *key, size_t keylen)
-{
-    const struct ap_memo_slot *sl;
-    uint8_t mkey[AP_MEMO_KEY_MAX];
-
-    if (!m->nslots || keylen < 2 || keylen > AP_MEMO_KEY_MAX)
-        return 0;
-    sl = slot_find(m, key_hash(key, keylen), key, keylen);
-    if (sl->id)
-        return sl->id;
-    for (size_t i = 0; i < m->nmasks; i++) {
-        if (m->masks[i].keylen != keylen)
-            continue;
-        ap_copy_small(mkey, key, keylen);
-        mask_apply(&m->masks[i], i, mkey, keylen);
-        sl = slot_find(m, key_hash(mkey, keylen), mkey, keylen);
-        if (sl->id)
-            return sl->id;
-    }
-    return 0;
-}
-
-/* Remember an accepted plan as a template (best effort: skipped when memory
- * is short). Returns its id, or 0. */
-static uint32_t memo_store(struct ap_memo *m, uint8_t *key, size_t keylen,
+/* Remember an accepted plan as a template of signature hash @h (best effort:
+ * skipped when memory is short). Returns its id, or 0. */
+static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *v,
                            const struct ap_site *s, const struct ap_entry *entries,
-                           const struct ap_plan *p)
+                           const uint8_t *orig, const struct ap_plan *p)
 {
     struct ap_memo_field f[AP_MEMO_MAX_FIELDS];
-    struct ap_memo_slot *sl;
-    uint64_t h = key_hash(key, keylen);
-    size_t fsz;
-    bool relative = false;
+    uint8_t key[AP_MEMO_KEY_MAX], *at;
+    size_t keylen, fsz;
+    bool relative = false, masked;
     int nf;
 
-    if (m->nplans >= AP_MEMO_MAX_PLANS || p->chosen > INT16_MAX)
+    if (m->nplans >= AP_MEMO_MAX_PLANS || p->chosen > INT16_MAX || s->count > UINT16_MAX)
+        return 0;
+    keylen = key_build(v, s, entries, orig, key);
+    if (!keylen)
         return 0;
     nf = fields_collect(key, s, entries, p, f, &relative);
-    if (nf < 0 || relative != p->relative || !key_mask(m, key, keylen, f, nf, &h))
+    if (nf < 0 || relative != p->relative)
         return 0;
     fsz = (size_t)nf * sizeof(f[0]);
     if ((m->nplans + 1) * 2 > m->nslots && !slots_grow(m))
         return 0;
-    if (!room_reserve(m, keylen + p->len + fsz))
+    if (!room_reserve(m, 2 * keylen + p->len + fsz))
         return 0;
-    sl = slot_find(m, h, key, keylen);
-    if (sl->id)
-        return 0; /* already there (cannot happen: the caller missed) */
-    memcpy(m->arena + m->arena_len, key, keylen);
-    memcpy(m->arena + m->arena_len + keylen, p->final, p->len);
+    at = m->arena + m->arena_len;
+    if (!key_mask(key, at + keylen, keylen, f, nf, &masked))
+        return 0;
+    memcpy(at, key, keylen);
+    memcpy(at + 2 * keylen, p->final, p->len);
     if (fsz)
-        memcpy(m->arena + m->arena_len + keylen + p->len, f, fsz);
+        memcpy(at + 2 * keylen + p->len, f, fsz);
     m->tmpl[m->nplans] = (struct ap_memo_tmpl){.off = (uint32_t)m->arena_len,
-                                               .keylen = (uint16_t)keylen, .len = p->len,
+                                               .keylen = (uint16_t)keylen,
+                                               .count = (uint16_t)s->count, .len = p->len,
                                                .nfields = (uint8_t)nf,
                                                .chosen = (int16_t)p->chosen,
                                                .relative = p->relative};
-    m->arena_len += keylen + p->len + fsz;
-    *sl = (struct ap_memo_slot){.hash = h, .id = (uint32_t)++m->nplans};
-    return sl->id;
+    m->arena_len += 2 * keylen + p->len + fsz;
+    m->nmasks += masked;
+    *slot_free(m, h) = (struct ap_memo_slot){.hash = h, .id = (uint32_t)++m->nplans};
+    return (uint32_t)m->nplans;
 }
 
 uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                       const struct ap_entry *entries, const uint8_t *orig)
 {
-    uint8_t key[AP_MEMO_KEY_MAX];
-    size_t keylen;
+    uint64_t h;
 
-    if (!m->nplans || s->reason || !s->len || !s->count || !site_in_text(v, s))
+    if (!m->nplans || s->reason || !s->len || !s->count || !site_in_text(v, s) ||
+        !sig_hash(v, s, entries, orig, &h))
         return 0;
-    keylen = key_build(v, s, entries, orig, key);
-    return keylen ? memo_lookup(m, key, keylen) : 0;
+    return memo_lookup(m, h, v, s, entries, orig);
 }
 
 int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
                  const struct ap_site *s, const struct ap_entry *entries, uint8_t *final)
 {
     const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
-    const uint8_t *fp = m->arena + t->off + t->keylen + t->len;
+    const uint8_t *fin = m->arena + t->off + 2 * (size_t)t->keylen;
+    const uint8_t *fp = fin + t->len;
 
     if (t->chosen >= 0)
-        ap_copy_small(final, m->arena + t->off + t->keylen, t->len);
+        ap_copy_small(final, fin, t->len);
     for (unsigned i = 0; i < t->nfields; i++) {
         struct ap_memo_field f;
         const struct ap_entry *e;
@@ -529,8 +544,7 @@ int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
         memcpy(&f, fp + i * sizeof(f), sizeof(f));
         e = &entries[s->first + f.entry];
         /* inside altinstr_replacement: ap_memo_find() checked it */
-        if (!field_value(&f, field_read(v->repl.data + (e->repl - v->repl.addr) + f.pos, f.size),
-                         e->repl, s->addr, &nv))
+        if (!field_value(&f, field_read(repl_at(v, e) + f.pos, f.size), e->repl, s->addr, &nv))
             return -2; /* RELOC_OVERFLOW: the planner says where */
         if (f.entry == t->chosen) {
             if (field_cuts(&f, nv, s->len))
@@ -545,18 +559,18 @@ uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct a
                       const struct ap_entry *entries, const uint8_t *orig,
                       const struct altpatch_features *fs, struct ap_plan *out)
 {
-    uint8_t key[AP_MEMO_KEY_MAX];
     const uint8_t *bytes;
-    size_t keylen = 0;
+    bool keyed = false;
+    uint64_t h = 0;
 
     if (!m || !fs || (fs != m->fs_at && memcmp(fs, &m->fs, sizeof(*fs)) != 0)) {
         ap_plan_site(v, s, entries, orig, fs, out); /* not this memo's feature set */
         return 0;
     }
     if (ap_site_check(v, s, orig, &bytes) == ALTPATCH_REASON_NONE)
-        keylen = key_build(v, s, entries, bytes, key);
-    if (keylen) {
-        uint32_t id = memo_lookup(m, key, keylen);
+        keyed = sig_hash(v, s, entries, bytes, &h);
+    if (keyed) {
+        uint32_t id = memo_lookup(m, h, v, s, entries, bytes);
 
         if (id) {
             int chosen = ap_memo_inst(m, id, v, s, entries, out->final);
@@ -574,12 +588,12 @@ uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct a
                 m->hits++;
                 return id;
             }
-            keylen = 0; /* stored, but not valid at this address: the planner alone */
+            keyed = false; /* stored, but not valid at this address: the planner alone */
         }
     }
     m->misses++;
     ap_plan_site(v, s, entries, orig, fs, out);
-    if (keylen && out->reason == ALTPATCH_REASON_NONE)
-        return memo_store(m, key, keylen, s, entries, out);
+    if (keyed && out->reason == ALTPATCH_REASON_NONE)
+        return memo_store(m, h, v, s, entries, bytes, out);
     return 0;
 }

@@ -122,21 +122,11 @@ AP_HIDDEN bool ap_entry_repl(const struct ap_view *v, const struct ap_entry *e,
  * RELOC_OVERFLOW for any entry). Zydis runs per shape, never per site.
  * Owned by the caller; ap_memo_init() allocates nothing.
  */
-/** Where the relative fields of a site's content lie in its key (keyed
- * without their values). */
-struct ap_memo_mask {
-    uint16_t keylen;
-    uint16_t n;       /* fields */
-    uint16_t pos[8];  /* offset in the key */
-    uint8_t size[8];  /* bytes */
-};
-
-#define AP_MEMO_MAX_MASKS 8
-
 /** One template (stable index: a site may keep it as "id" = index + 1). */
 struct ap_memo_tmpl {
-    uint32_t off;     /* key in the arena; final bytes, then fields, follow */
+    uint32_t off;     /* key in the arena; its byte mask, the final bytes, the fields follow */
     uint16_t keylen;
+    uint16_t count;   /* entries */
     uint8_t len;      /* site length */
     uint8_t nfields;  /* relative fields of the replacements (struct ap_memo_field) */
     int16_t chosen;   /* entry selected; -1 = the original */
@@ -153,8 +143,7 @@ struct ap_memo {
     uint8_t *arena;              /* keys, final bytes, fields */
     size_t arena_len, arena_cap;
     uint64_t hits, misses;       /* sites answered from the memo / by the planner */
-    struct ap_memo_mask masks[AP_MEMO_MAX_MASKS]; /* relative field layouts seen */
-    size_t nmasks;
+    size_t nmasks;               /* templates keyed without relative field values */
 };
 
 /** An empty memo for plans made under @p fs. */
