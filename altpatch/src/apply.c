@@ -146,34 +146,55 @@ static struct ap_memo *ap_shapes_for(const struct altpatch_features *fs)
     return &ap_shapes;
 }
 
-/* Site @p wk (target slot @p slot in the run's arena): its plan, then memory. */
-static void ap_decide(struct ap_work *wk, uint8_t *slot, struct ap_memo *memo, unsigned flags)
+/*
+ * Site @p wk (final bytes into @p slot in the run's arena): its plan, then
+ * memory. The plan: the template the site used last time under this memo
+ * (m->shape), else the template of its shape (memo.c: a hash, a compare, no
+ * decoder), instantiated at this site; the planner only for a new shape, a
+ * refusal, or relative fields that do not fit here (sitecache.c).
+ */
+static inline void ap_decide(struct ap_work *wk, uint8_t *slot, struct ap_memo *memo,
+                             unsigned flags)
 {
     struct ap_module *m = wk->m;
-    const struct ap_site *s = &m->sites[wk->idx];
-    size_t off = m->orig_off[wk->idx];
+    size_t i = wk->idx;
+    const struct ap_site *s = &m->sites[i];
+    size_t off = m->orig_off[i];
+    int reason = ALTPATCH_REASON_NONE, chosen = -2;
     /* saved only for a site inside the module's text: memory is then at its
      * address (a module's view of live memory maps every address to itself) */
-    wk->orig = off != AP_NO_ORIG ? m->orig + off : NULL;
-    wk->cur = wk->orig ? (const uint8_t *)(uintptr_t)s->addr : NULL;
-    int reason;
-    int chosen = ap_plan_cached(m, wk->idx, wk->orig, memo, ap_shapes_gen, slot, &reason,
-                                &wk->detail);
+    const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
+    wk->orig = orig;
+    wk->cur = orig ? (const uint8_t *)(uintptr_t)s->addr : NULL;
+    wk->old = NULL;
+    wk->detail = NULL;
+    if (orig && !m->reason) {
+        uint32_t id = m->shape[i];
+        if (!id)
+            id = ap_memo_find(memo, &m->view, s, m->entries, orig);
+        if (id)
+            chosen = ap_memo_inst(memo, id, &m->view, s, m->entries, slot);
+        if (chosen >= -1)
+            m->shape[i] = id;
+    }
+    if (chosen < -1)
+        chosen = ap_plan_slow(m, i, orig, memo, slot, &reason, &wk->detail);
     wk->reason = m->reason ? m->reason : reason;
     wk->chosen = wk->reason || (flags & ALTPATCH_APPLY_REVERT) ? -1 : chosen;
-    if (!wk->orig) {
+    if (!orig) {
         if (!wk->reason)
             wk->reason = ALTPATCH_REASON_SITE_BOUNDS;
         wk->chosen = -1;
+        wk->target = NULL;
         wk->action = AP_ACT_REFUSED;
         return;
     }
-    wk->target = wk->chosen >= 0 ? slot : wk->orig;
+    wk->target = wk->chosen >= 0 ? slot : orig;
     const uint8_t *planned = m->planned + off;
     if (ap_equal_small(wk->cur, wk->target, s->len)) {
         wk->action = wk->reason ? AP_ACT_REFUSED : AP_ACT_UNCHANGED;
-    } else if (ap_equal_small(wk->cur, wk->orig, s->len)) {
-        wk->old = wk->orig;
+    } else if (ap_equal_small(wk->cur, orig, s->len)) {
+        wk->old = orig;
         wk->action = AP_ACT_WRITE;
     } else if (ap_equal_small(wk->cur, planned, s->len)) {
         wk->old = planned;
@@ -196,6 +217,7 @@ struct ap_run {
     struct ap_write *writes;
     size_t *wmap; /* writes[i] belongs to work[wmap[i]] */
     size_t nwrites;
+    size_t ndetails; /* work items holding a refusal's detail */
     struct ap_poke_stats pst;
 };
 
@@ -224,10 +246,8 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
             struct ap_work *wk = &r->work[r->nwork++];
             wk->m = m;
             wk->idx = i;
-            wk->old = NULL;
-            wk->target = NULL;
-            wk->detail = NULL;
             ap_decide(wk, r->arena + bytes, memo, flags);
+            r->ndetails += wk->detail != NULL;
             bytes += m->sites[i].len;
         }
     }
@@ -323,9 +343,8 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
 static unsigned ap_needed_leaves(const struct ap_module *mods)
 {
     unsigned groups = AP_LEAVES_BASE;
-    for (const struct ap_module *m = mods; m && groups != AP_LEAVES_ALL; m = m->next)
-        for (size_t i = 0; i < m->nentries; i++)
-            groups |= ap_feature_leaves(m->entries[i].feature);
+    for (const struct ap_module *m = mods; m; m = m->next)
+        groups |= m->leaves; /* module.c, when it read the records */
     return groups;
 }
 
@@ -363,7 +382,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         ap_applied = true;
     }
     ap_unpin(ap_mods);
-    for (size_t i = 0; i < r.nwork; i++)
+    for (size_t i = 0; i < r.nwork && r.ndetails; i++)
         free(r.work[i].detail);
     free(r.work);
     free(r.arena);

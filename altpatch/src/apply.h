@@ -72,16 +72,14 @@ AP_HIDDEN void ap_gate_leave(void);
 
 /**
  * The plan of site @p i (original bytes @p orig, NULL when outside the
- * text) under @p memo's feature set: the template the site used last time
- * (m->shape, valid for memo generation @p gen), else one of its shape found
- * in @p memo, else the planner (through @p memo, which keeps the template if
- * accepted). Returns the chosen entry (-1: the original), with its final
- * bytes in @p final (site length), or -2 for a refusal: *@p reason, and
- * *@p detail the planner's detail (malloc'ed) or NULL.
+ * text) by the planner, through @p memo (which keeps the template if
+ * accepted, and the site remembers it in m->shape): for what no template
+ * answers. Returns the chosen entry (-1: the original), with its final bytes
+ * in @p final (site length), or -2 for a refusal: *@p reason, and *@p detail
+ * the planner's detail (malloc'ed) or NULL (both untouched otherwise).
  */
-AP_HIDDEN int ap_plan_cached(struct ap_module *m, size_t i, const uint8_t *orig,
-                             struct ap_memo *memo, uint64_t gen, uint8_t *final, int *reason,
-                             char **detail);
+AP_HIDDEN int ap_plan_slow(struct ap_module *m, size_t i, const uint8_t *orig,
+                           struct ap_memo *memo, uint8_t *final, int *reason, char **detail);
 /** Forget a module's site templates unless they belong to memo generation @p gen. */
 AP_HIDDEN void ap_cache_check(struct ap_module *m, uint64_t gen);
 

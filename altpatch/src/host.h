@@ -272,6 +272,7 @@ struct ap_module {
     uint8_t *repl_copy;         /* the replacement bytes as first seen: identity too */
     struct ap_entry *entries;
     size_t nentries;
+    unsigned leaves;            /* CPUID leaf groups its entries' features need (AP_LEAVES_*) */
     struct ap_site *sites;
     size_t nsites;
     uint8_t *orig;              /* original bytes of all sites, concatenated */

@@ -119,13 +119,19 @@ void ap_memo_free(struct ap_memo *m)
     m->nslots = m->nplans = m->tmpl_cap = m->arena_len = m->arena_cap = m->nmasks = 0;
 }
 
+/* ap_region_holds(), inline: it runs for every site and entry. */
+static inline bool holds(const struct ap_region *r, uint64_t addr, uint64_t len)
+{
+    return addr >= r->addr && len <= r->size && addr - r->addr <= r->size - len;
+}
+
 /* The site's text region has bytes at [addr, addr+len)? (ap_site_check's rule) */
 static inline bool site_in_text(const struct ap_view *v, const struct ap_site *s)
 {
     size_t n = v->ntext < AP_MAX_TEXT ? v->ntext : AP_MAX_TEXT;
 
     for (size_t i = 0; i < n; i++)
-        if (ap_region_holds(&v->text[i], s->addr, s->len))
+        if (holds(&v->text[i], s->addr, s->len))
             return true;
     return false;
 }
@@ -133,7 +139,7 @@ static inline bool site_in_text(const struct ap_view *v, const struct ap_site *s
 /* Entry @e's replacement lies inside altinstr_replacement (ap_entry_repl's rule)? */
 static inline bool repl_ok(const struct ap_view *v, const struct ap_entry *e)
 {
-    return ap_region_holds(&v->repl, e->repl, e->repllen) && (v->repl.data || !e->repllen);
+    return holds(&v->repl, e->repl, e->repllen) && (v->repl.data || !e->repllen);
 }
 
 /* Its bytes (only after repl_ok(); NULL for length 0). */
@@ -178,7 +184,24 @@ static inline bool masked_equal(const uint8_t *a, const uint8_t *b, const uint8_
 {
     uint64_t x, y, z, d = 0;
 
-    if (n < 8 || n > 16) {
+    if (n < 8) {
+        uint32_t p, q, r;
+
+        if (n < 4) {
+            for (size_t i = 0; i < n; i++)
+                d |= (uint64_t)((a[i] ^ b[i]) & mk[i]);
+            return d == 0;
+        }
+        memcpy(&p, a, 4);
+        memcpy(&q, b, 4);
+        memcpy(&r, mk, 4);
+        d = (p ^ q) & r;
+        memcpy(&p, a + n - 4, 4);
+        memcpy(&q, b + n - 4, 4);
+        memcpy(&r, mk + n - 4, 4);
+        return (d | ((p ^ q) & r)) == 0;
+    }
+    if (n > 16) {
         for (size_t i = 0; i < n; i++)
             d |= (uint64_t)((a[i] ^ b[i]) & mk[i]);
         return d == 0;

@@ -188,6 +188,9 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
         m->reason = r;
         return 0;
     }
+    m->leaves = AP_LEAVES_BASE;
+    for (size_t i = 0; i < m->nentries && m->leaves != AP_LEAVES_ALL; i++)
+        m->leaves |= ap_feature_leaves(m->entries[i].feature);
     r = ap_sites_group(m->entries, m->nentries, &m->sites, &m->nsites);
     if (r < 0)
         return r;

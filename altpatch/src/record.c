@@ -166,14 +166,7 @@ static int cmp_key(const void *a, const void *b)
     return x->idx < y->idx ? -1 : (x->idx > y->idx);
 }
 
-/* Already in cmp_key order? (keys are built in index order) */
-static bool keys_sorted(const struct site_key *key, size_t m)
-{
-    for (size_t k = 1; k < m; k++)
-        if (key[k - 1].addr > key[k].addr)
-            return false;
-    return true;
-}
+static int mark_overlaps_sorted_copy(struct ap_site *s, size_t n);
 
 /*
  * In address order, site k overlaps another iff it starts before the largest
@@ -181,6 +174,39 @@ static bool keys_sorted(const struct site_key *key, size_t m)
  * no part: they cover no byte.
  */
 static int mark_overlaps(struct ap_site *s, size_t n)
+{
+    size_t last = SIZE_MAX;
+    uint64_t maxend = 0;
+    bool sorted = true;
+
+    /* Tables are usually in address order already: then the same scan runs
+     * on the sites themselves, without a sorted copy. */
+    for (size_t i = 0; i < n && sorted; i++) {
+        if (!s[i].len)
+            continue;
+        sorted = last == SIZE_MAX || s[last].addr <= s[i].addr;
+        last = i;
+    }
+    if (sorted) {
+        last = SIZE_MAX;
+        for (size_t i = 0; i < n; i++) {
+            if (!s[i].len)
+                continue;
+            if (last != SIZE_MAX && s[i].addr < maxend)
+                s[i].reason = ALTPATCH_REASON_SITE_OVERLAP;
+            if (last != SIZE_MAX && site_end(&s[last]) > s[i].addr)
+                s[last].reason = ALTPATCH_REASON_SITE_OVERLAP;
+            if (site_end(&s[i]) > maxend)
+                maxend = site_end(&s[i]);
+            last = i;
+        }
+        return 0;
+    }
+    return mark_overlaps_sorted_copy(s, n);
+}
+
+/* The scan of mark_overlaps() on a sorted copy of the keys. */
+static int mark_overlaps_sorted_copy(struct ap_site *s, size_t n)
 {
     struct site_key *key = malloc((n ? n : 1) * sizeof(*key));
     size_t m = 0;
@@ -191,8 +217,7 @@ static int mark_overlaps(struct ap_site *s, size_t n)
     for (size_t i = 0; i < n; i++)
         if (s[i].len)
             key[m++] = (struct site_key){s[i].addr, site_end(&s[i]), i};
-    if (!keys_sorted(key, m)) /* tables are usually in address order already */
-        qsort(key, m, sizeof(*key), cmp_key);
+    qsort(key, m, sizeof(*key), cmp_key);
     for (size_t k = 0; k < m; k++) {
         bool before = k > 0 && key[k].addr < maxend;
         bool after = k + 1 < m && key[k].end > key[k + 1].addr;
