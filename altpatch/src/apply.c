@@ -146,80 +146,133 @@ static struct ap_memo *ap_shapes_for(const struct altpatch_features *fs)
     return &ap_shapes;
 }
 
-/*
- * Site @p wk (final bytes into @p slot in the run's arena): its plan, then
- * memory. The plan: the template the site used last time under this memo
- * (m->shape), else the template of its shape (memo.c: a hash, a compare, no
- * decoder), instantiated at this site; the planner only for a new shape, a
- * refusal, or relative fields that do not fit here (sitecache.c).
- */
-static inline void ap_decide(struct ap_work *wk, uint8_t *slot, struct ap_memo *memo,
-                             unsigned flags)
+/* ------------------------------------------------------------------------- */
+/* One apply                                                                 */
+/* ------------------------------------------------------------------------- */
+
+/** One site's decision in one apply (sites in module order, then table order). */
+struct ap_dec {
+    const uint8_t *target; /* the bytes memory must hold; NULL when outside the text */
+    int32_t chosen;        /* entry memory will hold; -1 = original */
+    int16_t reason;        /* refusal, or NONE */
+    uint8_t action;        /* enum ap_action */
+};
+
+/** A refusal's detail from the planner (few: refusals only). */
+struct ap_detail {
+    size_t idx; /* in ap_run.dec */
+    char *text; /* malloc'ed */
+};
+
+struct ap_run {
+    struct ap_dec *dec;
+    size_t ndec;
+    uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
+    struct ap_write *writes; /* in site order until sorted */
+    size_t *wmap; /* writes[i] belongs to dec[wmap[i]] */
+    size_t nwrites;
+    struct ap_detail *details;
+    size_t ndetails, details_cap;
+    struct ap_poke_stats pst;
+};
+
+/** Keep a refusal's detail for site @p idx (best effort: dropped when memory is short). */
+static void ap_keep_detail(struct ap_run *r, size_t idx, char *text)
 {
-    struct ap_module *m = wk->m;
-    size_t i = wk->idx;
+    if (r->ndetails == r->details_cap) {
+        size_t cap = r->details_cap ? 2 * r->details_cap : 16;
+        struct ap_detail *d = realloc(r->details, cap * sizeof(*d));
+        if (!d) {
+            free(text);
+            return;
+        }
+        r->details = d;
+        r->details_cap = cap;
+    }
+    r->details[r->ndetails++] = (struct ap_detail){idx, text};
+}
+
+/** The detail kept for site @p idx, or NULL. */
+static char *ap_detail_of(const struct ap_run *r, size_t idx)
+{
+    for (size_t i = 0; i < r->ndetails; i++)
+        if (r->details[i].idx == idx)
+            return r->details[i].text;
+    return NULL;
+}
+
+/*
+ * Site @p i of @p m, the run's site number @p n (final bytes, when they are
+ * computed for this site, into @p slot): its plan, then memory. The plan:
+ * the template the site used last time under this memo (m->shape), else the
+ * template of its shape (memo.c: a hash and a compare, no decoder),
+ * instantiated at this site; the planner only for a new shape, a refusal, or
+ * relative fields that do not fit here (sitecache.c). Then memory:
+ *   equal to target                    -> unchanged, nothing written
+ *   equal to original or to the bytes
+ *   the last apply left there          -> a write is queued
+ *   anything else                      -> MEM_MISMATCH, refused
+ */
+static inline void ap_decide(struct ap_run *r, struct ap_module *m, size_t i, uint8_t *slot,
+                             struct ap_memo *memo, unsigned flags)
+{
+    size_t n = r->ndec++;
+    struct ap_dec *d = &r->dec[n];
     const struct ap_site *s = &m->sites[i];
     size_t off = m->orig_off[i];
     int reason = ALTPATCH_REASON_NONE, chosen = -2;
+    const uint8_t *final = NULL;
     /* saved only for a site inside the module's text: memory is then at its
      * address (a module's view of live memory maps every address to itself) */
     const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
-    wk->orig = orig;
-    wk->cur = orig ? (const uint8_t *)(uintptr_t)s->addr : NULL;
-    wk->old = NULL;
-    wk->detail = NULL;
     if (orig && !m->reason) {
         uint32_t id = m->shape[i];
         if (!id)
             id = ap_memo_find(memo, &m->view, s, m->entries, orig);
         if (id)
-            chosen = ap_memo_inst(memo, id, &m->view, s, m->entries, slot);
+            chosen = ap_memo_inst(memo, id, &m->view, s, m->entries, slot, &final);
         if (chosen >= -1)
             m->shape[i] = id;
     }
-    if (chosen < -1)
-        chosen = ap_plan_slow(m, i, orig, memo, slot, &reason, &wk->detail);
-    wk->reason = m->reason ? m->reason : reason;
-    wk->chosen = wk->reason || (flags & ALTPATCH_APPLY_REVERT) ? -1 : chosen;
+    if (chosen < -1) {
+        char *detail = NULL;
+        chosen = ap_plan_slow(m, i, orig, memo, slot, &reason, &detail);
+        final = slot;
+        if (detail)
+            ap_keep_detail(r, n, detail);
+    }
+    if (m->reason)
+        reason = m->reason;
+    if (reason || (flags & ALTPATCH_APPLY_REVERT))
+        chosen = -1;
     if (!orig) {
-        if (!wk->reason)
-            wk->reason = ALTPATCH_REASON_SITE_BOUNDS;
-        wk->chosen = -1;
-        wk->target = NULL;
-        wk->action = AP_ACT_REFUSED;
+        *d = (struct ap_dec){NULL, -1, (int16_t)(reason ? reason : ALTPATCH_REASON_SITE_BOUNDS),
+                             AP_ACT_REFUSED};
         return;
     }
-    wk->target = wk->chosen >= 0 ? slot : orig;
+    const uint8_t *target = chosen >= 0 ? final : orig;
+    const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
     const uint8_t *planned = m->planned + off;
-    if (ap_equal_small(wk->cur, wk->target, s->len)) {
-        wk->action = wk->reason ? AP_ACT_REFUSED : AP_ACT_UNCHANGED;
-    } else if (ap_equal_small(wk->cur, orig, s->len)) {
-        wk->old = orig;
-        wk->action = AP_ACT_WRITE;
-    } else if (ap_equal_small(wk->cur, planned, s->len)) {
-        wk->old = planned;
-        wk->action = AP_ACT_WRITE;
+    const uint8_t *old;
+    *d = (struct ap_dec){target, chosen, (int16_t)reason, AP_ACT_UNCHANGED};
+    if (ap_equal_small(cur, target, s->len)) {
+        d->action = reason ? AP_ACT_REFUSED : AP_ACT_UNCHANGED;
+        return;
+    } else if (ap_equal_small(cur, orig, s->len)) {
+        old = orig;
+    } else if (ap_equal_small(cur, planned, s->len)) {
+        old = planned;
     } else {
-        wk->reason = ALTPATCH_REASON_MEM_MISMATCH;
-        wk->chosen = -1;
-        wk->action = AP_ACT_REFUSED;
+        d->reason = ALTPATCH_REASON_MEM_MISMATCH;
+        d->chosen = -1;
+        d->action = AP_ACT_REFUSED;
+        return;
     }
+    d->action = AP_ACT_WRITE;
+    /* result carries the site number through a sort */
+    r->writes[r->nwrites++] = (struct ap_write){.addr = (uintptr_t)s->addr, .old = old,
+                                                .new = target, .len = s->len, .result = (int)n};
 }
-
-/* ------------------------------------------------------------------------- */
-/* One apply                                                                 */
-/* ------------------------------------------------------------------------- */
-
-struct ap_run {
-    struct ap_work *work;
-    uint8_t *arena; /* final bytes of every site that chose an entry */
-    size_t nwork;
-    struct ap_write *writes;
-    size_t *wmap; /* writes[i] belongs to work[wmap[i]] */
-    size_t nwrites;
-    size_t ndetails; /* work items holding a refusal's detail */
-    struct ap_poke_stats pst;
-};
 
 static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
 {
@@ -228,13 +281,15 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         if (m->gone)
             continue;
         n += m->nsites;
-        for (size_t i = 0; i < m->nsites; i++)
-            bytes += m->sites[i].len;
+        bytes += m->site_bytes;
     }
-    /* malloc, not calloc: every item is written whole below (one pass, not two) */
-    r->work = malloc((n ? n : 1) * sizeof(*r->work));
+    /* malloc, not calloc: every item is written whole below (one pass, not two);
+     * only the first nwrites writes are written and read */
+    r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
-    if (!r->work || !r->arena)
+    r->writes = malloc((n ? n : 1) * sizeof(*r->writes));
+    r->wmap = malloc((n ? n : 1) * sizeof(*r->wmap));
+    if (!r->dec || !r->arena || !r->writes || !r->wmap)
         return -ENOMEM;
     struct ap_memo *memo = ap_shapes_for(fs);
     bytes = 0;
@@ -243,11 +298,7 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
             continue;
         ap_cache_check(m, ap_shapes_gen);
         for (size_t i = 0; i < m->nsites; i++) {
-            struct ap_work *wk = &r->work[r->nwork++];
-            wk->m = m;
-            wk->idx = i;
-            ap_decide(wk, r->arena + bytes, memo, flags);
-            r->ndetails += wk->detail != NULL;
+            ap_decide(r, m, i, r->arena + bytes, memo, flags);
             bytes += m->sites[i].len;
         }
     }
@@ -260,23 +311,9 @@ static int ap_cmp_write(const void *a, const void *b)
     return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-/** Build the batch (sorted by address; work order is per module, modules interleave). */
-static int ap_batch(struct ap_run *r)
+/** Sort the batch by address (sites come per module, modules interleave). */
+static void ap_batch(struct ap_run *r)
 {
-    /* malloc: only the first nwrites entries are written and read */
-    r->writes = malloc((r->nwork ? r->nwork : 1) * sizeof(*r->writes));
-    r->wmap = malloc((r->nwork ? r->nwork : 1) * sizeof(*r->wmap));
-    if (!r->writes || !r->wmap)
-        return -ENOMEM;
-    for (size_t i = 0; i < r->nwork; i++) {
-        struct ap_work *wk = &r->work[i];
-        if (wk->action != AP_ACT_WRITE)
-            continue;
-        /* result carries the work index through qsort */
-        r->writes[r->nwrites++] = (struct ap_write){
-            .addr = (uintptr_t)wk->m->sites[wk->idx].addr, .old = wk->old,
-            .new = wk->target, .len = wk->m->sites[wk->idx].len, .result = (int)i};
-    }
     /* sites come in table order, usually sorted already: check before sorting */
     bool sorted = true;
     for (size_t i = 1; i < r->nwrites && sorted; i++)
@@ -285,53 +322,81 @@ static int ap_batch(struct ap_run *r)
         qsort(r->writes, r->nwrites, sizeof(*r->writes), ap_cmp_write);
     for (size_t i = 0; i < r->nwrites; i++)
         r->wmap[i] = (size_t)r->writes[i].result;
-    return 0;
 }
 
-/** Fold the writer's per-write results back into the work items. */
+/** Fold the writer's per-write results back into the decisions. */
 static void ap_results_from_writes(struct ap_run *r)
 {
     for (size_t i = 0; i < r->nwrites; i++) {
-        struct ap_work *wk = &r->work[r->wmap[i]];
+        struct ap_dec *d = &r->dec[r->wmap[i]];
         if (r->writes[i].result != ALTPATCH_REASON_NONE) {
-            wk->reason = r->writes[i].result;
-            wk->chosen = -1;
-            wk->action = AP_ACT_REFUSED;
+            d->reason = (int16_t)r->writes[i].result;
+            d->chosen = -1;
+            d->action = AP_ACT_REFUSED;
         }
     }
+}
+
+/** The work item of decision @p n (site @p i of @p m), for the log. */
+static struct ap_work ap_work_of(const struct ap_run *r, size_t n, struct ap_module *m, size_t i)
+{
+    const struct ap_dec *d = &r->dec[n];
+    size_t off = m->orig_off[i];
+    const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
+    return (struct ap_work){.m = m, .idx = i, .orig = orig,
+                            .cur = orig ? (const uint8_t *)(uintptr_t)m->sites[i].addr : NULL,
+                            .target = d->target, .detail = ap_detail_of(r, n),
+                            .chosen = d->chosen, .reason = d->reason,
+                            .action = (enum ap_action)d->action};
 }
 
 /** Record per-site results and stats; remember written bytes unless a dry run. */
 static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *st)
 {
     bool debug = ap_env_on("ALTPATCH_DEBUG");
-    for (size_t i = 0; i < r->nwork; i++) {
-        struct ap_work *wk = &r->work[i];
-        struct ap_module *m = wk->m;
-        struct ap_site_result *res = &m->res[wk->idx];
-        bool refused = wk->action == AP_ACT_REFUSED || wk->reason;
-        /* One WARN per site and reason: a site that toggles between refused
-         * and unchanged (REVERT, another feature set) does not warn again. */
-        uint32_t bit = refused && wk->reason > 0 && wk->reason < 32 ? 1u << wk->reason : 0;
-        if (refused && res->reason != wk->reason && !(res->warned & bit))
-            ap_warn_refusal(wk);
-        res->warned |= bit;
-        res->chosen = refused ? -1 : (int32_t)wk->chosen;
-        res->reason = (int16_t)wk->reason;
-        res->state = refused            ? ALTPATCH_SITE_REFUSED
-                     : wk->chosen >= 0 ? ALTPATCH_SITE_PATCHED
-                                       : ALTPATCH_SITE_ORIGINAL;
-        st->sites_seen++;
-        st->sites_refused += refused;
-        st->sites_patched += res->state == ALTPATCH_SITE_PATCHED;
-        st->sites_unchanged += !refused && wk->action == AP_ACT_UNCHANGED;
-        if (!(flags & ALTPATCH_APPLY_DRY_RUN) && !refused)
-            ap_copy_small(m->planned + m->orig_off[wk->idx], wk->target, m->sites[wk->idx].len);
-        if (debug)
-            ap_debug_site(wk);
+    bool keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
+    uint64_t refused_n = 0, patched_n = 0, unchanged_n = 0;
+    size_t n = 0;
+    for (struct ap_module *m = ap_mods; m; m = m->next) {
+        if (m->gone)
+            continue;
+        for (size_t i = 0; i < m->nsites; i++, n++) {
+            const struct ap_dec *d = &r->dec[n];
+            struct ap_site_result *res = &m->res[i];
+            bool refused = d->action == AP_ACT_REFUSED || d->reason;
+            if (refused) {
+                /* One WARN per site and reason: a site that toggles between
+                 * refused and unchanged (REVERT, another feature set) does
+                 * not warn again. */
+                uint32_t bit = d->reason > 0 && d->reason < 32 ? 1u << d->reason : 0;
+                if (res->reason != d->reason && !(res->warned & bit)) {
+                    struct ap_work wk = ap_work_of(r, n, m, i);
+                    ap_warn_refusal(&wk);
+                }
+                res->warned |= bit;
+                res->chosen = -1;
+                res->state = ALTPATCH_SITE_REFUSED;
+                refused_n++;
+            } else {
+                res->chosen = d->chosen;
+                res->state = d->chosen >= 0 ? ALTPATCH_SITE_PATCHED : ALTPATCH_SITE_ORIGINAL;
+                patched_n += d->chosen >= 0;
+                unchanged_n += d->action == AP_ACT_UNCHANGED;
+                if (keep)
+                    ap_copy_small(m->planned + m->orig_off[i], d->target, m->sites[i].len);
+            }
+            res->reason = d->reason;
+            if (debug) {
+                struct ap_work wk = ap_work_of(r, n, m, i);
+                ap_debug_site(&wk);
+            }
+        }
+        st->modules++;
     }
-    for (struct ap_module *m = ap_mods; m; m = m->next)
-        st->modules += !m->gone;
+    st->sites_seen += n;
+    st->sites_refused += refused_n;
+    st->sites_patched += patched_n;
+    st->sites_unchanged += unchanged_n;
     st->bytes_written = r->pst.bytes;
     st->pages_written = r->pst.pages;
     st->syscalls = r->pst.syscalls;
@@ -365,7 +430,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
-        err = ap_batch(&r);
+        ap_batch(&r);
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
                       ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0);
@@ -377,14 +442,15 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         if (err)
             ap_log(ALTPATCH_WARN, "writer stopped: %s\n", strerror(-err));
     }
-    if (r.work && (!err || r.nwrites)) {
+    if (r.dec && (!err || r.nwrites)) {
         ap_record(&r, flags, st);
         ap_applied = true;
     }
     ap_unpin(ap_mods);
-    for (size_t i = 0; i < r.nwork && r.ndetails; i++)
-        free(r.work[i].detail);
-    free(r.work);
+    for (size_t i = 0; i < r.ndetails; i++)
+        free(r.details[i].text);
+    free(r.details);
+    free(r.dec);
     free(r.arena);
     free(r.writes);
     free(r.wmap);

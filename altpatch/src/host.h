@@ -276,6 +276,7 @@ struct ap_module {
     struct ap_site *sites;
     size_t nsites;
     uint8_t *orig;              /* original bytes of all sites, concatenated */
+    size_t site_bytes;          /* the sum of all sites' lengths */
     size_t *orig_off;           /* per site: offset into orig (and planned), or AP_NO_ORIG */
     struct ap_site_result *res; /* per site */
     bool present;               /* scratch for refresh */

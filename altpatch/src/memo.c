@@ -112,7 +112,13 @@ void ap_memo_free(struct ap_memo *m)
 {
     free(m->slots);
     free(m->tmpl);
-    free(m->arena);
+    while (m->arena) {
+        uint8_t *prev;
+
+        memcpy(&prev, m->arena, sizeof(prev));
+        free(m->arena);
+        m->arena = prev;
+    }
     m->slots = NULL;
     m->tmpl = NULL;
     m->arena = NULL;
@@ -222,11 +228,11 @@ static inline bool masked_equal(const uint8_t *a, const uint8_t *b, const uint8_
  * key's mask: length, original, per entry the 5-byte header and the
  * replacement.
  */
-static bool tmpl_match(const struct ap_memo *m, const struct ap_memo_tmpl *t,
-                       const struct ap_view *v, const struct ap_site *s,
-                       const struct ap_entry *entries, const uint8_t *orig)
+static bool tmpl_match(const struct ap_memo_tmpl *t, const struct ap_view *v,
+                       const struct ap_site *s, const struct ap_entry *entries,
+                       const uint8_t *orig)
 {
-    const uint8_t *key = m->arena + t->off, *mk = key + t->keylen;
+    const uint8_t *key = t->key, *mk = key + t->keylen;
     size_t at = 1 + (size_t)s->len;
 
     if (t->len != s->len || t->count != s->count || !masked_equal(orig, key + 1, mk + 1, s->len))
@@ -258,7 +264,7 @@ static uint32_t memo_lookup(const struct ap_memo *m, uint64_t h, const struct ap
 
         if (sl->id == 0)
             return 0;
-        if (sl->hash == h && tmpl_match(m, &m->tmpl[sl->id - 1], v, s, entries, orig))
+        if (sl->hash == h && tmpl_match(&m->tmpl[sl->id - 1], v, s, entries, orig))
             return sl->id;
     }
 }
@@ -292,22 +298,21 @@ static bool slots_grow(struct ap_memo *m)
     return true;
 }
 
+/** Bytes of one arena block (a template takes at most ~1.4 KB). */
+#define AP_MEMO_BLOCK 16384u
+
 /* Room for @n more bytes in the arena and one more template; false when memory is short. */
 static bool room_reserve(struct ap_memo *m, size_t n)
 {
-    size_t cap = m->arena_cap ? m->arena_cap : 4096;
+    if (!m->arena || m->arena_len + n > m->arena_cap) {
+        size_t cap = n + sizeof(uint8_t *) > AP_MEMO_BLOCK ? n + sizeof(uint8_t *) : AP_MEMO_BLOCK;
+        uint8_t *b = malloc(cap);
 
-    if (m->arena_len + n > UINT32_MAX)
-        return false;
-    if (m->arena_len + n > m->arena_cap) {
-        uint8_t *p;
-
-        while (cap < m->arena_len + n)
-            cap *= 2;
-        p = realloc(m->arena, cap);
-        if (!p)
+        if (!b)
             return false;
-        m->arena = p;
+        memcpy(b, &m->arena, sizeof(m->arena)); /* the previous block */
+        m->arena = b;
+        m->arena_len = sizeof(uint8_t *);
         m->arena_cap = cap;
     }
     if (m->nplans >= m->tmpl_cap) {
@@ -527,7 +532,7 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     memcpy(at + 2 * keylen, p->final, p->len);
     if (fsz)
         memcpy(at + 2 * keylen + p->len, f, fsz);
-    m->tmpl[m->nplans] = (struct ap_memo_tmpl){.off = (uint32_t)m->arena_len,
+    m->tmpl[m->nplans] = (struct ap_memo_tmpl){.key = at,
                                                .keylen = (uint16_t)keylen,
                                                .count = (uint16_t)s->count, .len = p->len,
                                                .nfields = (uint8_t)nf,
@@ -551,14 +556,20 @@ uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v, const struct a
 }
 
 int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
-                 const struct ap_site *s, const struct ap_entry *entries, uint8_t *final)
+                 const struct ap_site *s, const struct ap_entry *entries, uint8_t *buf,
+                 const uint8_t **final)
 {
     const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
-    const uint8_t *fin = m->arena + t->off + 2 * (size_t)t->keylen;
+    const uint8_t *fin = t->key + 2 * (size_t)t->keylen;
     const uint8_t *fp = fin + t->len;
 
-    if (t->chosen >= 0)
-        ap_copy_small(final, fin, t->len);
+    *final = fin;
+    if (!t->nfields)
+        return t->chosen; /* no relative field: the same bytes at every site */
+    if (t->chosen >= 0) {
+        ap_copy_small(buf, fin, t->len);
+        *final = buf;
+    }
     for (unsigned i = 0; i < t->nfields; i++) {
         struct ap_memo_field f;
         const struct ap_entry *e;
@@ -572,7 +583,7 @@ int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
         if (f.entry == t->chosen) {
             if (field_cuts(&f, nv, s->len))
                 return -2;
-            ap_rel_store(final + f.pos, nv, f.size);
+            ap_rel_store(buf + f.pos, nv, f.size);
         }
     }
     return t->chosen;
@@ -596,11 +607,12 @@ uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct a
         uint32_t id = memo_lookup(m, h, v, s, entries, bytes);
 
         if (id) {
-            int chosen = ap_memo_inst(m, id, v, s, entries, out->final);
+            const uint8_t *fin;
+            int chosen = ap_memo_inst(m, id, v, s, entries, out->final, &fin);
 
             if (chosen >= -1) {
-                if (chosen < 0)
-                    memcpy(out->final, bytes, s->len); /* the site's own original */
+                /* none chosen: the site's own original */
+                memmove(out->final, chosen < 0 ? bytes : fin, s->len);
                 out->reason = ALTPATCH_REASON_NONE;
                 out->bad_entry = -1;
                 out->chosen = chosen;

@@ -133,6 +133,7 @@ static int ap_save_originals(struct ap_module *m)
         return -ENOMEM;
     for (size_t i = 0; i < m->nsites; i++)
         total += m->sites[i].len;
+    m->site_bytes = total;
     m->orig = malloc(total ? total : 1);
     m->planned = malloc(total ? total : 1);
     if (!m->orig || !m->planned)

@@ -124,7 +124,8 @@ AP_HIDDEN bool ap_entry_repl(const struct ap_view *v, const struct ap_entry *e,
  */
 /** One template (stable index: a site may keep it as "id" = index + 1). */
 struct ap_memo_tmpl {
-    uint32_t off;     /* key in the arena; its byte mask, the final bytes, the fields follow */
+    const uint8_t *key; /* in the arena (never moves): the key, its byte mask, the
+                         * final bytes, the fields */
     uint16_t keylen;
     uint16_t count;   /* entries */
     uint8_t len;      /* site length */
@@ -140,7 +141,8 @@ struct ap_memo {
     size_t nslots, nplans;
     struct ap_memo_tmpl *tmpl;   /* nplans templates */
     size_t tmpl_cap;
-    uint8_t *arena;              /* keys, final bytes, fields */
+    uint8_t *arena;              /* the current block of templates' bytes (blocks are
+                                  * chained through their first word, never moved) */
     size_t arena_len, arena_cap;
     uint64_t hits, misses;       /* sites answered from the memo / by the planner */
     size_t nmasks;               /* templates keyed without relative field values */
@@ -176,12 +178,14 @@ AP_HIDDEN uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v,
                                 const uint8_t *orig);
 /**
  * Template @p id at site @p s (whose checks ap_memo_find() made): the
- * chosen entry (-1: the original, @p final untouched), with its final bytes
- * in @p final (s->len bytes); or -2 when a relative field does not fit here
- * or points into the site: then only the planner can answer.
+ * chosen entry (-1: the original), with *@p final its final bytes (s->len):
+ * the template's own when it has no relative field (valid while @p m lives:
+ * templates never move), else @p buf, where they are instantiated for this
+ * site. Or -2 when a relative field does not fit here or points into the
+ * site: then only the planner can answer.
  */
 AP_HIDDEN int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
                            const struct ap_site *s, const struct ap_entry *entries,
-                           uint8_t *final);
+                           uint8_t *buf, const uint8_t **final);
 
 #endif /* ALTPATCH_PLAN_H */
