@@ -274,6 +274,26 @@ static inline void ap_decide(struct ap_run *r, struct ap_module *m, size_t i, ui
                                                 .new = target, .len = s->len, .result = (int)n};
 }
 
+/*
+ * A settled module (host.h) under the same memo generation: every site's
+ * plan is the one the last apply made, which memory held then (planned), so
+ * a site whose memory still holds it is decided -- unchanged -- by that one
+ * compare. True when every site passes; any other site sends the whole
+ * module through ap_decide().
+ */
+static bool ap_still_settled(const struct ap_module *m)
+{
+    if (!m->settled_gen || m->settled_gen != ap_shapes_gen || m->reason)
+        return false;
+    for (size_t i = 0; i < m->nsites; i++) {
+        const struct ap_site *s = &m->sites[i];
+        if (!ap_equal_small((const uint8_t *)(uintptr_t)s->addr, m->planned + m->orig_off[i],
+                            s->len))
+            return false;
+    }
+    return true;
+}
+
 static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
 {
     size_t n = 0, bytes = 0;
@@ -297,6 +317,12 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         if (m->gone)
             continue;
         ap_cache_check(m, ap_shapes_gen);
+        m->settled_now = !(flags & ALTPATCH_APPLY_REVERT) && ap_still_settled(m);
+        if (m->settled_now) {
+            r->ndec += m->nsites; /* decided: what the last apply left (ap_record) */
+            bytes += m->site_bytes;
+            continue;
+        }
         for (size_t i = 0; i < m->nsites; i++) {
             ap_decide(r, m, i, r->arena + bytes, memo, flags);
             bytes += m->sites[i].len;
@@ -360,7 +386,27 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
     for (struct ap_module *m = ap_mods; m; m = m->next) {
         if (m->gone)
             continue;
+        st->modules++;
+        if (m->settled_now && !debug) {
+            /* every site unchanged, its result what the last apply recorded */
+            n += m->nsites;
+            patched_n += m->settled_patched;
+            unchanged_n += m->nsites;
+            continue;
+        }
+        size_t module_patched = 0;
+        bool all_ok = true;
         for (size_t i = 0; i < m->nsites; i++, n++) {
+            if (m->settled_now) { /* ALTPATCH_DEBUG: the log shows every site */
+                bool patched = m->res[i].chosen >= 0;
+                r->dec[n] = (struct ap_dec){m->planned + m->orig_off[i], m->res[i].chosen,
+                                            ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
+                patched_n += patched;
+                unchanged_n++;
+                struct ap_work wk = ap_work_of(r, n, m, i);
+                ap_debug_site(&wk);
+                continue;
+            }
             const struct ap_dec *d = &r->dec[n];
             struct ap_site_result *res = &m->res[i];
             bool refused = d->action == AP_ACT_REFUSED || d->reason;
@@ -377,10 +423,12 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
                 res->chosen = -1;
                 res->state = ALTPATCH_SITE_REFUSED;
                 refused_n++;
+                all_ok = false;
             } else {
                 res->chosen = d->chosen;
                 res->state = d->chosen >= 0 ? ALTPATCH_SITE_PATCHED : ALTPATCH_SITE_ORIGINAL;
                 patched_n += d->chosen >= 0;
+                module_patched += d->chosen >= 0;
                 unchanged_n += d->action == AP_ACT_UNCHANGED;
                 if (keep)
                     ap_copy_small(m->planned + m->orig_off[i], d->target, m->sites[i].len);
@@ -391,7 +439,13 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
                 ap_debug_site(&wk);
             }
         }
-        st->modules++;
+        if (!m->settled_now) {
+            /* settled when memory now holds every site's plan: not after a
+             * dry run (nothing written), a revert (not the plan), a refusal */
+            bool settled = all_ok && keep && !(flags & ALTPATCH_APPLY_REVERT);
+            m->settled_gen = settled ? ap_shapes_gen : 0;
+            m->settled_patched = module_patched;
+        }
     }
     st->sites_seen += n;
     st->sites_refused += refused_n;

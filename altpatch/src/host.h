@@ -293,6 +293,14 @@ struct ap_module {
      * refused, every time). */
     uint64_t shape_gen;
     uint32_t *shape;
+    /* Settled (apply.c): the last apply under memo generation settled_gen
+     * left every site non-refused with memory holding what it planned
+     * (planned); settled_patched of them hold a replacement. While that
+     * holds, an apply under the same generation decides each site by one
+     * compare of memory with planned. 0: not settled. */
+    uint64_t settled_gen;
+    size_t settled_patched;
+    bool settled_now;           /* scratch: this apply took the settled path */
 };
 
 /** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */

@@ -555,17 +555,15 @@ uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v, const struct a
     return memo_lookup(m, h, v, s, entries, orig);
 }
 
-int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
-                 const struct ap_site *s, const struct ap_entry *entries, uint8_t *buf,
-                 const uint8_t **final)
+int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
+                        const struct ap_site *s, const struct ap_entry *entries, uint8_t *buf,
+                        const uint8_t **final)
 {
     const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
     const uint8_t *fin = t->key + 2 * (size_t)t->keylen;
     const uint8_t *fp = fin + t->len;
 
     *final = fin;
-    if (!t->nfields)
-        return t->chosen; /* no relative field: the same bytes at every site */
     if (t->chosen >= 0) {
         ap_copy_small(buf, fin, t->len);
         *final = buf;

@@ -184,8 +184,24 @@ AP_HIDDEN uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v,
  * site. Or -2 when a relative field does not fit here or points into the
  * site: then only the planner can answer.
  */
-AP_HIDDEN int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
-                           const struct ap_site *s, const struct ap_entry *entries,
-                           uint8_t *buf, const uint8_t **final);
+static inline int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
+                               const struct ap_site *s, const struct ap_entry *entries,
+                               uint8_t *buf, const uint8_t **final);
+/** ap_memo_inst() for a template with relative fields. */
+AP_HIDDEN int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
+                                  const struct ap_site *s, const struct ap_entry *entries,
+                                  uint8_t *buf, const uint8_t **final);
+
+static inline int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
+                               const struct ap_site *s, const struct ap_entry *entries,
+                               uint8_t *buf, const uint8_t **final)
+{
+    const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
+
+    if (t->nfields)
+        return ap_memo_inst_fields(m, id, v, s, entries, buf, final);
+    *final = t->key + 2 * (size_t)t->keylen; /* the same bytes at every site */
+    return t->chosen;
+}
 
 #endif /* ALTPATCH_PLAN_H */

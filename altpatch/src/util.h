@@ -159,9 +159,18 @@ static inline bool ap_equal_small(const uint8_t *a, const uint8_t *b, size_t n)
     if (n > 32)
         return memcmp(a, b, n) == 0;
     if (n < 8) {
-        for (size_t i = 0; i < n; i++)
-            d |= (uint64_t)(a[i] ^ b[i]);
-        return d == 0;
+        uint32_t p, q, r, t;
+
+        if (n < 4) {
+            for (size_t i = 0; i < n; i++)
+                d |= (uint64_t)(a[i] ^ b[i]);
+            return d == 0;
+        }
+        memcpy(&p, a, 4);
+        memcpy(&q, b, 4);
+        memcpy(&r, a + n - 4, 4);
+        memcpy(&t, b + n - 4, 4);
+        return ((p ^ q) | (r ^ t)) == 0;
     }
     for (size_t i = 0; i + 8 <= n; i += 8) {
         memcpy(&x, a + i, 8);
