@@ -222,6 +222,54 @@ static inline bool masked_equal(const uint8_t *a, const uint8_t *b, const uint8_
     return (d | ((x ^ y) & z)) == 0;
 }
 
+/* A site and replacement short enough for the word compare? */
+static inline bool e_len_ok(const struct ap_site *s, const struct ap_entry *e)
+{
+    return s->len <= 16 && e->repllen <= 16;
+}
+
+/* @n (<= 16) bytes at @p as two words (overlapping loads; the same
+ * positions for the same @n, so a site's words and a key's line up). */
+static inline void words_of(const uint8_t *p, size_t n, uint64_t *a, uint64_t *b)
+{
+    if (n >= 8) {
+        memcpy(a, p, 8);
+        memcpy(b, p + n - 8, 8);
+    } else if (n >= 4) {
+        uint32_t x, y;
+
+        memcpy(&x, p, 4);
+        memcpy(&y, p + n - 4, 4);
+        *a = x;
+        *b = y;
+    } else {
+        *a = n ? (uint64_t)p[0] | (uint64_t)p[n / 2] << 8 | (uint64_t)p[n - 1] << 16 : 0;
+        *b = 0;
+    }
+}
+
+/* The header word of a one-entry site: everything but the bytes. */
+static inline uint64_t one_header(const struct ap_site *s, const struct ap_entry *e)
+{
+    return (uint64_t)e->feature | (uint64_t)e->flags << 16 | (uint64_t)e->repllen << 32 |
+           (uint64_t)s->len << 40 | 1ull << 48;
+}
+
+/* A one-entry site against a one-entry template: five words, no loop. */
+static inline bool one_match(const struct ap_memo_tmpl *t, const struct ap_view *v,
+                             const struct ap_site *s, const struct ap_entry *e,
+                             const uint8_t *orig)
+{
+    uint64_t o1, o2, r1, r2;
+
+    if (one_header(s, e) != t->w[0])
+        return false;
+    words_of(orig, s->len, &o1, &o2);
+    words_of(repl_at(v, e), e->repllen, &r1, &r2);
+    return (((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
+            ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3])) == 0;
+}
+
 /*
  * Is site @s (original @orig; every replacement checked by sig_hash()) of
  * the shape of template @t? Its bytes against the template's key under the
@@ -235,6 +283,9 @@ static bool tmpl_match(const struct ap_memo_tmpl *t, const struct ap_view *v,
     const uint8_t *key = t->key, *mk = key + t->keylen;
     size_t at = 1 + (size_t)s->len;
 
+    if (t->one)
+        return s->count == 1 && e_len_ok(s, &entries[s->first]) &&
+               one_match(t, v, s, &entries[s->first], orig);
     if (t->len != s->len || t->count != s->count || !masked_equal(orig, key + 1, mk + 1, s->len))
         return false;
     for (uint32_t k = 0; k < s->count; k++) {
@@ -538,6 +589,17 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
                                                .nfields = (uint8_t)nf,
                                                .chosen = (int16_t)p->chosen,
                                                .relative = p->relative};
+    if (s->count == 1 && e_len_ok(s, &entries[s->first])) {
+        struct ap_memo_tmpl *t = &m->tmpl[m->nplans];
+        const uint8_t *mkey = at + keylen;
+
+        t->one = true;
+        t->w[0] = one_header(s, &entries[s->first]);
+        words_of(at + 1, s->len, &t->w[1], &t->w[2]);
+        words_of(mkey + 1, s->len, &t->wm[0], &t->wm[1]);
+        words_of(at + 1 + s->len + 5, entries[s->first].repllen, &t->w[3], &t->w[4]);
+        words_of(mkey + 1 + s->len + 5, entries[s->first].repllen, &t->wm[2], &t->wm[3]);
+    }
     m->arena_len += 2 * keylen + p->len + fsz;
     m->nmasks += masked;
     *slot_free(m, h) = (struct ap_memo_slot){.hash = h, .id = (uint32_t)++m->nplans};

@@ -142,7 +142,8 @@ static int ap_save_originals(struct ap_module *m)
     const struct ap_region *r = NULL; /* the region of the last site: sites come in order */
     for (size_t i = 0; i < m->nsites; i++) {
         const struct ap_site *s = &m->sites[i];
-        if (!r || !ap_region_holds(r, s->addr, s->len))
+        if (!r || !(s->addr >= r->addr && s->len <= r->size && /* ap_region_holds() */
+                    s->addr - r->addr <= r->size - s->len))
             r = s->len ? ap_view_find(&m->view, s->addr, s->len) : NULL;
         const uint8_t *live = r && r->data ? r->data + (s->addr - r->addr) : NULL;
         m->orig_off[i] = live ? off : AP_NO_ORIG;
@@ -189,9 +190,17 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
         m->reason = r;
         return 0;
     }
+    uint64_t seen[1024 / 64] = {0}; /* features looked up (ids below 1024) */
     m->leaves = AP_LEAVES_BASE;
-    for (size_t i = 0; i < m->nentries && m->leaves != AP_LEAVES_ALL; i++)
-        m->leaves |= ap_feature_leaves(m->entries[i].feature);
+    for (size_t i = 0; i < m->nentries && m->leaves != AP_LEAVES_ALL; i++) {
+        unsigned f = m->entries[i].feature;
+        if (f < 1024) {
+            if (seen[f / 64] >> (f % 64) & 1)
+                continue; /* a handful of features for thousands of entries */
+            seen[f / 64] |= 1ull << (f % 64);
+        }
+        m->leaves |= ap_feature_leaves(f);
+    }
     r = ap_sites_group(m->entries, m->nentries, &m->sites, &m->nsites);
     if (r < 0)
         return r;
