@@ -173,7 +173,43 @@ static void expect_same(const struct ap_plan *a, const struct ap_plan *b, size_t
         cr_assert_eq(b->relative, a->relative, "site %zu: relative", i);
 }
 
-/* Plan every site of @m alone and through @memo; compare. */
+/* Sites the apply path (ap_memo_find + ap_memo_inst) answered, and of them
+ * those with a relative template. */
+static size_t fast_answers, fast_relative;
+
+/*
+ * The apply path on site @s: when the memo finds its template and
+ * instantiates it here, the answer is the planner's @a (made under the
+ * memo's set): accepted, the same entry, the same final bytes.
+ */
+static void fast_same(const struct ap_memo *memo, const struct ap_view *v,
+                      const struct ap_site *s, const struct ap_entry *e, const uint8_t *orig,
+                      const struct altpatch_features *fs, const struct ap_plan *a, size_t i)
+{
+    static uint8_t buf[AP_MAX_SITE];
+    const uint8_t *fin = NULL, *bytes = orig ? orig : ap_view_text(v, s->addr, s->len);
+    uint32_t id;
+    int chosen;
+
+    if (!memo || !bytes || memcmp(fs, &memo->fs, sizeof(*fs)) != 0)
+        return;
+    id = ap_memo_find((struct ap_memo *)memo, v, s, e, bytes);
+    if (!id)
+        return;
+    memset(buf, 0xa5, sizeof(buf));
+    chosen = ap_memo_inst(memo, id, v, s, e, buf, &fin);
+    if (chosen < -1)
+        return; /* declined: a relative field does not fit here, the planner decides */
+    cr_assert_eq(a->reason, ALTPATCH_REASON_NONE, "site %zu: template for a refused site (%s)",
+                 i, a->detail);
+    cr_assert_eq(chosen, a->chosen, "site %zu: template chose %d, planner %d", i, chosen,
+                 a->chosen);
+    cr_assert_arr_eq(chosen >= 0 ? fin : bytes, a->final, a->len, "site %zu: final bytes", i);
+    fast_answers++;
+    fast_relative += a->relative;
+}
+
+/* Plan every site of @m alone and through @memo; compare (and the apply path). */
 static void compare_all(struct module *m, struct ap_memo *memo, const struct altpatch_features *fs)
 {
     static struct ap_plan a, b;
@@ -184,6 +220,7 @@ static void compare_all(struct module *m, struct ap_memo *memo, const struct alt
         ap_plan_site(&m->v, &m->s[i], m->e, m->orig[i], fs, &a);
         ap_memo_plan(memo, &m->v, &m->s[i], m->e, m->orig[i], fs, &b);
         expect_same(&a, &b, i);
+        fast_same(memo, &m->v, &m->s[i], m->e, m->orig[i], fs, &a, i);
     }
 }
 
@@ -212,6 +249,33 @@ Test(memo, same_plans_as_the_planner)
                  (unsigned long long)memo.hits, accepted);
     cr_assert_eq(memo.hits + memo.misses, mod.ns);
     cr_assert_leq(memo.nplans, NSHAPES, "one plan per distinct shape, %zu", memo.nplans);
+    ap_memo_free(&memo);
+}
+
+/*
+ * The apply path (a template found by its signature and bytes, then
+ * instantiated at the site) gives the planner's decision and bytes on the
+ * generated module: every site it answers, and it answers nearly every
+ * accepted one once the shapes are known.
+ */
+Test(memo, apply_path_same_as_the_planner)
+{
+    struct ap_memo memo;
+    static struct ap_plan p;
+    size_t accepted = 0;
+
+    module_make(&mod, MAX_SITES);
+    ap_memo_init(&memo, &mod.fs);
+    compare_all(&mod, &memo, &mod.fs); /* stores the templates */
+    fast_answers = fast_relative = 0;
+    compare_all(&mod, &memo, &mod.fs);
+    for (size_t i = 0; i < mod.ns; i++) {
+        ap_plan_site(&mod.v, &mod.s[i], mod.e, mod.orig[i], &mod.fs, &p);
+        accepted += p.reason == ALTPATCH_REASON_NONE;
+    }
+    cr_assert_gt(fast_answers, accepted * 9 / 10, "apply path answered %zu of %zu accepted",
+                 fast_answers, accepted);
+    cr_assert_gt(fast_relative, 50, "relative answers %zu", fast_relative);
     ap_memo_free(&memo);
 }
 
@@ -309,8 +373,10 @@ static int sweep_one(struct ap_memo *memo, const struct shape *sh, uint64_t site
     memset(&a, 0x5a, sizeof(a));
     memset(&b, 0xa5, sizeof(b));
     ap_plan_site(&v, &s, sw_e, NULL, fs, &a);
+    fast_same(memo, &v, &s, sw_e, NULL, fs, &a, (size_t)(site - repl)); /* before it is stored */
     ap_memo_plan(memo, &v, &s, sw_e, NULL, fs, &b);
     expect_same(&a, &b, (size_t)(site - repl));
+    fast_same(memo, &v, &s, sw_e, NULL, fs, &a, (size_t)(site - repl));
     return a.reason;
 }
 
@@ -332,6 +398,7 @@ Test(memo, relative_plans_across_addresses)
 
     module_make(&mod, 0); /* its feature set */
     ap_memo_init(&memo, &mod.fs);
+    fast_answers = 0;
     for (size_t k = 0; k < NREL; k++) {
         for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]); i++)
             for (int64_t j = -300; j <= 300; j += (j >= -24 && j < 24) ? 1 : 5) {
@@ -357,6 +424,8 @@ Test(memo, relative_plans_across_addresses)
                  (unsigned long long)memo.hits, accepted);
     cr_assert_leq(memo.nplans, NREL);
     cr_assert_eq(memo.hits + memo.misses, n);
+    cr_assert_gt(fast_answers, accepted / 2, "apply path answered %zu, accepted %zu",
+                 fast_answers, accepted);
     ap_memo_free(&memo);
 }
 
@@ -440,8 +509,10 @@ Test(memo, alt_call_sites_share_one_plan)
         ro += i % 3;
     }
     ap_memo_init(&memo, &mod.fs);
+    fast_answers = 0;
     for (size_t i = 0; i < mod.ns; i++) {
         ap_plan_site(&mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &a);
+        fast_same(&memo, &mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &a, i);
         ap_memo_plan(&memo, &mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &b);
         cr_assert_eq(a.reason, ALTPATCH_REASON_NONE, "site %zu: %s", i, a.detail);
         expect_same(&a, &b, i);
@@ -452,6 +523,8 @@ Test(memo, alt_call_sites_share_one_plan)
     }
     cr_assert_gt(memo.hits, mod.ns * 3 / 4, "hits %llu of %zu, plans %zu masks %zu", (unsigned long long)memo.hits,
                  mod.ns, memo.nplans, memo.nmasks);
+    cr_assert_gt(fast_answers, mod.ns * 3 / 4, "apply path answered %zu of %zu", fast_answers,
+                 mod.ns);
     cr_assert_leq(memo.nplans, 8, "plans %zu", memo.nplans);
     ap_memo_free(&memo);
 }
@@ -476,6 +549,7 @@ Test(memo, hit_rechecks_addresses)
     mod.v.text[0].size = 16 + 9 * 3 + 4; /* site 3 now runs past the end */
     for (size_t i = 1; i < 4; i++) {
         ap_plan_site(&mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &a);
+        fast_same(&memo, &mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &a, i);
         ap_memo_plan(&memo, &mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &b);
         cr_assert_neq(a.reason, ALTPATCH_REASON_NONE, "site %zu refused by the planner", i);
         expect_same(&a, &b, i);
