@@ -535,6 +535,67 @@ Test(apply, memory_mismatch_is_refused)
     cr_assert_null(strstr(hit + 1, want), "the same refusal is warned once: %s", r->log);
 }
 
+/*
+ * An apply that changes nothing decides a site by comparing memory with what
+ * the last apply left there; a site someone else rewrote since is still
+ * found and refused, and the counts stay exact.
+ */
+struct settled_result {
+    int rc[4];
+    struct altpatch_stats st[4];
+    struct snapshot sn;
+};
+
+static void settled_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct settled_result *r = out;
+    struct altpatch_features *f = fset(F_A, -1);
+    struct snapshot sn;
+    altpatch_set_print(NULL);
+    r->rc[0] = apply_with(f, 0);
+    get_stats(&r->st[0]);
+    r->rc[1] = apply_with(f, 0); /* nothing to do */
+    get_stats(&r->st[1]);
+    snap(&sn);
+    int fd = open("/proc/self/mem", O_RDWR);
+    uint8_t seven = 7;
+    if (fd < 0 || pwrite(fd, &seven, 1, (off_t)(sn.s[S_ALWAYS].addr + 1)) != 1)
+        _exit(5);
+    close(fd);
+    r->rc[2] = apply_with(f, 0);
+    get_stats(&r->st[2]);
+    r->rc[3] = apply_with(f, ALTPATCH_APPLY_DRY_RUN);
+    get_stats(&r->st[3]);
+    snap(&r->sn);
+    altpatch_features_free(f);
+}
+
+Test(apply, no_change_apply_still_sees_foreign_bytes)
+{
+    struct settled_result *r = ap_isolated(sizeof(*r), settled_body, NULL);
+    static const uint8_t MOV7[5] = {0xb8, 7, 0, 0, 0};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(r->rc[i], 0, "apply %d: %d", i, r->rc[i]);
+    /* the second apply: every site unchanged, the same results as the first */
+    cr_assert_eq(r->st[1].sites_seen, r->st[0].sites_seen);
+    cr_assert_eq(r->st[1].sites_patched, r->st[0].sites_patched);
+    cr_assert_eq(r->st[1].sites_refused, r->st[0].sites_refused);
+    cr_assert_eq(r->st[1].sites_unchanged, r->st[1].sites_seen - r->st[1].sites_refused);
+    cr_assert_eq(r->st[1].bytes_written, 0);
+    /* after the foreign write: that site refused, nothing else changes */
+    const struct site_view *v = &r->sn.s[S_ALWAYS];
+    assert_site(v, MOV1, MOV7, 5, "foreign bytes stay");
+    cr_assert_eq(v->state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(v->reason, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_eq(r->sn.value[S_ALWAYS], 7);
+    cr_assert_eq(r->st[2].sites_refused, r->st[0].sites_refused + 1);
+    cr_assert_eq(r->st[2].sites_patched, r->st[0].sites_patched - 1);
+    cr_assert_eq(r->st[2].bytes_written, 0);
+    cr_assert_eq(r->st[3].sites_refused, r->st[2].sites_refused, "a dry run sees it too");
+    cr_assert_eq(r->sn.s[S_TWO].state, ALTPATCH_SITE_PATCHED);
+}
+
 /* ---- the environment ------------------------------------------------------- */
 
 struct env_ctx {
