@@ -219,7 +219,7 @@ static inline void ap_decide(struct ap_run *r, struct ap_module *m, size_t i, ui
     size_t n = r->ndec++;
     struct ap_dec *d = &r->dec[n];
     const struct ap_site *s = &m->sites[i];
-    size_t off = m->orig_off[i];
+    size_t off = ap_orig_off(m, i);
     int reason = ALTPATCH_REASON_NONE, chosen = -2;
     const uint8_t *final = NULL;
     /* saved only for a site inside the module's text: memory is then at its
@@ -287,7 +287,7 @@ static bool ap_still_settled(const struct ap_module *m)
         return false;
     for (size_t i = 0; i < m->nsites; i++) {
         const struct ap_site *s = &m->sites[i];
-        if (!ap_equal_small((const uint8_t *)(uintptr_t)s->addr, m->planned + m->orig_off[i],
+        if (!ap_equal_small((const uint8_t *)(uintptr_t)s->addr, m->planned + ap_orig_off(m, i),
                             s->len))
             return false;
     }
@@ -367,7 +367,7 @@ static void ap_results_from_writes(struct ap_run *r)
 static struct ap_work ap_work_of(const struct ap_run *r, size_t n, struct ap_module *m, size_t i)
 {
     const struct ap_dec *d = &r->dec[n];
-    size_t off = m->orig_off[i];
+    size_t off = ap_orig_off(m, i);
     const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
     return (struct ap_work){.m = m, .idx = i, .orig = orig,
                             .cur = orig ? (const uint8_t *)(uintptr_t)m->sites[i].addr : NULL,
@@ -399,7 +399,7 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
         for (size_t i = 0; i < m->nsites; i++, n++) {
             if (m->settled_now) { /* ALTPATCH_DEBUG: the log shows every site */
                 bool patched = m->res[i].chosen >= 0;
-                r->dec[n] = (struct ap_dec){m->planned + m->orig_off[i], m->res[i].chosen,
+                r->dec[n] = (struct ap_dec){m->planned + ap_orig_off(m, i), m->res[i].chosen,
                                             ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
                 patched_n += patched;
                 unchanged_n++;
@@ -431,7 +431,7 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
                 module_patched += d->chosen >= 0;
                 unchanged_n += d->action == AP_ACT_UNCHANGED;
                 if (keep)
-                    ap_copy_small(m->planned + m->orig_off[i], d->target, m->sites[i].len);
+                    ap_copy_small(m->planned + ap_orig_off(m, i), d->target, m->sites[i].len);
             }
             res->reason = d->reason;
             if (debug) {
@@ -681,7 +681,7 @@ static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_si
     const struct ap_site *s = &m->sites[i];
     const struct ap_site_result *res = &m->res[i];
     const struct ap_entry *e = &m->entries[s->first + (res->chosen >= 0 ? res->chosen : 0)];
-    size_t off = m->orig_off[i];
+    size_t off = ap_orig_off(m, i);
     *info = (struct altpatch_site_info){
         .module = m->path,
         .addr = (uintptr_t)s->addr,

@@ -253,10 +253,10 @@ AP_HIDDEN uintptr_t ap_frames_where_task(uintptr_t rip, uintptr_t sp, bool (*ins
 
 /** Per-site outcome of the last apply. */
 struct ap_site_result {
-    uint8_t state;  /* enum altpatch_site_state */
     int32_t chosen; /* entry index within the site (any number of entries), -1 = original */
-    int16_t reason;
     uint32_t warned; /* bit r: a WARN line was printed for reason r (once per site and reason) */
+    int16_t reason;
+    uint8_t state;  /* enum altpatch_site_state */
 };
 
 struct ap_module {
@@ -267,9 +267,10 @@ struct ap_module {
     struct ap_view view;        /* live memory */
     struct ap_note note;
     int reason;                 /* module-wide refusal (BAD_TABLE, BAD_VERSION), else 0 */
-    uint8_t *table_copy;        /* the table as first seen: identity check after dlclose */
+    bool table_read;            /* the table was read (not refused before) */
     size_t table_size;
-    uint8_t *repl_copy;         /* the replacement bytes as first seen: identity too */
+    uint64_t table_hash;        /* of the table as first seen: identity check after dlclose */
+    uint64_t repl_hash;         /* of the replacement bytes as first seen: identity too */
     struct ap_entry *entries;
     size_t nentries;
     unsigned leaves;            /* CPUID leaf groups its entries' features need (AP_LEAVES_*) */
@@ -277,7 +278,8 @@ struct ap_module {
     size_t nsites;
     uint8_t *orig;              /* original bytes of all sites, concatenated */
     size_t site_bytes;          /* the sum of all sites' lengths */
-    size_t *orig_off;           /* per site: offset into orig (and planned), or AP_NO_ORIG */
+    uint32_t *orig_off;         /* per site: offset into orig (and planned), or
+                                 * AP_NO_ORIG32; read it with ap_orig_off() */
     struct ap_site_result *res; /* per site */
     bool present;               /* scratch for refresh */
     /* Pin (pins.c): a dlopen() reference held for the length of one apply or
@@ -305,6 +307,14 @@ struct ap_module {
 
 /** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */
 #define AP_NO_ORIG ((size_t)-1)
+/** The same in a module's 32-bit orig_off (a module's site bytes stay below 4 GiB). */
+#define AP_NO_ORIG32 UINT32_MAX
+
+/** Offset of site @p i's bytes in m->orig and m->planned, or AP_NO_ORIG. */
+static inline size_t ap_orig_off(const struct ap_module *m, size_t i)
+{
+    return m->orig_off[i] == AP_NO_ORIG32 ? AP_NO_ORIG : m->orig_off[i];
+}
 
 /**
  * Bring @p *list up to date with the loaded modules (dl_iterate_phdr): add

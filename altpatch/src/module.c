@@ -105,13 +105,33 @@ bool ap_module_has_note(const struct dl_phdr_info *info)
 /* Building and freeing one module                                           */
 /* ------------------------------------------------------------------------- */
 
+/*
+ * A 64-bit hash of @p n bytes: what identifies a module's table and
+ * replacement bytes after a library was unloaded (instead of keeping a copy
+ * of each: 14 bytes per record). A library built differently and loaded at
+ * the same address differs from the first in some byte; two contents that
+ * hash alike by accident are not a case this has to stand against (code in
+ * the process can rewrite anything anyway).
+ */
+static uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n, w;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 29;
+    }
+    for (w = 0; n; n--)
+        w = (w << 8) | p[n - 1];
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 32);
+}
+
 static void ap_module_free(struct ap_module *m)
 {
     if (!m)
         return;
     free(m->path);
-    free(m->table_copy);
-    free(m->repl_copy);
     free(m->entries);
     free(m->sites);
     free(m->orig);
@@ -133,6 +153,8 @@ static int ap_save_originals(struct ap_module *m)
         return -ENOMEM;
     for (size_t i = 0; i < m->nsites; i++)
         total += m->sites[i].len;
+    if (total >= AP_NO_ORIG32)
+        return -ENOMEM; /* 32-bit offsets: 16 million sites of 255 bytes */
     m->site_bytes = total;
     m->orig = malloc(total ? total : 1);
     m->planned = malloc(total ? total : 1);
@@ -146,12 +168,12 @@ static int ap_save_originals(struct ap_module *m)
                     s->addr - r->addr <= r->size - s->len))
             r = s->len ? ap_view_find(&m->view, s->addr, s->len) : NULL;
         const uint8_t *live = r && r->data ? r->data + (s->addr - r->addr) : NULL;
-        m->orig_off[i] = live ? off : AP_NO_ORIG;
+        m->orig_off[i] = live ? (uint32_t)off : AP_NO_ORIG32;
         if (live) {
             ap_copy_small(m->orig + off, live, s->len);
             off += s->len;
         }
-        m->res[i] = (struct ap_site_result){ALTPATCH_SITE_ORIGINAL, -1, 0, 0};
+        m->res[i] = (struct ap_site_result){.chosen = -1, .state = ALTPATCH_SITE_ORIGINAL};
     }
     memcpy(m->planned, m->orig, off);
     /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the
@@ -174,14 +196,9 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     ap_text_regions(info, &m->view, &repl);
     const uint8_t *table = (const uint8_t *)(uintptr_t)n->table_start;
     m->table_size = n->table_end - n->table_start;
-    m->table_copy = malloc(m->table_size ? m->table_size : 1);
-    if (!m->table_copy)
-        return -ENOMEM;
-    memcpy(m->table_copy, table, m->table_size);
-    m->repl_copy = malloc(m->view.repl.size ? m->view.repl.size : 1);
-    if (!m->repl_copy)
-        return -ENOMEM;
-    memcpy(m->repl_copy, m->view.repl.data, m->view.repl.size);
+    m->table_read = true;
+    m->table_hash = ap_bytes_hash(table, m->table_size);
+    m->repl_hash = ap_bytes_hash(m->view.repl.data, m->view.repl.size);
     int r = ap_records_parse(table, m->table_size, n->table_start, n->record_size, &m->entries,
                              &m->nentries);
     if (r < 0)
@@ -262,7 +279,7 @@ static bool ap_same_identity(const struct ap_module *m, const struct dl_phdr_inf
 static bool ap_sites_unchanged(const struct ap_module *m)
 {
     for (size_t i = 0; i < m->nsites; i++) {
-        size_t off = m->orig_off[i];
+        size_t off = ap_orig_off(m, i);
         if (off == AP_NO_ORIG)
             continue;
         const struct ap_site *s = &m->sites[i];
@@ -284,13 +301,14 @@ static bool ap_sites_unchanged(const struct ap_module *m)
 static bool ap_content_unchanged(const struct ap_module *m, const struct dl_phdr_info *info,
                                  bool reload)
 {
-    if (!m->table_copy)
+    if (!m->table_read)
         return true; /* refused before the table was read: nothing to compare */
     if (!ap_in_load(info, m->note.table_start, m->note.table_end) ||
         !ap_in_load(info, m->note.repl_start, m->note.repl_end))
         return false;
-    if (memcmp((const void *)(uintptr_t)m->note.table_start, m->table_copy, m->table_size) ||
-        memcmp(m->view.repl.data, m->repl_copy, m->view.repl.size))
+    if (ap_bytes_hash((const uint8_t *)(uintptr_t)m->note.table_start, m->table_size) !=
+            m->table_hash ||
+        ap_bytes_hash(m->view.repl.data, m->view.repl.size) != m->repl_hash)
         return false;
     return !reload || !m->path[0] || ap_sites_unchanged(m);
 }

@@ -83,7 +83,7 @@ static const char *mismatch(const struct ap_module *m, const struct ap_prepatch 
         const struct ap_site *s = &m->sites[i];
         if (ap_prepatch_next(p, &pos, &ps) || ps.addr + m->base != s->addr || ps.len != s->len)
             return "its sites are not the ones in memory";
-        if (m->orig_off[i] != AP_NO_ORIG && memcmp(m->orig + m->orig_off[i], ps.written, ps.len))
+        if (ap_orig_off(m, i) != AP_NO_ORIG && memcmp(m->orig + ap_orig_off(m, i), ps.written, ps.len))
             return "memory does not hold the bytes it says were written";
     }
     return NULL;
@@ -114,8 +114,8 @@ int ap_prepatch_originals(struct ap_module *m)
     size_t pos = 0;
     struct ap_prepatch_site ps;
     for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++)
-        if (m->orig_off[i] != AP_NO_ORIG)
-            memcpy(m->orig + m->orig_off[i], ps.orig, ps.len);
+        if (ap_orig_off(m, i) != AP_NO_ORIG)
+            memcpy(m->orig + ap_orig_off(m, i), ps.orig, ps.len);
     free(buf);
     return 0;
 }
