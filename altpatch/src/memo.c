@@ -160,6 +160,14 @@ static inline uint64_t mix(uint64_t h, uint64_t w)
     return h ^ (h >> 32);
 }
 
+/* The last step: every bit of @x reaches the low bits (the slot index). */
+static inline uint64_t fin(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
 /*
  * The signature hash of site @s (original @orig): length, entry count, per
  * entry feature, flags, replacement length and first replacement byte, the
@@ -181,7 +189,7 @@ static inline bool sig_hash(const struct ap_view *v, const struct ap_site *s,
         x = mix(x, (uint64_t)e->feature | (uint64_t)e->flags << 16 | (uint64_t)e->repllen << 32 |
                        (uint64_t)(e->repllen ? repl_at(v, e)[0] : 0) << 40);
     }
-    *h = x ^ (x >> 29);
+    *h = fin(x);
     return true;
 }
 
@@ -606,13 +614,57 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     return (uint32_t)m->nplans;
 }
 
+/*
+ * ap_memo_find() for a one-entry site of at most 16 bytes (most sites):
+ * sig_hash() and one_match() with the site's words read once, in one loop
+ * over the slots. Same answer as memo_lookup().
+ */
+static uint32_t find_one(const struct ap_memo *m, const struct ap_view *v,
+                         const struct ap_site *s, const struct ap_entry *entries,
+                         const uint8_t *orig)
+{
+    const struct ap_entry *e = &entries[s->first];
+    const uint8_t *rb;
+    uint64_t x, h, hdr, o1, o2, r1, r2;
+    size_t mask = m->nslots - 1;
+
+    if (!repl_ok(v, e))
+        return 0;
+    rb = repl_at(v, e);
+    x = mix(0x9e3779b97f4a7c15ull, (uint64_t)s->len | (uint64_t)orig[0] << 8 | 1ull << 16);
+    x = mix(x, (uint64_t)e->feature | (uint64_t)e->flags << 16 | (uint64_t)e->repllen << 32 |
+                   (uint64_t)(e->repllen ? rb[0] : 0) << 40);
+    h = fin(x);
+    hdr = one_header(s, e);
+    words_of(orig, s->len, &o1, &o2);
+    words_of(rb, e->repllen, &r1, &r2);
+    for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
+        const struct ap_memo_slot *sl = &m->slots[i];
+        const struct ap_memo_tmpl *t;
+
+        if (sl->id == 0)
+            return 0;
+        if (sl->hash != h)
+            continue;
+        t = &m->tmpl[sl->id - 1];
+        if (t->one ? hdr == t->w[0] &&
+                         (((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
+                          ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3])) == 0
+                   : tmpl_match(t, v, s, entries, orig))
+            return sl->id;
+    }
+}
+
 uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                       const struct ap_entry *entries, const uint8_t *orig)
 {
     uint64_t h;
 
-    if (!m->nplans || s->reason || !s->len || !s->count || !site_in_text(v, s) ||
-        !sig_hash(v, s, entries, orig, &h))
+    if (!m->nplans || s->reason || !s->len || !s->count || !site_in_text(v, s))
+        return 0;
+    if (s->count == 1 && e_len_ok(s, &entries[s->first]))
+        return find_one(m, v, s, entries, orig);
+    if (!sig_hash(v, s, entries, orig, &h))
         return 0;
     return memo_lookup(m, h, v, s, entries, orig);
 }
