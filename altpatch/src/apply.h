@@ -7,7 +7,7 @@
  *   apply.c      altpatch_apply(), stats, the site walk: decide per site
  *                against memory, one batch of writes, per-site results
  *   pins.c       libraries held loaded while apply reads or writes them
- *   sitecache.c  each module's plans from the last apply
+ *   sitecache.c  each site's template, the planner for what no template answers
  *   debug.c      ALTPATCH_DEBUG blocks and refusal warnings
  *   image.c      the image API (<altpatch/image.h>): ELF files, offline
  *   image_regions.c  the image API on memory a tool describes (sections,

@@ -5,7 +5,7 @@
  *   plan.c   decide one site's final bytes: PURE (no system calls, no
  *            globals, no allocation); the same code serves live memory and
  *            ELF files
- *   memo.c   identical sites planned once per apply (a table the caller owns)
+ *   memo.c   one address-free template per site shape (a table the caller owns)
  */
 #ifndef ALTPATCH_PLAN_H
 #define ALTPATCH_PLAN_H
