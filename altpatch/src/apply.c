@@ -227,8 +227,8 @@ static inline void ap_decide(struct ap_run *r, struct ap_module *m, size_t i, ui
     const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
     if (orig && !m->reason) {
         uint32_t id = m->shape[i];
-        if (!id)
-            id = ap_memo_find(memo, &m->view, s, m->entries, orig);
+        if (!id) /* orig saved: the site lies in the module's text (module.c) */
+            id = ap_memo_find_text(memo, &m->view, s, m->entries, orig);
         if (id)
             chosen = ap_memo_inst(memo, id, &m->view, s, m->entries, slot, &final);
         if (chosen >= -1)

@@ -658,9 +658,17 @@ static uint32_t find_one(const struct ap_memo *m, const struct ap_view *v,
 uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                       const struct ap_entry *entries, const uint8_t *orig)
 {
+    if (!site_in_text(v, s))
+        return 0;
+    return ap_memo_find_text(m, v, s, entries, orig);
+}
+
+uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+                           const struct ap_entry *entries, const uint8_t *orig)
+{
     uint64_t h;
 
-    if (!m->nplans || s->reason || !s->len || !s->count || !site_in_text(v, s))
+    if (!m->nplans || s->reason || !s->len || !s->count)
         return 0;
     if (s->count == 1 && e_len_ok(s, &entries[s->first]))
         return find_one(m, v, s, entries, orig);

@@ -182,6 +182,14 @@ AP_HIDDEN uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v,
                                 const struct ap_site *s, const struct ap_entry *entries,
                                 const uint8_t *orig);
 /**
+ * ap_memo_find() for a caller that knows the site lies inside one text
+ * region of @p v with bytes there (it read @p orig from it, and the view has
+ * not changed since): every other check is made.
+ */
+AP_HIDDEN uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v,
+                                     const struct ap_site *s, const struct ap_entry *entries,
+                                     const uint8_t *orig);
+/**
  * Template @p id at site @p s (whose checks ap_memo_find() made): the
  * chosen entry (-1: the original), with *@p final its final bytes (s->len):
  * the template's own when it has no relative field (valid while @p m lives:
