@@ -13,10 +13,16 @@
  *         dryrun    ALTPATCH_APPLY_DRY_RUN: plan every site, write nothing
  *         revert    ALTPATCH_APPLY_REVERT: write every original back
  *         warm      altpatch_apply() after a revert (modules already known)
+ *
+ * and one line with the heap the library keeps after its first apply in this
+ * process (mallinfo2: bytes in use after minus before), per site:
+ *
+ *   altpatch n=N phase=heap heap_bytes=.. heap_per_site=..
  */
 #include "harness.h"
 
 #include <altpatch/altpatch.h>
+#include <malloc.h>
 
 extern const unsigned long ab_gen_sites;
 
@@ -62,7 +68,9 @@ int main(int argc, char **argv)
         return 1;
     }
     struct ab_h_sample first;
+    struct mallinfo2 h0 = mallinfo2();
     timed(&first, 0);
+    struct mallinfo2 h1 = mallinfo2();
     if (first.rc < 0) {
         fprintf(stderr, "%s: altpatch_apply() = %lld\n", argv[0], (long long)first.rc);
         return 1;
@@ -73,6 +81,9 @@ int main(int argc, char **argv)
         timed(&rev[r], ALTPATCH_APPLY_REVERT);
         timed(&warm[r], 0);
     }
+    size_t heap = (h1.uordblks + h1.hblkhd) - (h0.uordblks + h0.hblkhd);
+    printf("altpatch n=%lu phase=heap heap_bytes=%zu heap_per_site=%.1f\n", ab_gen_sites, heap,
+           ab_gen_sites ? (double)heap / (double)ab_gen_sites : 0.0);
     report("cold", cold, reps);
     report("nochange", noch, reps);
     report("dryrun", dry, reps);
