@@ -298,6 +298,9 @@ Test(altbench, apply_harness_reports_every_phase)
         cr_assert_gt(field(out, "altpatch", "revert", "bytes"), 0);
     cr_assert_eq(field(out, "altpatch", "warm", "patched"), p);
     cr_assert_geq(field(out, "altpatch", "warm", "ns_med"), field(out, "altpatch", "warm", "ns_min"));
+    /* the state kept after the first apply: something per site, far from a page */
+    cr_assert_gt(field(out, "altpatch", "heap", "heap_bytes"), n, "%s", out);
+    cr_assert_lt(field(out, "altpatch", "heap", "heap_bytes"), 4096 * n + 65536, "%s", out);
     free(out);
 
     out = run_ok(ALTBENCH_PLAIN " 1");
