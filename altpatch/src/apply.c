@@ -226,11 +226,19 @@ static inline void ap_decide(struct ap_run *r, struct ap_module *m, size_t i, ui
      * address (a module's view of live memory maps every address to itself) */
     const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
     if (orig && !m->reason) {
+        /* the site's records only when needed: a first lookup, relative fields */
+        struct ap_site_entries eb;
+        const struct ap_site *es = s;
+        const struct ap_entry *ents = NULL;
         uint32_t id = m->shape[i];
-        if (!id) /* orig saved: the site lies in the module's text (module.c) */
-            id = ap_memo_find_text(memo, &m->view, s, m->entries, orig);
+        if (!id) { /* orig saved: the site lies in the module's text (module.c) */
+            ents = ap_module_site_entries(m, i, &eb, &es);
+            id = ap_memo_find_text(memo, &m->view, es, ents, orig);
+        }
+        if (id && memo->tmpl[id - 1].nfields && !ents)
+            ents = ap_module_site_entries(m, i, &eb, &es);
         if (id)
-            chosen = ap_memo_inst(memo, id, &m->view, s, m->entries, slot, &final);
+            chosen = ap_memo_inst(memo, id, &m->view, es, ents, slot, &final);
         if (chosen >= -1)
             m->shape[i] = id;
     }
@@ -680,7 +688,10 @@ static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_si
 {
     const struct ap_site *s = &m->sites[i];
     const struct ap_site_result *res = &m->res[i];
-    const struct ap_entry *e = &m->entries[s->first + (res->chosen >= 0 ? res->chosen : 0)];
+    struct ap_site_entries eb;
+    const struct ap_site *es;
+    const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
+    const struct ap_entry *e = &ents[es->first + (res->chosen >= 0 ? (uint32_t)res->chosen : 0)];
     size_t off = ap_orig_off(m, i);
     *info = (struct altpatch_site_info){
         .module = m->path,

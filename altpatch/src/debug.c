@@ -52,8 +52,11 @@ void ap_debug_site(const struct ap_work *wk)
     char sym[192], hex[AP_MAX_SITE * 3 + 1];
     unsigned long a = (unsigned long)s->addr;
     ap_symbolize(sym, sizeof(sym), wk->m, s->addr);
+    struct ap_site_entries eb;
+    const struct ap_site *es;
+    const struct ap_entry *e = ap_module_site_entries(wk->m, wk->idx, &eb, &es);
     for (uint32_t k = 0; k < s->count; k++)
-        ap_debug_entry(&wk->m->entries[s->first + k], sym);
+        ap_debug_entry(&e[es->first + k], sym);
     if (s->count > 1) {
         if (wk->chosen >= 0)
             ap_log(ALTPATCH_DEBUG, "0x%lx: chosen: entry %d of %u\n", a, wk->chosen, s->count);

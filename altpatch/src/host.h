@@ -271,7 +271,10 @@ struct ap_module {
     size_t table_size;
     uint64_t table_hash;        /* of the table as first seen: identity check after dlclose */
     uint64_t repl_hash;         /* of the replacement bytes as first seen: identity too */
-    struct ap_entry *entries;
+    struct ap_entry *entries;   /* every record, kept only when a site has more than
+                                 * AP_SITE_ENTRIES of them; else NULL and a site's
+                                 * records are decoded from the table when needed
+                                 * (ap_module_site_entries) */
     size_t nentries;
     unsigned leaves;            /* CPUID leaf groups its entries' features need (AP_LEAVES_*) */
     struct ap_site *sites;
@@ -315,6 +318,25 @@ static inline size_t ap_orig_off(const struct ap_module *m, size_t i)
 {
     return m->orig_off[i] == AP_NO_ORIG32 ? AP_NO_ORIG : m->orig_off[i];
 }
+
+/** Most records of one site decoded on demand (ap_module_site_entries). */
+#define AP_SITE_ENTRIES 8
+
+/** A site and its records, decoded for the planner and the memo. */
+struct ap_site_entries {
+    struct ap_site site; /* the module's site, with first = 0 */
+    struct ap_entry e[AP_SITE_ENTRIES];
+};
+
+/**
+ * Site @p i's records as the planner and the memo take them, with the site
+ * to pass along (*@p sp): m->entries and the module's own site when the
+ * module keeps its records, else decoded from the module's mapped table into
+ * @p buf (a table whose identity module.c checks by its hash).
+ */
+AP_HIDDEN const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
+                                                        struct ap_site_entries *buf,
+                                                        const struct ap_site **sp);
 
 /**
  * Bring @p *list up to date with the loaded modules (dl_iterate_phdr): add

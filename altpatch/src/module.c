@@ -221,7 +221,36 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     r = ap_sites_group(m->entries, m->nentries, &m->sites, &m->nsites);
     if (r < 0)
         return r;
+    /* The records stay in the mapped table: a site decodes its own when
+     * they are needed (a new shape, a relative template, the log), unless
+     * some site has more than a small buffer holds. */
+    bool keep = false;
+    for (size_t i = 0; i < m->nsites && !keep; i++)
+        keep = m->sites[i].count > AP_SITE_ENTRIES;
+    if (!keep) {
+        free(m->entries);
+        m->entries = NULL;
+    }
     return ap_save_originals(m);
+}
+
+const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
+                                              struct ap_site_entries *buf,
+                                              const struct ap_site **sp)
+{
+    const struct ap_site *s = &m->sites[i];
+    if (m->entries) {
+        *sp = s;
+        return m->entries;
+    }
+    buf->site = *s;
+    buf->site.first = 0;
+    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
+    for (uint32_t k = 0; k < s->count && k < AP_SITE_ENTRIES; k++)
+        ap_record_get(table, m->note.table_start, m->note.record_size, (size_t)s->first + k,
+                      &buf->e[k]);
+    *sp = &buf->site;
+    return buf->e;
 }
 
 /** Build the module for @p info (which carries the note descriptor @p desc). */

@@ -97,6 +97,14 @@ struct ap_site {
  */
 AP_HIDDEN int ap_records_parse(const uint8_t *table, size_t size, uint64_t table_addr,
                                uint32_t record_size, struct ap_entry **out, size_t *n);
+/**
+ * Record @p i of a table already accepted by ap_records_parse() (first byte
+ * at @p table, runtime address @p table_addr, records of @p record_size
+ * bytes), decoded into @p e: the same entry ap_records_parse() gives, for a
+ * caller that does not keep them all.
+ */
+AP_HIDDEN void ap_record_get(const uint8_t *table, uint64_t table_addr, uint32_t record_size,
+                             size_t i, struct ap_entry *e);
 
 /**
  * Group consecutive entries with the same site address into sites (in table

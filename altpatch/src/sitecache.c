@@ -22,7 +22,10 @@ int ap_plan_slow(struct ap_module *m, size_t i, const uint8_t *orig, struct ap_m
                  uint8_t *final, int *reason, char **detail)
 {
     struct ap_plan plan;
-    uint32_t id = ap_memo_plan(memo, &m->view, &m->sites[i], m->entries, orig, &memo->fs, &plan);
+    struct ap_site_entries eb;
+    const struct ap_site *s;
+    const struct ap_entry *e = ap_module_site_entries(m, i, &eb, &s);
+    uint32_t id = ap_memo_plan(memo, &m->view, s, e, orig, &memo->fs, &plan);
 
     if (plan.reason != ALTPATCH_REASON_NONE) {
         *reason = plan.reason;
