@@ -508,6 +508,10 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         ap_record(&r, flags, st);
         ap_applied = true;
     }
+    /* records parsed for this apply: from now on decoded when needed */
+    for (struct ap_module *m = ap_mods; m; m = m->next)
+        if (m->entries && !m->gone)
+            ap_module_drop_entries(m);
     ap_unpin(ap_mods);
     for (size_t i = 0; i < r.ndetails; i++)
         free(r.details[i].text);

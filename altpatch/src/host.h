@@ -271,11 +271,12 @@ struct ap_module {
     size_t table_size;
     uint64_t table_hash;        /* of the table as first seen: identity check after dlclose */
     uint64_t repl_hash;         /* of the replacement bytes as first seen: identity too */
-    struct ap_entry *entries;   /* every record, kept only when a site has more than
-                                 * AP_SITE_ENTRIES of them; else NULL and a site's
-                                 * records are decoded from the table when needed
-                                 * (ap_module_site_entries) */
+    struct ap_entry *entries;   /* every record until the first apply is done; kept
+                                 * only when a site has more than AP_SITE_ENTRIES of
+                                 * them, else NULL and a site's records are decoded
+                                 * from the table when needed (ap_module_site_entries) */
     size_t nentries;
+    bool entries_keep;          /* a site has more than AP_SITE_ENTRIES records */
     unsigned leaves;            /* CPUID leaf groups its entries' features need (AP_LEAVES_*) */
     struct ap_site *sites;
     size_t nsites;
@@ -337,6 +338,9 @@ struct ap_site_entries {
 AP_HIDDEN const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
                                                         struct ap_site_entries *buf,
                                                         const struct ap_site **sp);
+
+/** Free m->entries (the first apply is done with them) unless the module must keep them. */
+AP_HIDDEN void ap_module_drop_entries(struct ap_module *m);
 
 /**
  * Bring @p *list up to date with the loaded modules (dl_iterate_phdr): add

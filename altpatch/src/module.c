@@ -221,17 +221,22 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     r = ap_sites_group(m->entries, m->nentries, &m->sites, &m->nsites);
     if (r < 0)
         return r;
-    /* The records stay in the mapped table: a site decodes its own when
-     * they are needed (a new shape, a relative template, the log), unless
-     * some site has more than a small buffer holds. */
-    bool keep = false;
-    for (size_t i = 0; i < m->nsites && !keep; i++)
-        keep = m->sites[i].count > AP_SITE_ENTRIES;
-    if (!keep) {
-        free(m->entries);
-        m->entries = NULL;
-    }
+    /* After the first apply the records stay in the mapped table only: a
+     * site decodes its own when they are needed (a new shape, a relative
+     * template, the log), unless some site has more than a small buffer
+     * holds (ap_module_drop_entries). */
+    m->entries_keep = false;
+    for (size_t i = 0; i < m->nsites && !m->entries_keep; i++)
+        m->entries_keep = m->sites[i].count > AP_SITE_ENTRIES;
     return ap_save_originals(m);
+}
+
+void ap_module_drop_entries(struct ap_module *m)
+{
+    if (m->entries_keep)
+        return;
+    free(m->entries);
+    m->entries = NULL;
 }
 
 const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
