@@ -335,9 +335,23 @@ struct ap_site_entries {
  * module keeps its records, else decoded from the module's mapped table into
  * @p buf (a table whose identity module.c checks by its hash).
  */
-AP_HIDDEN const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
-                                                        struct ap_site_entries *buf,
-                                                        const struct ap_site **sp);
+static inline const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
+                                                            struct ap_site_entries *buf,
+                                                            const struct ap_site **sp);
+/** ap_module_site_entries() for a module that does not keep its records. */
+AP_HIDDEN const struct ap_entry *ap_module_decode_entries(const struct ap_module *m, size_t i,
+                                                          struct ap_site_entries *buf,
+                                                          const struct ap_site **sp);
+
+static inline const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
+                                                            struct ap_site_entries *buf,
+                                                            const struct ap_site **sp)
+{
+    if (!m->entries)
+        return ap_module_decode_entries(m, i, buf, sp);
+    *sp = &m->sites[i];
+    return m->entries;
+}
 
 /** Free m->entries (the first apply is done with them) unless the module must keep them. */
 AP_HIDDEN void ap_module_drop_entries(struct ap_module *m);

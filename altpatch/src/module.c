@@ -239,15 +239,11 @@ void ap_module_drop_entries(struct ap_module *m)
     m->entries = NULL;
 }
 
-const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
-                                              struct ap_site_entries *buf,
-                                              const struct ap_site **sp)
+const struct ap_entry *ap_module_decode_entries(const struct ap_module *m, size_t i,
+                                                struct ap_site_entries *buf,
+                                                const struct ap_site **sp)
 {
     const struct ap_site *s = &m->sites[i];
-    if (m->entries) {
-        *sp = s;
-        return m->entries;
-    }
     buf->site = *s;
     buf->site.first = 0;
     const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
