@@ -357,8 +357,8 @@ static bool slots_grow(struct ap_memo *m)
     return true;
 }
 
-/** Bytes of one arena block (a template takes at most ~1.4 KB). */
-#define AP_MEMO_BLOCK 16384u
+/** Bytes of one arena block (a template takes at most ~1.4 KB; a longer one gets its own). */
+#define AP_MEMO_BLOCK 4096u
 
 /* Room for @n more bytes in the arena and one more template; false when memory is short. */
 static bool room_reserve(struct ap_memo *m, size_t n)
