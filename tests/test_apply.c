@@ -839,8 +839,9 @@ Test(apply, modules_refresh_finds_this_program)
     cr_assert_geq(m->view.ntext, 1);
     cr_assert_gt(m->view.repl.size, 0);
     cr_assert(m->table_read);
-    cr_assert_eq(m->table_size % ALTPATCH_RECORD_SIZE, 0);
-    cr_assert_eq(m->nentries, m->table_size / ALTPATCH_RECORD_SIZE);
+    cr_assert_gt(m->note.record_size, 0);
+    cr_assert_eq(m->table_size % m->note.record_size, 0);
+    cr_assert_eq(m->nentries, m->table_size / m->note.record_size);
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < m->nsites; i++) {
         uintptr_t a = (uintptr_t)m->sites[i].addr, fn = (uintptr_t)site_two;
