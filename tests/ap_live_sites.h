@@ -4,6 +4,32 @@
 #define AP_TEST_LIVE_SITES_H
 
 #include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+
+#include <stdint.h>
+#include <string.h>
+
+/* What altpatch_site_foreach() says of the first site of a function. */
+struct site_view {
+    uintptr_t addr;
+    unsigned len;
+    int state, reason;
+    uint8_t cur[16], orig[16];
+};
+
+/* Keep @p s in @p v when it is the lowest site so far in the 64 bytes at @p fn. */
+static inline void site_view_take(struct site_view *v, const struct altpatch_site_info *s,
+                                  uintptr_t fn)
+{
+    if (s->addr >= fn && s->addr < fn + 64 && (!v->addr || s->addr < v->addr)) {
+        v->addr = s->addr;
+        v->len = s->len;
+        v->state = s->state;
+        v->reason = s->reason;
+        memcpy(v->cur, s->current, s->len < 16 ? s->len : 16);
+        memcpy(v->orig, s->original, s->len < 16 ? s->len : 16);
+    }
+}
 
 /* One instruction: 1, or 2 once patched. */
 __attribute__((noinline)) static long site_one(void)

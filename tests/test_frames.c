@@ -39,29 +39,13 @@
 
 /* ---- the site and its oracle ------------------------------------------------------- */
 
-struct pair_view {
-    uintptr_t addr;
-    unsigned len;
-    int state, reason;
-    uint8_t cur[16], orig[16];
-};
-
 static int pair_cb(const struct altpatch_site_info *s, void *p)
 {
-    struct pair_view *v = p;
-    uintptr_t fn = (uintptr_t)site_pair;
-    if (s->addr >= fn && s->addr < fn + 64 && (!v->addr || s->addr < v->addr)) {
-        v->addr = s->addr;
-        v->len = s->len;
-        v->state = s->state;
-        v->reason = s->reason;
-        memcpy(v->cur, s->current, s->len < 16 ? s->len : 16);
-        memcpy(v->orig, s->original, s->len < 16 ? s->len : 16);
-    }
+    site_view_take(p, s, (uintptr_t)site_pair);
     return 0;
 }
 
-static void pair_snap(struct pair_view *v)
+static void pair_snap(struct site_view *v)
 {
     memset(v, 0, sizeof(*v));
     altpatch_site_foreach(pair_cb, v);
@@ -184,7 +168,7 @@ struct fr_res {
     int rc, rc2, hit;
     long result, bad, after, one;
     int tries, kept_bad; /* applies under the handler; how many wrote the site */
-    struct pair_view v, v2;
+    struct site_view v, v2;
 };
 
 static void fr_body(void *out, void *ctx)
@@ -245,7 +229,7 @@ static void fr_body(void *out, void *ctx)
      * makes the site refused as not answering: the site is kept either way;
      * apply again until the thread was located (a few tries at most). */
     for (r->tries = 0; r->tries < FR_TRIES; r->tries++) {
-        struct pair_view v;
+        struct site_view v;
         int rc = altpatch_apply();
         pair_snap(&v);
         if (rc)

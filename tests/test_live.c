@@ -58,13 +58,6 @@ enum { S_ONE, S_PAIR, S_SPIN, S_CALLIN, S_COUNT };
 static void *const site_fn[S_COUNT] = {(void *)site_one, (void *)site_pair, (void *)site_spin,
                                        (void *)site_callin};
 
-struct site_view {
-    uintptr_t addr;
-    unsigned len;
-    int state, reason;
-    uint8_t cur[16], orig[16];
-};
-
 struct find {
     struct site_view *v;
 };
@@ -74,16 +67,7 @@ static int find_cb(const struct altpatch_site_info *s, void *p)
 {
     struct find *f = p;
     for (int i = 0; i < S_COUNT; i++) {
-        uintptr_t fn = (uintptr_t)site_fn[i];
-        struct site_view *v = &f->v[i];
-        if (s->addr >= fn && s->addr < fn + 64 && (!v->addr || s->addr < v->addr)) {
-            v->addr = s->addr;
-            v->len = s->len;
-            v->state = s->state;
-            v->reason = s->reason;
-            memcpy(v->cur, s->current, s->len < 16 ? s->len : 16);
-            memcpy(v->orig, s->original, s->len < 16 ? s->len : 16);
-        }
+        site_view_take(&f->v[i], s, (uintptr_t)site_fn[i]);
     }
     return 0;
 }
