@@ -12,7 +12,10 @@
  *   writer.c         what both writers share: the pending-write check, page
  *                    counting, signal masking, /proc/self/mem
  *   poke.c           the writer: RW windows, /proc/self/mem (knows no x86)
- *   live.c           the writer while other threads run (int3, membarrier)
+ *   live.c           the writer while other threads run (page flips, entry
+ *                    barriers, handshake, membarrier)
+ *   flip.c           page flips: staging copies of text pages moved in with
+ *                    mremap() (knows no x86)
  *   frames.c         where a thread in a signal handler was interrupted (the
  *                    kernel's signal frames on its stacks), for live.c
  */
@@ -213,7 +216,8 @@ AP_HIDDEN int ap_live_ready(const char **why);
  */
 AP_HIDDEN int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st);
 /**
- * fork() waits while a round runs (no child starts with int3s in its text):
+ * fork() waits while a round runs (no child starts with entry barriers in
+ * its text):
  * apply.c's pthread_atfork handlers call these after taking its own lock,
  * the order an apply takes both.
  */
