@@ -289,6 +289,7 @@ struct ap_module {
     uint32_t *orig_off;         /* per site: offset into orig (and planned), or
                                  * AP_NO_ORIG32; read it with ap_orig_off() */
     struct ap_site_result *res; /* per site */
+    void *block;                /* one allocation: orig_off, shape, res, orig, planned */
     bool present;               /* scratch for refresh */
     /* Pin (pins.c): a dlopen() reference held for the length of one apply or
      * site walk, so that a concurrent dlclose() cannot unmap bytes being read

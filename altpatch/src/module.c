@@ -105,28 +105,6 @@ bool ap_module_has_note(const struct dl_phdr_info *info)
 /* Building and freeing one module                                           */
 /* ------------------------------------------------------------------------- */
 
-/*
- * A 64-bit hash of @p n bytes: what identifies a module's table and
- * replacement bytes after a library was unloaded (instead of keeping a copy
- * of each: 14 bytes per record). A library built differently and loaded at
- * the same address differs from the first in some byte; two contents that
- * hash alike by accident are not a case this has to stand against (code in
- * the process can rewrite anything anyway).
- */
-static uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ n, w;
-    for (; n >= 8; p += 8, n -= 8) {
-        memcpy(&w, p, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdull;
-        h ^= h >> 29;
-    }
-    for (w = 0; n; n--)
-        w = (w << 8) | p[n - 1];
-    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
-    return h ^ (h >> 32);
-}
-
 static void ap_module_free(struct ap_module *m)
 {
     if (!m)
@@ -134,48 +112,97 @@ static void ap_module_free(struct ap_module *m)
     free(m->path);
     free(m->entries);
     free(m->sites);
-    free(m->orig);
-    free(m->orig_off);
-    free(m->res);
-    free(m->planned);
-    free(m->shape);
+    free(m->block); /* orig_off, shape, res, orig, planned */
     free(m);
 }
 
-/** Save the original bytes of every site that lies inside the module's text. */
-static int ap_save_originals(struct ap_module *m)
+/*
+ * Copy a site's original bytes into orig and planned (both at the same
+ * offset): ap_copy_small() twice, each word loaded once.
+ */
+static inline void ap_copy_twice(uint8_t *a, uint8_t *b, const uint8_t *src, size_t n)
 {
-    size_t total = 0;
-    m->orig_off = malloc((m->nsites ? m->nsites : 1) * sizeof(*m->orig_off));
-    m->res = malloc((m->nsites ? m->nsites : 1) * sizeof(*m->res));
-    m->shape = calloc(m->nsites ? m->nsites : 1, sizeof(*m->shape)); /* 0: no template */
-    if (!m->orig_off || !m->res || !m->shape)
-        return -ENOMEM;
-    for (size_t i = 0; i < m->nsites; i++)
-        total += m->sites[i].len;
+    if (n > 16) {
+        memcpy(a, src, n);
+        memcpy(b, src, n);
+    } else if (n >= 8) {
+        uint64_t x, y;
+        memcpy(&x, src, 8);
+        memcpy(&y, src + n - 8, 8);
+        memcpy(a, &x, 8);
+        memcpy(a + n - 8, &y, 8);
+        memcpy(b, &x, 8);
+        memcpy(b + n - 8, &y, 8);
+    } else if (n >= 4) {
+        uint32_t x, y;
+        memcpy(&x, src, 4);
+        memcpy(&y, src + n - 4, 4);
+        memcpy(a, &x, 4);
+        memcpy(a + n - 4, &y, 4);
+        memcpy(b, &x, 4);
+        memcpy(b + n - 4, &y, 4);
+    } else {
+        for (size_t k = 0; k < n; k++)
+            a[k] = b[k] = src[k];
+    }
+}
+
+/*
+ * The per-site arrays in one allocation (m->block): orig_off, shape (0: no
+ * template), res, then the original bytes of every site that lies inside the
+ * module's text and, at the same offsets, the bytes the last apply left
+ * (planned: the originals until an apply writes).
+ */
+static int ap_save_originals(struct ap_module *m, uint64_t total)
+{
+    size_t n = m->nsites;
     if (total >= AP_NO_ORIG32)
         return -ENOMEM; /* 32-bit offsets: 16 million sites of 255 bytes */
-    m->site_bytes = total;
-    m->orig = malloc(total ? total : 1);
-    m->planned = malloc(total ? total : 1);
-    if (!m->orig || !m->planned)
+    _Static_assert(sizeof(struct ap_site_result) % 4 == 0 && _Alignof(struct ap_site_result) <= 4,
+                   "per-site arrays share one block of 4-byte alignment");
+    size_t size = n * (sizeof(*m->orig_off) + sizeof(*m->shape) + sizeof(*m->res)) + 2 * total;
+    uint8_t *b = malloc(size ? size : 1);
+    if (!b)
         return -ENOMEM;
-    size_t off = 0;
+    m->block = b;
+    m->site_bytes = total;
+    m->orig_off = (uint32_t *)(void *)b;
+    m->shape = (uint32_t *)(void *)(b + n * sizeof(*m->orig_off));
+    m->res = (struct ap_site_result *)(void *)(b + n * (sizeof(*m->orig_off) + sizeof(*m->shape)));
+    m->orig = b + n * (sizeof(*m->orig_off) + sizeof(*m->shape) + sizeof(*m->res));
+    m->planned = m->orig + total;
+    /* Locals throughout: the byte stores below may alias any field of m. */
+    const struct ap_site *sites = m->sites;
+    uint32_t *orig_off = m->orig_off;
+    struct ap_site_result *res = m->res;
+    uint32_t *shape = m->shape;
+    uint8_t *orig = m->orig, *planned = m->planned;
+    uint32_t off = 0;
     const struct ap_region *r = NULL; /* the region of the last site: sites come in order */
-    for (size_t i = 0; i < m->nsites; i++) {
-        const struct ap_site *s = &m->sites[i];
-        if (!r || !(s->addr >= r->addr && s->len <= r->size && /* ap_region_holds() */
-                    s->addr - r->addr <= r->size - s->len))
-            r = s->len ? ap_view_find(&m->view, s->addr, s->len) : NULL;
-        const uint8_t *live = r && r->data ? r->data + (s->addr - r->addr) : NULL;
-        m->orig_off[i] = live ? (uint32_t)off : AP_NO_ORIG32;
-        if (live) {
-            ap_copy_small(m->orig + off, live, s->len);
-            off += s->len;
+    uint64_t r_addr = 0, r_size = 0;
+    const uint8_t *r_data = NULL;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t addr = sites[i].addr;
+        uint8_t len = sites[i].len;
+        res[i] = (struct ap_site_result){.chosen = -1, .state = ALTPATCH_SITE_ORIGINAL};
+        shape[i] = 0; /* no template */
+        if (!r || !(addr >= r_addr && len <= r_size && /* ap_region_holds() */
+                    addr - r_addr <= r_size - len)) {
+            r = len ? ap_view_find(&m->view, addr, len) : NULL;
+            if (r) {
+                r_addr = r->addr;
+                r_size = r->size;
+                r_data = r->data;
+            }
         }
-        m->res[i] = (struct ap_site_result){.chosen = -1, .state = ALTPATCH_SITE_ORIGINAL};
+        if (!r || !r_data) {
+            orig_off[i] = AP_NO_ORIG32;
+            continue;
+        }
+        orig_off[i] = off;
+        ap_copy_twice(orig + off, planned + off, r_data + (addr - r_addr), len);
+        off += len;
     }
-    memcpy(m->planned, m->orig, off);
     /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the
      * compiler's originals are in the file (prepatch_load.c). */
     return ap_note_prepatched(&m->note) ? ap_prepatch_originals(m) : 0;
@@ -197,38 +224,35 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     const uint8_t *table = (const uint8_t *)(uintptr_t)n->table_start;
     m->table_size = n->table_end - n->table_start;
     m->table_read = true;
-    m->table_hash = ap_bytes_hash(table, m->table_size);
     m->repl_hash = ap_bytes_hash(m->view.repl.data, m->view.repl.size);
-    int r = ap_records_parse(table, m->table_size, n->table_start, n->record_size, &m->entries,
-                             &m->nentries);
+    /* One pass: sites, their preset reasons, the entries (the first apply
+     * reads them), the features named and the table's hash. */
+    struct ap_table_scan sc;
+    int r = ap_table_scan(table, m->table_size, n->table_start, n->record_size, true, &sc);
+    m->table_hash = sc.hash;
     if (r < 0)
         return r;
     if (r != ALTPATCH_REASON_NONE) {
         m->reason = r;
         return 0;
     }
-    uint64_t seen[1024 / 64] = {0}; /* features looked up (ids below 1024) */
+    m->entries = sc.entries;
+    m->nentries = sc.nentries;
+    m->sites = sc.sites;
+    m->nsites = sc.nsites;
+    /* The CPUID leaf groups: once per distinct feature. */
     m->leaves = AP_LEAVES_BASE;
-    for (size_t i = 0; i < m->nentries && m->leaves != AP_LEAVES_ALL; i++) {
-        unsigned f = m->entries[i].feature;
-        if (f < 1024) {
-            if (seen[f / 64] >> (f % 64) & 1)
-                continue; /* a handful of features for thousands of entries */
-            seen[f / 64] |= 1ull << (f % 64);
-        }
-        m->leaves |= ap_feature_leaves(f);
-    }
-    r = ap_sites_group(m->entries, m->nentries, &m->sites, &m->nsites);
-    if (r < 0)
-        return r;
+    for (size_t w = 0; w < AP_SCAN_FEATURES / 64 && m->leaves != AP_LEAVES_ALL; w++)
+        for (uint64_t bits = sc.features[w]; bits; bits &= bits - 1)
+            m->leaves |= ap_feature_leaves((unsigned)(w * 64 + (unsigned)__builtin_ctzll(bits)));
+    if (sc.feature_high)
+        m->leaves |= ap_feature_leaves(sc.feature_high);
     /* After the first apply the records stay in the mapped table only: a
      * site decodes its own when they are needed (a new shape, a relative
      * template, the log), unless some site has more than a small buffer
      * holds (ap_module_drop_entries). */
-    m->entries_keep = false;
-    for (size_t i = 0; i < m->nsites && !m->entries_keep; i++)
-        m->entries_keep = m->sites[i].count > AP_SITE_ENTRIES;
-    return ap_save_originals(m);
+    m->entries_keep = sc.max_count > AP_SITE_ENTRIES;
+    return ap_save_originals(m, sc.site_bytes);
 }
 
 void ap_module_drop_entries(struct ap_module *m)
@@ -336,8 +360,8 @@ static bool ap_content_unchanged(const struct ap_module *m, const struct dl_phdr
     if (!ap_in_load(info, m->note.table_start, m->note.table_end) ||
         !ap_in_load(info, m->note.repl_start, m->note.repl_end))
         return false;
-    if (ap_bytes_hash((const uint8_t *)(uintptr_t)m->note.table_start, m->table_size) !=
-            m->table_hash ||
+    if (ap_table_hash((const uint8_t *)(uintptr_t)m->note.table_start, m->table_size,
+                      m->note.record_size) != m->table_hash ||
         ap_bytes_hash(m->view.repl.data, m->view.repl.size) != m->repl_hash)
         return false;
     return !reload || !m->path[0] || ap_sites_unchanged(m);

@@ -115,6 +115,42 @@ AP_HIDDEN void ap_record_get(const uint8_t *table, uint64_t table_addr, uint32_t
 AP_HIDDEN int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out,
                              size_t *nsites);
 
+/** Feature ids the scan's bitmap covers (the feature words: AP_NCAPWORDS * 32). */
+#define AP_SCAN_FEATURES 1024
+
+/** What one pass over a record table gives (ap_table_scan()). */
+struct ap_table_scan {
+    struct ap_site *sites;    /* malloc'ed: the sites of ap_sites_group(), reasons set */
+    size_t nsites;
+    struct ap_entry *entries; /* malloc'ed: every record as ap_records_parse() decodes
+                               * it, when asked for, else NULL */
+    size_t nentries;
+    uint64_t site_bytes;      /* the sum of the sites' lengths */
+    uint32_t max_count;       /* most records of one site */
+    unsigned feature_high;    /* a feature id >= AP_SCAN_FEATURES the records name, or 0 */
+    uint64_t features[AP_SCAN_FEATURES / 64]; /* bit id: some record names feature id */
+    uint64_t hash;            /* ap_table_hash() of the table */
+};
+
+/**
+ * One pass over the table of @p size bytes at @p table (runtime address
+ * @p table_addr, records of @p record_size bytes): the sites, their preset
+ * reasons (EMPTY_SITE, SITE_OVERLAP) and what else the records say, exactly
+ * as ap_records_parse() followed by ap_sites_group() (the overlap scan needs
+ * no sorted copy while the sites come in address order), the entries only
+ * when @p want_entries. Returns ALTPATCH_REASON_NONE, BAD_VERSION or
+ * BAD_TABLE as ap_records_parse() (then only out->hash is set), or -ENOMEM.
+ */
+AP_HIDDEN int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
+                            uint32_t record_size, bool want_entries, struct ap_table_scan *out);
+/**
+ * A 64-bit hash of a table of records of @p record_size bytes (any size:
+ * bytes past the last whole record count too), the one ap_table_scan() gives.
+ */
+AP_HIDDEN uint64_t ap_table_hash(const uint8_t *table, size_t size, uint32_t record_size);
+/** A 64-bit hash of @p n bytes (the same construction over 16-byte blocks). */
+AP_HIDDEN uint64_t ap_bytes_hash(const uint8_t *p, size_t n);
+
 /* ------------------------------------------------------------------------- */
 /* Features (features.c): the table, sets, names, edits, profiles            */
 /* ------------------------------------------------------------------------- */

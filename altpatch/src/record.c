@@ -10,6 +10,7 @@
  * the packed records are read with memcpy (no unaligned dereference).
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,4 +282,250 @@ int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out, siz
     *out = s;
     *nsites = m;
     return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* One pass over a mapped table                                              */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * The table hash: two polynomial lanes modulo 2^64 with odd multipliers, one
+ * over the first 8 bytes of each record, one over the rest (4 or 6 bytes),
+ * then the bytes of an incomplete last record. A multiplication by an odd
+ * number is invertible, so a change of one word always changes its lane; it
+ * identifies a table as first seen (a library rebuilt and loaded again at
+ * the same address), it is not a defence against a chosen collision (code in
+ * the process can rewrite anything anyway).
+ */
+#define HASH_K0 0x9e3779b97f4a7c15ull
+#define HASH_K1 0xc2b2ae3d27d4eb4full
+#define HASH_SEED0 0x243f6a8885a308d3ull
+#define HASH_SEED1 0x13198a2e03707344ull
+
+static uint64_t hash_final(uint64_t h0, uint64_t h1, size_t size)
+{
+    uint64_t h = (h0 ^ (h1 >> 31) ^ (h1 << 33) ^ size) * 0xff51afd7ed558ccdull;
+
+    h ^= h >> 29;
+    h = (h ^ h1) * 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 32);
+}
+
+/* The second word of a record: format 3 four bytes, format 1 six. */
+static inline uint64_t rec_tail(const uint8_t *p, unsigned rs)
+{
+    uint32_t a;
+    uint16_t b = 0;
+
+    memcpy(&a, p + 8, 4);
+    if (rs == ALTPATCH_RECORD_SIZE_KERNEL)
+        memcpy(&b, p + 12, 2);
+    return a | (uint64_t)b << 32;
+}
+
+/* The bytes of an incomplete last record, into the second lane. */
+static uint64_t hash_rest(uint64_t h1, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        h1 = (h1 + p[i] + 1) * HASH_K1;
+    return h1;
+}
+
+uint64_t ap_table_hash(const uint8_t *table, size_t size, uint32_t record_size)
+{
+    uint64_t h = HASH_SEED0, w;
+    size_t i = 0;
+
+    if (record_size == ALTPATCH_RECORD_SIZE_KERNEL || record_size == ALTPATCH_RECORD_SIZE_COMPACT)
+        for (; size - i >= record_size; i += record_size) {
+            memcpy(&w, table + i, 8);
+            h = ((h + w) * HASH_K0 + rec_tail(table + i, record_size)) * HASH_K0;
+        }
+    return hash_final(h, size > i ? hash_rest(HASH_SEED1, table + i, size - i) : HASH_SEED1, size);
+}
+
+uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
+{
+    uint64_t h0 = HASH_SEED0, h1 = HASH_SEED1, a, b;
+    size_t i = 0;
+
+    for (; n - i >= 16; i += 16) {
+        memcpy(&a, p + i, 8);
+        memcpy(&b, p + i + 8, 8);
+        h0 = (h0 + a) * HASH_K0;
+        h1 = (h1 + b) * HASH_K1;
+    }
+    return hash_final(h0, n > i ? hash_rest(h1, p + i, n - i) : h1, n);
+}
+
+/*
+ * The pass itself, for one record size (a constant after inlining). Per
+ * record: the site address, feature and length, the table hash, the feature
+ * bitmap, the entry when asked for; per site (when the next one starts):
+ * grouping as ap_sites_group() does, and -- while the sites come in address
+ * order -- the overlap scan. In address order a nonempty site overlaps an
+ * earlier one iff it starts before the largest end seen so far (maxend):
+ * then it and the site of that end are marked. Every site that overlaps a
+ * later one is marked so too: the next nonempty site starts before its end,
+ * and if another site holds the larger end, that one covers its start.
+ * Sites out of order (*@p sorted := false) leave the scan to
+ * mark_overlaps_sorted_copy(); the marks made so far are overlaps too.
+ */
+static inline __attribute__((always_inline)) size_t
+scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, bool want,
+             struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out, bool *sorted)
+{
+    uint64_t h = HASH_SEED0;
+    uint64_t feat[AP_SCAN_FEATURES / 64] = {0};
+    unsigned high = 0;
+    uint64_t site_bytes = 0, maxend = 0;
+    uint32_t max_count = 0;
+    struct ap_site *maxsite = s, *o = s;
+    bool in_order = true;
+    uint64_t cur = 0; /* the open site (records first .. i-1), stored when complete */
+    uint32_t first = 0;
+    uint8_t len = 0;
+    const uint8_t *p = table;
+    const uint64_t delta = table_addr - (uint64_t)(uintptr_t)table; /* runtime - buffer */
+
+    for (uint32_t i = 0; i < count; i++, p += rs) {
+        uint64_t w0, w1 = rec_tail(p, rs), packed;
+        uint8_t ilen;
+
+        memcpy(&w0, p, 8);
+        h = ((h + w0) * HASH_K0 + w1) * HASH_K0;
+        uint64_t at = (uint64_t)(uintptr_t)p + delta;
+        uint64_t addr = at + (uint64_t)(int64_t)(int32_t)(uint32_t)w0;
+        /* feature | flags << 16 | instrlen << 32 | repllen << 40: struct ap_entry's
+         * bytes 16..23, and format 1's last six bytes as they are */
+        if (rs == ALTPATCH_RECORD_SIZE_COMPACT)
+            packed = (w1 & REC_COMPACT_FEATURE) | ((w1 >> 15) & 1) * ((uint64_t)ALT_FLAG_NOT << 16) |
+                     (w1 >> 16) << 32;
+        else
+            packed = w1;
+        unsigned feature = (unsigned)(packed & 0xffffu);
+        ilen = (uint8_t)(packed >> 32);
+        if (__builtin_expect(feature < AP_SCAN_FEATURES, 1))
+            feat[feature / 64] |= 1ull << (feature % 64);
+        else
+            high = feature;
+        if (want) {
+            struct ap_entry *x = &e[i];
+            uint64_t repl = at + 4 + (uint64_t)(int64_t)(int32_t)(uint32_t)(w0 >> 32);
+            x->site = addr;
+            x->repl = repl;
+            memcpy((uint8_t *)x + offsetof(struct ap_entry, feature), &packed, 8);
+            x->index = i;
+        }
+        /* the rule of ap_sites_group(): len is 0 before the first record */
+        if (addr == cur && ilen != 0 && len != 0) {
+            if (ilen > len)
+                len = ilen;
+            continue;
+        }
+        if (i > 0) {
+            int reason = ALTPATCH_REASON_NONE;
+            if (!len) {
+                reason = ALTPATCH_REASON_EMPTY_SITE;
+            } else if (in_order) {
+                uint64_t end = cur + len < cur ? UINT64_MAX : cur + len;
+                if (cur < maxend) {
+                    reason = ALTPATCH_REASON_SITE_OVERLAP;
+                    maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
+                }
+                if (end > maxend) {
+                    maxend = end;
+                    maxsite = o;
+                }
+            }
+            *o++ = (struct ap_site){.addr = cur, .first = first, .count = i - first, .len = len,
+                                    .reason = reason};
+            site_bytes += len;
+            if (i - first > max_count)
+                max_count = i - first;
+            in_order &= addr >= cur;
+        }
+        cur = addr;
+        first = i;
+        len = ilen;
+    }
+    if (count > 0) {
+        int reason = ALTPATCH_REASON_NONE;
+        if (!len) {
+            reason = ALTPATCH_REASON_EMPTY_SITE;
+        } else if (in_order && cur < maxend) {
+            reason = ALTPATCH_REASON_SITE_OVERLAP;
+            maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
+        }
+        *o++ = (struct ap_site){.addr = cur, .first = first, .count = (uint32_t)count - first,
+                                .len = len, .reason = reason};
+        site_bytes += len;
+        if ((uint32_t)count - first > max_count)
+            max_count = (uint32_t)count - first;
+    }
+    memcpy(out->features, feat, sizeof(feat));
+    out->feature_high = high;
+    out->site_bytes = site_bytes;
+    out->max_count = max_count;
+    out->hash = hash_final(h, HASH_SEED1, count * rs);
+    *sorted = in_order;
+    return (size_t)(o - s);
+}
+
+int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,
+                  bool want_entries, struct ap_table_scan *out)
+{
+    size_t count;
+    struct ap_site *s = NULL;
+    struct ap_entry *e = NULL;
+    bool sorted = true;
+
+    memset(out, 0, sizeof(*out));
+    if (record_size != ALTPATCH_RECORD_SIZE_KERNEL && record_size != ALTPATCH_RECORD_SIZE_COMPACT) {
+        out->hash = table ? ap_table_hash(table, size, record_size) : 0;
+        return ALTPATCH_REASON_BAD_VERSION;
+    }
+    count = size / record_size;
+    if (size % record_size != 0 || (size && !table) || count > UINT32_MAX) {
+        out->hash = table ? ap_table_hash(table, size, record_size) : 0;
+        return ALTPATCH_REASON_BAD_TABLE;
+    }
+    if (count == 0) {
+        out->hash = ap_table_hash(table, 0, record_size);
+        return ALTPATCH_REASON_NONE;
+    }
+    s = malloc(count * sizeof(*s));
+    if (want_entries)
+        e = malloc(count * sizeof(*e));
+    if (!s || (want_entries && !e)) {
+        free(s);
+        free(e);
+        return -ENOMEM;
+    }
+    size_t m;
+    if (record_size == ALTPATCH_RECORD_SIZE_COMPACT)
+        m = want_entries ? scan_records(table, count, table_addr, ALTPATCH_RECORD_SIZE_COMPACT, true,
+                                        s, e, out, &sorted)
+                         : scan_records(table, count, table_addr, ALTPATCH_RECORD_SIZE_COMPACT,
+                                        false, s, e, out, &sorted);
+    else
+        m = want_entries ? scan_records(table, count, table_addr, ALTPATCH_RECORD_SIZE_KERNEL, true,
+                                        s, e, out, &sorted)
+                         : scan_records(table, count, table_addr, ALTPATCH_RECORD_SIZE_KERNEL, false,
+                                        s, e, out, &sorted);
+    if (!sorted && mark_overlaps_sorted_copy(s, m) < 0) {
+        free(s);
+        free(e);
+        return -ENOMEM;
+    }
+    if (m < count) { /* several records in some site: give back the rest */
+        struct ap_site *t = realloc(s, m * sizeof(*s));
+        if (t)
+            s = t;
+    }
+    out->sites = s;
+    out->nsites = m;
+    out->entries = e;
+    out->nentries = e ? count : 0;
+    return ALTPATCH_REASON_NONE;
 }

@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * One pass over a record table (record.c, ap_table_scan): the sites, their
+ * preset reasons, the entries, the features named, the table's hash. Each
+ * answer is compared with the two-step path it replaces (ap_records_parse()
+ * then ap_sites_group()) on tables built byte by byte, in both formats:
+ * nested sites, empty entries, overlaps in and out of address order, sites
+ * at the end of the address space, feature ids past the bitmap.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pure.h"
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* One record as the assembler lays it out (format 1 or 3). */
+struct rec {
+    uint64_t site, repl;
+    uint16_t feature, flags;
+    uint8_t instrlen, repllen;
+};
+
+static void put_record(uint8_t *t, uint64_t table_addr, unsigned rs, size_t i, const struct rec *r)
+{
+    uint8_t *p = t + i * rs;
+    uint64_t at = table_addr + i * rs;
+
+    put32(p + 0, (uint32_t)(r->site - at));
+    put32(p + 4, (uint32_t)(r->repl - (at + 4)));
+    if (rs == ALTPATCH_RECORD_SIZE_KERNEL) {
+        put32(p + 8, (uint32_t)r->feature | (uint32_t)r->flags << 16);
+        p[12] = r->instrlen;
+        p[13] = r->repllen;
+    } else {
+        uint16_t ft = (uint16_t)((r->feature & 0x7fff) | ((r->flags & ALT_FLAG_NOT) ? 0x8000 : 0));
+        p[8] = (uint8_t)ft;
+        p[9] = (uint8_t)(ft >> 8);
+        p[10] = r->instrlen;
+        p[11] = r->repllen;
+    }
+}
+
+/* A small deterministic generator (xorshift). */
+static uint64_t rnd_state;
+static uint64_t rnd(void)
+{
+    rnd_state ^= rnd_state << 13;
+    rnd_state ^= rnd_state >> 7;
+    rnd_state ^= rnd_state << 17;
+    return rnd_state;
+}
+
+/*
+ * Scan @p t both ways and compare everything the scan promises with the
+ * two-step path. Returns the scan (with entries) for further checks.
+ */
+static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned rs,
+                    struct ap_table_scan *keep)
+{
+    struct ap_entry *e = NULL;
+    struct ap_site *s = NULL;
+    size_t ne = 0, ns = 0;
+    struct ap_table_scan a, b;
+
+    int r1 = ap_records_parse(t, size, table_addr, rs, &e, &ne);
+    int r2 = ap_table_scan(t, size, table_addr, rs, true, &a);
+    int r3 = ap_table_scan(t, size, table_addr, rs, false, &b);
+    cr_assert_eq(r2, r1);
+    cr_assert_eq(r3, r1);
+    cr_assert_eq(a.hash, ap_table_hash(t, size, rs));
+    cr_assert_eq(b.hash, a.hash);
+    if (r1 != ALTPATCH_REASON_NONE) {
+        cr_assert_null(a.sites);
+        cr_assert_null(a.entries);
+        *keep = a;
+        return;
+    }
+    cr_assert_eq(ap_sites_group(e, ne, &s, &ns), 0);
+    cr_assert_eq(a.nsites, ns);
+    cr_assert_eq(b.nsites, ns);
+    cr_assert_eq(a.nentries, ne);
+    cr_assert_null(b.entries);
+    cr_assert_eq(b.nentries, 0);
+    uint64_t bytes = 0;
+    uint32_t maxc = 0;
+    for (size_t k = 0; k < ns; k++) {
+        for (int w = 0; w < 2; w++) {
+            const struct ap_site *x = w ? &b.sites[k] : &a.sites[k];
+            cr_assert_eq(x->addr, s[k].addr, "site %zu", k);
+            cr_assert_eq(x->first, s[k].first, "site %zu", k);
+            cr_assert_eq(x->count, s[k].count, "site %zu", k);
+            cr_assert_eq(x->len, s[k].len, "site %zu", k);
+            cr_assert_eq(x->reason, s[k].reason, "site %zu: reason %d, not %d", k, x->reason,
+                         s[k].reason);
+        }
+        bytes += s[k].len;
+        if (s[k].count > maxc)
+            maxc = s[k].count;
+    }
+    cr_assert_eq(a.site_bytes, bytes);
+    cr_assert_eq(a.max_count, maxc);
+    cr_assert_eq(b.site_bytes, bytes);
+    cr_assert_eq(b.max_count, maxc);
+    uint64_t feat[AP_SCAN_FEATURES / 64] = {0};
+    bool high = false;
+    for (size_t i = 0; i < ne; i++) {
+        const struct ap_entry *x = &a.entries[i];
+        cr_assert_eq(x->site, e[i].site, "entry %zu", i);
+        cr_assert_eq(x->repl, e[i].repl, "entry %zu", i);
+        cr_assert_eq(x->feature, e[i].feature, "entry %zu", i);
+        cr_assert_eq(x->flags, e[i].flags, "entry %zu", i);
+        cr_assert_eq(x->instrlen, e[i].instrlen, "entry %zu", i);
+        cr_assert_eq(x->repllen, e[i].repllen, "entry %zu", i);
+        cr_assert_eq(x->index, e[i].index, "entry %zu", i);
+        if (e[i].feature < AP_SCAN_FEATURES)
+            feat[e[i].feature / 64] |= 1ull << (e[i].feature % 64);
+        else
+            high = true;
+    }
+    cr_assert_eq(memcmp(a.features, feat, sizeof(feat)), 0);
+    cr_assert_eq(memcmp(b.features, feat, sizeof(feat)), 0);
+    cr_assert_eq(a.feature_high != 0, high);
+    if (high)
+        cr_assert_geq(a.feature_high, AP_SCAN_FEATURES);
+    free(b.sites);
+    free(e);
+    free(s);
+    *keep = a;
+}
+
+static void scan_free(struct ap_table_scan *a)
+{
+    free(a->sites);
+    free(a->entries);
+}
+
+/* Build a table from @p r (n records) at @p table_addr and compare. */
+static void check(const struct rec *r, size_t n, uint64_t table_addr, unsigned rs,
+                  struct ap_table_scan *out)
+{
+    uint8_t *t = malloc(n * rs + 1);
+    cr_assert_not_null(t);
+    for (size_t i = 0; i < n; i++)
+        put_record(t, table_addr, rs, i, &r[i]);
+    compare(t, n * rs, table_addr, rs, out);
+    free(t);
+}
+
+static const unsigned formats[2] = {ALTPATCH_RECORD_SIZE_KERNEL, ALTPATCH_RECORD_SIZE_COMPACT};
+
+Test(scan, nested_sites_and_reasons)
+{
+    const uint64_t T = 0x500000;
+    /* A(3 entries), empty E at the address of B, B, C overlapping B, D */
+    struct rec r[] = {
+        {0x401000, 0x402000, 10, 0, 5, 2},  {0x401000, 0x402002, 11, 0, 7, 3},
+        {0x401000, 0x402005, 12, 1, 6, 1},  {0x401010, 0x402006, 13, 0, 0, 0},
+        {0x401010, 0x402006, 14, 0, 4, 4},  {0x401012, 0x40200a, 15, 0, 4, 4},
+        {0x401020, 0x40200e, 16, 0, 2, 2},
+    };
+    for (int f = 0; f < 2; f++) {
+        struct ap_table_scan a;
+        check(r, sizeof(r) / sizeof(r[0]), T, formats[f], &a);
+        cr_assert_eq(a.nsites, 5);
+        cr_assert_eq(a.sites[0].count, 3);
+        cr_assert_eq(a.sites[0].len, 7);
+        cr_assert_eq(a.sites[0].reason, ALTPATCH_REASON_NONE);
+        cr_assert_eq(a.sites[1].reason, ALTPATCH_REASON_EMPTY_SITE);
+        cr_assert_eq(a.sites[2].reason, ALTPATCH_REASON_SITE_OVERLAP);
+        cr_assert_eq(a.sites[3].reason, ALTPATCH_REASON_SITE_OVERLAP);
+        cr_assert_eq(a.sites[4].reason, ALTPATCH_REASON_NONE);
+        cr_assert_eq(a.max_count, 3);
+        cr_assert_eq(a.site_bytes, 7 + 0 + 4 + 4 + 2);
+        scan_free(&a);
+    }
+}
+
+/* A site overlapping one that is not the last before it (the largest end seen). */
+Test(scan, overlap_with_an_earlier_site_than_the_last)
+{
+    struct rec r[] = {
+        {0x1000, 0x9000, 1, 0, 200, 1}, /* [0x1000, 0x10c8) covers the two next */
+        {0x1010, 0x9000, 2, 0, 4, 1},
+        {0x1020, 0x9000, 3, 0, 4, 1},
+        {0x1100, 0x9000, 4, 0, 4, 1},  /* after all: no overlap */
+    };
+    for (int f = 0; f < 2; f++) {
+        struct ap_table_scan a;
+        check(r, 4, 0x8000, formats[f], &a);
+        cr_assert_eq(a.sites[0].reason, ALTPATCH_REASON_SITE_OVERLAP);
+        cr_assert_eq(a.sites[1].reason, ALTPATCH_REASON_SITE_OVERLAP);
+        cr_assert_eq(a.sites[2].reason, ALTPATCH_REASON_SITE_OVERLAP);
+        cr_assert_eq(a.sites[3].reason, ALTPATCH_REASON_NONE);
+        scan_free(&a);
+    }
+}
+
+/* Out of address order: the sorted-copy fallback decides, marks made before stay right. */
+Test(scan, unsorted_table_through_the_fallback)
+{
+    struct rec r[] = {
+        {0x2000, 0x9000, 1, 0, 8, 1},  {0x2004, 0x9000, 2, 0, 8, 1}, /* overlap, in order */
+        {0x1000, 0x9000, 3, 0, 8, 1},                               /* out of order */
+        {0x3000, 0x9000, 4, 0, 8, 1},  {0x1004, 0x9000, 5, 0, 2, 1}, /* overlaps 0x1000 */
+        {0x0ff0, 0x9000, 6, 0, 0, 0},                               /* empty, out of order */
+        {0x5000, 0x9000, 7, 0, 8, 1},
+    };
+    for (int f = 0; f < 2; f++) {
+        struct ap_table_scan a;
+        check(r, sizeof(r) / sizeof(r[0]), 0x8000, formats[f], &a);
+        cr_assert_eq(a.nsites, 7);
+        int want[7] = {ALTPATCH_REASON_SITE_OVERLAP, ALTPATCH_REASON_SITE_OVERLAP,
+                       ALTPATCH_REASON_SITE_OVERLAP, ALTPATCH_REASON_NONE,
+                       ALTPATCH_REASON_SITE_OVERLAP, ALTPATCH_REASON_EMPTY_SITE,
+                       ALTPATCH_REASON_NONE};
+        for (int k = 0; k < 7; k++)
+            cr_assert_eq(a.sites[k].reason, want[k], "site %d", k);
+        scan_free(&a);
+    }
+}
+
+/* Only an empty site out of order: still the same answer. */
+Test(scan, empty_site_out_of_order)
+{
+    struct rec r[] = {
+        {0x2000, 0x9000, 1, 0, 8, 1},
+        {0x1000, 0x9000, 2, 0, 0, 0},
+        {0x2004, 0x9000, 3, 0, 2, 1},
+    };
+    for (int f = 0; f < 2; f++) {
+        struct ap_table_scan a;
+        check(r, 3, 0x8000, formats[f], &a);
+        cr_assert_eq(a.sites[0].reason, ALTPATCH_REASON_SITE_OVERLAP);
+        cr_assert_eq(a.sites[1].reason, ALTPATCH_REASON_EMPTY_SITE);
+        cr_assert_eq(a.sites[2].reason, ALTPATCH_REASON_SITE_OVERLAP);
+        scan_free(&a);
+    }
+}
+
+Test(scan, many_records_in_one_site)
+{
+    struct rec r[40];
+    for (int i = 0; i < 40; i++)
+        r[i] = (struct rec){0x4000, 0x9000 + (uint64_t)i, (uint16_t)i, 0, (uint8_t)(1 + i % 9), 1};
+    for (int f = 0; f < 2; f++) {
+        struct ap_table_scan a;
+        check(r, 40, 0x8000, formats[f], &a);
+        cr_assert_eq(a.nsites, 1);
+        cr_assert_eq(a.sites[0].count, 40);
+        cr_assert_eq(a.sites[0].len, 9);
+        cr_assert_eq(a.max_count, 40);
+        scan_free(&a);
+    }
+}
+
+Test(scan, end_of_address_space)
+{
+    struct rec r[] = {
+        {UINT64_MAX - 3, 0x9000, 1, 0, 8, 1}, /* wraps: ends at the top */
+        {UINT64_MAX - 1, 0x9000, 2, 0, 1, 1},
+    };
+    /* offsets reach the top only from a table near address 0 */
+    struct ap_table_scan a;
+    check(r, 2, 0x10, ALTPATCH_RECORD_SIZE_COMPACT, &a);
+    cr_assert_eq(a.sites[0].reason, ALTPATCH_REASON_SITE_OVERLAP);
+    cr_assert_eq(a.sites[1].reason, ALTPATCH_REASON_SITE_OVERLAP);
+    scan_free(&a);
+}
+
+Test(scan, bad_tables)
+{
+    uint8_t t[64] = {0};
+    struct ap_table_scan a;
+
+    cr_assert_eq(ap_table_scan(t, 13, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, true, &a),
+                 ALTPATCH_REASON_BAD_TABLE);
+    cr_assert_null(a.sites);
+    cr_assert_eq(a.hash, ap_table_hash(t, 13, ALTPATCH_RECORD_SIZE_COMPACT));
+    cr_assert_eq(ap_table_scan(t, 15, 0x1000, ALTPATCH_RECORD_SIZE_KERNEL, true, &a),
+                 ALTPATCH_REASON_BAD_TABLE);
+    cr_assert_eq(ap_table_scan(t, 24, 0x1000, 16, true, &a), ALTPATCH_REASON_BAD_VERSION);
+    cr_assert_eq(ap_table_scan(NULL, 12, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, true, &a),
+                 ALTPATCH_REASON_BAD_TABLE);
+    cr_assert_eq(ap_table_scan(t, 0, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, true, &a),
+                 ALTPATCH_REASON_NONE);
+    cr_assert_eq(a.nsites, 0);
+    cr_assert_null(a.sites);
+}
+
+/* The hash: a change of any one byte of the table changes it. */
+Test(scan, hash_sees_every_byte)
+{
+    uint8_t t[14 * 9 + 5];
+    for (size_t i = 0; i < sizeof(t); i++)
+        t[i] = (uint8_t)(i * 37 + 11);
+    for (int f = 0; f < 2; f++) {
+        unsigned rs = formats[f];
+        for (size_t size = 0; size <= sizeof(t); size += 7) {
+            uint64_t h = ap_table_hash(t, size, rs);
+            for (size_t i = 0; i < size; i++) {
+                t[i] ^= 0x40;
+                cr_assert_neq(ap_table_hash(t, size, rs), h, "size %zu byte %zu", size, i);
+                t[i] ^= 0x40;
+            }
+            cr_assert_eq(ap_table_hash(t, size, rs), h);
+        }
+        uint64_t h = ap_bytes_hash(t, sizeof(t));
+        for (size_t i = 0; i < sizeof(t); i++) {
+            t[i] ^= 1;
+            cr_assert_neq(ap_bytes_hash(t, sizeof(t)), h);
+            t[i] ^= 1;
+        }
+        cr_assert_neq(ap_bytes_hash(t, sizeof(t) - 1), h);
+    }
+}
+
+/*
+ * Random tables: runs of nested records, empty entries, steps forward and
+ * sometimes back, lengths that overlap the next site, features anywhere in
+ * the format's range (format 1: past the bitmap too).
+ */
+Test(scan, random_tables_match_the_two_step_path)
+{
+    rnd_state = 0x9e3779b97f4a7c15ull;
+    struct rec *r = malloc(600 * sizeof(*r));
+    cr_assert_not_null(r);
+    for (int round = 0; round < 400; round++) {
+        unsigned rs = formats[round % 2];
+        size_t n = 1 + rnd() % 600;
+        uint64_t table_addr = 0x7f0000000000ull + (rnd() % 4096) * 2;
+        uint64_t addr = table_addr - 0x100000 + rnd() % 4096;
+        unsigned back = (unsigned)(rnd() % 4); /* 0: never back; else 1 in 2^(back+3) */
+        for (size_t i = 0; i < n; i++) {
+            uint64_t x = rnd();
+            if (i == 0 || x % 4 != 0) { /* a new site (else another record of the last) */
+                uint64_t step = 1 + (x >> 8) % 24;
+                if (back && (x >> 16) % (1u << (back + 3)) == 0)
+                    addr -= step * 4;
+                else
+                    addr += step;
+            }
+            uint8_t len = (x >> 24) % 9 == 0 ? 0 : (uint8_t)((x >> 32) % 20);
+            uint16_t feat = rs == ALTPATCH_RECORD_SIZE_KERNEL && (x >> 40) % 16 == 0
+                                ? (uint16_t)(x >> 48)
+                                : (uint16_t)((x >> 40) % 700);
+            r[i] = (struct rec){addr, table_addr + 0x10000 + (x >> 20) % 4096,
+                                (uint16_t)(rs == ALTPATCH_RECORD_SIZE_COMPACT ? feat & 0x7fff : feat),
+                                (uint16_t)((x >> 60) & 1), len, (uint8_t)((x >> 52) % 16)};
+        }
+        struct ap_table_scan a;
+        check(r, n, table_addr, rs, &a);
+        scan_free(&a);
+    }
+    free(r);
+}
