@@ -79,13 +79,18 @@ struct ap_entry {
     uint32_t index;    /* position in the table */
 };
 
-/** One site: entries[first .. first+count) share the address @c addr. */
+/**
+ * One site: entries[first .. first+count) share the address @c addr. 20 bytes
+ * (a module keeps one per site): 4-byte aligned, addr read unaligned.
+ */
 struct ap_site {
     uint64_t addr;
     uint32_t first, count;
+    int16_t reason;    /* refusal known before planning (SITE_OVERLAP, EMPTY_SITE), else 0 */
     uint8_t len;       /* max instrlen of the group */
-    int reason;        /* refusal known before planning (SITE_OVERLAP, EMPTY_SITE), else 0 */
-};
+} __attribute__((packed, aligned(4)));
+
+_Static_assert(sizeof(struct ap_site) == 20, "struct ap_site: 20 bytes");
 
 /**
  * Decode the table of @p size bytes whose first byte is at @p table_addr, of
