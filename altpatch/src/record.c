@@ -298,6 +298,9 @@ int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out, siz
  * the process can rewrite anything anyway).
  */
 #define HASH_K0 0x9e3779b97f4a7c15ull
+/* The per-record multiplier: odd, and a sign-extended 32-bit immediate (no
+ * register held for it in the scan). */
+#define HASH_KR 0xffffffff9e3779b1ull
 #define HASH_K1 0xc2b2ae3d27d4eb4full
 #define HASH_SEED0 0x243f6a8885a308d3ull
 #define HASH_SEED1 0x13198a2e03707344ull
@@ -339,7 +342,7 @@ uint64_t ap_table_hash(const uint8_t *table, size_t size, uint32_t record_size)
     if (record_size == ALTPATCH_RECORD_SIZE_KERNEL || record_size == ALTPATCH_RECORD_SIZE_COMPACT)
         for (; size - i >= record_size; i += record_size) {
             memcpy(&w, table + i, 8);
-            h = ((h + w) * HASH_K0 + rec_tail(table + i, record_size)) * HASH_K0;
+            h = ((h + w) * HASH_KR + rec_tail(table + i, record_size)) * HASH_KR;
         }
     return hash_final(h, size > i ? hash_rest(HASH_SEED1, table + i, size - i) : HASH_SEED1, size);
 }
@@ -393,7 +396,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         uint8_t ilen;
 
         memcpy(&w0, p, 8);
-        h = ((h + w0) * HASH_K0 + w1) * HASH_K0;
+        h = ((h + w0) * HASH_KR + w1) * HASH_KR;
         uint64_t at = (uint64_t)(uintptr_t)p + delta;
         uint64_t addr = at + (uint64_t)(int64_t)(int32_t)(uint32_t)w0;
         /* feature | flags << 16 | instrlen << 32 | repllen << 40: struct ap_entry's
