@@ -332,14 +332,21 @@ static bool ap_same_identity(const struct ap_module *m, const struct dl_phdr_inf
 /** True when every site holds its saved original or the bytes the last apply left. */
 static bool ap_sites_unchanged(const struct ap_module *m)
 {
+    const struct ap_region *r = NULL; /* the region of the last site: sites come in order */
     for (size_t i = 0; i < m->nsites; i++) {
         size_t off = ap_orig_off(m, i);
         if (off == AP_NO_ORIG)
             continue;
         const struct ap_site *s = &m->sites[i];
-        const uint8_t *cur = ap_view_text(&m->view, s->addr, s->len);
-        if (!cur || (memcmp(cur, m->orig + off, s->len) != 0 &&
-                     memcmp(cur, m->planned + off, s->len) != 0))
+        uint64_t addr = s->addr;
+        uint8_t len = s->len;
+        if (!r || !(addr >= r->addr && len <= r->size && /* ap_region_holds() */
+                    addr - r->addr <= r->size - len))
+            r = ap_view_find(&m->view, addr, len);
+        if (!r || !r->data)
+            return false;
+        const uint8_t *cur = r->data + (addr - r->addr);
+        if (!ap_equal_small(cur, m->orig + off, len) && !ap_equal_small(cur, m->planned + off, len))
             return false;
     }
     return true;
