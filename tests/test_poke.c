@@ -509,3 +509,106 @@ Test(poke, pending_rule_and_page_count)
     cr_assert_eq(ap_pages_written(v, 2, 0x1000), 2);
     cr_assert_eq(ap_pages_written(v, 0, 0x1000), 0);
 }
+
+/*
+ * Every length the writer copies by words or by bytes (1..40), three kinds of
+ * write in one batch and one page: memory holds old (lands, exactly its
+ * bytes), memory holds new already (skipped: not written, not counted), and
+ * memory holds old but for its last byte (MEM_MISMATCH, untouched: the tail
+ * of each length is compared too). The window and /proc/self/mem paths.
+ */
+static void lengths_and_kinds(unsigned flags)
+{
+    static const size_t lens[] = {1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 31, 40};
+    enum { NL = sizeof(lens) / sizeof(lens[0]), SLOT = 64 };
+    static uint8_t oldb[NL][SLOT], newb[NL][SLOT];
+    uint8_t *p = mmap(NULL, pgsz(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert(p != MAP_FAILED);
+    cr_assert_geq(pgsz(), 3 * NL * SLOT);
+    memset(p, 0xcc, pgsz());
+    struct ap_write w[3 * NL];
+    uint64_t want_bytes = 0;
+    for (size_t i = 0; i < NL; i++) {
+        size_t n = lens[i];
+        for (size_t k = 0; k < n; k++) {
+            oldb[i][k] = (uint8_t)(0x10 + k);
+            newb[i][k] = (uint8_t)(0x80 + 3 * k + i);
+        }
+        uint8_t *a = p + (3 * i) * SLOT + 8, *b = a + SLOT, *c = b + SLOT;
+        memcpy(a, oldb[i], n);     /* pending */
+        memcpy(b, newb[i], n);     /* already new */
+        memcpy(c, oldb[i], n);     /* old but for the last byte */
+        c[n - 1] ^= 0x40;
+        w[3 * i] = wr(a, oldb[i], newb[i], n);
+        w[3 * i + 1] = wr(b, oldb[i], newb[i], n);
+        w[3 * i + 2] = wr(c, oldb[i], newb[i], n);
+        w[3 * i + 2].result = 99;
+        w[3 * i + 1].wrote = true; /* outputs are set, whatever they held */
+        want_bytes += n;
+    }
+    cr_assert_eq(mprotect(p, pgsz(), PROT_READ | PROT_EXEC), 0);
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 3 * NL, flags, &st), 0);
+    for (size_t i = 0; i < NL; i++) {
+        size_t n = lens[i];
+        uint8_t *a = p + (3 * i) * SLOT + 8, *b = a + SLOT, *c = b + SLOT;
+        cr_assert_eq(w[3 * i].result, ALTPATCH_REASON_NONE, "len %zu", n);
+        cr_assert(w[3 * i].wrote, "len %zu", n);
+        cr_assert_arr_eq(a, newb[i], n, "len %zu: new bytes", n);
+        cr_assert_eq(a[-1], 0xcc, "len %zu: byte before untouched", n);
+        cr_assert_eq(a[n], 0xcc, "len %zu: byte after untouched", n);
+        cr_assert_eq(w[3 * i + 1].result, ALTPATCH_REASON_NONE, "len %zu", n);
+        cr_assert_not(w[3 * i + 1].wrote, "len %zu: memory held new already", n);
+        cr_assert_arr_eq(b, newb[i], n);
+        cr_assert_eq(w[3 * i + 2].result, ALTPATCH_REASON_MEM_MISMATCH, "len %zu", n);
+        cr_assert_not(w[3 * i + 2].wrote);
+        cr_assert_arr_eq(c, oldb[i], n - 1, "len %zu: mismatching write untouched", n);
+        cr_assert_eq(c[n - 1], oldb[i][n - 1] ^ 0x40);
+        cr_assert_eq(c[n], 0xcc);
+    }
+    cr_assert_eq(st.bytes, want_bytes);
+    cr_assert_eq(st.pages, 1);
+    if (flags & AP_POKE_PROCMEM_ONLY)
+        cr_assert_eq(st.procmem_writes, NL);
+    else
+        cr_assert_eq(st.mprotect_writes, 1);
+    assert_rx(p);
+    munmap(p, pgsz());
+}
+
+Test(poke, every_length_and_kind_in_one_window)
+{
+    lengths_and_kinds(0);
+}
+
+Test(poke, every_length_and_kind_through_procmem)
+{
+    lengths_and_kinds(AP_POKE_PROCMEM_ONLY);
+}
+
+/* A batch whose first writes need nothing: no system call until one is pending. */
+Test(poke, writes_before_the_first_pending_one_are_checked)
+{
+    uint8_t *p = rx_pages(2);
+    static const uint8_t other[3] = {1, 2, 3};
+    struct ap_write w[4] = {
+        wr(p + 4, other, NEW3, 3),        /* neither: mismatch */
+        wr(p + 12, NEW3, CC3, 3),         /* holds new (CC3) already */
+        wr(p + 20, CC3, NEW3, 0),         /* empty */
+        wr(p + pgsz() + 8, CC3, NEW3, 3), /* pending, next page */
+    };
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 4, 0, &st), 0);
+    cr_assert_eq(w[0].result, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_eq(w[1].result, ALTPATCH_REASON_NONE);
+    cr_assert_not(w[1].wrote);
+    cr_assert_eq(w[2].result, ALTPATCH_REASON_NONE);
+    cr_assert_not(w[2].wrote);
+    cr_assert(w[3].wrote);
+    cr_assert_arr_eq(p + 4, CC3, 3);
+    cr_assert_arr_eq(p + pgsz() + 8, NEW3, 3);
+    cr_assert_eq(st.pages, 1, "only the page written is counted");
+    cr_assert_eq(st.bytes, 3);
+    assert_rx(p);
+    assert_rx(p + pgsz());
+}

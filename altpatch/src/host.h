@@ -130,11 +130,45 @@ AP_HIDDEN int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_po
  */
 
 /**
- * The check every writer makes first: clears @p w's result and wrote; true
- * when memory holds @c old (a write is pending); false when it holds @c new
- * already (or len is 0), or neither (result := MEM_MISMATCH).
+ * The check every writer makes: clears @p w's result and wrote; true when
+ * memory holds @c old and not @c new (a write is pending); false when it
+ * holds @c new already (or len is 0), or neither
+ * (result := MEM_MISMATCH). Inline: a site's few bytes, word compares.
  */
-AP_HIDDEN bool ap_write_pending(struct ap_write *w);
+static inline bool ap_write_pending(struct ap_write *w)
+{
+    const uint8_t *mem = (const uint8_t *)w->addr, *o = w->old, *nw = w->new;
+    size_t n = w->len;
+    uint64_t dnew, dold; /* nonzero: memory differs from new, from old */
+    if (n - 8 <= 8) { /* 8..16: memory's two words loaded once for both compares */
+        uint64_t m0, m1, a0, a1, b0, b1;
+        memcpy(&m0, mem, 8);
+        memcpy(&m1, mem + n - 8, 8);
+        memcpy(&a0, nw, 8);
+        memcpy(&a1, nw + n - 8, 8);
+        memcpy(&b0, o, 8);
+        memcpy(&b1, o + n - 8, 8);
+        dnew = (m0 ^ a0) | (m1 ^ a1);
+        dold = (m0 ^ b0) | (m1 ^ b1);
+    } else if (n - 4 <= 3) { /* 4..7 */
+        uint32_t m0, m1, a0, a1, b0, b1;
+        memcpy(&m0, mem, 4);
+        memcpy(&m1, mem + n - 4, 4);
+        memcpy(&a0, nw, 4);
+        memcpy(&a1, nw + n - 4, 4);
+        memcpy(&b0, o, 4);
+        memcpy(&b1, o + n - 4, 4);
+        dnew = (m0 ^ a0) | (m1 ^ a1);
+        dold = (m0 ^ b0) | (m1 ^ b1);
+    } else {
+        dnew = !ap_equal_small(mem, nw, n); /* n == 0: equal */
+        dold = dnew && !ap_equal_small(mem, o, n);
+    }
+    w->result = dnew && dold ? ALTPATCH_REASON_MEM_MISMATCH : ALTPATCH_REASON_NONE;
+    w->wrote = false;
+    return dnew && !dold;
+}
+
 /** Distinct pages of size @p pgsz touched by the writes of w[0..n) that landed (@c wrote). */
 AP_HIDDEN uint64_t ap_pages_written(const struct ap_write *w, size_t n, uintptr_t pgsz);
 /**

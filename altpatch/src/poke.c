@@ -5,25 +5,30 @@
  *
  * A batch of (address, old, new) writes is handled in four steps:
  *
- *   1. check  every write against memory: already new -> skipped; neither old
- *             nor new -> MEM_MISMATCH; else pending. Nothing pending: done,
- *             no system call at all (an idempotent apply costs nothing).
+ *   1. check  the writes against memory until one is pending (memory holds
+ *             old, not new). None: done, no system call at all (an
+ *             idempotent apply costs nothing).
  *   2. learn  each page's protection from /proc/self/maps: one PROCMAP_QUERY
  *             ioctl per mapping a window touches (Linux 6.11+), else the
  *             whole file, read once per batch.
- *   3. group  pending writes into windows: runs of adjacent pages with the
- *             same original protection. Pages of a shared mapping are never
- *             written (that would change a file): WRITE_DENIED.
- *   4. write  each window: mprotect(RW) -> copy -> mprotect(original), all
- *             inside ap_window_write(), which lives in its own section so
- *             that the code running while a page is not executable is never on
- *             a page being written. A window that would contain that section,
+ *   3. group  the writes from there into windows: runs of adjacent pages with
+ *             the same original protection. Pages of a shared mapping are
+ *             never written (that would change a file): WRITE_DENIED.
+ *   4. write  each window: mprotect(RW) -> for each write, check and copy ->
+ *             mprotect(original), all inside ap_window_write(), which lives
+ *             in its own section so that the code running while a page is not
+ *             executable is never on a page being written. The check is the
+ *             one of step 1, made right before the copy with every signal
+ *             blocked: already new -> skipped; neither old nor new ->
+ *             MEM_MISMATCH, untouched; old -> written. A window that would
+ *             contain that section,
  *             or that the process may not make executable again (PR_SET_MDWE,
  *             or a seccomp filter or SELinux that may refuse RW -> RX: asked
  *             before the first window, ap_exec_restore_unsure()), or whose
  *             mprotect is denied, is written with pwrite() on
- *             /proc/self/mem instead (unless AP_POKE_NO_PROCMEM); when that
- *             fails too, its writes are WRITE_DENIED and memory is untouched.
+ *             /proc/self/mem instead (unless AP_POKE_NO_PROCMEM), each write
+ *             checked right before its pwrite; when that fails too, its
+ *             pending writes are WRITE_DENIED and memory is untouched.
  *
  * A page is never writable and executable at once. Signals are blocked while
  * windows are open: a handler could live on a page that is briefly not
@@ -86,25 +91,35 @@ extern const char __stop_altpatch_poke_text[] AP_HIDDEN;
         ret_;                                                                              \
     })
 
-/** One pending write as the window routine sees it. */
-struct ap_copy {
-    uintptr_t addr;
-    const uint8_t *src;
-    size_t len;
+/* Unaligned word accesses for the window routine's copy (no library call). */
+typedef uint64_t ap_u64u __attribute__((aligned(1), may_alias));
+typedef uint32_t ap_u32u __attribute__((aligned(1), may_alias));
+typedef uint16_t ap_u16u __attribute__((aligned(1), may_alias));
+
+/** What a window wrote, and the page count carried from one window to the next. */
+struct ap_window_acc {
+    uint64_t bytes, pages;
+    uintptr_t pg_done; /* in: end of the last page counted (writes in address order); out: new end */
+    uintptr_t pgsz;
 };
 
 /**
- * mprotect(RW) the window, copy every write with volatile byte stores (so the
- * compiler cannot turn the loop into a memcpy call), mprotect back to @p prot.
- * Returns 0; -errno when the first mprotect failed (nothing written, the
- * window's protection restored as far as it had changed); +errno
- * when the restoring mprotect failed even once retried (bytes written, the
- * window keeps PROT_READ|PROT_WRITE: the process is in trouble, the caller
- * reports it).
+ * mprotect(RW) the window, then for every write of w[0..n) the check and the
+ * copy, with every signal blocked and nothing else running: memory holding
+ * @c new -> skipped; holding @c old -> @c new stored with volatile word
+ * stores (so the compiler cannot turn the copy into a memcpy call;
+ * overlapping words store the same byte twice), wrote; holding neither ->
+ * MEM_MISMATCH, untouched. Then mprotect back to @p prot. Sets every write's
+ * result and wrote; *@p acc: bytes and pages written.
+ * Returns 0; -errno when the first mprotect failed (nothing written, no write
+ * looked at, the window's protection restored as far as it had changed);
+ * +errno when the restoring mprotect failed even once retried (bytes written,
+ * the window keeps PROT_READ|PROT_WRITE: the process is in trouble, the
+ * caller reports it).
  */
 static AP_WINDOW_ATTRS long ap_window_write(uintptr_t start, size_t len, long prot,
-                                            const struct ap_copy *c, size_t n,
-                                            unsigned *calls)
+                                            struct ap_write *w, size_t n,
+                                            struct ap_window_acc *acc, unsigned *calls)
 {
     *calls = 1;
     long r = AP_SYSCALL3(SYS_mprotect, start, len, PROT_READ | PROT_WRITE);
@@ -117,11 +132,68 @@ static AP_WINDOW_ATTRS long ap_window_write(uintptr_t start, size_t len, long pr
         (void)AP_SYSCALL3(SYS_mprotect, start, len, prot);
         return r;
     }
+    uint64_t bytes = 0, pages = 0;
+    uintptr_t done = acc->pg_done, pgsz = acc->pgsz;
     for (size_t i = 0; i < n; i++) {
-        volatile uint8_t *dst = (volatile uint8_t *)c[i].addr;
-        for (size_t k = 0; k < c[i].len; k++)
-            dst[k] = c[i].src[k];
+        uintptr_t d = w[i].addr;
+        const uint8_t *nw = w[i].new, *o = w[i].old;
+        size_t k = w[i].len;
+        int res = ALTPATCH_REASON_NONE;
+        bool wrote = false;
+        if (k - 4 <= 4) { /* 4..8: two overlapping words */
+            uint32_t m0 = *(const ap_u32u *)d, m1 = *(const ap_u32u *)(d + k - 4);
+            uint32_t n0 = *(const ap_u32u *)nw, n1 = *(const ap_u32u *)(nw + k - 4);
+            if ((m0 ^ n0) | (m1 ^ n1)) {
+                if ((m0 ^ *(const ap_u32u *)o) | (m1 ^ *(const ap_u32u *)(o + k - 4))) {
+                    res = ALTPATCH_REASON_MEM_MISMATCH;
+                } else {
+                    *(volatile ap_u32u *)d = n0;
+                    *(volatile ap_u32u *)(d + k - 4) = n1;
+                    wrote = true;
+                }
+            }
+        } else if (k - 9 <= 7) { /* 9..16 */
+            uint64_t m0 = *(const ap_u64u *)d, m1 = *(const ap_u64u *)(d + k - 8);
+            uint64_t n0 = *(const ap_u64u *)nw, n1 = *(const ap_u64u *)(nw + k - 8);
+            if ((m0 ^ n0) | (m1 ^ n1)) {
+                if ((m0 ^ *(const ap_u64u *)o) | (m1 ^ *(const ap_u64u *)(o + k - 8))) {
+                    res = ALTPATCH_REASON_MEM_MISMATCH;
+                } else {
+                    *(volatile ap_u64u *)d = n0;
+                    *(volatile ap_u64u *)(d + k - 8) = n1;
+                    wrote = true;
+                }
+            }
+        } else { /* 0..3, 17..: bytes */
+            const uint8_t *m = (const uint8_t *)d;
+            unsigned dn = 0, dold = 0;
+            for (size_t j = 0; j < k; j++) {
+                dn |= (unsigned)(m[j] ^ nw[j]);
+                dold |= (unsigned)(m[j] ^ o[j]);
+            }
+            if (dn && dold) {
+                res = ALTPATCH_REASON_MEM_MISMATCH;
+            } else if (dn) {
+                for (size_t j = 0; j < k; j++)
+                    ((volatile uint8_t *)d)[j] = nw[j];
+                wrote = true;
+            }
+        }
+        w[i].result = res;
+        w[i].wrote = wrote;
+        if (wrote) {
+            uintptr_t e = (d + k + pgsz - 1) & ~(pgsz - 1);
+            bytes += k;
+            if (e > done) {
+                uintptr_t s = d & ~(pgsz - 1);
+                pages += (e - (s > done ? s : done)) / pgsz;
+                done = e;
+            }
+        }
     }
+    acc->bytes = bytes;
+    acc->pages = pages;
+    acc->pg_done = done;
     *calls = 2;
     r = AP_SYSCALL3(SYS_mprotect, start, len, prot);
     if (r < 0) {
@@ -432,6 +504,8 @@ struct ap_batch {
     int memfd;        /* /proc/self/mem, opened on first use; -1 / -errno */
     bool memfd_tried;
     bool wrote_any;
+    uintptr_t pg_done; /* end of the last page counted in st->pages (address order) */
+    size_t stop;       /* the walk stopped (-ENOMEM) before w[stop] */
 };
 
 static uintptr_t ap_pg_down(const struct ap_batch *b, uintptr_t a)
@@ -442,6 +516,17 @@ static uintptr_t ap_pg_down(const struct ap_batch *b, uintptr_t a)
 static uintptr_t ap_pg_up(const struct ap_batch *b, uintptr_t a)
 {
     return (a + b->pgsz - 1) & ~(b->pgsz - 1);
+}
+
+/** Count the pages of [s, e) (page-aligned) not counted yet: writes come in address order. */
+static void ap_count_pages(struct ap_batch *b, uintptr_t s, uintptr_t e)
+{
+    if (s < b->pg_done)
+        s = b->pg_done;
+    if (e > s)
+        b->st->pages += (e - s) / b->pgsz;
+    if (e > b->pg_done)
+        b->pg_done = e;
 }
 
 static int ap_memfd(struct ap_batch *b)
@@ -469,6 +554,7 @@ static void ap_write_procmem(struct ap_batch *b, struct ap_write *w)
     }
     w->wrote = true;
     b->wrote_any = true;
+    ap_count_pages(b, ap_pg_down(b, w->addr), ap_pg_up(b, w->addr + w->len));
     b->st->procmem_writes++;
     b->st->bytes += w->len;
 }
@@ -481,22 +567,6 @@ static bool ap_overlaps_self(const struct ap_batch *b, uintptr_t start, uintptr_
     return start < e && s < end;
 }
 
-/** Mark the pending writes of w[first..last) written; returns their count. */
-static size_t ap_mark_written(struct ap_batch *b, size_t first, size_t last)
-{
-    size_t n = 0;
-    for (size_t i = first; i < last; i++) {
-        struct ap_write *w = &b->w[i];
-        if (w->result == ALTPATCH_REASON_NONE && !w->wrote && w->len) {
-            w->wrote = true;
-            b->st->bytes += w->len;
-            n++;
-        }
-    }
-    b->wrote_any |= n > 0;
-    return n;
-}
-
 /**
  * Write the pending writes of w[first..last) through one mprotect window over
  * [start, end). Returns 0 (written), -errno when mprotect was denied (nothing
@@ -506,27 +576,20 @@ static size_t ap_mark_written(struct ap_batch *b, size_t first, size_t last)
 static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintptr_t start,
                            uintptr_t end, int prot)
 {
-    struct ap_copy stackbuf[32];
-    struct ap_copy *c = stackbuf;
-    if (last - first > 32 && !(c = malloc((last - first) * sizeof(*c))))
-        return -ENOMEM;
-    size_t n = 0;
-    for (size_t i = first; i < last; i++) {
-        const struct ap_write *w = &b->w[i];
-        if (w->result == ALTPATCH_REASON_NONE && !w->wrote && w->len)
-            c[n++] = (struct ap_copy){w->addr, w->new, w->len};
-    }
+    struct ap_window_acc acc = {.pg_done = b->pg_done, .pgsz = b->pgsz};
     uint64_t saved = 0;
     ap_signals_block(&saved);
     unsigned calls = 0;
-    long r = ap_window_write(start, end - start, prot, c, n, &calls);
+    long r = ap_window_write(start, end - start, prot, b->w + first, last - first, &acc,
+                             &calls);
     ap_signals_restore(&saved);
     b->st->syscalls += calls + 2;
-    if (c != stackbuf)
-        free(c);
     if (r < 0)
         return (int)r;
-    ap_mark_written(b, first, last);
+    b->st->bytes += acc.bytes;
+    b->st->pages += acc.pages;
+    b->pg_done = acc.pg_done;
+    b->wrote_any |= acc.bytes > 0;
     b->st->mprotect_writes++;
     return r > 0 ? -ENOTRECOVERABLE : 0;
 }
@@ -619,7 +682,7 @@ static int ap_write_group(struct ap_batch *b, size_t first, size_t last, uintptr
     if (prot == AP_PROT_SHARED) {
         /* Text in a shared mapping belongs to a file: never write through. */
         for (size_t i = first; i < last; i++)
-            if (b->w[i].result == ALTPATCH_REASON_NONE && !b->w[i].wrote && b->w[i].len)
+            if (ap_write_pending(&b->w[i]))
                 b->w[i].result = ALTPATCH_REASON_WRITE_DENIED;
         return 0;
     }
@@ -628,54 +691,53 @@ static int ap_write_group(struct ap_batch *b, size_t first, size_t last, uintptr
         if (err == 0 || err == -ENOTRECOVERABLE)
             return err;
     }
-    for (size_t i = first; i < last; i++) {
-        struct ap_write *w = &b->w[i];
-        if (w->result == ALTPATCH_REASON_NONE && !w->wrote && w->len)
-            ap_write_procmem(b, w);
-    }
+    for (size_t i = first; i < last; i++) /* checked right before each pwrite */
+        if (ap_write_pending(&b->w[i]))
+            ap_write_procmem(b, &b->w[i]);
     return 0;
 }
 
-/** Page span of a write. */
-static void ap_span(const struct ap_batch *b, const struct ap_write *w, uintptr_t *s,
-                    uintptr_t *e)
-{
-    *s = ap_pg_down(b, w->addr);
-    *e = ap_pg_up(b, w->addr + w->len);
-}
-
 /**
- * Steps 3 and 4: walk the pending writes in address order, growing a window
- * while the next write's pages touch it and share its protection.
+ * Steps 3 and 4: walk the writes from the first pending one in address
+ * order, growing a window while the next write's pages touch it and share its
+ * protection. Each write is checked against memory where it is written (in
+ * the window routine, or right before its pwrite), not here. Returns 0, the
+ * first error, or -ENOMEM with b->stop at the first write not handled.
  */
-static int ap_write_all(struct ap_batch *b)
+static int ap_write_all(struct ap_batch *b, size_t first)
 {
+    struct ap_write *w = b->w;
+    const size_t n = b->n;
+    const uintptr_t mask = b->pgsz - 1;
     int ret = 0;
-    size_t i = 0;
-    while (i < b->n) {
-        if (b->w[i].result != ALTPATCH_REASON_NONE || b->w[i].wrote || !b->w[i].len) {
+    size_t i = first;
+    while (i < n) {
+        if (!w[i].len) {
+            ap_write_pending(&w[i]); /* nothing to write: the outputs only */
             i++;
             continue;
         }
-        uintptr_t start, end;
-        ap_span(b, &b->w[i], &start, &end);
+        uintptr_t start = w[i].addr & ~mask;
+        uintptr_t end = (w[i].addr + w[i].len + mask) & ~mask;
         int prot = b->maps_ok ? ap_maps_prot(&b->maps, start, end) : AP_PROT_MIXED;
         size_t j = i + 1;
-        for (; j < b->n && prot >= 0; j++) {
-            const struct ap_write *w = &b->w[j];
-            if (w->result != ALTPATCH_REASON_NONE || w->wrote || !w->len)
+        for (; j < n && prot >= 0; j++) {
+            uintptr_t a = w[j].addr, k = w[j].len;
+            if (!k)
                 continue;
-            uintptr_t s, e;
-            ap_span(b, w, &s, &e);
-            if (s > end)
+            if ((a & ~mask) > end)
                 break;
-            if (e > end && ap_maps_prot(&b->maps, end, e) != prot)
-                break;
-            if (e > end)
+            uintptr_t e = (a + k + mask) & ~mask;
+            if (e > end) {
+                if (ap_maps_prot(&b->maps, end, e) != prot)
+                    break;
                 end = e;
+            }
         }
-        if (b->maps.err)
-            return b->maps.err; /* out of memory: stop (ap_poke() reports the rest) */
+        if (b->maps.err) {
+            b->stop = i; /* out of memory: stop (ap_poke() reports the rest) */
+            return b->maps.err;
+        }
         if (prot < 0)
             j = i + 1;
         int err = ap_write_group(b, i, j, start, end, prot);
@@ -702,10 +764,11 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
     };
     if (!b.pgsz)
         b.pgsz = (uintptr_t)sysconf(_SC_PAGESIZE);
-    size_t pending = 0;
-    for (size_t i = 0; i < n; i++)
-        pending += ap_write_pending(&w[i]);
-    if (!pending)
+    /* step 1 until a write is pending: none, no system call at all */
+    size_t first = 0;
+    while (first < n && !ap_write_pending(&w[first]))
+        first++;
+    if (first == n)
         return 0;
     int ret = 0;
     b.maps.fd = -1;
@@ -719,13 +782,13 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
         }
         b.mdwe = ap_mdwe_active(b.st);
     }
+    b.stop = first;
     if (!ret)
-        ret = ap_write_all(&b);
-    b.st->pages += ap_pages_written(w, n, b.pgsz);
-    for (size_t i = 0; i < n; i++)
-        if (w[i].result == ALTPATCH_REASON_NONE && !w[i].wrote && w[i].len &&
-            memcmp((const void *)w[i].addr, w[i].new, w[i].len) != 0)
-            w[i].result = ALTPATCH_REASON_WRITE_DENIED; /* stopped early (ENOMEM) */
+        ret = ap_write_all(&b, first);
+    if (ret == -ENOMEM) /* stopped early: the rest not written */
+        for (size_t i = b.stop; i < n; i++)
+            if (ap_write_pending(&w[i]))
+                w[i].result = ALTPATCH_REASON_WRITE_DENIED;
     if (b.memfd >= 0) {
         close(b.memfd);
         b.st->syscalls++;

@@ -53,19 +53,6 @@ long ap_count_threads(void)
     return n;
 }
 
-bool ap_write_pending(struct ap_write *w)
-{
-    w->wrote = false;
-    w->result = ALTPATCH_REASON_NONE;
-    if (w->len == 0 || memcmp((const void *)w->addr, w->new, w->len) == 0)
-        return false;
-    if (memcmp((const void *)w->addr, w->old, w->len) != 0) {
-        w->result = ALTPATCH_REASON_MEM_MISMATCH;
-        return false;
-    }
-    return true;
-}
-
 uint64_t ap_pages_written(const struct ap_write *w, size_t n, uintptr_t pgsz)
 {
     uint64_t pages = 0;
