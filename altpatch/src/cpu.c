@@ -337,6 +337,8 @@ unsigned ap_feature_leaves(unsigned id)
         os = AP_LEAVES_XCOMP;
     else if (id == X86_FEATURE_SHSTK)
         os = AP_LEAVES_SHSTK;
+    else if (id == X86_FEATURE_RDTSCP || id == X86_FEATURE_RDPID)
+        os = AP_LEAVES_PROBE;
     return os | ap_feature_cpuid_leaves(id, id / 32);
 }
 
@@ -384,8 +386,9 @@ static void ap_apply_os_enablement(struct altpatch_features *f, unsigned asked)
  * Instructions whose CPUID bit is not enough: valgrind's synthetic CPUID
  * claims RDTSCP on machines where its translator raises SIGILL for it, and
  * RDPID is only worth its name where Linux keeps TSC_AUX equal to this CPU's
- * number. Each is executed once under a SIGILL guard when the host set is
- * detected, and only when CPUID claims it (no CPUID exit, three system calls).
+ * number. Each is executed once under a SIGILL guard, only when a caller
+ * wants one of them (AP_LEAVES_PROBE: until then both are left out, clear)
+ * and CPUID claims it (no CPUID exit, three system calls).
  * The guard is a process-wide SIGILL action held for the few instructions of
  * the probe; a SIGILL elsewhere meanwhile is handed back to the previous
  * action (the faulting instruction runs again under it).
@@ -497,8 +500,13 @@ static void ap_run_probes(const struct altpatch_features *f)
     sigaction(SIGILL, &ap_probe_prev, NULL);
 }
 
-static void ap_probe_instructions(struct altpatch_features *f)
+static void ap_probe_instructions(struct altpatch_features *f, unsigned asked)
 {
+    if (!(asked & AP_LEAVES_PROBE)) {
+        ap_bit_clear(f, X86_FEATURE_RDTSCP);
+        ap_bit_clear(f, X86_FEATURE_RDPID);
+        return;
+    }
     ap_run_probes(f);
     if (ap_features_test(f, X86_FEATURE_RDTSCP) && ap_rdtscp_ok == 0)
         ap_bit_clear(f, X86_FEATURE_RDTSCP);
@@ -506,18 +514,18 @@ static void ap_probe_instructions(struct altpatch_features *f)
         ap_bit_clear(f, X86_FEATURE_RDPID);
 }
 
-/* The facts asked of the OS so far (AP_LEAVES_XCOMP, AP_LEAVES_SHSTK). */
+/* The facts asked of the OS so far (AP_LEAVES_XCOMP, AP_LEAVES_SHSTK, AP_LEAVES_PROBE). */
 static unsigned ap_os_asked;
 
 void ap_host_leaves(unsigned groups, struct altpatch_features *out)
 {
     pthread_mutex_lock(&ap_leaves_mx);
     ap_read_leaves(groups);
-    ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK);
+    ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK | AP_LEAVES_PROBE);
     struct altpatch_features f = ap_raw;
     ap_mask_known(&f);
     ap_apply_os_enablement(&f, ap_os_asked);
-    ap_probe_instructions(&f);
+    ap_probe_instructions(&f, ap_os_asked);
     ap_derive_synthetic(&f);
     pthread_mutex_unlock(&ap_leaves_mx);
     *out = f;
