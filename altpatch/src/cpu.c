@@ -306,7 +306,7 @@ static bool ap_amx_permitted(void)
 {
     if (ap_amx_perm < 0) {
         unsigned long perm = 0;
-        ap_amx_perm = syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) == 0 &&
+        ap_amx_perm = ap_sys(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, (long)&perm, 0, 0, 0) == 0 &&
                       ((perm >> AP_XFEATURE_XTILEDATA) & 1u);
     }
     return ap_amx_perm;
@@ -316,7 +316,7 @@ static bool ap_shstk_enabled(void)
 {
     if (ap_shstk_on < 0) {
         unsigned long st = 0;
-        ap_shstk_on = syscall(SYS_arch_prctl, ARCH_SHSTK_STATUS, &st) == 0 &&
+        ap_shstk_on = ap_sys(SYS_arch_prctl, ARCH_SHSTK_STATUS, (long)&st, 0, 0, 0) == 0 &&
                       (st & AP_ARCH_SHSTK_SHSTK);
     }
     return ap_shstk_on;
@@ -478,7 +478,7 @@ static void ap_run_probes(const struct altpatch_features *f)
         return;
     }
     /* a blocked SIGILL raised by an instruction would kill the process */
-    if (syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &ill, &old, sizeof(ill)) != 0) {
+    if (ap_sys(SYS_rt_sigprocmask, SIG_UNBLOCK, (long)&ill, (long)&old, sizeof(ill), 0) != 0) {
         if (tscp)
             ap_rdtscp_ok = 0;
         if (pid)
@@ -494,7 +494,7 @@ static void ap_run_probes(const struct altpatch_features *f)
             ap_rdpid_ok = ap_rdpid_usable();
         }
         if (old & ill)
-            syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof(old));
+            ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&old, 0, sizeof(old), 0);
     }
     ap_probe_at = NULL;
     sigaction(SIGILL, &ap_probe_prev, NULL);
@@ -547,7 +547,8 @@ void ap_sync_core(void)
         return;
     case AP_SYNC_IRET_UNLESS_SHSTK: {
         unsigned long st = 0;
-        if (syscall(SYS_arch_prctl, ARCH_SHSTK_STATUS, &st) != 0 || !(st & AP_ARCH_SHSTK_SHSTK)) {
+        if (ap_sys(SYS_arch_prctl, ARCH_SHSTK_STATUS, (long)&st, 0, 0, 0) != 0 ||
+            !(st & AP_ARCH_SHSTK_SHSTK)) {
             ap_serialize_iret();
             return;
         }

@@ -131,6 +131,25 @@ AP_HIDDEN int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_po
  */
 
 /**
+ * A system call made directly (the system call ABI, no C library wrapper):
+ * -errno on failure, errno untouched. The writer's path and the host
+ * detection use it so that a process's first apply does not bind a wrapper
+ * lazily (the dynamic linker's symbol lookup, each time several hundred
+ * instructions and cold pages). Unused arguments: 0.
+ */
+static inline long ap_sys(long nr, long a, long b, long c, long d, long e)
+{
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "0"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+
+/**
  * The check every writer makes: clears @p w's result and wrote; true when
  * memory holds @c old and not @c new (a write is pending); false when it
  * holds @c new already (or len is 0), or neither

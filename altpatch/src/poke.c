@@ -366,18 +366,18 @@ static int ap_maps_read_all(struct ap_maps *m)
 static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls)
 {
     *m = (struct ap_maps){.fd = -1, .syscalls = syscalls};
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    long fd = ap_sys(SYS_openat, AT_FDCWD, (long)"/proc/self/maps", O_RDONLY | O_CLOEXEC, 0, 0);
     (*syscalls)++;
     if (fd < 0)
-        return -errno;
-    m->fd = fd;
+        return (int)fd;
+    m->fd = (int)fd;
     return 0;
 }
 
 static void ap_maps_close(struct ap_maps *m)
 {
     if (m->fd >= 0) {
-        close(m->fd);
+        ap_sys(SYS_close, m->fd, 0, 0, 0, 0);
         (*m->syscalls)++;
     }
     free(m->v);
@@ -413,9 +413,9 @@ static int ap_maps_query(struct ap_maps *m, uintptr_t addr, size_t at)
     memset(&q, 0, sizeof(q));
     q.size = sizeof(q);
     q.query_addr = addr;
-    int r = ioctl(m->fd, AP_PROCMAP_QUERY, &q);
+    long r = ap_sys(SYS_ioctl, m->fd, (long)AP_PROCMAP_QUERY, (long)&q, 0, 0);
     (*m->syscalls)++;
-    if (r != 0 && errno == ENOENT)
+    if (r == -ENOENT)
         return 0;
     if (r != 0 || q.vma_end <= q.vma_start || addr < q.vma_start || addr >= q.vma_end)
         return -ENOTTY;
@@ -604,9 +604,9 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
 static bool ap_selinux_enforcing(struct ap_batch *b)
 {
     if (b->maps.fd >= 0) {
-        ssize_t n = fgetxattr(b->maps.fd, "security.selinux", NULL, 0);
+        long n = ap_sys(SYS_fgetxattr, b->maps.fd, (long)"security.selinux", 0, 0, 0);
         b->st->syscalls++;
-        if (n < 0 && (errno == EOPNOTSUPP || errno == ENODATA))
+        if (n == -EOPNOTSUPP || n == -ENODATA)
             return false;
     }
     char c = '0';
@@ -634,7 +634,7 @@ static bool ap_exec_restore_unsure(struct ap_batch *b, int prot)
     if (b->exec_probe && b->probe_prot == prot)
         return b->exec_probe > 0;
     bool unsure = false;
-    int sc = prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L);
+    long sc = ap_sys(SYS_prctl, PR_GET_SECCOMP, 0, 0, 0, 0);
     b->st->syscalls++;
     if (sc != 0) {
         void *p = mmap(NULL, b->pgsz, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -750,7 +750,7 @@ static int ap_write_all(struct ap_batch *b, size_t first)
 
 static bool ap_mdwe_active(struct ap_poke_stats *st)
 {
-    int r = prctl(PR_GET_MDWE, 0L, 0L, 0L, 0L);
+    long r = ap_sys(SYS_prctl, PR_GET_MDWE, 0, 0, 0, 0);
     st->syscalls++;
     return r > 0 && (r & PR_MDWE_REFUSE_EXEC_GAIN);
 }

@@ -36,9 +36,9 @@
  */
 bool ap_mm_alone(void)
 {
-    if (prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L) != 0)
-        return false; /* filtered (2), or unknown (-1: no answer means no proof) */
-    return syscall(SYS_unshare, CLONE_VM) == 0;
+    if (ap_sys(SYS_prctl, PR_GET_SECCOMP, 0, 0, 0, 0) != 0)
+        return false; /* filtered (2), or unknown (-errno: no answer means no proof) */
+    return ap_sys(SYS_unshare, CLONE_VM, 0, 0, 0, 0) == 0;
 }
 
 long ap_count_threads(void)
@@ -75,12 +75,12 @@ uint64_t ap_pages_written(const struct ap_write *w, size_t n, uintptr_t pgsz)
 void ap_signals_block(uint64_t *saved)
 {
     uint64_t all = ~0ull;
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, saved, sizeof(all));
+    ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)saved, sizeof(all), 0);
 }
 
 void ap_signals_restore(const uint64_t *saved)
 {
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, saved, NULL, sizeof(*saved));
+    ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)saved, 0, sizeof(*saved), 0);
 }
 
 int ap_procmem_open(void)
