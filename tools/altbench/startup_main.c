@@ -18,6 +18,8 @@
  *   maps     open() and close() of /proc/self/maps
  *   window   signals blocked, mprotect RW, one byte stored (copy on write of
  *            a text page), mprotect RX, signals restored: an empty window
+ *   procmem  the same byte written with pwrite() through /proc/self/mem
+ *            (open, pwrite, close): the writer's other way
  */
 #include <altpatch/altpatch.h>
 #include <fcntl.h>
@@ -79,6 +81,15 @@ static int ab_floor(const char *what)
         }
         syscall(SYS_rt_sigprocmask, SIG_SETMASK, &saved, NULL, sizeof(saved));
         return r == 0 && ab_floor_target(1) == 2 ? 0 : -1;
+    }
+    if (!strcmp(what, "procmem")) {
+        int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            return -1;
+        uint8_t b = *(volatile uint8_t *)(uintptr_t)ab_floor_target;
+        ssize_t r = pwrite(fd, &b, 1, (off_t)(uintptr_t)ab_floor_target);
+        close(fd);
+        return r == 1 && ab_floor_target(1) == 2 ? 0 : -1;
     }
     return -1;
 }
