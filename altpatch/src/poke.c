@@ -96,11 +96,10 @@ typedef uint64_t ap_u64u __attribute__((aligned(1), may_alias));
 typedef uint32_t ap_u32u __attribute__((aligned(1), may_alias));
 typedef uint16_t ap_u16u __attribute__((aligned(1), may_alias));
 
-/** What a window wrote, and the page count carried from one window to the next. */
+/** What a window wrote. */
 struct ap_window_acc {
-    uint64_t bytes, pages;
-    uintptr_t pg_done; /* in: end of the last page counted (writes in address order); out: new end */
-    uintptr_t pgsz;
+    uint64_t bytes;
+    bool all; /* every write of the window with bytes was written */
 };
 
 /**
@@ -110,7 +109,7 @@ struct ap_window_acc {
  * stores (so the compiler cannot turn the copy into a memcpy call;
  * overlapping words store the same byte twice), wrote; holding neither ->
  * MEM_MISMATCH, untouched. Then mprotect back to @p prot. Sets every write's
- * result and wrote; *@p acc: bytes and pages written.
+ * result and wrote; *@p acc: bytes written, and whether every write was.
  * Returns 0; -errno when the first mprotect failed (nothing written, no write
  * looked at, the window's protection restored as far as it had changed);
  * +errno when the restoring mprotect failed even once retried (bytes written,
@@ -132,8 +131,8 @@ static AP_WINDOW_ATTRS long ap_window_write(uintptr_t start, size_t len, long pr
         (void)AP_SYSCALL3(SYS_mprotect, start, len, prot);
         return r;
     }
-    uint64_t bytes = 0, pages = 0;
-    uintptr_t done = acc->pg_done, pgsz = acc->pgsz;
+    uint64_t bytes = 0;
+    bool all = true;
     for (size_t i = 0; i < n; i++) {
         uintptr_t d = w[i].addr;
         const uint8_t *nw = w[i].new, *o = w[i].old;
@@ -181,19 +180,11 @@ static AP_WINDOW_ATTRS long ap_window_write(uintptr_t start, size_t len, long pr
         }
         w[i].result = res;
         w[i].wrote = wrote;
-        if (wrote) {
-            uintptr_t e = (d + k + pgsz - 1) & ~(pgsz - 1);
-            bytes += k;
-            if (e > done) {
-                uintptr_t s = d & ~(pgsz - 1);
-                pages += (e - (s > done ? s : done)) / pgsz;
-                done = e;
-            }
-        }
+        bytes += wrote ? k : 0;
+        all &= wrote || !k;
     }
     acc->bytes = bytes;
-    acc->pages = pages;
-    acc->pg_done = done;
+    acc->all = all;
     *calls = 2;
     r = AP_SYSCALL3(SYS_mprotect, start, len, prot);
     if (r < 0) {
@@ -576,7 +567,7 @@ static bool ap_overlaps_self(const struct ap_batch *b, uintptr_t start, uintptr_
 static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintptr_t start,
                            uintptr_t end, int prot)
 {
-    struct ap_window_acc acc = {.pg_done = b->pg_done, .pgsz = b->pgsz};
+    struct ap_window_acc acc = {0};
     uint64_t saved = 0;
     ap_signals_block(&saved);
     unsigned calls = 0;
@@ -587,9 +578,15 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
     if (r < 0)
         return (int)r;
     b->st->bytes += acc.bytes;
-    b->st->pages += acc.pages;
-    b->pg_done = acc.pg_done;
     b->wrote_any |= acc.bytes > 0;
+    if (acc.all) { /* every page of the window holds a write */
+        ap_count_pages(b, start, end);
+    } else {
+        for (size_t i = first; i < last; i++)
+            if (b->w[i].wrote)
+                ap_count_pages(b, ap_pg_down(b, b->w[i].addr),
+                               ap_pg_up(b, b->w[i].addr + b->w[i].len));
+    }
     b->st->mprotect_writes++;
     return r > 0 ? -ENOTRECOVERABLE : 0;
 }
@@ -721,17 +718,22 @@ static int ap_write_all(struct ap_batch *b, size_t first)
         uintptr_t end = (w[i].addr + w[i].len + mask) & ~mask;
         int prot = b->maps_ok ? ap_maps_prot(&b->maps, start, end) : AP_PROT_MIXED;
         size_t j = i + 1;
+        /* end is page-aligned: a write starts on a page past the window when
+         * it starts at or above end + one page, and reaches past the window
+         * when its last byte is at or above end */
+        uintptr_t past = end + mask + 1;
         for (; j < n && prot >= 0; j++) {
             uintptr_t a = w[j].addr, k = w[j].len;
             if (!k)
                 continue;
-            if ((a & ~mask) > end)
+            if (a >= past)
                 break;
-            uintptr_t e = (a + k + mask) & ~mask;
-            if (e > end) {
+            if (a + k > end) {
+                uintptr_t e = (a + k + mask) & ~mask;
                 if (ap_maps_prot(&b->maps, end, e) != prot)
                     break;
                 end = e;
+                past = end + mask + 1;
             }
         }
         if (b->maps.err) {
