@@ -612,3 +612,32 @@ Test(poke, writes_before_the_first_pending_one_are_checked)
     assert_rx(p);
     assert_rx(p + pgsz());
 }
+
+/* Writes after the first pending one that need nothing: checked where they
+ * would be written, not written, not counted. */
+Test(poke, writes_after_the_first_pending_one_are_checked)
+{
+    uint8_t *p = rx_pages(3);
+    static const uint8_t other[3] = {1, 2, 3};
+    struct ap_write w[3] = {
+        wr(p + 8, CC3, NEW3, 3),                 /* pending */
+        wr(p + 2 * pgsz() + 4, NEW3, CC3, 3),    /* holds new (CC3) already */
+        wr(p + 2 * pgsz() + 12, other, NEW3, 3), /* neither: mismatch */
+    };
+    w[1].wrote = true;
+    w[2].result = 99;
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 3, 0, &st), 0);
+    cr_assert(w[0].wrote);
+    cr_assert_arr_eq(p + 8, NEW3, 3);
+    cr_assert_not(w[1].wrote);
+    cr_assert_eq(w[1].result, ALTPATCH_REASON_NONE);
+    cr_assert_not(w[2].wrote);
+    cr_assert_eq(w[2].result, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_arr_eq(p + 2 * pgsz() + 12, CC3, 3, "mismatching write untouched");
+    cr_assert_eq(st.pages, 1);
+    cr_assert_eq(st.bytes, 3);
+    cr_assert_eq(st.mprotect_writes, 2, "two windows opened (the second writes nothing)");
+    for (int i = 0; i < 3; i++)
+        assert_rx(p + i * pgsz());
+}

@@ -112,7 +112,7 @@ enum ap_poke_flags {
 
 struct ap_poke_stats {
     uint64_t bytes, pages, syscalls;
-    unsigned mprotect_writes, procmem_writes; /* number of windows / pwrite calls that succeeded */
+    unsigned mprotect_writes, procmem_writes; /* number of windows opened / pwrite calls that succeeded */
 };
 
 /**

@@ -579,6 +579,7 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
         return (int)r;
     b->st->bytes += acc.bytes;
     b->wrote_any |= acc.bytes > 0;
+    b->st->mprotect_writes++; /* windows opened */
     if (acc.all) { /* every page of the window holds a write */
         ap_count_pages(b, start, end);
     } else {
@@ -587,7 +588,6 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
                 ap_count_pages(b, ap_pg_down(b, b->w[i].addr),
                                ap_pg_up(b, b->w[i].addr + b->w[i].len));
     }
-    b->st->mprotect_writes++;
     return r > 0 ? -ENOTRECOVERABLE : 0;
 }
 
