@@ -127,7 +127,7 @@ struct ap_poke_stats {
 AP_HIDDEN int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *st);
 
 /*
- * Shared by both writers (writer.c).
+ * Shared by both writers (writer.c; the pending check and ap_sys() inline here).
  */
 
 /**

@@ -35,7 +35,7 @@
  * executable. The caller guarantees a single thread (see apply.c); while
  * other threads run, live.c writes instead (int3 + membarrier). What both
  * writers share (the pending check, page counting, signal masking,
- * /proc/self/mem) is in writer.c.
+ * /proc/self/mem) is in writer.c (the pending check inline in host.h).
  */
 #include "host.h"
 

@@ -2,7 +2,8 @@
 /*
  * writer.c - what the two writers share: poke.c (RW windows, /proc/self/mem;
  * a single thread runs) and live.c (int3 + membarrier while other threads
- * run). The same check decides which writes are pending, the same rule
+ * run). The same check decides which writes are pending (ap_write_pending(),
+ * inline in host.h: word compares of a site's few bytes), the same rule
  * counts pages, the same raw system call masks signals, and the same calls
  * write through /proc/self/mem. Which of the two writers may run is decided
  * here too (ap_mm_alone(), ap_count_threads()).
