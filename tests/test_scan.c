@@ -322,6 +322,61 @@ Test(scan, hash_sees_every_byte)
 }
 
 /*
+ * A section moved as a whole: every record's replacement offset shifted by
+ * the same amount (4096 records, 1 MiB), and every site offset by the same
+ * amount: other tables, other hashes. Also the bytes hash of two buffers
+ * that differ by the same amount in every word.
+ */
+Test(scan, hash_sees_a_uniform_shift)
+{
+    enum { N = 4096 };
+    for (int f = 0; f < 2; f++) {
+        unsigned rs = formats[f];
+        uint8_t *a = calloc(N, rs), *b = calloc(N, rs), *c = calloc(N, rs);
+        cr_assert(a && b && c);
+        for (size_t i = 0; i < N; i++) {
+            uint8_t *p = a + i * rs;
+            uint32_t site = (uint32_t)(-0x100000 + 7 * (int)i), repl = (uint32_t)(0x2000 + 5 * i);
+            memcpy(p, &site, 4);
+            memcpy(p + 4, &repl, 4);
+            p[8] = (uint8_t)(i % 200);
+            p[rs - 2] = p[rs - 1] = 5;
+        }
+        memcpy(b, a, (size_t)N * rs);
+        memcpy(c, a, (size_t)N * rs);
+        for (size_t i = 0; i < N; i++) {
+            uint32_t v;
+            memcpy(&v, b + i * rs + 4, 4);
+            v += 0x100000u;
+            memcpy(b + i * rs + 4, &v, 4);
+            memcpy(&v, c + i * rs, 4);
+            v += 0x100000u;
+            memcpy(c + i * rs, &v, 4);
+        }
+        uint64_t ha = ap_table_hash(a, (size_t)N * rs, rs);
+        cr_assert_neq(ap_table_hash(b, (size_t)N * rs, rs), ha, "format %u: replacements moved", rs);
+        cr_assert_neq(ap_table_hash(c, (size_t)N * rs, rs), ha, "format %u: sites moved", rs);
+        struct ap_table_scan sa, sb;
+        cr_assert_eq(ap_table_scan(a, (size_t)N * rs, 0x400000, rs, false, &sa), 0);
+        cr_assert_eq(ap_table_scan(b, (size_t)N * rs, 0x400000, rs, false, &sb), 0);
+        cr_assert_eq(sa.hash, ha);
+        cr_assert_neq(sb.hash, sa.hash);
+        free(sa.sites);
+        free(sb.sites);
+        free(a);
+        free(b);
+        free(c);
+    }
+    uint64_t x[2 * N], y[2 * N];
+    for (size_t i = 0; i < 2 * N; i++) {
+        x[i] = 0x1000 * i + 17;
+        y[i] = x[i] + (1ull << 20);
+    }
+    cr_assert_neq(ap_bytes_hash((const uint8_t *)x, sizeof(x)),
+                  ap_bytes_hash((const uint8_t *)y, sizeof(y)));
+}
+
+/*
  * Random tables: runs of nested records, empty entries, steps forward and
  * sometimes back, lengths that overlap the next site, features anywhere in
  * the format's range (format 1: past the bitmap too).

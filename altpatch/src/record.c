@@ -289,10 +289,11 @@ int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out, siz
 /* ------------------------------------------------------------------------- */
 
 /*
- * The table hash: two polynomial lanes modulo 2^64 with odd multipliers, one
+ * The table hash: two lanes modulo 2^64 (odd multipliers, a xorshift), one
  * over the first 8 bytes of each record, one over the rest (4 or 6 bytes),
  * then the bytes of an incomplete last record. A multiplication by an odd
- * number is invertible, so a change of one word always changes its lane; it
+ * number and a xorshift are invertible, so a change of one word always
+ * changes its lane; it
  * identifies a table as first seen (a library rebuilt and loaded again at
  * the same address), it is not a defence against a chosen collision (code in
  * the process can rewrite anything anyway).
@@ -312,6 +313,20 @@ static uint64_t hash_final(uint64_t h0, uint64_t h1, size_t size)
     h ^= h >> 29;
     h = (h ^ h1) * 0xc4ceb9fe1a85ec53ull;
     return h ^ (h >> 32);
+}
+
+/*
+ * One record into the lane: a bijection of h for fixed words and of each
+ * word for a fixed h, so one changed word always changes the lane. The
+ * xorshift keeps the lane from being linear in the words: without it a shift
+ * of every record's offset by the same D (a section moved as a whole) left
+ * the hash unchanged whenever D times a sum of powers of the multiplier is 0
+ * modulo 2^64 (4096 records moved by 1 MiB, for one).
+ */
+static inline uint64_t hash_step(uint64_t h, uint64_t w0, uint64_t w1)
+{
+    h = ((h + w0) * HASH_KR + w1) * HASH_KR;
+    return h ^ (h >> 29);
 }
 
 /* The second word of a record: format 3 four bytes, format 1 six. */
@@ -342,7 +357,7 @@ uint64_t ap_table_hash(const uint8_t *table, size_t size, uint32_t record_size)
     if (record_size == ALTPATCH_RECORD_SIZE_KERNEL || record_size == ALTPATCH_RECORD_SIZE_COMPACT)
         for (; size - i >= record_size; i += record_size) {
             memcpy(&w, table + i, 8);
-            h = ((h + w) * HASH_KR + rec_tail(table + i, record_size)) * HASH_KR;
+            h = hash_step(h, w, rec_tail(table + i, record_size));
         }
     return hash_final(h, size > i ? hash_rest(HASH_SEED1, table + i, size - i) : HASH_SEED1, size);
 }
@@ -357,6 +372,8 @@ uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
         memcpy(&b, p + i + 8, 8);
         h0 = (h0 + a) * HASH_K0;
         h1 = (h1 + b) * HASH_K1;
+        h0 ^= h0 >> 29;
+        h1 ^= h1 >> 29;
     }
     return hash_final(h0, n > i ? hash_rest(h1, p + i, n - i) : h1, n);
 }
@@ -401,7 +418,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         uint8_t ilen;
 
         memcpy(&w0, p, 8);
-        h = ((h + w0) * HASH_KR + w1) * HASH_KR;
+        h = hash_step(h, w0, w1);
         uint64_t at = (uint64_t)(uintptr_t)p + delta;
         uint64_t addr = at + (uint64_t)(int64_t)(int32_t)(uint32_t)w0;
         /* feature | flags << 16 | instrlen << 32 | repllen << 40: struct ap_entry's
