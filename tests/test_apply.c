@@ -596,6 +596,195 @@ Test(apply, no_change_apply_still_sees_foreign_bytes)
     cr_assert_eq(r->sn.s[S_TWO].state, ALTPATCH_SITE_PATCHED);
 }
 
+/*
+ * A revert of a settled module keeps its plan, and the apply after it writes
+ * that plan back without deciding again; a site someone else rewrote in
+ * between is still found and refused, in either direction, and the other
+ * sites switch as asked.
+ */
+struct toggle_result {
+    int rc[5];
+    struct altpatch_stats st[5];
+    struct snapshot sn[5];
+};
+
+static void foreign_value(const struct snapshot *sn, uint8_t v)
+{
+    int fd = open("/proc/self/mem", O_RDWR);
+    if (fd < 0 || pwrite(fd, &v, 1, (off_t)(sn->s[S_ALWAYS].addr + 1)) != 1)
+        _exit(5);
+    close(fd);
+}
+
+static void toggle_body(void *out, void *ctx)
+{
+    struct toggle_result *r = out;
+    int mode = *(const int *)ctx; /* 0: foreign bytes after the revert, 1: before, 2: as 0,
+                                   * then the plan's own bytes before the second revert */
+    struct altpatch_features *f = fset(F_A, -1);
+    unsigned flags[5] = {0, ALTPATCH_APPLY_REVERT, 0, ALTPATCH_APPLY_REVERT, 0};
+    altpatch_set_print(NULL);
+    for (int i = 0; i < 5; i++) {
+        if (i == (mode == 1 ? 1 : 2))
+            foreign_value(&r->sn[0], 7);
+        if (mode == 2 && i == 3)
+            foreign_value(&r->sn[0], 2);
+        r->rc[i] = apply_with(f, flags[i]);
+        get_stats(&r->st[i]);
+        snap(&r->sn[i]);
+    }
+    altpatch_features_free(f);
+}
+
+static struct toggle_result *toggle_run(int mode)
+{
+    struct toggle_result *r = ap_isolated(sizeof(*r), toggle_body, &mode);
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(r->rc[i], 0, "apply %d: %d", i, r->rc[i]);
+    return r;
+}
+
+Test(apply, revert_and_apply_again_keep_the_plan)
+{
+    struct seq_result *r = apply_seq(ALTPATCH_APPLY_REVERT, 0, 0);
+    struct seq_result *t = apply_seq(0, ALTPATCH_APPLY_REVERT, 0);
+    /* the apply after a revert: the same results, bytes and counts as the first */
+    cr_assert_eq(t->st[2].sites_patched, t->st[0].sites_patched);
+    cr_assert_eq(t->st[2].sites_refused, t->st[0].sites_refused);
+    cr_assert_eq(t->st[2].sites_unchanged, t->st[0].sites_unchanged);
+    cr_assert_eq(t->st[2].bytes_written, t->st[0].bytes_written);
+    for (int k = 0; k < S_COUNT; k++) {
+        cr_assert_eq(t->sn[2].s[k].state, t->sn[0].s[k].state, "site %d", k);
+        cr_assert_eq(t->sn[2].s[k].chosen, t->sn[0].s[k].chosen, "site %d", k);
+        cr_assert_eq(t->sn[2].s[k].reason, t->sn[0].s[k].reason, "site %d", k);
+        cr_assert_eq(t->sn[2].s[k].len, t->sn[0].s[k].len);
+        cr_assert_arr_eq(t->sn[2].s[k].current, t->sn[0].s[k].current, t->sn[0].s[k].len, "site %d", k);
+        cr_assert_arr_eq(t->sn[1].s[k].current, t->sn[1].s[k].original, t->sn[1].s[k].len, "site %d", k);
+        /* a revert of nothing patched changes nothing either */
+        cr_assert_arr_eq(r->sn[0].s[k].current, r->sn[0].s[k].original, r->sn[0].s[k].len, "site %d", k);
+    }
+    cr_assert_eq(t->st[1].sites_unchanged, t->st[0].sites_seen - t->st[0].sites_patched -
+                                               t->st[0].sites_refused);
+    cr_assert_eq(r->st[0].bytes_written, 0);
+    cr_assert_eq(r->st[1].sites_patched, t->st[0].sites_patched);
+}
+
+Test(apply, foreign_bytes_after_a_revert_are_refused)
+{
+    struct toggle_result *r = toggle_run(0);
+    static const uint8_t MOV7[5] = {0xb8, 7, 0, 0, 0};
+    /* apply after the foreign write: that site refused, the others patched */
+    assert_site(&r->sn[2].s[S_ALWAYS], MOV1, MOV7, 5, "foreign bytes stay");
+    cr_assert_eq(r->sn[2].s[S_ALWAYS].state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(r->sn[2].s[S_ALWAYS].reason, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_eq(r->sn[2].value[S_ALWAYS], 7);
+    assert_site(&r->sn[2].s[S_TWO], XOR_PAD, OR_M1, 3, "the others are patched");
+    cr_assert_eq(r->st[2].sites_refused, r->st[0].sites_refused + 1);
+    cr_assert_eq(r->st[2].sites_patched, r->st[0].sites_patched - 1);
+    /* revert and apply again: the foreign site stays refused, the others switch */
+    for (int i = 3; i < 5; i++) {
+        assert_site(&r->sn[i].s[S_ALWAYS], MOV1, MOV7, 5, "foreign bytes stay");
+        cr_assert_eq(r->sn[i].s[S_ALWAYS].reason, ALTPATCH_REASON_MEM_MISMATCH);
+        cr_assert_eq(r->st[i].sites_refused, r->st[0].sites_refused + 1);
+    }
+    assert_site(&r->sn[3].s[S_TWO], XOR_PAD, XOR_PAD, 3, "reverted");
+    cr_assert_eq(r->sn[3].s[S_TWO].chosen, -1);
+    assert_site(&r->sn[4].s[S_TWO], XOR_PAD, OR_M1, 3, "patched again");
+    cr_assert_eq(r->sn[4].s[S_TWO].chosen, r->sn[0].s[S_TWO].chosen);
+    cr_assert_eq(r->st[4].sites_patched, r->st[0].sites_patched - 1);
+}
+
+Test(apply, foreign_bytes_before_a_revert_are_refused)
+{
+    struct toggle_result *r = toggle_run(1);
+    static const uint8_t MOV7[5] = {0xb8, 7, 0, 0, 0};
+    /* the revert: that site refused with the foreign bytes, the others reverted */
+    assert_site(&r->sn[1].s[S_ALWAYS], MOV1, MOV7, 5, "foreign bytes stay");
+    cr_assert_eq(r->sn[1].s[S_ALWAYS].reason, ALTPATCH_REASON_MEM_MISMATCH);
+    assert_site(&r->sn[1].s[S_TWO], XOR_PAD, XOR_PAD, 3, "reverted");
+    cr_assert_eq(r->st[1].sites_refused, r->st[0].sites_refused + 1);
+    cr_assert_eq(r->st[1].sites_patched, 0);
+    for (int i = 2; i < 5; i++) {
+        assert_site(&r->sn[i].s[S_ALWAYS], MOV1, MOV7, 5, "foreign bytes stay");
+        cr_assert_eq(r->sn[i].s[S_ALWAYS].state, ALTPATCH_SITE_REFUSED);
+        cr_assert_eq(r->sn[i].value[S_ALWAYS], 7);
+    }
+    assert_site(&r->sn[2].s[S_TWO], XOR_PAD, OR_M1, 3, "patched again");
+    assert_site(&r->sn[3].s[S_TWO], XOR_PAD, XOR_PAD, 3, "reverted again");
+    assert_site(&r->sn[4].s[S_TWO], XOR_PAD, OR_M1, 3, "and patched");
+    cr_assert_eq(r->st[4].sites_patched, r->st[0].sites_patched - 1);
+}
+
+/*
+ * What the last apply left at a site refused by the apply after a revert is
+ * the original: memory holding the plan's bytes there later is someone
+ * else's write, refused by the next revert.
+ */
+Test(apply, a_refused_site_keeps_what_was_left)
+{
+    struct toggle_result *r = toggle_run(2);
+    assert_site(&r->sn[2].s[S_ALWAYS], MOV1, ((const uint8_t[]){0xb8, 7, 0, 0, 0}), 5, "foreign bytes stay");
+    cr_assert_eq(r->sn[2].s[S_ALWAYS].reason, ALTPATCH_REASON_MEM_MISMATCH);
+    assert_site(&r->sn[3].s[S_ALWAYS], MOV1, ((const uint8_t[]){0xb8, 2, 0, 0, 0}), 5, "not reverted");
+    cr_assert_eq(r->sn[3].s[S_ALWAYS].state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(r->sn[3].s[S_ALWAYS].reason, ALTPATCH_REASON_MEM_MISMATCH);
+    assert_site(&r->sn[3].s[S_TWO], XOR_PAD, XOR_PAD, 3, "the others are reverted");
+}
+
+/*
+ * The apply after a revert writes the kept plan; where the writer refuses,
+ * what that apply left is still the original, so the plan's bytes written
+ * there by someone else later are refused by the next revert.
+ */
+struct denied_toggle_result {
+    int set, rc[3];
+    struct altpatch_stats st[3];
+    struct snapshot sn[3];
+};
+
+static void denied_toggle_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct denied_toggle_result *r = out;
+    struct altpatch_features *f = fset(F_A, -1);
+    altpatch_set_print(NULL);
+    r->rc[0] = apply_with(f, 0);
+    snap(&r->sn[0]);
+    r->rc[0] |= apply_with(f, ALTPATCH_APPLY_REVERT);
+    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    r->rc[1] = apply_with(f, ALTPATCH_APPLY_NO_PROCMEM);
+    get_stats(&r->st[1]);
+    snap(&r->sn[1]);
+    foreign_value(&r->sn[0], 2); /* S_ALWAYS's plan: mov $2 */
+    r->rc[2] = apply_with(f, ALTPATCH_APPLY_REVERT);
+    get_stats(&r->st[2]);
+    snap(&r->sn[2]);
+    altpatch_features_free(f);
+}
+
+Test(apply, denied_writes_after_a_revert_leave_the_originals)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    if (pre && strstr(pre, "vgpreload"))
+        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    struct denied_toggle_result *r = ap_isolated(sizeof(*r), denied_toggle_body, NULL);
+    if (r->set == -EINVAL)
+        cr_skip_test("kernel without PR_SET_MDWE");
+    cr_assert_eq(r->set, 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(r->rc[i], 0, "apply %d: %d", i, r->rc[i]);
+    assert_site(&r->sn[1].s[S_TWO], XOR_PAD, XOR_PAD, 3, "original kept");
+    cr_assert_eq(r->sn[1].s[S_TWO].reason, ALTPATCH_REASON_WRITE_DENIED);
+    cr_assert_eq(r->sn[1].s[S_ALWAYS].reason, ALTPATCH_REASON_WRITE_DENIED);
+    cr_assert_eq(r->st[1].bytes_written, 0);
+    assert_site(&r->sn[2].s[S_ALWAYS], MOV1, ((const uint8_t[]){0xb8, 2, 0, 0, 0}), 5,
+                "someone else's bytes stay");
+    cr_assert_eq(r->sn[2].s[S_ALWAYS].reason, ALTPATCH_REASON_MEM_MISMATCH);
+    assert_site(&r->sn[2].s[S_TWO], XOR_PAD, XOR_PAD, 3, "still the original");
+    cr_assert_eq(r->sn[2].s[S_TWO].state, ALTPATCH_SITE_ORIGINAL);
+    cr_assert_eq(r->st[2].bytes_written, 0);
+}
+
 /* ---- the environment ------------------------------------------------------- */
 
 struct env_ctx {

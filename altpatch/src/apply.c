@@ -282,22 +282,70 @@ static inline void ap_decide(struct ap_run *r, struct ap_module *m, size_t i, ui
                                                 .new = target, .len = s->len, .result = (int)n};
 }
 
+/* How an apply decides a module (m->path_now). */
+enum {
+    AP_PATH_DECIDE,  /* every site through ap_decide() */
+    AP_PATH_SETTLED, /* memory still holds what the last apply left: nothing to do */
+    AP_PATH_TOGGLE,  /* a settled module switched between its plan and its originals */
+};
+
+/** What the last apply left at site @p i of a settled module @p m. */
+static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
+{
+    return (m->left_orig ? m->orig : m->planned) + ap_orig_off(m, i);
+}
+
 /*
  * A settled module (host.h) under the same memo generation: every site's
- * plan is the one the last apply made, which memory held then (planned), so
- * a site whose memory still holds it is decided -- unchanged -- by that one
- * compare. True when every site passes; any other site sends the whole
- * module through ap_decide().
+ * plan is the one the last apply made, and memory held then what that apply
+ * left (the plan, or after a quick revert the originals), so a site whose
+ * memory still holds it is decided -- unchanged -- by that one compare. True
+ * when every site passes; any other site sends the whole module through
+ * ap_decide().
  */
 static bool ap_still_settled(const struct ap_module *m)
 {
-    if (!m->settled_gen || m->settled_gen != ap_shapes_gen || m->reason)
-        return false;
     for (size_t i = 0; i < m->nsites; i++) {
         const struct ap_site *s = &m->sites[i];
-        if (!ap_equal_small((const uint8_t *)(uintptr_t)s->addr, m->planned + ap_orig_off(m, i),
-                            s->len))
+        if (!ap_equal_small((const uint8_t *)(uintptr_t)s->addr, ap_left(m, i), s->len))
             return false;
+    }
+    return true;
+}
+
+/*
+ * A settled module asked for the other side (a revert of its plan, or an
+ * apply after such a revert): each site's target is known without deciding
+ * -- its original, or its plan kept in m->planned (host.h) -- so a site
+ * whose memory holds what the last apply left gets a write, one that holds
+ * the target already is unchanged. False, with nothing queued, when some
+ * site holds anything else: the module is then decided site by site.
+ */
+static bool ap_toggle(struct ap_run *r, struct ap_module *m, unsigned flags)
+{
+    bool revert = flags & ALTPATCH_APPLY_REVERT;
+    size_t n0 = r->ndec, w0 = r->nwrites;
+    for (size_t i = 0; i < m->nsites; i++) {
+        const struct ap_site *s = &m->sites[i];
+        size_t off = ap_orig_off(m, i), n = r->ndec++;
+        const uint8_t *orig = m->orig + off, *plan = m->planned + off;
+        const uint8_t *from = revert ? plan : orig, *to = revert ? orig : plan;
+        const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
+        struct ap_dec *d = &r->dec[n];
+        *d = (struct ap_dec){to, revert ? -1 : m->res[i].chosen, ALTPATCH_REASON_NONE,
+                             AP_ACT_UNCHANGED};
+        if (ap_equal_small(cur, to, s->len)) {
+            continue; /* also a plan that is the original */
+        } else if (ap_equal_small(cur, from, s->len)) {
+            d->action = AP_ACT_WRITE;
+            r->writes[r->nwrites++] = (struct ap_write){
+                .addr = (uintptr_t)s->addr, .old = from, .new = to, .len = s->len,
+                .result = (int)n};
+        } else {
+            r->ndec = n0;
+            r->nwrites = w0;
+            return false;
+        }
     }
     return true;
 }
@@ -320,21 +368,39 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     if (!r->dec || !r->arena || !r->writes || !r->wmap)
         return -ENOMEM;
     struct ap_memo *memo = ap_shapes_for(fs);
+    bool revert = flags & ALTPATCH_APPLY_REVERT;
     bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
         if (m->gone)
             continue;
         ap_cache_check(m, ap_shapes_gen);
-        m->settled_now = !(flags & ALTPATCH_APPLY_REVERT) && ap_still_settled(m);
-        if (m->settled_now) {
+        m->path_now = AP_PATH_DECIDE;
+        if (m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason) {
+            if (revert == m->left_orig) {
+                if (ap_still_settled(m))
+                    m->path_now = AP_PATH_SETTLED;
+            } else if (!(flags & ALTPATCH_APPLY_DRY_RUN) && ap_toggle(r, m, flags)) {
+                m->path_now = AP_PATH_TOGGLE;
+            }
+        }
+        if (m->path_now == AP_PATH_SETTLED) {
             r->ndec += m->nsites; /* decided: what the last apply left (ap_record) */
-            bytes += m->site_bytes;
-            continue;
+        } else if (m->path_now == AP_PATH_DECIDE) {
+            if (m->left_orig) {
+                /* what the last apply left is the originals (ap_decide's "planned") */
+                for (size_t i = 0; i < m->nsites; i++)
+                    if (m->orig_off[i] != AP_NO_ORIG32)
+                        ap_copy_small(m->planned + m->orig_off[i], m->orig + m->orig_off[i],
+                                      m->sites[i].len);
+                m->left_orig = false;
+            }
+            size_t at = bytes;
+            for (size_t i = 0; i < m->nsites; i++) {
+                ap_decide(r, m, i, r->arena + at, memo, flags);
+                at += m->sites[i].len;
+            }
         }
-        for (size_t i = 0; i < m->nsites; i++) {
-            ap_decide(r, m, i, r->arena + bytes, memo, flags);
-            bytes += m->sites[i].len;
-        }
+        bytes += m->site_bytes;
     }
     return 0;
 }
@@ -384,32 +450,55 @@ static struct ap_work ap_work_of(const struct ap_run *r, size_t n, struct ap_mod
                             .action = (enum ap_action)d->action};
 }
 
+/*
+ * After a quick switch (AP_PATH_TOGGLE) of module @p m whose decisions start
+ * at @p n0 and where some site was refused: m->planned holds again what
+ * this apply left at every site -- the target where it was reached, the bytes
+ * before where not -- and the module is no longer settled.
+ */
+static void ap_toggle_undo(const struct ap_run *r, struct ap_module *m, size_t n0, bool revert)
+{
+    for (size_t i = 0; i < m->nsites; i++) {
+        const struct ap_dec *d = &r->dec[n0 + i];
+        bool reached = d->action != AP_ACT_REFUSED && !d->reason;
+        size_t off = ap_orig_off(m, i);
+        /* planned holds the plan: a revert left the original where it wrote,
+         * an apply left the original where it did not */
+        if (reached == revert)
+            ap_copy_small(m->planned + off, m->orig + off, m->sites[i].len);
+    }
+    m->left_orig = false;
+    m->settled_gen = 0;
+}
+
 /** Record per-site results and stats; remember written bytes unless a dry run. */
 static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *st)
 {
     bool debug = ap_env_on("ALTPATCH_DEBUG");
     bool keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
+    bool revert = flags & ALTPATCH_APPLY_REVERT;
     uint64_t refused_n = 0, patched_n = 0, unchanged_n = 0;
     size_t n = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
         if (m->gone)
             continue;
         st->modules++;
-        if (m->settled_now && !debug) {
+        bool settled = m->path_now == AP_PATH_SETTLED, toggle = m->path_now == AP_PATH_TOGGLE;
+        if (settled && !debug) {
             /* every site unchanged, its result what the last apply recorded */
             n += m->nsites;
-            patched_n += m->settled_patched;
+            patched_n += m->left_orig ? 0 : m->settled_patched;
             unchanged_n += m->nsites;
             continue;
         }
-        size_t module_patched = 0;
+        size_t module_patched = 0, n0 = n;
         bool all_ok = true;
         for (size_t i = 0; i < m->nsites; i++, n++) {
-            if (m->settled_now) { /* ALTPATCH_DEBUG: the log shows every site */
-                bool patched = m->res[i].chosen >= 0;
-                r->dec[n] = (struct ap_dec){m->planned + ap_orig_off(m, i), m->res[i].chosen,
-                                            ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
-                patched_n += patched;
+            if (settled) { /* ALTPATCH_DEBUG: the log shows every site */
+                int chosen = m->left_orig ? -1 : m->res[i].chosen;
+                r->dec[n] = (struct ap_dec){ap_left(m, i), chosen, ALTPATCH_REASON_NONE,
+                                            AP_ACT_UNCHANGED};
+                patched_n += chosen >= 0;
                 unchanged_n++;
                 struct ap_work wk = ap_work_of(r, n, m, i);
                 ap_debug_site(&wk);
@@ -433,12 +522,14 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
                 refused_n++;
                 all_ok = false;
             } else {
-                res->chosen = d->chosen;
+                /* a quick revert keeps the plan's entry (host.h: left_orig) */
+                if (!toggle || !revert)
+                    res->chosen = d->chosen;
                 res->state = d->chosen >= 0 ? ALTPATCH_SITE_PATCHED : ALTPATCH_SITE_ORIGINAL;
                 patched_n += d->chosen >= 0;
                 module_patched += d->chosen >= 0;
                 unchanged_n += d->action == AP_ACT_UNCHANGED;
-                if (keep)
+                if (keep && !toggle)
                     ap_copy_small(m->planned + ap_orig_off(m, i), d->target, m->sites[i].len);
             }
             res->reason = d->reason;
@@ -447,11 +538,17 @@ static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *s
                 ap_debug_site(&wk);
             }
         }
-        if (!m->settled_now) {
+        if (toggle) {
+            /* planned keeps the plan; memory holds it, or the originals */
+            if (!all_ok)
+                ap_toggle_undo(r, m, n0, revert);
+            else
+                m->left_orig = revert;
+        } else if (!settled) {
             /* settled when memory now holds every site's plan: not after a
              * dry run (nothing written), a revert (not the plan), a refusal */
-            bool settled = all_ok && keep && !(flags & ALTPATCH_APPLY_REVERT);
-            m->settled_gen = settled ? ap_shapes_gen : 0;
+            bool now = all_ok && keep && !revert;
+            m->settled_gen = now ? ap_shapes_gen : 0;
             m->settled_patched = module_patched;
         }
     }
@@ -695,14 +792,16 @@ static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_si
     struct ap_site_entries eb;
     const struct ap_site *es;
     const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
-    const struct ap_entry *e = &ents[es->first + (res->chosen >= 0 ? (uint32_t)res->chosen : 0)];
+    /* after a quick revert res->chosen is the plan's entry, memory the original */
+    int chosen = res->state == ALTPATCH_SITE_PATCHED ? res->chosen : -1;
+    const struct ap_entry *e = &ents[es->first + (chosen >= 0 ? (uint32_t)chosen : 0)];
     size_t off = ap_orig_off(m, i);
     *info = (struct altpatch_site_info){
         .module = m->path,
         .addr = (uintptr_t)s->addr,
         .len = s->len,
         .entries = s->count,
-        .chosen = res->chosen,
+        .chosen = chosen,
         .feature = e->feature,
         .flags = e->flags,
         .state = (enum altpatch_site_state)res->state,

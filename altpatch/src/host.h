@@ -311,7 +311,8 @@ AP_HIDDEN uintptr_t ap_frames_where_task(uintptr_t rip, uintptr_t sp, bool (*ins
 
 /** Per-site outcome of the last apply. */
 struct ap_site_result {
-    int32_t chosen; /* entry index within the site (any number of entries), -1 = original */
+    int32_t chosen; /* entry index within the site (any number of entries), -1 = original;
+                     * state ORIGINAL after a quick revert: the plan's entry (left_orig) */
     uint32_t warned; /* bit r: a WARN line was printed for reason r (once per site and reason) */
     int16_t reason;
     uint8_t state;  /* enum altpatch_site_state */
@@ -365,7 +366,14 @@ struct ap_module {
      * compare of memory with planned. 0: not settled. */
     uint64_t settled_gen;
     size_t settled_patched;
-    bool settled_now;           /* scratch: this apply took the settled path */
+    /* Settled on the originals (apply.c): the last apply was a revert that
+     * put every original back by the quick path, and planned still holds
+     * the plan of generation settled_gen (what memory held before it), so
+     * the next apply writes it back without deciding again. Memory then
+     * holds m->orig at every site, not planned; res[i].chosen keeps the
+     * plan's entry (the state says ORIGINAL). */
+    bool left_orig;
+    uint8_t path_now;           /* scratch: how this apply decides the module (apply.c) */
 };
 
 /** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */
