@@ -70,6 +70,12 @@ static const struct shape shapes[] = {
     {"0f ae e8 0f 31", 3, {"90", "0f 01 f9", "66 90"},
      {X86_FEATURE_AVX512F, NOT | X86_FEATURE_ALWAYS, X86_FEATURE_ALWAYS}},
     {"0f ae e8 0f 31", 2, {"90", "0f 01 f9"}, {X86_FEATURE_AVX512F, X86_FEATURE_SHA512}},
+    /* no entry applies: the apply path keeps the original after the record
+     * checks; the planner refuses the instructions of the first three */
+    {"90 90 90", 1, {"0f ff"}, {X86_FEATURE_AVX512F}},                     /* undecodable */
+    {"e8 00 00", 1, {"90"}, {X86_FEATURE_AVX512F}},                        /* orig crosses end */
+    {"90 90 90 90 90", 1, {"eb 10 90 90 90"}, {NOT | X86_FEATURE_ALWAYS}}, /* rel8 from far */
+    {"90 90", 1, {"0f 1f 00"}, {X86_FEATURE_AVX512F}},                     /* too long: refused */
 };
 
 #define NSHAPES (sizeof(shapes) / sizeof(shapes[0]))
@@ -174,13 +180,26 @@ static void expect_same(const struct ap_plan *a, const struct ap_plan *b, size_t
 }
 
 /* Sites the apply path (ap_memo_find + ap_memo_inst) answered, and of them
- * those with a relative template. */
-static size_t fast_answers, fast_relative;
+ * those with a relative template; sites it kept original because no entry
+ * applies, and of them those the planner refuses. */
+static size_t fast_answers, fast_relative, fast_original, fast_kept;
+
+/* A refusal that only the instructions show (decoding, relative fields). */
+static bool insn_reason(int reason)
+{
+    return reason == ALTPATCH_REASON_ORIG_UNDECODABLE ||
+           reason == ALTPATCH_REASON_ORIG_CROSSES_END ||
+           reason == ALTPATCH_REASON_REPL_UNDECODABLE ||
+           reason == ALTPATCH_REASON_REPL_CROSSES_END || reason == ALTPATCH_REASON_RELOC_OVERFLOW;
+}
 
 /*
- * The apply path on site @s: when the memo finds its template and
- * instantiates it here, the answer is the planner's @a (made under the
- * memo's set): accepted, the same entry, the same final bytes.
+ * The apply path on site @s: a site inside the text none of whose entries
+ * applies keeps its original (the planner agrees, or refuses it for an
+ * instruction only: memory stays the same either way); else, when the memo
+ * finds its template and instantiates it here, the answer is the planner's
+ * @a (made under the memo's set): accepted, the same entry, the same final
+ * bytes.
  */
 static void fast_same(const struct ap_memo *memo, const struct ap_view *v,
                       const struct ap_site *s, const struct ap_entry *e, const uint8_t *orig,
@@ -193,6 +212,25 @@ static void fast_same(const struct ap_memo *memo, const struct ap_view *v,
 
     if (!memo || !bytes || memcmp(fs, &memo->fs, sizeof(*fs)) != 0)
         return;
+    if (ap_view_text(v, s->addr, s->len) && ap_memo_keeps_original(memo, v, s, e)) {
+        for (uint32_t k = 0; k < s->count; k++)
+            cr_assert(!ap_entry_eligible(&e[s->first + k], fs), "site %zu: entry %u applies", i,
+                      k);
+        if (a->reason == ALTPATCH_REASON_NONE) {
+            cr_assert_eq(a->chosen, -1, "site %zu: kept, the planner chose %d", i, a->chosen);
+            cr_assert_arr_eq(bytes, a->final, a->len, "site %zu: final bytes", i);
+            fast_original++;
+            fast_answers++;
+        } else {
+            cr_assert(insn_reason(a->reason), "site %zu: kept, the planner refuses: %s", i,
+                      a->detail);
+            fast_kept++;
+        }
+        return;
+    }
+    cr_assert(a->reason != ALTPATCH_REASON_NONE || a->chosen >= 0 ||
+                  !ap_view_text(v, s->addr, s->len),
+              "site %zu: the original, yet not kept by the feature test", i);
     id = ap_memo_find((struct ap_memo *)memo, v, s, e, bytes);
     if (!id)
         return;
@@ -267,7 +305,7 @@ Test(memo, apply_path_same_as_the_planner)
     module_make(&mod, MAX_SITES);
     ap_memo_init(&memo, &mod.fs);
     compare_all(&mod, &memo, &mod.fs); /* stores the templates */
-    fast_answers = fast_relative = 0;
+    fast_answers = fast_relative = fast_original = fast_kept = 0;
     compare_all(&mod, &memo, &mod.fs);
     for (size_t i = 0; i < mod.ns; i++) {
         ap_plan_site(&mod.v, &mod.s[i], mod.e, mod.orig[i], &mod.fs, &p);
@@ -276,6 +314,8 @@ Test(memo, apply_path_same_as_the_planner)
     cr_assert_gt(fast_answers, accepted * 9 / 10, "apply path answered %zu of %zu accepted",
                  fast_answers, accepted);
     cr_assert_gt(fast_relative, 50, "relative answers %zu", fast_relative);
+    cr_assert_gt(fast_original, 100, "kept original %zu", fast_original);
+    cr_assert_gt(fast_kept, 100, "kept original, refused by the planner %zu", fast_kept);
     ap_memo_free(&memo);
 }
 

@@ -205,9 +205,11 @@ static char *ap_detail_of(const struct ap_run *r, size_t idx)
  * Site @p i of @p m, the run's site number @p n (final bytes, when they are
  * computed for this site, into @p slot): its plan, then memory. The plan:
  * the template the site used last time under this memo (m->shape), else the
- * template of its shape (memo.c: a hash and a compare, no decoder),
- * instantiated at this site; the planner only for a new shape, a refusal, or
- * relative fields that do not fit here (sitecache.c). Then memory:
+ * original when none of its entries applies under the memo's feature set
+ * (after the record checks, memo.c: no template), else the template of its
+ * shape (memo.c: a hash and a compare, no decoder), instantiated at this
+ * site; the planner only for a new shape, a refusal, or relative fields that
+ * do not fit here (sitecache.c). Then memory:
  *   equal to target                    -> unchanged, nothing written
  *   equal to original or to the bytes
  *   the last apply left there          -> a write is queued
@@ -233,12 +235,18 @@ static inline void ap_decide(struct ap_run *r, struct ap_module *m, size_t i, ui
         uint32_t id = m->shape[i];
         if (!id) { /* orig saved: the site lies in the module's text (module.c) */
             ents = ap_module_site_entries(m, i, &eb, &es);
-            id = ap_memo_find_text(memo, &m->view, es, ents, orig);
+            /* no entry applies: the original, after the record checks alone */
+            id = ap_memo_keeps_original(memo, &m->view, es, ents)
+                     ? AP_SHAPE_ORIGINAL
+                     : ap_memo_find_text(memo, &m->view, es, ents, orig);
         }
-        if (id && memo->tmpl[id - 1].nfields && !ents)
-            ents = ap_module_site_entries(m, i, &eb, &es);
-        if (id)
+        if (id == AP_SHAPE_ORIGINAL) {
+            chosen = -1;
+        } else if (id) {
+            if (memo->tmpl[id - 1].nfields && !ents)
+                ents = ap_module_site_entries(m, i, &eb, &es);
             chosen = ap_memo_inst(memo, id, &m->view, es, ents, slot, &final);
+        }
         if (chosen >= -1)
             m->shape[i] = id;
     }

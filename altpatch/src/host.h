@@ -358,7 +358,7 @@ struct ap_module {
      * apply's memo (memo.c) of generation shape_gen, 0: none (planned, or
      * refused, every time). */
     uint64_t shape_gen;
-    uint32_t *shape;
+    uint32_t *shape;            /* or AP_SHAPE_ORIGINAL */
     /* Settled (apply.c): the last apply under memo generation settled_gen
      * left every site non-refused with memory holding what it planned
      * (planned); settled_patched of them hold a replacement. While that
@@ -375,6 +375,9 @@ struct ap_module {
     bool left_orig;
     uint8_t path_now;           /* scratch: how this apply decides the module (apply.c) */
 };
+
+/** m->shape[i] of a site none of whose entries applies: its plan is its original. */
+#define AP_SHAPE_ORIGINAL UINT32_MAX
 
 /** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */
 #define AP_NO_ORIG ((size_t)-1)

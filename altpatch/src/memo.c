@@ -101,10 +101,18 @@ struct ap_memo_field {
 
 void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs)
 {
+    struct altpatch_features known;
+
     memset(m, 0, sizeof(*m));
     if (fs) {
         m->fs = *fs;
         m->fs_at = fs;
+    }
+    memset(known.word, 0xff, sizeof(known.word));
+    ap_mask_known(&known);
+    for (size_t w = 0; w < AP_NCAPWORDS; w++) {
+        m->keep[0][w] = known.word[w] & ~m->fs.word[w];
+        m->keep[1][w] = known.word[w] & m->fs.word[w];
     }
 }
 

@@ -151,6 +151,9 @@ struct ap_memo {
     size_t arena_len, arena_cap;
     uint64_t hits, misses;       /* sites answered from the memo / by the planner */
     size_t nmasks;               /* templates keyed without relative field values */
+    /* Bit id of keep[f]: an entry of feature id and flags f (0, or
+     * ALT_FLAG_NOT) does not apply under fs, and the feature is known. */
+    uint32_t keep[2][AP_NCAPWORDS];
 };
 
 /** An empty memo for plans made under @p fs. */
@@ -189,6 +192,39 @@ AP_HIDDEN uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v,
 AP_HIDDEN uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v,
                                      const struct ap_site *s, const struct ap_entry *entries,
                                      const uint8_t *orig);
+/**
+ * True when no entry of site @p s applies under the memo's feature set and
+ * the checks the records allow without decoding pass: no preset refusal, a
+ * length and an entry, and per entry a known feature, no flag but
+ * ALT_FLAG_NOT, a replacement no longer than the site and inside
+ * altinstr_replacement. Such a site keeps its original bytes; its
+ * instructions (the original's and the replacements' decoding, relative
+ * fields) are not examined, so a site the planner refuses for an entry that
+ * does not apply, or for an original that does not decode, is left as it is
+ * without a refusal (memory untouched either way). False: the full decision.
+ */
+static inline bool ap_memo_keeps_original(const struct ap_memo *m, const struct ap_view *v,
+                                          const struct ap_site *s,
+                                          const struct ap_entry *entries)
+{
+    const struct ap_region *r = &v->repl;
+
+    if (s->reason || !s->len || !s->count)
+        return false;
+    for (uint32_t k = 0; k < s->count; k++) {
+        const struct ap_entry *e = &entries[s->first + k];
+
+        /* applies, or a feature or flag the planner refuses */
+        if (e->flags > ALT_FLAG_NOT || e->feature >= 32u * AP_NCAPWORDS ||
+            !(m->keep[e->flags][e->feature / 32] >> (e->feature % 32) & 1u))
+            return false;
+        /* REPL_TOO_LONG, REPL_BOUNDS (ap_entry_repl's rule) */
+        if (e->repllen > s->len || e->repl < r->addr || e->repllen > r->size ||
+            e->repl - r->addr > r->size - e->repllen || (!r->data && e->repllen))
+            return false;
+    }
+    return true;
+}
 /**
  * Template @p id at site @p s (whose checks ap_memo_find() made): the
  * chosen entry (-1: the original), with *@p final its final bytes (s->len):
