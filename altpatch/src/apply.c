@@ -164,6 +164,23 @@ struct ap_detail {
     char *text; /* malloc'ed */
 };
 
+/* How an apply decides a module (ap_mrun.path). */
+enum {
+    AP_PATH_DECIDE,  /* every site through ap_decide() */
+    AP_PATH_SETTLED, /* memory still holds what the last apply left: nothing to do */
+    AP_PATH_TOGGLE,  /* a settled module switched between its plan and its originals */
+};
+
+/** A module's part of one apply. */
+struct ap_mrun {
+    struct ap_module *m;
+    size_t n0;      /* its first decision */
+    size_t writes;  /* writes it queued */
+    size_t patched; /* sites recorded patched */
+    bool ok;        /* no site recorded refused */
+    uint8_t path;   /* AP_PATH_* */
+};
+
 struct ap_run {
     struct ap_dec *dec;
     size_t ndec;
@@ -171,9 +188,16 @@ struct ap_run {
     struct ap_write *writes; /* in site order until sorted */
     size_t *wmap; /* writes[i] belongs to dec[wmap[i]] */
     size_t nwrites;
+    struct ap_mrun *mods;
+    size_t nmods;
     struct ap_detail *details;
     size_t ndetails, details_cap;
     struct ap_poke_stats pst;
+    bool keep;   /* not a dry run: remember what is left */
+    bool revert; /* ALTPATCH_APPLY_REVERT */
+    bool debug;  /* ALTPATCH_DEBUG: every site is logged, in order, when the writes are done */
+    bool poked;  /* the writer ran: writes[].result holds its answers */
+    uint64_t refused_n, patched_n, unchanged_n;
 };
 
 /** Keep a refusal's detail for site @p idx (best effort: dropped when memory is short). */
@@ -201,27 +225,103 @@ static char *ap_detail_of(const struct ap_run *r, size_t idx)
     return NULL;
 }
 
+/** The work item of decision @p n (site @p i of @p m), for the log. */
+static struct ap_work ap_work_of(const struct ap_run *r, size_t n, struct ap_module *m, size_t i)
+{
+    const struct ap_dec *d = &r->dec[n];
+    size_t off = ap_orig_off(m, i);
+    const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
+    return (struct ap_work){.m = m, .idx = i, .orig = orig,
+                            .cur = orig ? (const uint8_t *)(uintptr_t)m->sites[i].addr : NULL,
+                            .target = d->target, .detail = ap_detail_of(r, n),
+                            .chosen = d->chosen, .reason = d->reason,
+                            .action = (enum ap_action)d->action};
+}
+
+/* Record a refused decision @p n, site @p i of module @p mr. */
+static void ap_site_refused(struct ap_run *r, struct ap_mrun *mr, size_t i, size_t n)
+{
+    struct ap_module *m = mr->m;
+    const struct ap_dec *d = &r->dec[n];
+    struct ap_site_result *res = &m->res[i];
+    /* One WARN per site and reason: a site that toggles between refused and
+     * unchanged (REVERT, another feature set) does not warn again. */
+    uint32_t bit = d->reason > 0 && d->reason < 32 ? 1u << d->reason : 0;
+    if (res->reason != d->reason && !(res->warned & bit)) {
+        struct ap_work wk = ap_work_of(r, n, m, i);
+        ap_warn_refusal(&wk);
+    }
+    res->warned |= bit;
+    *res = (struct ap_site_result){.chosen = -1, .warned = res->warned, .reason = d->reason,
+                                   .state = ALTPATCH_SITE_REFUSED};
+    r->refused_n++;
+    mr->ok = false;
+}
+
 /*
- * Site @p i of @p m, the run's site number @p n (final bytes, when they are
- * computed for this site, into @p slot): its plan, then memory. The plan:
- * the template the site used last time under this memo (m->shape), else the
- * original when none of its entries applies under the memo's feature set
- * (after the record checks, memo.c: no template), else the template of its
- * shape (memo.c: a hash and a compare, no decoder), instantiated at this
- * site; the planner only for a new shape, a refusal, or relative fields that
- * do not fit here (sitecache.c). Then memory:
+ * Record an accepted decision @p d into @p res: the stats, and what memory
+ * now holds into @p planned (@p len bytes) unless a dry run.
+ */
+static inline void ap_site_ok(struct ap_run *r, struct ap_mrun *mr, struct ap_site_result *res,
+                              const struct ap_dec *d, uint8_t *planned, size_t len)
+{
+    bool patched = d->chosen >= 0;
+    *res = (struct ap_site_result){.chosen = d->chosen, .warned = res->warned,
+                                   .reason = ALTPATCH_REASON_NONE,
+                                   .state = patched ? ALTPATCH_SITE_PATCHED
+                                                    : ALTPATCH_SITE_ORIGINAL};
+    r->patched_n += patched;
+    mr->patched += patched;
+    r->unchanged_n += d->action == AP_ACT_UNCHANGED;
+    if (r->keep)
+        ap_copy_small(planned, d->target, len);
+}
+
+/*
+ * Record decision @p n, site @p i of module @p mr (whose writes, if any, are
+ * done): its result, the stats, and what memory now holds (m->planned)
+ * unless a dry run; the log line under ALTPATCH_DEBUG.
+ */
+static void ap_site_done(struct ap_run *r, struct ap_mrun *mr, size_t i, size_t n)
+{
+    struct ap_module *m = mr->m;
+    const struct ap_dec *d = &r->dec[n];
+    if (d->action == AP_ACT_REFUSED || d->reason)
+        ap_site_refused(r, mr, i, n);
+    else
+        ap_site_ok(r, mr, &m->res[i], d, m->planned + ap_orig_off(m, i), m->sites[i].len);
+    if (r->debug) {
+        struct ap_work wk = ap_work_of(r, n, m, i);
+        ap_debug_site(&wk);
+    }
+}
+
+/*
+ * Site @p i of module @p mr, the run's decision n (final bytes, when they
+ * are computed for this site, into @p slot): its plan, then memory. The
+ * plan: the template the site used last time under this memo (m->shape),
+ * else the original when none of its entries applies under the memo's
+ * feature set (after the record checks, plan.h: no template), else the
+ * template of its shape (memo.c: a hash and a compare, no decoder),
+ * instantiated at this site; the planner only for a new shape, a refusal,
+ * or relative fields that do not fit here (sitecache.c). Then memory:
  *   equal to target                    -> unchanged, nothing written
  *   equal to original or to the bytes
  *   the last apply left there          -> a write is queued
  *   anything else                      -> MEM_MISMATCH, refused
+ * A site that needs no write is recorded at once (unless ALTPATCH_DEBUG
+ * logs every site in order afterwards).
  */
-static inline void ap_decide(struct ap_run *r, struct ap_module *m, size_t i, uint8_t *slot,
-                             struct ap_memo *memo, unsigned flags)
+static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun *mr, size_t i,
+                                                uint8_t *slot, struct ap_memo *memo)
 {
+    struct ap_module *m = mr->m;
     size_t n = r->ndec++;
     struct ap_dec *d = &r->dec[n];
     const struct ap_site *s = &m->sites[i];
     size_t off = ap_orig_off(m, i);
+    uint8_t len = s->len;
+    uintptr_t addr = (uintptr_t)s->addr;
     int reason = ALTPATCH_REASON_NONE, chosen = -2;
     const uint8_t *final = NULL;
     /* saved only for a site inside the module's text: memory is then at its
@@ -259,43 +359,158 @@ static inline void ap_decide(struct ap_run *r, struct ap_module *m, size_t i, ui
     }
     if (m->reason)
         reason = m->reason;
-    if (reason || (flags & ALTPATCH_APPLY_REVERT))
+    if (reason || r->revert)
         chosen = -1;
     if (!orig) {
         *d = (struct ap_dec){NULL, -1, (int16_t)(reason ? reason : ALTPATCH_REASON_SITE_BOUNDS),
                              AP_ACT_REFUSED};
-        return;
-    }
-    const uint8_t *target = chosen >= 0 ? final : orig;
-    const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
-    const uint8_t *planned = m->planned + off;
-    const uint8_t *old;
-    *d = (struct ap_dec){target, chosen, (int16_t)reason, AP_ACT_UNCHANGED};
-    if (ap_equal_small(cur, target, s->len)) {
-        d->action = reason ? AP_ACT_REFUSED : AP_ACT_UNCHANGED;
-        return;
-    } else if (ap_equal_small(cur, orig, s->len)) {
-        old = orig;
-    } else if (ap_equal_small(cur, planned, s->len)) {
-        old = planned;
     } else {
-        d->reason = ALTPATCH_REASON_MEM_MISMATCH;
-        d->chosen = -1;
-        d->action = AP_ACT_REFUSED;
-        return;
+        const uint8_t *target = chosen >= 0 ? final : orig;
+        const uint8_t *cur = (const uint8_t *)addr;
+        const uint8_t *planned = m->planned + off;
+        *d = (struct ap_dec){target, chosen, (int16_t)reason, AP_ACT_UNCHANGED};
+        const uint8_t *old = NULL;
+        if (ap_equal_small(cur, target, len)) {
+            d->action = reason ? AP_ACT_REFUSED : AP_ACT_UNCHANGED;
+        } else if (ap_equal_small(cur, orig, len)) {
+            old = orig;
+        } else if (ap_equal_small(cur, planned, len)) {
+            old = planned;
+        } else {
+            d->reason = ALTPATCH_REASON_MEM_MISMATCH;
+            d->chosen = -1;
+            d->action = AP_ACT_REFUSED;
+        }
+        if (old) {
+            d->action = AP_ACT_WRITE;
+            /* result carries the decision through a sort */
+            r->writes[r->nwrites++] = (struct ap_write){.addr = addr, .old = old, .new = target,
+                                                        .len = len, .result = (int)n};
+            return;
+        }
+        if (!r->debug && d->action == AP_ACT_UNCHANGED) {
+            ap_site_ok(r, mr, &m->res[i], d, m->planned + off, len);
+            return;
+        }
     }
-    d->action = AP_ACT_WRITE;
-    /* result carries the site number through a sort */
-    r->writes[r->nwrites++] = (struct ap_write){.addr = (uintptr_t)s->addr, .old = old,
-                                                .new = target, .len = s->len, .result = (int)n};
+    if (!r->debug)
+        ap_site_refused(r, mr, i, n);
 }
 
-/* How an apply decides a module (m->path_now). */
-enum {
-    AP_PATH_DECIDE,  /* every site through ap_decide() */
-    AP_PATH_SETTLED, /* memory still holds what the last apply left: nothing to do */
-    AP_PATH_TOGGLE,  /* a settled module switched between its plan and its originals */
-};
+/*
+ * Every site of module @p mr through ap_decide()'s rules, the common case
+ * inline: a site inside the text of a module with a table, whose plan is
+ * the original (no entry applies) or a template that fits here, and whose
+ * memory holds the target, the original or what the last apply left. Any
+ * other site goes through ap_decide() itself (the planner, refusals, the
+ * log), as does every site under ALTPATCH_DEBUG.
+ */
+static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct ap_mrun *mr,
+                                                       uint8_t *slot, struct ap_memo *memo)
+{
+    struct ap_module *m = mr->m;
+    /* copies: the stores below (bytes) could alias any field read through m or r */
+    const struct ap_site *sites = m->sites;
+    const uint32_t *orig_off = m->orig_off;
+    const uint8_t *morig = m->orig;
+    uint8_t *mplanned = m->planned;
+    uint32_t *shape = m->shape;
+    struct ap_site_result *res = m->res;
+    const struct ap_memo_tmpl *tmpl = memo->tmpl;
+    struct ap_dec *dec = r->dec;
+    struct ap_write *writes = r->writes;
+    size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites;
+    uint64_t patched = 0, unchanged = 0;
+    bool revert = r->revert, keep = r->keep;
+    if (m->reason || r->debug) {
+        for (size_t i = 0; i < nsites; i++) {
+            ap_decide(r, mr, i, slot, memo);
+            slot += sites[i].len;
+        }
+        return;
+    }
+    for (size_t i = 0; i < nsites; i++, n++) {
+        const struct ap_site *s = &sites[i];
+        uint32_t off = orig_off[i], id = shape[i];
+        size_t len = s->len;
+        const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
+        const uint8_t *orig = morig + off, *planned = mplanned + off, *target = orig;
+        int chosen = -1;
+        if (off == AP_NO_ORIG32)
+            goto slow; /* outside the text: refused */
+        if (!id) { /* orig saved: the site lies in the module's text (module.c) */
+            struct ap_site_entries eb;
+            const struct ap_site *es;
+            const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
+            /* no entry applies: the original, after the record checks alone */
+            id = ap_memo_keeps_original(memo, &m->view, es, ents)
+                     ? AP_SHAPE_ORIGINAL
+                     : ap_memo_find_text(memo, &m->view, es, ents, orig);
+            if (!id)
+                goto slow; /* a new shape, or refused: the planner */
+            tmpl = memo->tmpl;
+        }
+        if (id != AP_SHAPE_ORIGINAL) {
+            const struct ap_memo_tmpl *t = &tmpl[id - 1];
+            if (t->nfields) {
+                struct ap_site_entries eb;
+                const struct ap_site *es;
+                const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
+                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, slot, &target);
+                if (chosen < -1)
+                    goto slow; /* a field does not fit here: the planner says why */
+            } else {
+                chosen = t->chosen;
+                target = t->key + 2 * (size_t)t->keylen; /* the same bytes at every site */
+            }
+            if (chosen < 0 || revert) {
+                chosen = -1;
+                target = orig;
+            }
+        }
+        shape[i] = id;
+        dec[n] = (struct ap_dec){target, chosen, ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
+        if (ap_equal_small(cur, target, len)) {
+            bool p = chosen >= 0;
+            res[i] = (struct ap_site_result){.chosen = chosen, .warned = res[i].warned,
+                                             .reason = ALTPATCH_REASON_NONE,
+                                             .state = p ? ALTPATCH_SITE_PATCHED
+                                                        : ALTPATCH_SITE_ORIGINAL};
+            patched += p;
+            unchanged++;
+            if (keep)
+                ap_copy_small(mplanned + off, target, len);
+        } else {
+            const uint8_t *old = ap_equal_small(cur, orig, len)      ? orig
+                                 : ap_equal_small(cur, planned, len) ? planned
+                                                                     : NULL;
+            if (!old)
+                goto slow; /* someone else's bytes: refused */
+            dec[n].action = AP_ACT_WRITE;
+            /* result carries the decision through a sort */
+            writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = old, .new = target,
+                                             .len = len, .result = (int)n};
+        }
+        slot += len;
+        continue;
+    slow:
+        r->ndec = n;
+        r->nwrites = nw;
+        r->patched_n += patched;
+        r->unchanged_n += unchanged;
+        mr->patched += patched;
+        patched = unchanged = 0;
+        ap_decide(r, mr, i, slot, memo);
+        tmpl = memo->tmpl; /* the planner may have stored a template */
+        nw = r->nwrites;
+        slot += len;
+    }
+    r->ndec = n;
+    r->nwrites = nw;
+    r->patched_n += patched;
+    r->unchanged_n += unchanged;
+    mr->patched += patched;
+}
 
 /** What the last apply left at site @p i of a settled module @p m. */
 static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
@@ -313,9 +528,11 @@ static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
  */
 static bool ap_still_settled(const struct ap_module *m)
 {
+    const uint8_t *left = m->left_orig ? m->orig : m->planned;
     for (size_t i = 0; i < m->nsites; i++) {
         const struct ap_site *s = &m->sites[i];
-        if (!ap_equal_small((const uint8_t *)(uintptr_t)s->addr, ap_left(m, i), s->len))
+        if (!ap_equal_small((const uint8_t *)(uintptr_t)s->addr, left + ap_orig_off(m, i),
+                            s->len))
             return false;
     }
     return true;
@@ -329,43 +546,43 @@ static bool ap_still_settled(const struct ap_module *m)
  * the target already is unchanged. False, with nothing queued, when some
  * site holds anything else: the module is then decided site by site.
  */
-static bool ap_toggle(struct ap_run *r, struct ap_module *m, unsigned flags)
+static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
 {
-    bool revert = flags & ALTPATCH_APPLY_REVERT;
+    const struct ap_module *m = mr->m;
     size_t n0 = r->ndec, w0 = r->nwrites;
+    const uint8_t *from = r->revert ? m->planned : m->orig;
+    const uint8_t *to = r->revert ? m->orig : m->planned;
     for (size_t i = 0; i < m->nsites; i++) {
         const struct ap_site *s = &m->sites[i];
         size_t off = ap_orig_off(m, i), n = r->ndec++;
-        const uint8_t *orig = m->orig + off, *plan = m->planned + off;
-        const uint8_t *from = revert ? plan : orig, *to = revert ? orig : plan;
         const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
-        struct ap_dec *d = &r->dec[n];
-        *d = (struct ap_dec){to, revert ? -1 : m->res[i].chosen, ALTPATCH_REASON_NONE,
-                             AP_ACT_UNCHANGED};
-        if (ap_equal_small(cur, to, s->len)) {
+        r->dec[n] = (struct ap_dec){to + off, r->revert ? -1 : m->res[i].chosen,
+                                    ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
+        if (ap_equal_small(cur, to + off, s->len))
             continue; /* also a plan that is the original */
-        } else if (ap_equal_small(cur, from, s->len)) {
-            d->action = AP_ACT_WRITE;
-            r->writes[r->nwrites++] = (struct ap_write){
-                .addr = (uintptr_t)s->addr, .old = from, .new = to, .len = s->len,
-                .result = (int)n};
-        } else {
+        if (!ap_equal_small(cur, from + off, s->len)) {
             r->ndec = n0;
             r->nwrites = w0;
             return false;
         }
+        r->dec[n].action = AP_ACT_WRITE;
+        r->writes[r->nwrites++] = (struct ap_write){.addr = (uintptr_t)s->addr,
+                                                    .old = from + off, .new = to + off,
+                                                    .len = s->len, .result = (int)n};
     }
+    mr->writes = r->nwrites - w0;
     return true;
 }
 
 static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
 {
-    size_t n = 0, bytes = 0;
+    size_t n = 0, bytes = 0, nm = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
         if (m->gone)
             continue;
         n += m->nsites;
         bytes += m->site_bytes;
+        nm++;
     }
     /* malloc, not calloc: every item is written whole below (one pass, not two);
      * only the first nwrites writes are written and read */
@@ -373,27 +590,30 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     r->arena = malloc(bytes ? bytes : 1);
     r->writes = malloc((n ? n : 1) * sizeof(*r->writes));
     r->wmap = malloc((n ? n : 1) * sizeof(*r->wmap));
-    if (!r->dec || !r->arena || !r->writes || !r->wmap)
+    r->mods = malloc((nm ? nm : 1) * sizeof(*r->mods));
+    if (!r->dec || !r->arena || !r->writes || !r->wmap || !r->mods)
         return -ENOMEM;
     struct ap_memo *memo = ap_shapes_for(fs);
-    bool revert = flags & ALTPATCH_APPLY_REVERT;
+    r->keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
+    r->revert = flags & ALTPATCH_APPLY_REVERT;
     bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
         if (m->gone)
             continue;
+        struct ap_mrun *mr = &r->mods[r->nmods++];
+        *mr = (struct ap_mrun){.m = m, .n0 = r->ndec, .ok = true, .path = AP_PATH_DECIDE};
         ap_cache_check(m, ap_shapes_gen);
-        m->path_now = AP_PATH_DECIDE;
         if (m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason) {
-            if (revert == m->left_orig) {
+            if (r->revert == m->left_orig) {
                 if (ap_still_settled(m))
-                    m->path_now = AP_PATH_SETTLED;
-            } else if (!(flags & ALTPATCH_APPLY_DRY_RUN) && ap_toggle(r, m, flags)) {
-                m->path_now = AP_PATH_TOGGLE;
+                    mr->path = AP_PATH_SETTLED;
+            } else if (r->keep && ap_toggle(r, mr)) {
+                mr->path = AP_PATH_TOGGLE;
             }
         }
-        if (m->path_now == AP_PATH_SETTLED) {
+        if (mr->path == AP_PATH_SETTLED) {
             r->ndec += m->nsites; /* decided: what the last apply left (ap_record) */
-        } else if (m->path_now == AP_PATH_DECIDE) {
+        } else if (mr->path == AP_PATH_DECIDE) {
             if (m->left_orig) {
                 /* what the last apply left is the originals (ap_decide's "planned") */
                 for (size_t i = 0; i < m->nsites; i++)
@@ -402,11 +622,9 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
                                       m->sites[i].len);
                 m->left_orig = false;
             }
-            size_t at = bytes;
-            for (size_t i = 0; i < m->nsites; i++) {
-                ap_decide(r, m, i, r->arena + at, memo, flags);
-                at += m->sites[i].len;
-            }
+            size_t w0 = r->nwrites;
+            ap_decide_module(r, mr, r->arena + bytes, memo);
+            mr->writes = r->nwrites - w0;
         }
         bytes += m->site_bytes;
     }
@@ -432,138 +650,114 @@ static void ap_batch(struct ap_run *r)
         r->wmap[i] = (size_t)r->writes[i].result;
 }
 
-/** Fold the writer's per-write results back into the decisions. */
-static void ap_results_from_writes(struct ap_run *r)
+/** The module whose decisions hold decision @p n (@p hint: a guess). */
+static struct ap_mrun *ap_mrun_of(struct ap_run *r, size_t n, size_t *hint)
 {
-    for (size_t i = 0; i < r->nwrites; i++) {
-        struct ap_dec *d = &r->dec[r->wmap[i]];
-        if (r->writes[i].result != ALTPATCH_REASON_NONE) {
-            d->reason = (int16_t)r->writes[i].result;
-            d->chosen = -1;
-            d->action = AP_ACT_REFUSED;
-        }
+    struct ap_mrun *mr = &r->mods[*hint];
+    if (n >= mr->n0 && n - mr->n0 < mr->m->nsites)
+        return mr;
+    size_t lo = 0, hi = r->nmods; /* the last module with n0 <= n */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->mods[mid].n0 <= n)
+            lo = mid;
+        else
+            hi = mid;
     }
-}
-
-/** The work item of decision @p n (site @p i of @p m), for the log. */
-static struct ap_work ap_work_of(const struct ap_run *r, size_t n, struct ap_module *m, size_t i)
-{
-    const struct ap_dec *d = &r->dec[n];
-    size_t off = ap_orig_off(m, i);
-    const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
-    return (struct ap_work){.m = m, .idx = i, .orig = orig,
-                            .cur = orig ? (const uint8_t *)(uintptr_t)m->sites[i].addr : NULL,
-                            .target = d->target, .detail = ap_detail_of(r, n),
-                            .chosen = d->chosen, .reason = d->reason,
-                            .action = (enum ap_action)d->action};
+    *hint = lo;
+    return &r->mods[lo];
 }
 
 /*
- * After a quick switch (AP_PATH_TOGGLE) of module @p m whose decisions start
- * at @p n0 and where some site was refused: m->planned holds again what
- * this apply left at every site -- the target where it was reached, the bytes
- * before where not -- and the module is no longer settled.
+ * The writes are done (or were not made: a dry run): fold the writer's
+ * answers into the decisions and record the sites that had a write (the
+ * others were recorded when decided), unless ALTPATCH_DEBUG records every
+ * site in order afterwards.
  */
-static void ap_toggle_undo(const struct ap_run *r, struct ap_module *m, size_t n0, bool revert)
+static void ap_writes_done(struct ap_run *r)
 {
+    size_t hint = 0;
+    for (size_t k = 0; k < r->nwrites; k++) {
+        size_t n = r->wmap[k];
+        struct ap_mrun *mr = ap_mrun_of(r, n, &hint);
+        struct ap_dec *d = &r->dec[n];
+        if (r->poked && r->writes[k].result != ALTPATCH_REASON_NONE) {
+            d->reason = (int16_t)r->writes[k].result;
+            d->chosen = -1;
+            d->action = AP_ACT_REFUSED;
+            mr->ok = false;
+        }
+        if (mr->path == AP_PATH_DECIDE && !r->debug)
+            ap_site_done(r, mr, n - mr->n0, n);
+    }
+}
+
+/*
+ * A quick switch (AP_PATH_TOGGLE) where some write was refused: each site's
+ * result as memory now holds it, and m->planned holding again what this
+ * apply left at every site -- the target where it was reached, the bytes
+ * before where not; the module is no longer settled.
+ */
+static void ap_toggle_failed(struct ap_run *r, struct ap_mrun *mr)
+{
+    struct ap_module *m = mr->m;
+    bool keep = r->keep;
+    r->keep = false; /* planned holds the plan: fixed below */
     for (size_t i = 0; i < m->nsites; i++) {
-        const struct ap_dec *d = &r->dec[n0 + i];
+        const struct ap_dec *d = &r->dec[mr->n0 + i];
         bool reached = d->action != AP_ACT_REFUSED && !d->reason;
         size_t off = ap_orig_off(m, i);
-        /* planned holds the plan: a revert left the original where it wrote,
-         * an apply left the original where it did not */
-        if (reached == revert)
+        ap_site_done(r, mr, i, mr->n0 + i);
+        /* a revert left the original where it wrote, an apply where it did not */
+        if (reached == r->revert)
             ap_copy_small(m->planned + off, m->orig + off, m->sites[i].len);
     }
+    r->keep = keep;
     m->left_orig = false;
     m->settled_gen = 0;
 }
 
-/** Record per-site results and stats; remember written bytes unless a dry run. */
-static void ap_record(struct ap_run *r, unsigned flags, struct altpatch_stats *st)
+/** Record per-module results and the stats (after ap_writes_done()). */
+static void ap_record(struct ap_run *r, struct altpatch_stats *st)
 {
-    bool debug = ap_env_on("ALTPATCH_DEBUG");
-    bool keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
-    bool revert = flags & ALTPATCH_APPLY_REVERT;
-    uint64_t refused_n = 0, patched_n = 0, unchanged_n = 0;
-    size_t n = 0;
-    for (struct ap_module *m = ap_mods; m; m = m->next) {
-        if (m->gone)
-            continue;
+    for (size_t k = 0; k < r->nmods; k++) {
+        struct ap_mrun *mr = &r->mods[k];
+        struct ap_module *m = mr->m;
         st->modules++;
-        bool settled = m->path_now == AP_PATH_SETTLED, toggle = m->path_now == AP_PATH_TOGGLE;
-        if (settled && !debug) {
-            /* every site unchanged, its result what the last apply recorded */
-            n += m->nsites;
-            patched_n += m->left_orig ? 0 : m->settled_patched;
-            unchanged_n += m->nsites;
-            continue;
-        }
-        size_t module_patched = 0, n0 = n;
-        bool all_ok = true;
-        for (size_t i = 0; i < m->nsites; i++, n++) {
-            if (settled) { /* ALTPATCH_DEBUG: the log shows every site */
-                int chosen = m->left_orig ? -1 : m->res[i].chosen;
-                r->dec[n] = (struct ap_dec){ap_left(m, i), chosen, ALTPATCH_REASON_NONE,
-                                            AP_ACT_UNCHANGED};
-                patched_n += chosen >= 0;
-                unchanged_n++;
-                struct ap_work wk = ap_work_of(r, n, m, i);
-                ap_debug_site(&wk);
-                continue;
-            }
-            const struct ap_dec *d = &r->dec[n];
-            struct ap_site_result *res = &m->res[i];
-            bool refused = d->action == AP_ACT_REFUSED || d->reason;
-            if (refused) {
-                /* One WARN per site and reason: a site that toggles between
-                 * refused and unchanged (REVERT, another feature set) does
-                 * not warn again. */
-                uint32_t bit = d->reason > 0 && d->reason < 32 ? 1u << d->reason : 0;
-                if (res->reason != d->reason && !(res->warned & bit)) {
-                    struct ap_work wk = ap_work_of(r, n, m, i);
-                    ap_warn_refusal(&wk);
-                }
-                res->warned |= bit;
-                res->chosen = -1;
-                res->state = ALTPATCH_SITE_REFUSED;
-                refused_n++;
-                all_ok = false;
-            } else {
-                /* a quick revert keeps the plan's entry (host.h: left_orig) */
-                if (!toggle || !revert)
-                    res->chosen = d->chosen;
-                res->state = d->chosen >= 0 ? ALTPATCH_SITE_PATCHED : ALTPATCH_SITE_ORIGINAL;
-                patched_n += d->chosen >= 0;
-                module_patched += d->chosen >= 0;
-                unchanged_n += d->action == AP_ACT_UNCHANGED;
-                if (keep && !toggle)
-                    ap_copy_small(m->planned + ap_orig_off(m, i), d->target, m->sites[i].len);
-            }
-            res->reason = d->reason;
-            if (debug) {
-                struct ap_work wk = ap_work_of(r, n, m, i);
-                ap_debug_site(&wk);
-            }
-        }
-        if (toggle) {
-            /* planned keeps the plan; memory holds it, or the originals */
-            if (!all_ok)
-                ap_toggle_undo(r, m, n0, revert);
-            else
-                m->left_orig = revert;
-        } else if (!settled) {
+        if (mr->path == AP_PATH_DECIDE) {
+            if (r->debug) /* every site, in order */
+                for (size_t i = 0; i < m->nsites; i++)
+                    ap_site_done(r, mr, i, mr->n0 + i);
             /* settled when memory now holds every site's plan: not after a
              * dry run (nothing written), a revert (not the plan), a refusal */
-            bool now = all_ok && keep && !revert;
-            m->settled_gen = now ? ap_shapes_gen : 0;
-            m->settled_patched = module_patched;
+            m->settled_gen = mr->ok && r->keep && !r->revert ? ap_shapes_gen : 0;
+            m->settled_patched = mr->patched;
+            continue;
+        }
+        if (mr->path == AP_PATH_TOGGLE && !mr->ok) {
+            ap_toggle_failed(r, mr);
+            continue;
+        }
+        /* every site holds what was asked: the plan (res, settled_patched)
+         * or, after a revert, the originals (left_orig: res keeps the plan's) */
+        if (mr->path == AP_PATH_TOGGLE)
+            m->left_orig = r->revert;
+        r->patched_n += m->left_orig ? 0 : m->settled_patched;
+        r->unchanged_n += m->nsites - mr->writes;
+        for (size_t i = 0; r->debug && i < m->nsites; i++) {
+            size_t n = mr->n0 + i;
+            int chosen = m->left_orig ? -1 : m->res[i].chosen;
+            if (mr->path == AP_PATH_SETTLED)
+                r->dec[n] = (struct ap_dec){ap_left(m, i), chosen, ALTPATCH_REASON_NONE,
+                                            AP_ACT_UNCHANGED};
+            struct ap_work wk = ap_work_of(r, n, m, i);
+            ap_debug_site(&wk);
         }
     }
-    st->sites_seen += n;
-    st->sites_refused += refused_n;
-    st->sites_patched += patched_n;
-    st->sites_unchanged += unchanged_n;
+    st->sites_seen += r->ndec;
+    st->sites_refused += r->refused_n;
+    st->sites_patched += r->patched_n;
+    st->sites_unchanged += r->unchanged_n;
     st->bytes_written = r->pst.bytes;
     st->pages_written = r->pst.pages;
     st->syscalls = r->pst.syscalls;
@@ -594,6 +788,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         ap_effective_leaves(ap_needed_leaves(ap_mods), &host);
         fs = &host;
     }
+    r.debug = ap_env_on("ALTPATCH_DEBUG");
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
@@ -605,12 +800,13 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         err = live ? ap_live_poke(r.writes, r.nwrites, &r.pst)
                    : ap_poke(r.writes, r.nwrites, pf, &r.pst);
         st->live = live;
-        ap_results_from_writes(&r);
+        r.poked = true;
         if (err)
             ap_log(ALTPATCH_WARN, "writer stopped: %s\n", strerror(-err));
     }
-    if (r.dec && (!err || r.nwrites)) {
-        ap_record(&r, flags, st);
+    if (r.mods && (!err || r.nwrites)) {
+        ap_writes_done(&r);
+        ap_record(&r, st);
         ap_applied = true;
     }
     /* records parsed for this apply: from now on decoded when needed */
@@ -625,6 +821,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     free(r.arena);
     free(r.writes);
     free(r.wmap);
+    free(r.mods);
     return err;
 }
 
@@ -800,8 +997,8 @@ static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_si
     struct ap_site_entries eb;
     const struct ap_site *es;
     const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
-    /* after a quick revert res->chosen is the plan's entry, memory the original */
-    int chosen = res->state == ALTPATCH_SITE_PATCHED ? res->chosen : -1;
+    /* after a quick revert res keeps the plan's result; memory holds the original */
+    int chosen = m->left_orig ? -1 : res->chosen;
     const struct ap_entry *e = &ents[es->first + (chosen >= 0 ? (uint32_t)chosen : 0)];
     size_t off = ap_orig_off(m, i);
     *info = (struct altpatch_site_info){
@@ -812,8 +1009,8 @@ static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_si
         .chosen = chosen,
         .feature = e->feature,
         .flags = e->flags,
-        .state = (enum altpatch_site_state)res->state,
-        .reason = res->reason,
+        .state = m->left_orig ? ALTPATCH_SITE_ORIGINAL : (enum altpatch_site_state)res->state,
+        .reason = m->left_orig ? ALTPATCH_REASON_NONE : res->reason,
         .original = off != AP_NO_ORIG ? m->orig + off : NULL,
         .current = off != AP_NO_ORIG ? (const uint8_t *)(uintptr_t)s->addr : NULL,
     };

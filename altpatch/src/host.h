@@ -309,10 +309,9 @@ AP_HIDDEN uintptr_t ap_frames_where_task(uintptr_t rip, uintptr_t sp, bool (*ins
 /* Modules (module.c, prepatch_load.c)                                       */
 /* ------------------------------------------------------------------------- */
 
-/** Per-site outcome of the last apply. */
+/** Per-site outcome of the last apply (after a quick revert, of the one before: left_orig). */
 struct ap_site_result {
-    int32_t chosen; /* entry index within the site (any number of entries), -1 = original;
-                     * state ORIGINAL after a quick revert: the plan's entry (left_orig) */
+    int32_t chosen; /* entry index within the site (any number of entries), -1 = original */
     uint32_t warned; /* bit r: a WARN line was printed for reason r (once per site and reason) */
     int16_t reason;
     uint8_t state;  /* enum altpatch_site_state */
@@ -370,8 +369,8 @@ struct ap_module {
      * put every original back by the quick path, and planned still holds
      * the plan of generation settled_gen (what memory held before it), so
      * the next apply writes it back without deciding again. Memory then
-     * holds m->orig at every site, not planned; res[i].chosen keeps the
-     * plan's entry (the state says ORIGINAL). */
+     * holds m->orig at every site, not planned, and every site is ORIGINAL
+     * (res keeps the plan's results for the apply that writes it back). */
     bool left_orig;
     uint8_t path_now;           /* scratch: how this apply decides the module (apply.c) */
 };
