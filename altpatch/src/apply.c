@@ -181,12 +181,18 @@ struct ap_mrun {
     uint8_t path;   /* AP_PATH_* */
 };
 
+/** A queued write's decision (the write itself says where and what). */
+struct ap_wdec {
+    uint32_t n;     /* decision number */
+    int32_t chosen; /* entry memory will hold; -1 = original */
+};
+
 struct ap_run {
-    struct ap_dec *dec;
+    struct ap_dec *dec; /* written only where needed: slow sites, the log */
     size_t ndec;
     uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
     struct ap_write *writes; /* in site order until sorted */
-    size_t *wmap; /* writes[i] belongs to dec[wmap[i]] */
+    struct ap_wdec *wdec;    /* writes[i]'s decision */
     size_t nwrites;
     struct ap_mrun *mods;
     size_t nmods;
@@ -383,9 +389,9 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
         }
         if (old) {
             d->action = AP_ACT_WRITE;
-            /* result carries the decision through a sort */
+            r->wdec[r->nwrites] = (struct ap_wdec){(uint32_t)n, chosen};
             r->writes[r->nwrites++] = (struct ap_write){.addr = addr, .old = old, .new = target,
-                                                        .len = len, .result = (int)n};
+                                                        .len = len};
             return;
         }
         if (!r->debug && d->action == AP_ACT_UNCHANGED) {
@@ -417,7 +423,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     uint32_t *shape = m->shape;
     struct ap_site_result *res = m->res;
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
-    struct ap_dec *dec = r->dec;
+    struct ap_wdec *wdec = r->wdec;
     struct ap_write *writes = r->writes;
     size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites;
     uint64_t patched = 0, unchanged = 0;
@@ -469,7 +475,6 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             }
         }
         shape[i] = id;
-        dec[n] = (struct ap_dec){target, chosen, ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
         if (ap_equal_small(cur, target, len)) {
             bool p = chosen >= 0;
             res[i] = (struct ap_site_result){.chosen = chosen, .warned = res[i].warned,
@@ -486,10 +491,9 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                                                                      : NULL;
             if (!old)
                 goto slow; /* someone else's bytes: refused */
-            dec[n].action = AP_ACT_WRITE;
-            /* result carries the decision through a sort */
+            wdec[nw] = (struct ap_wdec){(uint32_t)n, chosen};
             writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = old, .new = target,
-                                             .len = len, .result = (int)n};
+                                             .len = len};
         }
         slot += len;
         continue;
@@ -556,8 +560,6 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
         const struct ap_site *s = &m->sites[i];
         size_t off = ap_orig_off(m, i), n = r->ndec++;
         const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
-        r->dec[n] = (struct ap_dec){to + off, r->revert ? -1 : m->res[i].chosen,
-                                    ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
         if (ap_equal_small(cur, to + off, s->len))
             continue; /* also a plan that is the original */
         if (!ap_equal_small(cur, from + off, s->len)) {
@@ -565,10 +567,10 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
             r->nwrites = w0;
             return false;
         }
-        r->dec[n].action = AP_ACT_WRITE;
+        r->wdec[r->nwrites] = (struct ap_wdec){(uint32_t)n, r->revert ? -1 : m->res[i].chosen};
         r->writes[r->nwrites++] = (struct ap_write){.addr = (uintptr_t)s->addr,
                                                     .old = from + off, .new = to + off,
-                                                    .len = s->len, .result = (int)n};
+                                                    .len = s->len};
     }
     mr->writes = r->nwrites - w0;
     return true;
@@ -584,14 +586,17 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         bytes += m->site_bytes;
         nm++;
     }
-    /* malloc, not calloc: every item is written whole below (one pass, not two);
-     * only the first nwrites writes are written and read */
+    if (n >= UINT32_MAX)
+        return -ENOMEM; /* decision numbers are 32-bit */
+    /* malloc, not calloc: an item is written whole when it is used, and only
+     * those pages are touched (decisions and final bytes of slow sites, the
+     * writes queued) */
     r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
     r->writes = malloc((n ? n : 1) * sizeof(*r->writes));
-    r->wmap = malloc((n ? n : 1) * sizeof(*r->wmap));
+    r->wdec = malloc((n ? n : 1) * sizeof(*r->wdec));
     r->mods = malloc((nm ? nm : 1) * sizeof(*r->mods));
-    if (!r->dec || !r->arena || !r->writes || !r->wmap || !r->mods)
+    if (!r->dec || !r->arena || !r->writes || !r->wdec || !r->mods)
         return -ENOMEM;
     struct ap_memo *memo = ap_shapes_for(fs);
     r->keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
@@ -631,23 +636,53 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     return 0;
 }
 
-static int ap_cmp_write(const void *a, const void *b)
+/** A write's place in the queue, for a sort by address. */
+struct ap_wkey {
+    uintptr_t addr;
+    size_t k;
+};
+
+static int ap_cmp_wkey(const void *a, const void *b)
 {
-    const struct ap_write *x = a, *y = b;
+    const struct ap_wkey *x = a, *y = b;
     return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-/** Sort the batch by address (sites come per module, modules interleave). */
-static void ap_batch(struct ap_run *r)
+/*
+ * Sort the batch by address (sites come per module, modules interleave),
+ * each write with its decision. -ENOMEM when a sort is needed and memory is
+ * short.
+ */
+static int ap_batch(struct ap_run *r)
 {
     /* sites come in table order, usually sorted already: check before sorting */
     bool sorted = true;
     for (size_t i = 1; i < r->nwrites && sorted; i++)
         sorted = r->writes[i - 1].addr < r->writes[i].addr;
-    if (!sorted)
-        qsort(r->writes, r->nwrites, sizeof(*r->writes), ap_cmp_write);
+    if (sorted)
+        return 0;
+    struct ap_wkey *key = malloc(r->nwrites * sizeof(*key));
+    struct ap_write *w = malloc(r->nwrites * sizeof(*w));
+    struct ap_wdec *wd = malloc(r->nwrites * sizeof(*wd));
+    if (!key || !w || !wd) {
+        free(key);
+        free(w);
+        free(wd);
+        return -ENOMEM;
+    }
     for (size_t i = 0; i < r->nwrites; i++)
-        r->wmap[i] = (size_t)r->writes[i].result;
+        key[i] = (struct ap_wkey){r->writes[i].addr, i};
+    qsort(key, r->nwrites, sizeof(*key), ap_cmp_wkey);
+    for (size_t i = 0; i < r->nwrites; i++) {
+        w[i] = r->writes[key[i].k];
+        wd[i] = r->wdec[key[i].k];
+    }
+    free(key);
+    free(r->writes);
+    free(r->wdec);
+    r->writes = w;
+    r->wdec = wd;
+    return 0;
 }
 
 /** The module whose decisions hold decision @p n (@p hint: a guess). */
@@ -678,17 +713,51 @@ static void ap_writes_done(struct ap_run *r)
 {
     size_t hint = 0;
     for (size_t k = 0; k < r->nwrites; k++) {
-        size_t n = r->wmap[k];
-        struct ap_mrun *mr = ap_mrun_of(r, n, &hint);
-        struct ap_dec *d = &r->dec[n];
-        if (r->poked && r->writes[k].result != ALTPATCH_REASON_NONE) {
-            d->reason = (int16_t)r->writes[k].result;
-            d->chosen = -1;
-            d->action = AP_ACT_REFUSED;
+        const struct ap_wdec *wd = &r->wdec[k];
+        struct ap_mrun *mr = ap_mrun_of(r, wd->n, &hint);
+        int result = r->poked ? r->writes[k].result : ALTPATCH_REASON_NONE;
+        if (result != ALTPATCH_REASON_NONE)
             mr->ok = false;
+        if (mr->path != AP_PATH_DECIDE)
+            continue; /* a quick switch: ap_record() */
+        struct ap_module *m = mr->m;
+        size_t i = wd->n - mr->n0;
+        struct ap_dec *d = &r->dec[wd->n];
+        if (result != ALTPATCH_REASON_NONE)
+            *d = (struct ap_dec){r->writes[k].new, -1, (int16_t)result, AP_ACT_REFUSED};
+        if (r->debug) /* d was written by ap_decide(); ap_record() logs it */
+            continue;
+        if (result != ALTPATCH_REASON_NONE) {
+            ap_site_refused(r, mr, i, wd->n);
+        } else {
+            struct ap_dec ok = {r->writes[k].new, wd->chosen, ALTPATCH_REASON_NONE,
+                                AP_ACT_WRITE};
+            ap_site_ok(r, mr, &m->res[i], &ok, m->planned + ap_orig_off(m, i), m->sites[i].len);
         }
-        if (mr->path == AP_PATH_DECIDE && !r->debug)
-            ap_site_done(r, mr, n - mr->n0, n);
+    }
+}
+
+/*
+ * The decisions of a quick switch (AP_PATH_TOGGLE) of module @p mr, made
+ * again for the log or a refused write: each site's target, and the
+ * writer's answer where a write was queued.
+ */
+static void ap_toggle_decisions(struct ap_run *r, struct ap_mrun *mr)
+{
+    const struct ap_module *m = mr->m;
+    const uint8_t *to = r->revert ? m->orig : m->planned;
+    for (size_t i = 0; i < m->nsites; i++)
+        r->dec[mr->n0 + i] = (struct ap_dec){to + ap_orig_off(m, i),
+                                             r->revert ? -1 : m->res[i].chosen,
+                                             ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
+    for (size_t k = 0; k < r->nwrites; k++) {
+        size_t n = r->wdec[k].n;
+        if (n < mr->n0 || n - mr->n0 >= m->nsites)
+            continue;
+        int result = r->poked ? r->writes[k].result : ALTPATCH_REASON_NONE;
+        r->dec[n].action = AP_ACT_WRITE;
+        if (result != ALTPATCH_REASON_NONE)
+            r->dec[n] = (struct ap_dec){r->dec[n].target, -1, (int16_t)result, AP_ACT_REFUSED};
     }
 }
 
@@ -702,6 +771,7 @@ static void ap_toggle_failed(struct ap_run *r, struct ap_mrun *mr)
 {
     struct ap_module *m = mr->m;
     bool keep = r->keep;
+    ap_toggle_decisions(r, mr);
     r->keep = false; /* planned holds the plan: fixed below */
     for (size_t i = 0; i < m->nsites; i++) {
         const struct ap_dec *d = &r->dec[mr->n0 + i];
@@ -744,6 +814,8 @@ static void ap_record(struct ap_run *r, struct altpatch_stats *st)
             m->left_orig = r->revert;
         r->patched_n += m->left_orig ? 0 : m->settled_patched;
         r->unchanged_n += m->nsites - mr->writes;
+        if (r->debug && mr->path == AP_PATH_TOGGLE)
+            ap_toggle_decisions(r, mr);
         for (size_t i = 0; r->debug && i < m->nsites; i++) {
             size_t n = mr->n0 + i;
             int chosen = m->left_orig ? -1 : m->res[i].chosen;
@@ -792,7 +864,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
-        ap_batch(&r);
+        err = ap_batch(&r);
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
                       ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0);
@@ -804,7 +876,9 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         if (err)
             ap_log(ALTPATCH_WARN, "writer stopped: %s\n", strerror(-err));
     }
-    if (r.mods && (!err || r.nwrites)) {
+    /* recorded when the writes were made, or none was needed (the sites
+     * without one were recorded as they were decided) */
+    if (r.mods && (!err || r.poked)) {
         ap_writes_done(&r);
         ap_record(&r, st);
         ap_applied = true;
@@ -820,7 +894,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     free(r.dec);
     free(r.arena);
     free(r.writes);
-    free(r.wmap);
+    free(r.wdec);
     free(r.mods);
     return err;
 }
