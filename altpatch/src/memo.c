@@ -271,19 +271,46 @@ static inline uint64_t one_header(const struct ap_site *s, const struct ap_entry
            (uint64_t)s->len << 40 | 1ull << 48;
 }
 
-/* A one-entry site against a one-entry template: five words, no loop. */
-static inline bool one_match(const struct ap_memo_tmpl *t, const struct ap_view *v,
-                             const struct ap_site *s, const struct ap_entry *e,
-                             const uint8_t *orig)
+/* The header word of a second entry. */
+static inline uint64_t two_header(const struct ap_entry *e)
 {
-    uint64_t o1, o2, r1, r2;
+    return (uint64_t)e->feature | (uint64_t)e->flags << 16 | (uint64_t)e->repllen << 32;
+}
 
-    if (one_header(s, e) != t->w[0])
+/* Can site @s be kept as words (a template's one)? 1 or 2 entries, or 0. */
+static inline uint8_t words_entries(const struct ap_site *s, const struct ap_entry *entries)
+{
+    if (s->len > 16 || s->count == 0 || s->count > 2)
+        return 0;
+    for (uint32_t k = 0; k < s->count; k++)
+        if (entries[s->first + k].repllen > 16)
+            return 0;
+    return (uint8_t)s->count;
+}
+
+/* A site of one or two entries against a template of the same count kept as
+ * words: five or eight words, no loop. */
+static inline bool words_match(const struct ap_memo_tmpl *t, const struct ap_view *v,
+                               const struct ap_site *s, const struct ap_entry *entries,
+                               const uint8_t *orig)
+{
+    const struct ap_entry *e = &entries[s->first];
+    uint64_t o1, o2, r1, r2, d;
+
+    if (t->one != words_entries(s, entries) || one_header(s, e) != t->w[0])
         return false;
     words_of(orig, s->len, &o1, &o2);
     words_of(repl_at(v, e), e->repllen, &r1, &r2);
-    return (((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
-            ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3])) == 0;
+    d = ((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
+        ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3]);
+    if (t->one == 2) {
+        e++;
+        if (two_header(e) != t->w[5])
+            return false;
+        words_of(repl_at(v, e), e->repllen, &r1, &r2);
+        d |= ((r1 ^ t->w[6]) & t->wm[4]) | ((r2 ^ t->w[7]) & t->wm[5]);
+    }
+    return d == 0;
 }
 
 /*
@@ -300,8 +327,7 @@ static bool tmpl_match(const struct ap_memo_tmpl *t, const struct ap_view *v,
     size_t at = 1 + (size_t)s->len;
 
     if (t->one)
-        return s->count == 1 && e_len_ok(s, &entries[s->first]) &&
-               one_match(t, v, s, &entries[s->first], orig);
+        return words_match(t, v, s, entries, orig);
     if (t->len != s->len || t->count != s->count || !masked_equal(orig, key + 1, mk + 1, s->len))
         return false;
     for (uint32_t k = 0; k < s->count; k++) {
@@ -605,16 +631,25 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
                                                .nfields = (uint8_t)nf,
                                                .chosen = (int16_t)p->chosen,
                                                .relative = p->relative};
-    if (s->count == 1 && e_len_ok(s, &entries[s->first])) {
+    if (words_entries(s, entries)) {
         struct ap_memo_tmpl *t = &m->tmpl[m->nplans];
         const uint8_t *mkey = at + keylen;
+        const struct ap_entry *e = &entries[s->first];
+        size_t r0 = 1 + (size_t)s->len + 5; /* the first replacement in the key */
 
-        t->one = true;
-        t->w[0] = one_header(s, &entries[s->first]);
+        t->one = words_entries(s, entries);
+        t->w[0] = one_header(s, e);
         words_of(at + 1, s->len, &t->w[1], &t->w[2]);
         words_of(mkey + 1, s->len, &t->wm[0], &t->wm[1]);
-        words_of(at + 1 + s->len + 5, entries[s->first].repllen, &t->w[3], &t->w[4]);
-        words_of(mkey + 1 + s->len + 5, entries[s->first].repllen, &t->wm[2], &t->wm[3]);
+        words_of(at + r0, e->repllen, &t->w[3], &t->w[4]);
+        words_of(mkey + r0, e->repllen, &t->wm[2], &t->wm[3]);
+        if (t->one == 2) {
+            size_t r1 = r0 + e->repllen + 5;
+
+            t->w[5] = two_header(&e[1]);
+            words_of(at + r1, e[1].repllen, &t->w[6], &t->w[7]);
+            words_of(mkey + r1, e[1].repllen, &t->wm[4], &t->wm[5]);
+        }
     }
     m->arena_len += 2 * keylen + p->len + fsz;
     m->nmasks += masked;
@@ -624,7 +659,7 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
 
 /*
  * ap_memo_find() for a one-entry site of at most 16 bytes (most sites):
- * sig_hash() and one_match() with the site's words read once, in one loop
+ * sig_hash() and words_match() with the site's words read once, in one loop
  * over the slots. Same answer as memo_lookup().
  */
 static uint32_t find_one(const struct ap_memo *m, const struct ap_view *v,
@@ -655,7 +690,7 @@ static uint32_t find_one(const struct ap_memo *m, const struct ap_view *v,
         if (sl->hash != h)
             continue;
         t = &m->tmpl[sl->id - 1];
-        if (t->one ? hdr == t->w[0] &&
+        if (t->one == 1 ? hdr == t->w[0] &&
                          (((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
                           ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3])) == 0
                    : tmpl_match(t, v, s, entries, orig))

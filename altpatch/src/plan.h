@@ -132,11 +132,12 @@ struct ap_memo_tmpl {
     uint8_t nfields;  /* relative fields of the replacements (struct ap_memo_field) */
     int16_t chosen;   /* entry selected; -1 = the original */
     bool relative;    /* the planner's ap_plan.relative */
-    /* One entry, site and replacement of at most 16 bytes (most sites): the
-     * key as words (header, original, replacement) and their masks, for a
-     * compare without loops (memo.c, words_of). */
-    bool one;
-    uint64_t w[5], wm[4];
+    /* One entry (most sites) or two, site and replacements of at most 16
+     * bytes: the key as words -- header, original, replacement, and for a
+     * second entry its header and replacement -- and the masks of the bytes,
+     * for a compare without loops (memo.c, words_of). 0: not kept so. */
+    uint8_t one;
+    uint64_t w[8], wm[6];
 };
 
 struct ap_memo {
