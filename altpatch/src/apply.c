@@ -194,6 +194,8 @@ struct ap_run {
     struct ap_write *writes; /* in site order until sorted */
     struct ap_wdec *wdec;    /* writes[i]'s decision */
     size_t nwrites;
+    uintptr_t wlast;         /* the address of the last write queued */
+    bool unsorted;           /* some write was queued below one before it */
     struct ap_mrun *mods;
     size_t nmods;
     struct ap_detail *details;
@@ -389,6 +391,8 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
         }
         if (old) {
             d->action = AP_ACT_WRITE;
+            r->unsorted |= r->nwrites && addr <= r->wlast;
+            r->wlast = addr;
             r->wdec[r->nwrites] = (struct ap_wdec){(uint32_t)n, chosen};
             r->writes[r->nwrites++] = (struct ap_write){.addr = addr, .old = old, .new = target,
                                                         .len = len};
@@ -404,8 +408,9 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
 }
 
 /*
- * Every site of module @p mr through ap_decide()'s rules, the common case
- * inline: a site inside the text of a module with a table, whose plan is
+ * Every site of module @p mr through ap_decide()'s rules (final bytes
+ * computed for a site go to @p slot, then the next bytes: only the sites
+ * that need them touch the arena), the common case inline: a site inside the text of a module with a table, whose plan is
  * the original (no entry applies) or a template that fits here, and whose
  * memory holds the target, the original or what the last apply left. Any
  * other site goes through ap_decide() itself (the planner, refusals, the
@@ -427,11 +432,13 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     struct ap_write *writes = r->writes;
     size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites;
     uint64_t patched = 0, unchanged = 0;
-    bool revert = r->revert, keep = r->keep;
+    uintptr_t wlast = r->wlast;
+    bool revert = r->revert, keep = r->keep, unsorted = r->unsorted;
     if (m->reason || r->debug) {
         for (size_t i = 0; i < nsites; i++) {
             ap_decide(r, mr, i, slot, memo);
-            slot += sites[i].len;
+            if (r->dec[r->ndec - 1].target == slot)
+                slot += sites[i].len; /* used: the next one gets the next bytes */
         }
         return;
     }
@@ -491,15 +498,20 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                                                                      : NULL;
             if (!old)
                 goto slow; /* someone else's bytes: refused */
+            unsorted |= nw && (uintptr_t)cur <= wlast;
+            wlast = (uintptr_t)cur;
             wdec[nw] = (struct ap_wdec){(uint32_t)n, chosen};
             writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = old, .new = target,
                                              .len = len};
         }
-        slot += len;
+        if (target == slot)
+            slot += len; /* used: the next one gets the next bytes */
         continue;
     slow:
         r->ndec = n;
         r->nwrites = nw;
+        r->wlast = wlast;
+        r->unsorted = unsorted;
         r->patched_n += patched;
         r->unchanged_n += unchanged;
         mr->patched += patched;
@@ -507,10 +519,15 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
         ap_decide(r, mr, i, slot, memo);
         tmpl = memo->tmpl; /* the planner may have stored a template */
         nw = r->nwrites;
-        slot += len;
+        wlast = r->wlast;
+        unsorted = r->unsorted;
+        if (r->dec[n].target == slot)
+            slot += len;
     }
     r->ndec = n;
     r->nwrites = nw;
+    r->wlast = wlast;
+    r->unsorted = unsorted;
     r->patched_n += patched;
     r->unchanged_n += unchanged;
     mr->patched += patched;
@@ -567,6 +584,8 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
             r->nwrites = w0;
             return false;
         }
+        r->unsorted |= r->nwrites && s->addr <= r->wlast;
+        r->wlast = (uintptr_t)s->addr;
         r->wdec[r->nwrites] = (struct ap_wdec){(uint32_t)n, r->revert ? -1 : m->res[i].chosen};
         r->writes[r->nwrites++] = (struct ap_write){.addr = (uintptr_t)s->addr,
                                                     .old = from + off, .new = to + off,
@@ -655,11 +674,8 @@ static int ap_cmp_wkey(const void *a, const void *b)
  */
 static int ap_batch(struct ap_run *r)
 {
-    /* sites come in table order, usually sorted already: check before sorting */
-    bool sorted = true;
-    for (size_t i = 1; i < r->nwrites && sorted; i++)
-        sorted = r->writes[i - 1].addr < r->writes[i].addr;
-    if (sorted)
+    /* sites come in table order: usually sorted already (seen while queueing) */
+    if (!r->unsorted)
         return 0;
     struct ap_wkey *key = malloc(r->nwrites * sizeof(*key));
     struct ap_write *w = malloc(r->nwrites * sizeof(*w));

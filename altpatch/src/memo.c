@@ -463,6 +463,31 @@ static inline int64_t field_read(const uint8_t *p, unsigned size)
     return (int16_t)(uint16_t)(p[0] | (unsigned)p[1] << 8);
 }
 
+/* ap_rel_fits() and ap_rel_store() inline, for the 1-, 2- and 4-byte fields
+ * the decoder reports: they run for every relative field of every site. */
+static inline bool field_fits(int64_t v, unsigned size)
+{
+    int64_t lim;
+
+    if (size != 1 && size != 2 && size != 4)
+        return false;
+    lim = (int64_t)1 << (8 * size - 1);
+    return v >= -lim && v < lim;
+}
+
+static inline void field_store(uint8_t *p, int64_t v, unsigned size)
+{
+    uint32_t u = (uint32_t)(uint64_t)v;
+
+    if (size == 4) {
+        memcpy(p, &u, 4);
+    } else {
+        p[0] = (uint8_t)u;
+        if (size == 2)
+            p[1] = (uint8_t)(u >> 8);
+    }
+}
+
 /*
  * The value field @f takes at this site, reloc.c's rule: kept when end + old
  * (mod 2^64) lies in [0, repllen] (a target inside its replacement), else
@@ -476,7 +501,7 @@ static inline bool field_value(const struct ap_memo_field *f, int64_t old, uint6
         return true;
     }
     *nv = (int64_t)((uint64_t)old + repl - site);
-    return ap_rel_fits(*nv, f->size);
+    return field_fits(*nv, f->size);
 }
 
 /*
@@ -746,7 +771,7 @@ int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id, const struct ap_vi
         if (f.entry == t->chosen) {
             if (field_cuts(&f, nv, s->len))
                 return -2;
-            ap_rel_store(buf + f.pos, nv, f.size);
+            field_store(buf + f.pos, nv, f.size);
         }
     }
     return t->chosen;
