@@ -549,13 +549,14 @@ static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
  */
 static bool ap_still_settled(const struct ap_module *m)
 {
+    /* every site of a settled module lies in its text: orig_off is valid */
     const uint8_t *left = m->left_orig ? m->orig : m->planned;
-    for (size_t i = 0; i < m->nsites; i++) {
-        const struct ap_site *s = &m->sites[i];
-        if (!ap_equal_small((const uint8_t *)(uintptr_t)s->addr, left + ap_orig_off(m, i),
-                            s->len))
+    const struct ap_site *sites = m->sites;
+    const uint32_t *off = m->orig_off;
+    for (size_t i = 0, n = m->nsites; i < n; i++)
+        if (!ap_equal_small((const uint8_t *)(uintptr_t)sites[i].addr, left + off[i],
+                            sites[i].len))
             return false;
-    }
     return true;
 }
 
