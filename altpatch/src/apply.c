@@ -571,28 +571,37 @@ static bool ap_still_settled(const struct ap_module *m)
 static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
 {
     const struct ap_module *m = mr->m;
-    size_t n0 = r->ndec, w0 = r->nwrites;
-    const uint8_t *from = r->revert ? m->planned : m->orig;
-    const uint8_t *to = r->revert ? m->orig : m->planned;
-    for (size_t i = 0; i < m->nsites; i++) {
-        const struct ap_site *s = &m->sites[i];
-        size_t off = ap_orig_off(m, i), n = r->ndec++;
-        const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
-        if (ap_equal_small(cur, to + off, s->len))
+    /* copies (stores of bytes could alias them); every site of a settled
+     * module lies in its text: orig_off is valid */
+    const struct ap_site *sites = m->sites;
+    const uint32_t *orig_off = m->orig_off;
+    const struct ap_site_result *res = m->res;
+    struct ap_write *writes = r->writes;
+    struct ap_wdec *wdec = r->wdec;
+    size_t n = r->ndec, nw = r->nwrites, w0 = nw;
+    uintptr_t wlast = r->wlast;
+    bool revert = r->revert, unsorted = r->unsorted;
+    const uint8_t *from = revert ? m->planned : m->orig;
+    const uint8_t *to = revert ? m->orig : m->planned;
+    for (size_t i = 0, ns = m->nsites; i < ns; i++, n++) {
+        uintptr_t addr = (uintptr_t)sites[i].addr;
+        size_t off = orig_off[i], len = sites[i].len;
+        const uint8_t *cur = (const uint8_t *)addr;
+        if (ap_equal_small(cur, to + off, len))
             continue; /* also a plan that is the original */
-        if (!ap_equal_small(cur, from + off, s->len)) {
-            r->ndec = n0;
-            r->nwrites = w0;
-            return false;
-        }
-        r->unsorted |= r->nwrites && s->addr <= r->wlast;
-        r->wlast = (uintptr_t)s->addr;
-        r->wdec[r->nwrites] = (struct ap_wdec){(uint32_t)n, r->revert ? -1 : m->res[i].chosen};
-        r->writes[r->nwrites++] = (struct ap_write){.addr = (uintptr_t)s->addr,
-                                                    .old = from + off, .new = to + off,
-                                                    .len = s->len};
+        if (!ap_equal_small(cur, from + off, len))
+            return false; /* nothing kept: r is as it was */
+        unsorted |= nw && addr <= wlast;
+        wlast = addr;
+        wdec[nw] = (struct ap_wdec){(uint32_t)n, revert ? -1 : res[i].chosen};
+        writes[nw++] = (struct ap_write){.addr = addr, .old = from + off, .new = to + off,
+                                         .len = len};
     }
-    mr->writes = r->nwrites - w0;
+    r->ndec = n;
+    r->nwrites = nw;
+    r->wlast = wlast;
+    r->unsorted = unsorted;
+    mr->writes = nw - w0;
     return true;
 }
 
