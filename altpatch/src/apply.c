@@ -427,6 +427,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     uint8_t *mplanned = m->planned;
     uint32_t *shape = m->shape;
     struct ap_site_result *res = m->res;
+    const struct ap_entry *ments = m->entries;
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
     struct ap_wdec *wdec = r->wdec;
     struct ap_write *writes = r->writes;
@@ -453,12 +454,17 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             goto slow; /* outside the text: refused */
         if (!id) { /* orig saved: the site lies in the module's text (module.c) */
             struct ap_site_entries eb;
-            const struct ap_site *es;
-            const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
+            const struct ap_site *es = s;
+            const struct ap_entry *ents = ments; /* the first apply: every record */
+            if (!ents)
+                ents = ap_module_decode_entries(m, i, &eb, &es);
             /* no entry applies: the original, after the record checks alone */
-            id = ap_memo_keeps_original(memo, &m->view, es, ents)
-                     ? AP_SHAPE_ORIGINAL
-                     : ap_memo_find_text(memo, &m->view, es, ents, orig);
+            if (!s->reason && len && s->count &&
+                ap_memo_keeps_original_entries(memo, &m->view.repl, (unsigned)len,
+                                               &ents[es->first], s->count))
+                id = AP_SHAPE_ORIGINAL;
+            else
+                id = ap_memo_find_text(memo, &m->view, es, ents, orig);
             if (!id)
                 goto slow; /* a new shape, or refused: the planner */
             tmpl = memo->tmpl;

@@ -360,9 +360,11 @@ struct ap_module {
     uint32_t *shape;            /* or AP_SHAPE_ORIGINAL */
     /* Settled (apply.c): the last apply under memo generation settled_gen
      * left every site non-refused with memory holding what it planned
-     * (planned); settled_patched of them hold a replacement. While that
-     * holds, an apply under the same generation decides each site by one
-     * compare of memory with planned. 0: not settled. */
+     * (planned; the originals when left_orig); settled_patched of them hold
+     * a replacement in that plan. While that holds, an apply under the same
+     * generation decides each site by one compare of memory with what was
+     * left, or switches the module between plan and originals. 0: not
+     * settled. */
     uint64_t settled_gen;
     size_t settled_patched;
     /* Settled on the originals (apply.c): the last apply was a revert that
@@ -372,7 +374,6 @@ struct ap_module {
      * holds m->orig at every site, not planned, and every site is ORIGINAL
      * (res keeps the plan's results for the apply that writes it back). */
     bool left_orig;
-    uint8_t path_now;           /* scratch: how this apply decides the module (apply.c) */
 };
 
 /** m->shape[i] of a site none of whose entries applies: its plan is its original. */

@@ -203,28 +203,40 @@ AP_HIDDEN uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v,
  * fields) are not examined, so a site the planner refuses for an entry that
  * does not apply, or for an original that does not decode, is left as it is
  * without a refusal (memory untouched either way). False: the full decision.
+ * ap_memo_keeps_original_entries(): the entries' part, for a caller that
+ * checked the site (no preset reason, a length, an entry) and holds its
+ * @p count entries from @p e and its length @p len.
  */
+static inline bool ap_memo_keeps_original_entries(const struct ap_memo *m,
+                                                  const struct ap_region *repl, unsigned len,
+                                                  const struct ap_entry *e, uint32_t count)
+{
+    /* the replacement range, read once (ap_entry_repl's rule) */
+    uint64_t raddr = repl->addr, rsize = repl->size;
+    bool rdata = repl->data != NULL;
+
+    for (uint32_t k = 0; k < count; k++, e++) {
+        unsigned f = e->feature, rl = e->repllen;
+
+        /* applies, or a feature or flag the planner refuses */
+        if (e->flags > ALT_FLAG_NOT || f >= 32u * AP_NCAPWORDS ||
+            !(m->keep[e->flags][f / 32] >> (f % 32) & 1u))
+            return false;
+        /* REPL_TOO_LONG, REPL_BOUNDS */
+        if (rl > len || e->repl < raddr || rl > rsize || e->repl - raddr > rsize - rl ||
+            (!rdata && rl))
+            return false;
+    }
+    return true;
+}
+
 static inline bool ap_memo_keeps_original(const struct ap_memo *m, const struct ap_view *v,
                                           const struct ap_site *s,
                                           const struct ap_entry *entries)
 {
-    const struct ap_region *r = &v->repl;
-
     if (s->reason || !s->len || !s->count)
         return false;
-    for (uint32_t k = 0; k < s->count; k++) {
-        const struct ap_entry *e = &entries[s->first + k];
-
-        /* applies, or a feature or flag the planner refuses */
-        if (e->flags > ALT_FLAG_NOT || e->feature >= 32u * AP_NCAPWORDS ||
-            !(m->keep[e->flags][e->feature / 32] >> (e->feature % 32) & 1u))
-            return false;
-        /* REPL_TOO_LONG, REPL_BOUNDS (ap_entry_repl's rule) */
-        if (e->repllen > s->len || e->repl < r->addr || e->repllen > r->size ||
-            e->repl - r->addr > r->size - e->repllen || (!r->data && e->repllen))
-            return false;
-    }
-    return true;
+    return ap_memo_keeps_original_entries(m, &v->repl, s->len, &entries[s->first], s->count);
 }
 /**
  * Template @p id at site @p s (whose checks ap_memo_find() made): the
