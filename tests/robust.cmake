@@ -37,6 +37,14 @@ endforeach()
 target_compile_definitions(reload_v1 PRIVATE RELOAD_ORIG=1 RELOAD_REPL=2)
 target_compile_definitions(reload_v2 PRIVATE RELOAD_ORIG=1 RELOAD_REPL=3)
 target_compile_definitions(reload_v3 PRIVATE RELOAD_ORIG=7 RELOAD_REPL=3)
+# test_apply loads the three at once: modules out of address order
+if(TARGET test_apply)
+  add_dependencies(test_apply reload_v1 reload_v2 reload_v3)
+  target_link_libraries(test_apply PRIVATE ${CMAKE_DL_LIBS})
+  target_compile_definitions(test_apply PRIVATE
+    RELOAD_V1="$<TARGET_FILE:reload_v1>" RELOAD_V2="$<TARGET_FILE:reload_v2>"
+    RELOAD_V3="$<TARGET_FILE:reload_v3>")
+endif()
 if(TARGET test_robust)
   add_dependencies(test_robust reload_v1 reload_v2 reload_v3 apfix_dl)
   target_link_libraries(test_robust PRIVATE ${CMAKE_DL_LIBS} pthread)

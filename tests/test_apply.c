@@ -10,6 +10,7 @@
  * (ap_isolate.h) and asserts on what the child reports.
  */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -784,6 +785,90 @@ Test(apply, denied_writes_after_a_revert_leave_the_originals)
     cr_assert_eq(r->sn[2].s[S_TWO].state, ALTPATCH_SITE_ORIGINAL);
     cr_assert_eq(r->st[2].bytes_written, 0);
 }
+
+#if defined(RELOAD_V1) && defined(RELOAD_V2) && defined(RELOAD_V3)
+/*
+ * Three libraries loaded after the program: the loader places each below the
+ * one before (or anywhere), so the writes of one apply, queued module by
+ * module, need sorting by address; every site still gets its own decision,
+ * result and bytes, through apply, revert and the apply after it.
+ */
+struct order_result {
+    int loaded, rc[3];
+    uintptr_t fn[3];
+    long value[3][3];
+    int state[3][3], chosen[3][3];
+    struct altpatch_stats st[3];
+};
+
+struct order_find {
+    struct order_result *r;
+    int phase;
+};
+
+static int order_cb(const struct altpatch_site_info *info, void *ctx)
+{
+    struct order_find *f = ctx;
+    for (int k = 0; k < 3; k++) {
+        /* the library's one site lies in its reload_value() */
+        if (info->addr >= f->r->fn[k] && info->addr < f->r->fn[k] + 64) {
+            f->r->state[f->phase][k] = info->state;
+            f->r->chosen[f->phase][k] = info->chosen;
+        }
+    }
+    return 0;
+}
+
+static void order_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct order_result *r = out;
+    const char *path[3] = {RELOAD_V1, RELOAD_V2, RELOAD_V3};
+    long (*fn[3])(void);
+    struct altpatch_features *f = fset(-1);
+    altpatch_set_print(NULL);
+    for (int k = 0; k < 3; k++) {
+        void *h = dlopen(path[k], RTLD_NOW | RTLD_LOCAL);
+        fn[k] = h ? (long (*)(void))dlsym(h, "reload_value") : NULL;
+        if (!fn[k])
+            return;
+        r->fn[k] = (uintptr_t)fn[k];
+    }
+    r->loaded = 1;
+    unsigned flags[3] = {0, ALTPATCH_APPLY_REVERT, 0};
+    for (int i = 0; i < 3; i++) {
+        r->rc[i] = apply_with(f, flags[i]);
+        get_stats(&r->st[i]);
+        for (int k = 0; k < 3; k++)
+            r->value[i][k] = fn[k]();
+        struct order_find c = {r, i};
+        altpatch_site_foreach(order_cb, &c);
+    }
+    altpatch_features_free(f);
+}
+
+Test(apply, modules_out_of_address_order)
+{
+    struct order_result *r = ap_isolated(sizeof(*r), order_body, NULL);
+    static const long orig[3] = {1, 1, 7}, repl[3] = {2, 3, 3};
+    cr_assert(r->loaded, "the three libraries load");
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(r->rc[i], 0, "apply %d: %d", i, r->rc[i]);
+        cr_assert_eq(r->st[i].sites_refused, 0, "apply %d", i);
+        for (int k = 0; k < 3; k++) {
+            bool patched = i != 1;
+            cr_assert_eq(r->value[i][k], patched ? repl[k] : orig[k], "apply %d, library %d", i,
+                         k);
+            cr_assert_eq(r->state[i][k], patched ? ALTPATCH_SITE_PATCHED : ALTPATCH_SITE_ORIGINAL,
+                         "apply %d, library %d", i, k);
+            cr_assert_eq(r->chosen[i][k], patched ? 0 : -1, "apply %d, library %d", i, k);
+        }
+    }
+    cr_assert_eq(r->st[2].sites_patched, r->st[0].sites_patched);
+    cr_assert_eq(r->st[2].bytes_written, r->st[0].bytes_written);
+    cr_assert_eq(r->st[1].bytes_written, r->st[0].bytes_written);
+}
+#endif
 
 /* ---- the environment ------------------------------------------------------- */
 
