@@ -415,10 +415,43 @@ Test(apply, procmem_only)
 
 /* ---- the writer's fallbacks, seen through apply ------------------------------ */
 
+/* Sites listed in each state by altpatch_site_foreach(). */
+struct state_count {
+    unsigned long n[3];
+};
+
+static int count_cb(const struct altpatch_site_info *info, void *ctx)
+{
+    struct state_count *c = ctx;
+    if (info->state >= 0 && info->state < 3)
+        c->n[info->state]++;
+    return 0;
+}
+
+static struct state_count count_states(void)
+{
+    struct state_count c = {{0}};
+    altpatch_site_foreach(count_cb, &c);
+    return c;
+}
+
+/* The stats of the last call agree with the states the walk lists. */
+static void assert_counts(const struct altpatch_stats *st, const struct state_count *c,
+                          const char *what)
+{
+    cr_assert_eq(st->sites_patched, c->n[ALTPATCH_SITE_PATCHED], "%s: patched", what);
+    cr_assert_eq(st->sites_refused, c->n[ALTPATCH_SITE_REFUSED], "%s: refused", what);
+    cr_assert_eq(st->sites_seen,
+                 c->n[ALTPATCH_SITE_PATCHED] + c->n[ALTPATCH_SITE_REFUSED] +
+                     c->n[ALTPATCH_SITE_ORIGINAL],
+                 "%s: seen", what);
+}
+
 struct mdwe_apply_result {
     int set, rc;
     struct altpatch_stats st;
     struct snapshot sn;
+    struct state_count states;
 };
 
 struct mdwe_apply_ctx {
@@ -436,6 +469,7 @@ static void mdwe_apply_body(void *out, void *ctx)
     altpatch_features_free(f);
     get_stats(&r->st);
     snap(&r->sn);
+    r->states = count_states();
 }
 
 static struct mdwe_apply_result *apply_mdwe(unsigned flags)
@@ -470,6 +504,8 @@ Test(apply, mdwe_without_procmem_refuses_write_denied)
     cr_assert_eq(r->sn.value[S_TWO], 0);
     cr_assert_eq(r->st.bytes_written, 0);
     cr_assert_geq(r->st.sites_refused, 3, "ALWAYS, TWO and NEST needed a write");
+    assert_counts(&r->st, &r->states, "writes denied");
+    cr_assert_eq(r->st.sites_refused + r->st.sites_unchanged, r->st.sites_seen);
 }
 
 /* ---- memory changed behind our back ---------------------------------------- */
@@ -741,6 +777,7 @@ struct denied_toggle_result {
     int set, rc[3];
     struct altpatch_stats st[3];
     struct snapshot sn[3];
+    struct state_count states[3];
 };
 
 static void denied_toggle_body(void *out, void *ctx)
@@ -756,10 +793,12 @@ static void denied_toggle_body(void *out, void *ctx)
     r->rc[1] = apply_with(f, ALTPATCH_APPLY_NO_PROCMEM);
     get_stats(&r->st[1]);
     snap(&r->sn[1]);
+    r->states[1] = count_states();
     foreign_value(&r->sn[0], 2); /* S_ALWAYS's plan: mov $2 */
     r->rc[2] = apply_with(f, ALTPATCH_APPLY_REVERT);
     get_stats(&r->st[2]);
     snap(&r->sn[2]);
+    r->states[2] = count_states();
     altpatch_features_free(f);
 }
 
@@ -784,6 +823,8 @@ Test(apply, denied_writes_after_a_revert_leave_the_originals)
     assert_site(&r->sn[2].s[S_TWO], XOR_PAD, XOR_PAD, 3, "still the original");
     cr_assert_eq(r->sn[2].s[S_TWO].state, ALTPATCH_SITE_ORIGINAL);
     cr_assert_eq(r->st[2].bytes_written, 0);
+    assert_counts(&r->st[1], &r->states[1], "writes denied after a revert");
+    assert_counts(&r->st[2], &r->states[2], "the revert after");
 }
 
 #if defined(RELOAD_V1) && defined(RELOAD_V2) && defined(RELOAD_V3)
@@ -869,6 +910,56 @@ Test(apply, modules_out_of_address_order)
     cr_assert_eq(r->st[1].bytes_written, r->st[0].bytes_written);
 }
 #endif
+
+/*
+ * Sites whose template is known (a second apply under the same feature set)
+ * are recorded as they are decided, a write as if it lands; a write the OS
+ * then denies makes the site refused and the counts exact again.
+ */
+struct denied_known_result {
+    int set, rc[3];
+    struct altpatch_stats st;
+    struct snapshot sn;
+    struct state_count states;
+};
+
+static void denied_known_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct denied_known_result *r = out;
+    struct altpatch_features *f = fset(F_A, -1);
+    altpatch_set_print(NULL);
+    r->rc[0] = apply_with(f, 0);
+    snap(&r->sn);
+    foreign_value(&r->sn, 7); /* the module is decided site by site from now on */
+    r->rc[1] = apply_with(f, ALTPATCH_APPLY_REVERT);
+    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    r->rc[2] = apply_with(f, ALTPATCH_APPLY_NO_PROCMEM);
+    get_stats(&r->st);
+    snap(&r->sn);
+    r->states = count_states();
+    altpatch_features_free(f);
+}
+
+Test(apply, denied_writes_of_known_shapes_are_refused)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    if (pre && strstr(pre, "vgpreload"))
+        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    struct denied_known_result *r = ap_isolated(sizeof(*r), denied_known_body, NULL);
+    if (r->set == -EINVAL)
+        cr_skip_test("kernel without PR_SET_MDWE");
+    cr_assert_eq(r->set, 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(r->rc[i], 0, "apply %d: %d", i, r->rc[i]);
+    assert_site(&r->sn.s[S_TWO], XOR_PAD, XOR_PAD, 3, "original kept");
+    cr_assert_eq(r->sn.s[S_TWO].state, ALTPATCH_SITE_REFUSED);
+    cr_assert_eq(r->sn.s[S_TWO].reason, ALTPATCH_REASON_WRITE_DENIED);
+    cr_assert_eq(r->sn.s[S_ALWAYS].reason, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_eq(r->st.bytes_written, 0);
+    assert_counts(&r->st, &r->states, "known shapes, writes denied");
+    cr_assert_eq(r->st.sites_refused + r->st.sites_unchanged, r->st.sites_seen);
+}
 
 /* ---- the environment ------------------------------------------------------- */
 

@@ -183,6 +183,10 @@ struct ap_mrun {
 
 /** A queued write's decision (the write itself says where and what). */
 struct ap_wdec {
+    /* where what memory holds is kept when the write lands (m->planned), for
+     * a site recorded when it was decided (as if it landed); NULL: recorded
+     * after the writer */
+    uint8_t *planned;
     uint32_t n;     /* decision number */
     int32_t chosen; /* entry memory will hold; -1 = original */
 };
@@ -393,7 +397,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
             d->action = AP_ACT_WRITE;
             r->unsorted |= r->nwrites && addr <= r->wlast;
             r->wlast = addr;
-            r->wdec[r->nwrites] = (struct ap_wdec){(uint32_t)n, chosen};
+            r->wdec[r->nwrites] = (struct ap_wdec){NULL, (uint32_t)n, chosen};
             r->writes[r->nwrites++] = (struct ap_write){.addr = addr, .old = old, .new = target,
                                                         .len = len};
             return;
@@ -506,7 +510,15 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                 goto slow; /* someone else's bytes: refused */
             unsorted |= nw && (uintptr_t)cur <= wlast;
             wlast = (uintptr_t)cur;
-            wdec[nw] = (struct ap_wdec){(uint32_t)n, chosen};
+            /* recorded now, as if the write lands (ap_writes_done() undoes
+             * it when not); what memory holds is kept after the writer */
+            bool p = chosen >= 0;
+            res[i] = (struct ap_site_result){.chosen = chosen, .warned = res[i].warned,
+                                             .reason = ALTPATCH_REASON_NONE,
+                                             .state = p ? ALTPATCH_SITE_PATCHED
+                                                        : ALTPATCH_SITE_ORIGINAL};
+            patched += p;
+            wdec[nw] = (struct ap_wdec){mplanned + off, (uint32_t)n, chosen};
             writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = old, .new = target,
                                              .len = len};
         }
@@ -599,7 +611,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
             return false; /* nothing kept: r is as it was */
         unsorted |= nw && addr <= wlast;
         wlast = addr;
-        wdec[nw] = (struct ap_wdec){(uint32_t)n, revert ? -1 : res[i].chosen};
+        wdec[nw] = (struct ap_wdec){NULL, (uint32_t)n, revert ? -1 : res[i].chosen};
         writes[nw++] = (struct ap_write){.addr = addr, .old = from + off, .new = to + off,
                                          .len = len};
     }
@@ -746,8 +758,15 @@ static void ap_writes_done(struct ap_run *r)
     size_t hint = 0;
     for (size_t k = 0; k < r->nwrites; k++) {
         const struct ap_wdec *wd = &r->wdec[k];
+        const struct ap_write *w = &r->writes[k];
+        int result = r->poked ? w->result : ALTPATCH_REASON_NONE;
+        if (wd->planned && result == ALTPATCH_REASON_NONE) {
+            /* recorded when decided; memory holds the new bytes */
+            if (r->keep)
+                ap_copy_small(wd->planned, w->new, w->len);
+            continue;
+        }
         struct ap_mrun *mr = ap_mrun_of(r, wd->n, &hint);
-        int result = r->poked ? r->writes[k].result : ALTPATCH_REASON_NONE;
         if (result != ALTPATCH_REASON_NONE)
             mr->ok = false;
         if (mr->path != AP_PATH_DECIDE)
@@ -756,14 +775,18 @@ static void ap_writes_done(struct ap_run *r)
         size_t i = wd->n - mr->n0;
         struct ap_dec *d = &r->dec[wd->n];
         if (result != ALTPATCH_REASON_NONE)
-            *d = (struct ap_dec){r->writes[k].new, -1, (int16_t)result, AP_ACT_REFUSED};
+            *d = (struct ap_dec){w->new, -1, (int16_t)result, AP_ACT_REFUSED};
         if (r->debug) /* d was written by ap_decide(); ap_record() logs it */
             continue;
         if (result != ALTPATCH_REASON_NONE) {
+            if (wd->planned) { /* recorded as it would be: not so */
+                bool p = wd->chosen >= 0;
+                r->patched_n -= p;
+                mr->patched -= p;
+            }
             ap_site_refused(r, mr, i, wd->n);
         } else {
-            struct ap_dec ok = {r->writes[k].new, wd->chosen, ALTPATCH_REASON_NONE,
-                                AP_ACT_WRITE};
+            struct ap_dec ok = {w->new, wd->chosen, ALTPATCH_REASON_NONE, AP_ACT_WRITE};
             ap_site_ok(r, mr, &m->res[i], &ok, m->planned + ap_orig_off(m, i), m->sites[i].len);
         }
     }
