@@ -11,7 +11,7 @@
  * computed and range-checked for this site); a site seen for the first time
  * looks its shape up (a hash of its bytes, no decoder); only a new shape or
  * a refusal reaches the planner (here). The per-site fast path is apply.c's
- * ap_decide().
+ * ap_decide_module() and ap_decide().
  */
 #include "apply.h"
 
