@@ -191,12 +191,19 @@ struct ap_wdec {
     int32_t chosen; /* entry memory will hold; -1 = original */
 };
 
+/** A write's place in the queue, for a sort by address. */
+struct ap_wkey {
+    uintptr_t addr;
+    size_t k;
+};
+
 struct ap_run {
     struct ap_dec *dec; /* written only where needed: slow sites, the log */
     size_t ndec;
     uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
     struct ap_write *writes; /* in site order until sorted */
     struct ap_wdec *wdec;    /* writes[i]'s decision */
+    struct ap_wkey *wkey;    /* room to sort them (touched only then) */
     size_t nwrites;
     uintptr_t wlast;         /* the address of the last write queued */
     bool unsorted;           /* some write was queued below one before it */
@@ -623,6 +630,25 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     return true;
 }
 
+/*
+ * The run's per-site buffers for @p n sites of @p bytes, once, when a module
+ * needs them (an apply where every module is settled allocates none). malloc,
+ * not calloc: an item is written whole when it is used, and only those pages
+ * are touched (decisions and final bytes of slow sites, the writes queued,
+ * the sort's room when needed). 0 or -ENOMEM.
+ */
+static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
+{
+    if (r->dec)
+        return 0;
+    r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
+    r->arena = malloc(bytes ? bytes : 1);
+    r->writes = malloc((n ? n : 1) * sizeof(*r->writes));
+    r->wdec = malloc((n ? n : 1) * sizeof(*r->wdec));
+    r->wkey = malloc((n ? n : 1) * sizeof(*r->wkey));
+    return r->dec && r->arena && r->writes && r->wdec && r->wkey ? 0 : -ENOMEM;
+}
+
 static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
 {
     size_t n = 0, bytes = 0, nm = 0;
@@ -635,19 +661,13 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     }
     if (n >= UINT32_MAX)
         return -ENOMEM; /* decision numbers are 32-bit */
-    /* malloc, not calloc: an item is written whole when it is used, and only
-     * those pages are touched (decisions and final bytes of slow sites, the
-     * writes queued) */
-    r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
-    r->arena = malloc(bytes ? bytes : 1);
-    r->writes = malloc((n ? n : 1) * sizeof(*r->writes));
-    r->wdec = malloc((n ? n : 1) * sizeof(*r->wdec));
     r->mods = malloc((nm ? nm : 1) * sizeof(*r->mods));
-    if (!r->dec || !r->arena || !r->writes || !r->wdec || !r->mods)
+    if (!r->mods || (r->debug && ap_run_buffers(r, n, bytes)))
         return -ENOMEM;
     struct ap_memo *memo = ap_shapes_for(fs);
     r->keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
     r->revert = flags & ALTPATCH_APPLY_REVERT;
+    size_t total = n, total_bytes = bytes;
     bytes = 0;
     for (struct ap_module *m = ap_mods; m; m = m->next) {
         if (m->gone)
@@ -655,13 +675,15 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         struct ap_mrun *mr = &r->mods[r->nmods++];
         *mr = (struct ap_mrun){.m = m, .n0 = r->ndec, .ok = true, .path = AP_PATH_DECIDE};
         ap_cache_check(m, ap_shapes_gen);
-        if (m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason) {
-            if (r->revert == m->left_orig) {
-                if (ap_still_settled(m))
-                    mr->path = AP_PATH_SETTLED;
-            } else if (r->keep && ap_toggle(r, mr)) {
+        bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
+        if (settled && r->revert == m->left_orig && ap_still_settled(m)) {
+            mr->path = AP_PATH_SETTLED;
+        } else {
+            /* before the first decision: a failure leaves nothing half done */
+            if (ap_run_buffers(r, total, total_bytes))
+                return -ENOMEM;
+            if (settled && r->revert != m->left_orig && r->keep && ap_toggle(r, mr))
                 mr->path = AP_PATH_TOGGLE;
-            }
         }
         if (mr->path == AP_PATH_SETTLED) {
             r->ndec += m->nsites; /* decided: what the last apply left (ap_record) */
@@ -683,12 +705,6 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     return 0;
 }
 
-/** A write's place in the queue, for a sort by address. */
-struct ap_wkey {
-    uintptr_t addr;
-    size_t k;
-};
-
 static int ap_cmp_wkey(const void *a, const void *b)
 {
     const struct ap_wkey *x = a, *y = b;
@@ -697,36 +713,37 @@ static int ap_cmp_wkey(const void *a, const void *b)
 
 /*
  * Sort the batch by address (sites come per module, modules interleave),
- * each write with its decision. -ENOMEM when a sort is needed and memory is
- * short.
+ * each write with its decision: the keys sorted, then the writes moved into
+ * place along the permutation's cycles (no memory asked for here).
  */
-static int ap_batch(struct ap_run *r)
+static void ap_batch(struct ap_run *r)
 {
     /* sites come in table order: usually sorted already (seen while queueing) */
     if (!r->unsorted)
-        return 0;
-    struct ap_wkey *key = malloc(r->nwrites * sizeof(*key));
-    struct ap_write *w = malloc(r->nwrites * sizeof(*w));
-    struct ap_wdec *wd = malloc(r->nwrites * sizeof(*wd));
-    if (!key || !w || !wd) {
-        free(key);
-        free(w);
-        free(wd);
-        return -ENOMEM;
-    }
+        return;
+    struct ap_wkey *key = r->wkey;
     for (size_t i = 0; i < r->nwrites; i++)
         key[i] = (struct ap_wkey){r->writes[i].addr, i};
     qsort(key, r->nwrites, sizeof(*key), ap_cmp_wkey);
     for (size_t i = 0; i < r->nwrites; i++) {
-        w[i] = r->writes[key[i].k];
-        wd[i] = r->wdec[key[i].k];
+        if (key[i].k == i)
+            continue;
+        struct ap_write w = r->writes[i];
+        struct ap_wdec wd = r->wdec[i];
+        /* place j receives what was at key[j].k */
+        for (size_t j = i;;) {
+            size_t k = key[j].k;
+            key[j].k = j;
+            if (k == i) {
+                r->writes[j] = w;
+                r->wdec[j] = wd;
+                break;
+            }
+            r->writes[j] = r->writes[k];
+            r->wdec[j] = r->wdec[k];
+            j = k;
+        }
     }
-    free(key);
-    free(r->writes);
-    free(r->wdec);
-    r->writes = w;
-    r->wdec = wd;
-    return 0;
 }
 
 /** The module whose decisions hold decision @p n (@p hint: a guess). */
@@ -919,7 +936,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
-        err = ap_batch(&r);
+        ap_batch(&r);
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
                       ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0);
@@ -950,6 +967,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     free(r.arena);
     free(r.writes);
     free(r.wdec);
+    free(r.wkey);
     free(r.mods);
     return err;
 }
