@@ -183,13 +183,12 @@ struct ap_mrun {
 
 /** A queued write's decision (the write itself says where and what). */
 struct ap_wdec {
-    /* where what memory holds is kept when the write lands (m->planned), for
-     * a site recorded when it was decided (as if it landed); NULL: recorded
-     * after the writer */
-    uint8_t *planned;
-    uint32_t n;     /* decision number */
+    uint32_t n;     /* decision number, and AP_WDEC_DONE */
     int32_t chosen; /* entry memory will hold; -1 = original */
 };
+/* In ap_wdec.n: the site was recorded when it was decided, as if the write
+ * lands (what memory holds is kept after the writer); else recorded after. */
+#define AP_WDEC_DONE 0x80000000u
 
 /** A write's place in the queue, for a sort by address. */
 struct ap_wkey {
@@ -203,7 +202,8 @@ struct ap_run {
     uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
     struct ap_write *writes; /* in site order until sorted */
     struct ap_wdec *wdec;    /* writes[i]'s decision */
-    struct ap_wkey *wkey;    /* room to sort them (touched only then) */
+    struct ap_wkey *wkey;    /* room to sort them (touched only then): dec's, but
+                              * under ALTPATCH_DEBUG, which logs dec afterwards */
     size_t nwrites;
     uintptr_t wlast;         /* the address of the last write queued */
     bool unsorted;           /* some write was queued below one before it */
@@ -404,7 +404,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
             d->action = AP_ACT_WRITE;
             r->unsorted |= r->nwrites && addr <= r->wlast;
             r->wlast = addr;
-            r->wdec[r->nwrites] = (struct ap_wdec){NULL, (uint32_t)n, chosen};
+            r->wdec[r->nwrites] = (struct ap_wdec){(uint32_t)n, chosen};
             r->writes[r->nwrites++] = (struct ap_write){.addr = addr, .old = old, .new = target,
                                                         .len = len};
             return;
@@ -525,7 +525,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                                              .state = p ? ALTPATCH_SITE_PATCHED
                                                         : ALTPATCH_SITE_ORIGINAL};
             patched += p;
-            wdec[nw] = (struct ap_wdec){mplanned + off, (uint32_t)n, chosen};
+            wdec[nw] = (struct ap_wdec){(uint32_t)n | AP_WDEC_DONE, chosen};
             writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = old, .new = target,
                                              .len = len};
         }
@@ -600,7 +600,6 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
      * module lies in its text: orig_off is valid */
     const struct ap_site *sites = m->sites;
     const uint32_t *orig_off = m->orig_off;
-    const struct ap_site_result *res = m->res;
     struct ap_write *writes = r->writes;
     struct ap_wdec *wdec = r->wdec;
     size_t n = r->ndec, nw = r->nwrites, w0 = nw;
@@ -618,7 +617,8 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
             return false; /* nothing kept: r is as it was */
         unsorted |= nw && addr <= wlast;
         wlast = addr;
-        wdec[nw] = (struct ap_wdec){NULL, (uint32_t)n, revert ? -1 : res[i].chosen};
+        /* the entry is read again only for a refused write (ap_toggle_decisions) */
+        wdec[nw] = (struct ap_wdec){(uint32_t)n, -1};
         writes[nw++] = (struct ap_write){.addr = addr, .old = from + off, .new = to + off,
                                          .len = len};
     }
@@ -645,7 +645,9 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
     r->arena = malloc(bytes ? bytes : 1);
     r->writes = malloc((n ? n : 1) * sizeof(*r->writes));
     r->wdec = malloc((n ? n : 1) * sizeof(*r->wdec));
-    r->wkey = malloc((n ? n : 1) * sizeof(*r->wkey));
+    /* the sort's keys in dec (the same size) when dec is not logged afterwards */
+    _Static_assert(sizeof(struct ap_wkey) <= sizeof(struct ap_dec), "sort keys fit in dec");
+    r->wkey = r->debug ? malloc((n ? n : 1) * sizeof(*r->wkey)) : (struct ap_wkey *)r->dec;
     return r->dec && r->arena && r->writes && r->wdec && r->wkey ? 0 : -ENOMEM;
 }
 
@@ -659,8 +661,8 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         bytes += m->site_bytes;
         nm++;
     }
-    if (n >= UINT32_MAX)
-        return -ENOMEM; /* decision numbers are 32-bit */
+    if (n >= AP_WDEC_DONE)
+        return -ENOMEM; /* decision numbers are 31-bit */
     r->mods = malloc((nm ? nm : 1) * sizeof(*r->mods));
     if (!r->mods || (r->debug && ap_run_buffers(r, n, bytes)))
         return -ENOMEM;
@@ -774,36 +776,38 @@ static void ap_writes_done(struct ap_run *r)
 {
     size_t hint = 0;
     for (size_t k = 0; k < r->nwrites; k++) {
-        const struct ap_wdec *wd = &r->wdec[k];
         const struct ap_write *w = &r->writes[k];
+        size_t n = r->wdec[k].n & ~AP_WDEC_DONE;
+        bool done = r->wdec[k].n & AP_WDEC_DONE;
+        int chosen = r->wdec[k].chosen;
         int result = r->poked ? w->result : ALTPATCH_REASON_NONE;
-        if (wd->planned && result == ALTPATCH_REASON_NONE) {
+        struct ap_mrun *mr = ap_mrun_of(r, n, &hint);
+        struct ap_module *m = mr->m;
+        size_t i = n - mr->n0;
+        if (done && result == ALTPATCH_REASON_NONE) {
             /* recorded when decided; memory holds the new bytes */
             if (r->keep)
-                ap_copy_small(wd->planned, w->new, w->len);
+                ap_copy_small(m->planned + m->orig_off[i], w->new, w->len);
             continue;
         }
-        struct ap_mrun *mr = ap_mrun_of(r, wd->n, &hint);
         if (result != ALTPATCH_REASON_NONE)
             mr->ok = false;
         if (mr->path != AP_PATH_DECIDE)
             continue; /* a quick switch: ap_record() */
-        struct ap_module *m = mr->m;
-        size_t i = wd->n - mr->n0;
-        struct ap_dec *d = &r->dec[wd->n];
+        struct ap_dec *d = &r->dec[n];
         if (result != ALTPATCH_REASON_NONE)
             *d = (struct ap_dec){w->new, -1, (int16_t)result, AP_ACT_REFUSED};
         if (r->debug) /* d was written by ap_decide(); ap_record() logs it */
             continue;
         if (result != ALTPATCH_REASON_NONE) {
-            if (wd->planned) { /* recorded as it would be: not so */
-                bool p = wd->chosen >= 0;
+            if (done) { /* recorded as it would be: not so */
+                bool p = chosen >= 0;
                 r->patched_n -= p;
                 mr->patched -= p;
             }
-            ap_site_refused(r, mr, i, wd->n);
+            ap_site_refused(r, mr, i, n);
         } else {
-            struct ap_dec ok = {w->new, wd->chosen, ALTPATCH_REASON_NONE, AP_ACT_WRITE};
+            struct ap_dec ok = {w->new, chosen, ALTPATCH_REASON_NONE, AP_ACT_WRITE};
             ap_site_ok(r, mr, &m->res[i], &ok, m->planned + ap_orig_off(m, i), m->sites[i].len);
         }
     }
@@ -823,7 +827,7 @@ static void ap_toggle_decisions(struct ap_run *r, struct ap_mrun *mr)
                                              r->revert ? -1 : m->res[i].chosen,
                                              ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
     for (size_t k = 0; k < r->nwrites; k++) {
-        size_t n = r->wdec[k].n;
+        size_t n = r->wdec[k].n & ~AP_WDEC_DONE;
         if (n < mr->n0 || n - mr->n0 >= m->nsites)
             continue;
         int result = r->poked ? r->writes[k].result : ALTPATCH_REASON_NONE;
@@ -967,7 +971,8 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     free(r.arena);
     free(r.writes);
     free(r.wdec);
-    free(r.wkey);
+    if (r.wkey != (struct ap_wkey *)r.dec)
+        free(r.wkey);
     free(r.mods);
     return err;
 }
