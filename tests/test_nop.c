@@ -123,6 +123,38 @@ Test(nop_fill, jump_lands_at_end)
     }
 }
 
+/* ap_nop_fill_insns() describes ap_nop_fill()'s bytes exactly as Zydis decodes them. */
+Test(nop_fill, insns_as_decoded)
+{
+    for (size_t n = 0; n <= AP_MAX_SITE; n++) {
+        uint8_t buf[AP_MAX_SITE];
+        struct ap_insn known[AP_MAX_SITE], in;
+        size_t k, i = 0, off = 0;
+
+        memset(buf, 0, sizeof(buf));
+        ap_nop_fill(buf, n);
+        k = ap_nop_fill_insns(n, known);
+        cr_assert_leq(k, n, "fill %zu: at most one instruction per byte", n);
+        for (; off < n; off += in.len, i++) {
+            cr_assert_eq(ap_insn_decode(buf + off, n - off, &in), 0, "fill %zu +%zu decodes", n,
+                         off);
+            cr_assert_lt(i, k, "fill %zu: %zu instructions known, more decoded", n, k);
+            cr_assert_eq(known[i].len, in.len, "fill %zu insn %zu len", n, i);
+            cr_assert_eq(known[i].is_nop, in.is_nop, "fill %zu insn %zu is_nop", n, i);
+            cr_assert_eq(known[i].is_int3, in.is_int3, "fill %zu insn %zu is_int3", n, i);
+            cr_assert_eq(known[i].is_call, in.is_call, "fill %zu insn %zu is_call", n, i);
+            cr_assert_eq(known[i].is_fence, in.is_fence, "fill %zu insn %zu is_fence", n, i);
+            cr_assert_eq(known[i].has_rel, in.has_rel, "fill %zu insn %zu has_rel", n, i);
+            cr_assert_eq(known[i].rel_is_branch, in.rel_is_branch, "fill %zu insn %zu branch", n,
+                         i);
+            cr_assert_eq(known[i].rel_off, in.rel_off, "fill %zu insn %zu rel_off", n, i);
+            cr_assert_eq(known[i].rel_size, in.rel_size, "fill %zu insn %zu rel_size", n, i);
+            cr_assert_eq(known[i].rel_value, in.rel_value, "fill %zu insn %zu rel_value", n, i);
+        }
+        cr_assert_eq(i, k, "fill %zu: %zu instructions known, %zu decoded", n, k, i);
+    }
+}
+
 Test(nop_insn, what_is_a_nop)
 {
     static const struct {

@@ -10,7 +10,9 @@
  * lands inside the gap.
  *
  * Which instruction is a NOP is decided by ap_insn_decode() (Zydis), never by
- * matching bytes here.
+ * matching bytes here. ap_nop_fill_insns() says what ap_nop_fill() writes
+ * (its own output, as ap_insn_decode() reports it; test_nop checks every
+ * length against Zydis), so the planner need not decode its padding.
  */
 #include <string.h>
 
@@ -62,6 +64,25 @@ void ap_nop_fill(uint8_t *buf, size_t len)
         memcpy(buf + 1, &rel, sizeof(rel)); /* x86-64: little-endian */
     }
     memset(buf + jlen, AP_INT3, len - jlen);
+}
+
+size_t ap_nop_fill_insns(size_t len, struct ap_insn *out)
+{
+    size_t jlen, n = 0;
+
+    if (len == 0)
+        return 0;
+    if (len <= AP_NOP_MAX) {
+        out[0] = (struct ap_insn){.len = (uint8_t)len, .is_nop = true};
+        return 1;
+    }
+    jlen = len <= AP_JMP8_MAX_FILL ? 2 : 5;
+    out[n++] = (struct ap_insn){.len = (uint8_t)jlen, .has_rel = true, .rel_is_branch = true,
+                                .rel_off = 1, .rel_size = (uint8_t)(jlen - 1),
+                                .rel_value = (int64_t)(len - jlen)};
+    for (size_t i = jlen; i < len; i++)
+        out[n++] = (struct ap_insn){.len = 1, .is_int3 = true};
+    return n;
 }
 
 /* Re-fill buf[start, end) (a run of NOP instructions); 1 if bytes changed. */

@@ -23,9 +23,12 @@
  * are kept from step 4 (relocation changes only the value of a relative
  * field, never a length or a kind) and relocated from that list
  * (ap_reloc_insns), only for a replacement that has a relative field; step 6
- * decodes only the padding and folds NOP runs from the kept instructions
- * (the same result as ap_nop_fold() on each stretch between branch targets). Only the header fields and the site's
- * bytes of the plan are written, never the whole record.
+ * decodes nothing: the padding's instructions are what ap_nop_fill() wrote
+ * (ap_nop_fill_insns), and NOP runs are folded from the kept instructions
+ * (the same result as ap_nop_fold() on each stretch between branch
+ * targets). So a site costs one Zydis decode per instruction of its original
+ * and of each replacement, and none more. Only the header fields and the
+ * site's bytes of the plan are written, never the whole record.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -291,18 +294,10 @@ static void fold_site(uint8_t *buf, size_t len, const struct insn_list *list)
 static void build_final(const struct ap_site *s, const struct ap_entry *e,
                         const uint8_t *best, struct insn_list *list, struct ap_plan *out)
 {
-    size_t off = e->repllen;
-
     memcpy(out->final, best, e->repllen);
     ap_nop_fill(out->final + e->repllen, s->len - e->repllen);
-    while (off < s->len) {
-        struct ap_insn *in = &list->in[list->n];
-
-        if (ap_insn_decode(out->final + off, s->len - off, in) < 0)
-            return; /* cannot happen: ap_nop_fill() writes whole instructions */
-        list->n++;
-        off += in->len;
-    }
+    /* the padding's instructions are known, not decoded (at most one per byte) */
+    list->n += ap_nop_fill_insns(s->len - e->repllen, &list->in[list->n]);
     fold_site(out->final, s->len, list);
 }
 

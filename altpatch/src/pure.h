@@ -375,6 +375,15 @@ extern AP_HIDDEN const uint8_t *const ap_nops[AP_NOP_MAX + 1];
 AP_HIDDEN void ap_nop_fill(uint8_t *buf, size_t len);
 
 /**
+ * The instructions ap_nop_fill(@p len) writes, as ap_insn_decode() reports
+ * them for those bytes, without decoding: one NOP up to AP_NOP_MAX, else a
+ * jmp (rel8, or rel32 above 129 bytes) to the end followed by one int3 per
+ * remaining byte. @p out has room for @p len entries (@p len <= AP_MAX_SITE).
+ * Returns the count.
+ */
+AP_HIDDEN size_t ap_nop_fill_insns(size_t len, struct ap_insn *out);
+
+/**
  * Re-fill every maximal run of NOP instructions (ap_insn.is_nop) in @p buf with
  * ap_nop_fill(). Stops at the first byte that does not decode and leaves the
  * rest untouched. Returns the number of runs rewritten.
