@@ -27,8 +27,11 @@
  * (ap_nop_fill_insns), and NOP runs are folded from the kept instructions
  * (the same result as ap_nop_fold() on each stretch between branch
  * targets). So a site costs one Zydis decode per instruction of its original
- * and of each replacement, and none more. Only the header fields and the
- * site's bytes of the plan are written, never the whole record.
+ * and of each replacement, and none more. The relative fields met on the way
+ * are listed in the plan (ap_plan.fields: block, offsets, size, kind, value
+ * as encoded), so a caller that derives an address-free template from the
+ * plan need not decode again. Only the header fields, the listed fields and
+ * the site's bytes of the plan are written, never the whole record.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -123,8 +126,22 @@ struct insn_list {
  * Returns NONE or one of the two given reasons, with *bad_off set. When
  * @list is not NULL it receives the instructions.
  */
+/* Note relative field @in at @off of block @entry (-1: the original) in @out. */
+static void note_field(struct ap_plan *out, int entry, size_t off, const struct ap_insn *in)
+{
+    if (out->nfields >= AP_PLAN_MAX_FIELDS) {
+        out->fields_over = true;
+        return;
+    }
+    out->fields[out->nfields++] = (struct ap_plan_field){
+        .entry = (int16_t)entry, .off = (uint8_t)off, .len = in->len, .rel_off = in->rel_off,
+        .rel_size = in->rel_size, .branch = in->rel_is_branch, .is_nop = in->is_nop,
+        .value = (int32_t)in->rel_value};
+}
+
 static int decode_exact(const uint8_t *buf, size_t len, int undecodable, int crosses,
-                        size_t *bad_off, struct insn_list *list)
+                        size_t *bad_off, struct insn_list *list, int entry,
+                        struct ap_plan *out)
 {
     struct ap_insn tmp, *in = &tmp;
     size_t off = 0;
@@ -147,6 +164,8 @@ static int decode_exact(const uint8_t *buf, size_t len, int undecodable, int cro
             list->has_rel |= in->has_rel;
             list->n++;
         }
+        if (in->has_rel)
+            note_field(out, entry, off, in);
         off += in->len;
     }
     return ALTPATCH_REASON_NONE;
@@ -161,7 +180,7 @@ static int check_orig(const uint8_t *bytes, const struct ap_site *s, struct ap_p
     memcpy(out->orig, bytes, s->len);
     memcpy(out->final, bytes, s->len);
     reason = decode_exact(out->orig, s->len, ALTPATCH_REASON_ORIG_UNDECODABLE,
-                          ALTPATCH_REASON_ORIG_CROSSES_END, &off, NULL);
+                          ALTPATCH_REASON_ORIG_CROSSES_END, &off, NULL, -1, out);
     if (reason)
         return refuse(out, reason, -1, "original insn +%zu %s", off,
                       reason == ALTPATCH_REASON_ORIG_CROSSES_END ? "runs past the site end"
@@ -208,7 +227,7 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
     if (e->repllen)
         memcpy(buf, repl, e->repllen);
     reason = decode_exact(buf, e->repllen, ALTPATCH_REASON_REPL_UNDECODABLE,
-                          ALTPATCH_REASON_REPL_CROSSES_END, &off, list);
+                          ALTPATCH_REASON_REPL_CROSSES_END, &off, list, k, out);
     if (reason)
         return refuse(out, reason, k, "entry %d: replacement insn +%zu %s", k, off,
                       reason == ALTPATCH_REASON_REPL_CROSSES_END ? "runs past its end"
@@ -325,6 +344,8 @@ void ap_plan_site_rules(const struct ap_view *v, const struct ap_site *s,
     out->chosen = -1;
     out->len = s->len;
     out->relative = false;
+    out->nfields = 0;
+    out->fields_over = false;
     out->detail[0] = '\0';
     memset(out->orig, 0, s->len);
     reason = ap_site_check(v, s, orig, &bytes);

@@ -29,6 +29,24 @@ struct ap_view {
     struct ap_region repl;              /* altinstr_replacement */
 };
 
+/**
+ * One relative field met while the planner decoded a site: in the original
+ * (entry -1) or in entry @c entry's replacement. Address-free: offsets within
+ * the block, the value as encoded there (before relocation).
+ */
+struct ap_plan_field {
+    int16_t entry;    /* -1: the original; else the entry's index within the site */
+    uint8_t off;      /* the instruction's offset within its block */
+    uint8_t len;      /* its length */
+    uint8_t rel_off;  /* the field's offset within the instruction */
+    uint8_t rel_size; /* 1, 2 or 4 */
+    bool branch;      /* a branch immediate; else a RIP-relative displacement */
+    bool is_nop;      /* the instruction is a NOP (0f 1f 05 disp32) */
+    int32_t value;    /* sign-extended, as decoded */
+};
+
+#define AP_PLAN_MAX_FIELDS 8
+
 struct ap_plan {
     int reason;       /* ALTPATCH_REASON_*; NONE when final is valid */
     int bad_entry;    /* index (within the site) of the entry that caused a refusal, or -1 */
@@ -42,6 +60,13 @@ struct ap_plan {
      * relocates such a stored plan again for each site). Valid when reason
      * is NONE. */
     bool relative;
+    /* Every relative field of the original and of each replacement, in
+     * decoding order (original first, then entries in order), so that a
+     * caller needs no decoder to find them. Valid when reason is NONE;
+     * complete only when !fields_over (more than AP_PLAN_MAX_FIELDS met). */
+    uint8_t nfields;
+    bool fields_over;
+    struct ap_plan_field fields[AP_PLAN_MAX_FIELDS];
 };
 
 /** Whether entry @p e applies under @p fs (feature present, or absent with ALT_FLAG_NOT). */
