@@ -4,10 +4,8 @@
  *
  * Every decision about instruction boundaries, NOPs and relative operands is
  * made here by Zydis 4; no other file includes <Zydis/Zydis.h> and none keeps
- * a byte table of opcodes. The two decoders (minimal and full) are
- * initialised once per process under pthread_once() and only read afterwards
- * (Zydis never writes to a decoder while decoding): thread-safe. The
- * formatter is a plain struct initialised on the stack at every call.
+ * a byte table of opcodes. The decoder and formatter are plain structs that
+ * are initialised on the stack at every call: no global state, thread-safe.
  *
  * Speed (the planner decodes every site several times): ap_insn_decode()
  * first decodes in ZYDIS_DECODER_MODE_MINIMAL (length, mnemonic, raw fields
@@ -30,9 +28,6 @@
  *                                           AMD: rel16, 16-bit target
  */
 #include <errno.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,47 +35,16 @@
 
 #include "pure.h"
 
-/*
- * The two decoders, initialised once per process: a ZydisDecoder is only read
- * by the decode calls after ZydisDecoderInit()/EnableMode(), so one instance
- * serves every thread. "full": Init's defaults (operands included);
- * "minimal": the same plus ZYDIS_DECODER_MODE_MINIMAL.
- */
-static ZydisDecoder dec_full, dec_minimal;
-static ZyanStatus dec_status;
-static pthread_once_t dec_once = PTHREAD_ONCE_INIT;
-static _Atomic bool dec_ready; /* set (release) once both are initialised */
-
-static void decoders_init(void)
-{
-    ZyanStatus st = ZydisDecoderInit(&dec_full, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
-
-    if (ZYAN_SUCCESS(st))
-        st = ZydisDecoderInit(&dec_minimal, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
-    if (ZYAN_SUCCESS(st))
-        st = ZydisDecoderEnableMode(&dec_minimal, ZYDIS_DECODER_MODE_MINIMAL, ZYAN_TRUE);
-    dec_status = st;
-    atomic_store_explicit(&dec_ready, true, memory_order_release);
-}
-
-/* After the first call, one acquire load; pthread_once() only until then. */
-static ZyanStatus decoders_ready(void)
-{
-    if (!atomic_load_explicit(&dec_ready, memory_order_acquire) &&
-        pthread_once(&dec_once, decoders_init) != 0)
-        return ZYAN_STATUS_FAILED;
-    return dec_status;
-}
-
 /* Decode one instruction of 64-bit code, operands included. */
 static ZyanStatus decode_full(const uint8_t *buf, size_t avail, ZydisDecodedInstruction *in,
                               ZydisDecodedOperand *ops)
 {
-    ZyanStatus st = decoders_ready();
+    ZydisDecoder dec;
+    ZyanStatus st = ZydisDecoderInit(&dec, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
 
     if (!ZYAN_SUCCESS(st))
         return st;
-    return ZydisDecoderDecodeFull(&dec_full, buf, avail, in, ops);
+    return ZydisDecoderDecodeFull(&dec, buf, avail, in, ops);
 }
 
 /* Decode one instruction without operands or semantic analysis: length,
@@ -88,11 +52,14 @@ static ZyanStatus decode_full(const uint8_t *buf, size_t avail, ZydisDecodedInst
  * decoder modes as decode_full() (Init's defaults) plus MINIMAL. */
 static ZyanStatus decode_minimal(const uint8_t *buf, size_t avail, ZydisDecodedInstruction *in)
 {
-    ZyanStatus st = decoders_ready();
+    ZydisDecoder dec;
+    ZyanStatus st = ZydisDecoderInit(&dec, ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
 
+    if (ZYAN_SUCCESS(st))
+        st = ZydisDecoderEnableMode(&dec, ZYDIS_DECODER_MODE_MINIMAL, ZYAN_TRUE);
     if (!ZYAN_SUCCESS(st))
         return st;
-    return ZydisDecoderDecodeInstruction(&dec_minimal, NULL, buf, avail, in);
+    return ZydisDecoderDecodeInstruction(&dec, NULL, buf, avail, in);
 }
 
 /* ModRM in the RIP-relative memory form (mod 00, r/m 101 in 64-bit mode): the
