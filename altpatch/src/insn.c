@@ -7,7 +7,10 @@
  * a byte table of opcodes. The decoder and formatter are plain structs that
  * are initialised on the stack at every call: no global state, thread-safe.
  *
- * Speed (the planner decodes every site several times): ap_insn_decode()
+ * Speed (the planner decodes each instruction of a site's original and of
+ * each replacement once per plan, and never its own padding; the decoder is
+ * initialised per call, about twenty instructions, which for a small program
+ * is cheaper than a process-wide decoder's first touch): ap_insn_decode()
  * first decodes in ZYDIS_DECODER_MODE_MINIMAL (length, mnemonic, raw fields
  * and the IS_RELATIVE attribute, no operands, no semantic analysis). A
  * relative branch immediate is read from the raw fields. Operands are decoded
