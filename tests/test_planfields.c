@@ -112,11 +112,12 @@ Test(plan_fields, same_as_decoding_again)
         for (uint32_t k = 0; k < s.count; k++) {
             size_t rl = gen_block(repl + nrepl, len, 0, i % 7 == 0 ? 12 : 3);
 
-            entries[nent++] = (struct ap_entry){.site = s.addr, .repl = REPL + nrepl,
-                                                .feature = X86_FEATURE_ALWAYS,
-                                                .instrlen = (uint8_t)len,
-                                                .repllen = (uint8_t)rl,
-                                                .index = (uint32_t)nent};
+            entries[nent] = (struct ap_entry){.site = s.addr, .repl = REPL + nrepl,
+                                              .feature = X86_FEATURE_ALWAYS,
+                                              .instrlen = (uint8_t)len,
+                                              .repllen = (uint8_t)rl,
+                                              .index = (uint32_t)nent};
+            nent++;
             nrepl += rl;
         }
         memset(&fs, 0, sizeof(fs));
