@@ -523,38 +523,66 @@ static bool field_holds(const uint8_t *p, int64_t v, unsigned size)
 }
 
 /*
- * The relative fields of one replacement (@n bytes at key offset @at, entry
- * @k) into @f[*nf..]. @p: the accepted plan when @k is its chosen entry
- * (checked: no field in a NOP, none pointing inside the site, each holding
- * its value in the final bytes), else NULL. False when the plan is not to
- * be stored.
+ * One relative field of a replacement (@n bytes at key offset @at, entry
+ * @k; its instruction @in at offset @off) into @f[*nf]. @p: the accepted
+ * plan when @k is its chosen entry (checked: no field in a NOP, none
+ * pointing inside the site, each holding its value in the final bytes),
+ * else NULL. False when the plan is not to be stored.
+ */
+static bool field_add(size_t at, size_t n, uint32_t k, const struct ap_entry *e,
+                      const struct ap_site *s, const struct ap_plan *p, size_t off,
+                      const struct ap_insn *in, struct ap_memo_field *f, size_t *nf)
+{
+    int64_t nv;
+
+    if (*nf >= AP_MEMO_MAX_FIELDS || k > UINT8_MAX)
+        return false;
+    f[*nf] = (struct ap_memo_field){.kpos = (uint16_t)(at + off + in->rel_off),
+                                    .entry = (uint8_t)k, .end = (uint8_t)(off + in->len),
+                                    .pos = (uint8_t)(off + in->rel_off), .size = in->rel_size,
+                                    .repllen = (uint8_t)n};
+    if (p && (in->is_nop || !field_value(&f[*nf], in->rel_value, e->repl, s->addr, &nv) ||
+              field_cuts(&f[*nf], nv, s->len) ||
+              !field_holds(p->final + f[*nf].pos, nv, in->rel_size)))
+        return false;
+    (*nf)++;
+    return true;
+}
+
+/*
+ * Entry @k's relative fields (its replacement: @n bytes at key + @at), from
+ * the list the planner made while it decoded them (@all), or, where that
+ * list overflowed, by decoding the replacement again. @p: the plan when @k
+ * is its chosen entry, else NULL.
  */
 static bool fields_of(const uint8_t *key, size_t at, size_t n, uint32_t k,
                       const struct ap_entry *e, const struct ap_site *s,
-                      const struct ap_plan *p, struct ap_memo_field *f, size_t *nf,
-                      bool *relative)
+                      const struct ap_plan *p, const struct ap_plan *all,
+                      struct ap_memo_field *f, size_t *nf, bool *relative)
 {
     struct ap_insn in;
 
-    for (size_t off = 0; off < n; off += in.len) {
-        int64_t nv;
+    if (!all->fields_over) {
+        for (size_t j = 0; j < all->nfields; j++) {
+            const struct ap_plan_field *pf = &all->fields[j];
 
+            if (pf->entry != (int)k)
+                continue;
+            in = (struct ap_insn){.len = pf->len, .is_nop = pf->is_nop, .has_rel = true,
+                                  .rel_is_branch = pf->branch, .rel_off = pf->rel_off,
+                                  .rel_size = pf->rel_size, .rel_value = pf->value};
+            *relative = true;
+            if (!field_add(at, n, k, e, s, p, pf->off, &in, f, nf))
+                return false;
+        }
+        return true;
+    }
+    for (size_t off = 0; off < n; off += in.len) {
         if (ap_insn_decode(key + at + off, n - off, &in) < 0)
             return false; /* cannot happen: the planner decoded it */
         *relative |= in.has_rel;
-        if (!in.has_rel)
-            continue;
-        if (*nf >= AP_MEMO_MAX_FIELDS || k > UINT8_MAX)
+        if (in.has_rel && !field_add(at, n, k, e, s, p, off, &in, f, nf))
             return false;
-        f[*nf] = (struct ap_memo_field){.kpos = (uint16_t)(at + off + in.rel_off),
-                                        .entry = (uint8_t)k, .end = (uint8_t)(off + in.len),
-                                        .pos = (uint8_t)(off + in.rel_off), .size = in.rel_size,
-                                        .repllen = (uint8_t)n};
-        if (p && (in.is_nop || !field_value(&f[*nf], in.rel_value, e->repl, s->addr, &nv) ||
-                  field_cuts(&f[*nf], nv, s->len) ||
-                  !field_holds(p->final + f[*nf].pos, nv, in.rel_size)))
-            return false;
-        (*nf)++;
     }
     return true;
 }
@@ -575,7 +603,7 @@ static int fields_collect(const uint8_t *key, const struct ap_site *s,
         const struct ap_entry *e = &entries[s->first + k];
         size_t n = key[at + 4];
 
-        if (!fields_of(key, at + 5, n, k, e, s, (int)k == p->chosen ? p : NULL, f, &nf,
+        if (!fields_of(key, at + 5, n, k, e, s, (int)k == p->chosen ? p : NULL, p, f, &nf,
                        relative))
             return -1;
         at += 5 + n;
@@ -585,8 +613,8 @@ static int fields_collect(const uint8_t *key, const struct ap_site *s,
 
 /*
  * Before storing: the key's byte mask (0xff: compared), with the relative
- * fields of the replacements (@f[0..nf)) and of the original (found here)
- * left out and zeroed in @key, so that every site of that shape matches
+ * fields of the replacements (@f[0..nf)) and of the original (from the
+ * plan's list, or decoded here where that list overflowed) left out and zeroed in @key, so that every site of that shape matches
  * whatever its fields hold. Sound because a field's value changes neither
  * the length nor the validity of an instruction (x86 decodes prefixes,
  * opcode, ModRM and SIB; displacement and immediate bytes are data); the
@@ -597,19 +625,29 @@ static int fields_collect(const uint8_t *key, const struct ap_site *s,
  * not to be stored.
  */
 static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_memo_field *f,
-                     int nf, bool *masked)
+                     int nf, const struct ap_plan *p, bool *masked)
 {
     struct ap_insn in;
 
     memset(mk, 0xff, keylen);
     *masked = nf > 0;
-    for (size_t off = 0; off < key[0]; off += in.len) {
-        if (ap_insn_decode(key + 1 + off, key[0] - off, &in) < 0)
-            return false; /* cannot happen: the planner decoded it */
-        if (!in.has_rel)
-            continue;
-        memset(mk + 1 + off + in.rel_off, 0, in.rel_size);
-        *masked = true;
+    if (!p->fields_over) {
+        /* the original's fields as the planner listed them */
+        for (size_t j = 0; j < p->nfields; j++) {
+            if (p->fields[j].entry >= 0)
+                continue;
+            memset(mk + 1 + p->fields[j].off + p->fields[j].rel_off, 0, p->fields[j].rel_size);
+            *masked = true;
+        }
+    } else {
+        for (size_t off = 0; off < key[0]; off += in.len) {
+            if (ap_insn_decode(key + 1 + off, key[0] - off, &in) < 0)
+                return false; /* cannot happen: the planner decoded it */
+            if (!in.has_rel)
+                continue;
+            memset(mk + 1 + off + in.rel_off, 0, in.rel_size);
+            *masked = true;
+        }
     }
     for (int j = 0; j < nf; j++)
         memset(mk + f[j].kpos, 0, f[j].size);
@@ -644,7 +682,7 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     if (!room_reserve(m, 2 * keylen + p->len + fsz))
         return 0;
     at = m->arena + m->arena_len;
-    if (!key_mask(key, at + keylen, keylen, f, nf, &masked))
+    if (!key_mask(key, at + keylen, keylen, f, nf, p, &masked))
         return 0;
     memcpy(at, key, keylen);
     memcpy(at + 2 * keylen, p->final, p->len);
