@@ -238,12 +238,6 @@ static inline bool masked_equal(const uint8_t *a, const uint8_t *b, const uint8_
     return (d | ((x ^ y) & z)) == 0;
 }
 
-/* A site and replacement short enough for the word compare? */
-static inline bool e_len_ok(const struct ap_site *s, const struct ap_entry *e)
-{
-    return s->len <= 16 && e->repllen <= 16;
-}
-
 /* @n (<= 16) bytes at @p as two words (overlapping loads; the same
  * positions for the same @n, so a site's words and a key's line up). */
 static inline void words_of(const uint8_t *p, size_t n, uint64_t *a, uint64_t *b)
@@ -721,25 +715,36 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
 }
 
 /*
- * ap_memo_find() for a one-entry site of at most 16 bytes (most sites):
- * sig_hash() and words_match() with the site's words read once, in one loop
- * over the slots. Same answer as memo_lookup().
+ * ap_memo_find() for a site of one or two entries, the site and every
+ * replacement at most 16 bytes (most sites): sig_hash() and words_match()
+ * with the site's words read once, in one loop over the slots. Same answer
+ * as memo_lookup().
  */
-static uint32_t find_one(const struct ap_memo *m, const struct ap_view *v,
-                         const struct ap_site *s, const struct ap_entry *entries,
-                         const uint8_t *orig)
+static uint32_t find_words(const struct ap_memo *m, const struct ap_view *v,
+                           const struct ap_site *s, const struct ap_entry *entries,
+                           const uint8_t *orig)
 {
     const struct ap_entry *e = &entries[s->first];
-    const uint8_t *rb;
-    uint64_t x, h, hdr, o1, o2, r1, r2;
+    const uint8_t *rb, *rb2 = NULL;
+    uint64_t x, h, hdr, hdr2 = 0, o1, o2, r1, r2, q1 = 0, q2 = 0;
     size_t mask = m->nslots - 1;
+    uint8_t one = (uint8_t)s->count; /* 1 or 2 */
 
     if (!repl_ok(v, e))
         return 0;
     rb = repl_at(v, e);
-    x = mix(0x9e3779b97f4a7c15ull, (uint64_t)s->len | (uint64_t)orig[0] << 8 | 1ull << 16);
+    x = mix(0x9e3779b97f4a7c15ull,
+            (uint64_t)s->len | (uint64_t)orig[0] << 8 | (uint64_t)one << 16);
     x = mix(x, (uint64_t)e->feature | (uint64_t)e->flags << 16 | (uint64_t)e->repllen << 32 |
                    (uint64_t)(e->repllen ? rb[0] : 0) << 40);
+    if (one == 2) {
+        if (!repl_ok(v, &e[1]))
+            return 0;
+        rb2 = repl_at(v, &e[1]);
+        hdr2 = two_header(&e[1]);
+        x = mix(x, hdr2 | (uint64_t)(e[1].repllen ? rb2[0] : 0) << 40);
+        words_of(rb2, e[1].repllen, &q1, &q2);
+    }
     h = fin(x);
     hdr = one_header(s, e);
     words_of(orig, s->len, &o1, &o2);
@@ -747,16 +752,25 @@ static uint32_t find_one(const struct ap_memo *m, const struct ap_view *v,
     for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
         const struct ap_memo_slot *sl = &m->slots[i];
         const struct ap_memo_tmpl *t;
+        uint64_t d;
 
         if (sl->id == 0)
             return 0;
         if (sl->hash != h)
             continue;
         t = &m->tmpl[sl->id - 1];
-        if (t->one == 1 ? hdr == t->w[0] &&
-                         (((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
-                          ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3])) == 0
-                   : tmpl_match(t, v, s, entries, orig))
+        if (t->one != one) {
+            if (tmpl_match(t, v, s, entries, orig))
+                return sl->id;
+            continue;
+        }
+        if (hdr != t->w[0])
+            continue;
+        d = ((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
+            ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3]);
+        if (one == 2)
+            d |= (hdr2 ^ t->w[5]) | ((q1 ^ t->w[6]) & t->wm[4]) | ((q2 ^ t->w[7]) & t->wm[5]);
+        if (d == 0)
             return sl->id;
     }
 }
@@ -776,8 +790,8 @@ uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v, const str
 
     if (!m->nplans || s->reason || !s->len || !s->count)
         return 0;
-    if (s->count == 1 && e_len_ok(s, &entries[s->first]))
-        return find_one(m, v, s, entries, orig);
+    if (words_entries(s, entries))
+        return find_words(m, v, s, entries, orig);
     if (!sig_hash(v, s, entries, orig, &h))
         return 0;
     return memo_lookup(m, h, v, s, entries, orig);
