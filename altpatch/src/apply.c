@@ -440,6 +440,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     struct ap_site_result *res = m->res;
     const struct ap_entry *ments = m->entries;
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
+    const struct ap_region repl = m->view.repl; /* read once, not per site */
     struct ap_wdec *wdec = r->wdec;
     struct ap_write *writes = r->writes;
     size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites;
@@ -471,14 +472,14 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                 ents = ap_module_decode_entries(m, i, &eb, &es);
             /* no entry applies: the original, after the record checks alone */
             if (!s->reason && len && s->count &&
-                ap_memo_keeps_original_entries(memo, &m->view.repl, (unsigned)len,
-                                               &ents[es->first], s->count))
+                ap_memo_keeps_original_entries(memo, &repl, (unsigned)len, &ents[es->first],
+                                               s->count))
                 id = AP_SHAPE_ORIGINAL;
             else
                 id = ap_memo_find_text(memo, &m->view, es, ents, orig);
             if (!id)
                 goto slow; /* a new shape, or refused: the planner */
-            tmpl = memo->tmpl;
+            /* a lookup stores nothing: tmpl is still memo->tmpl */
         }
         if (id != AP_SHAPE_ORIGINAL) {
             const struct ap_memo_tmpl *t = &tmpl[id - 1];
