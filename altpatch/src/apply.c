@@ -470,10 +470,14 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             const struct ap_entry *ents = ments; /* the first apply: every record */
             if (!ents)
                 ents = ap_module_decode_entries(m, i, &eb, &es);
-            /* no entry applies: the original, after the record checks alone */
-            if (!s->reason && len && s->count &&
-                ap_memo_keeps_original_entries(memo, &repl, (unsigned)len, &ents[es->first],
-                                               s->count))
+            /* no entry applies: the original, after the record checks alone
+             * (one entry, the common site: the test without its loop) */
+            uint32_t count = s->count;
+            if (!s->reason && len &&
+                (count == 1 ? ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
+                                                             &ents[es->first], 1)
+                            : count && ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
+                                                                      &ents[es->first], count)))
                 id = AP_SHAPE_ORIGINAL;
             else
                 id = ap_memo_find_text(memo, &m->view, es, ents, orig);
