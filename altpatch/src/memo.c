@@ -783,18 +783,29 @@ uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v, const struct a
     return ap_memo_find_text(m, v, s, entries, orig);
 }
 
-uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
-                           const struct ap_entry *entries, const uint8_t *orig)
+/* ap_memo_find_text() for a site of more entries or bytes than words hold:
+ * apart, so that the common sites' lookup keeps a small frame. */
+static __attribute__((noinline)) uint32_t find_long(const struct ap_memo *m,
+                                                    const struct ap_view *v,
+                                                    const struct ap_site *s,
+                                                    const struct ap_entry *entries,
+                                                    const uint8_t *orig)
 {
     uint64_t h;
 
+    if (!sig_hash(v, s, entries, orig, &h))
+        return 0;
+    return memo_lookup(m, h, v, s, entries, orig);
+}
+
+uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+                           const struct ap_entry *entries, const uint8_t *orig)
+{
     if (!m->nplans || s->reason || !s->len || !s->count)
         return 0;
     if (words_entries(s, entries))
         return find_words(m, v, s, entries, orig);
-    if (!sig_hash(v, s, entries, orig, &h))
-        return 0;
-    return memo_lookup(m, h, v, s, entries, orig);
+    return find_long(m, v, s, entries, orig);
 }
 
 int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
