@@ -1292,3 +1292,188 @@ Test(apply, busy_in_criterion_process)
     cr_assert_eq(apply_with(NULL, ALTPATCH_APPLY_NO_LIVE), -EBUSY); /* else patched live */
     cr_assert_eq(site_always(), 1);
 }
+
+#if !defined(__SANITIZE_ADDRESS__) /* the sanitizer owns calloc */
+/* ---- the live writer out of memory before it looked at any write ---------- */
+
+extern void *__libc_calloc(size_t n, size_t size);
+static volatile int calloc_fail; /* armed: callocs of live items fail */
+static volatile int calloc_failed;
+
+void *calloc(size_t n, size_t size)
+{
+    if (calloc_fail && size == 24) { /* sizeof(struct ap_live_item), live.c */
+        calloc_failed++;
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __libc_calloc(n, size);
+}
+
+struct enomem_result {
+    int rc_apply, rc_revert, rc_revert2, failed;
+    struct snapshot after_revert, after_revert2;
+};
+
+static void enomem_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct enomem_result *r = out;
+    struct altpatch_features *f = fset(F_A, -1);
+    r->rc_apply = apply_with(f, 0);             /* settled on the plan */
+    calloc_fail = 1;
+    r->rc_revert = apply_with(f, ALTPATCH_APPLY_REVERT | ALTPATCH_APPLY_LIVE);
+    calloc_fail = 0;
+    r->failed = calloc_failed;
+    snap(&r->after_revert);
+    r->rc_revert2 = apply_with(f, ALTPATCH_APPLY_REVERT); /* try again */
+    snap(&r->after_revert2);
+    altpatch_features_free(f);
+}
+
+Test(apply, live_writer_out_of_memory_leaves_states_as_memory)
+{
+    struct enomem_result *r = ap_isolated(sizeof(*r), enomem_body, NULL);
+    cr_assert_eq(r->rc_apply, 0);
+    cr_log_info("revert rc %d, callocs failed %d", r->rc_revert, r->failed);
+    /* whatever the failed revert returned: a site listed ORIGINAL holds its original */
+    for (int k = 0; k < S_COUNT; k++) {
+        const struct site_view *v = &r->after_revert.s[k];
+        if (v->state == ALTPATCH_SITE_ORIGINAL)
+            cr_expect_arr_eq(v->current, v->original, v->len,
+                             "site %d listed ORIGINAL after the failed revert, memory patched", k);
+    }
+    /* and the library can still revert its own bytes */
+    cr_expect_eq(r->rc_revert2, 0);
+    for (int k = 0; k < S_COUNT; k++) {
+        const struct site_view *v = &r->after_revert2.s[k];
+        cr_expect_eq(v->reason, ALTPATCH_REASON_NONE, "site %d refused (reason %d) on revert", k,
+                     v->reason);
+        cr_expect_arr_eq(v->current, v->original, v->len, "site %d not reverted", k);
+    }
+}
+
+#endif
+
+/* ---- random sequences: states agree with memory after every step ---------- */
+
+struct rseq_result {
+    int denied, writes;
+    int bad;         /* first failing step + 1, or 0 */
+    char why[256];
+};
+
+static long rseq_expect(int k, int set, bool revert)
+{
+    /* set: 0 none, 1 F_A, 2 F_B, 3 F_A+F_B */
+    bool a = set & 1, b = set & 2;
+    if (revert)
+        return k == S_TWO ? 0 : 1;
+    switch (k) {
+    case S_ALWAYS: return 2;
+    case S_TWO: return a ? 0xffffffffL : 0;
+    case S_NOT: return a ? 1 : 2;
+    default: return b ? 3 : a ? 2 : 1;
+    }
+}
+
+static void rseq_body(void *out, void *ctx)
+{
+    struct rseq_result *r = out;
+    unsigned seed = *(unsigned *)ctx;
+    struct altpatch_features *sets[4] = {fset(-1), fset(F_A, -1), fset(F_B, -1),
+                                         fset(F_A, F_B, -1)};
+    altpatch_set_print(NULL);
+    int fd = open("/proc/self/mem", O_RDWR);
+    struct snapshot sn;
+    if (apply_with(sets[0], ALTPATCH_APPLY_DRY_RUN))
+        _exit(6);
+    snap(&sn);
+    bool foreign[S_COUNT] = {0};
+    uint8_t saved[S_COUNT];
+    if (seed % 3 == 0)
+        setenv("ALTPATCH_DEBUG", "1", 1);
+    bool mdwe = (seed & 1) && prctl(65 /* PR_SET_MDWE */, 1UL, 0L, 0L, 0L) == 0;
+    for (int step = 0; step < 60 && !r->bad; step++) {
+        unsigned op = (unsigned)rand_r(&seed) % 8;
+        int set = rand_r(&seed) % 4;
+        int k = rand_r(&seed) % S_COUNT;
+        if (op == 6 && k != S_TWO) { /* someone else's immediate byte at a mov site (or taken back) */
+            uint8_t b = 0x42;
+            off_t at = (off_t)(sn.s[k].addr + 1);
+            if (!foreign[k]) {
+                if (pread(fd, &saved[k], 1, at) != 1 || pwrite(fd, &b, 1, at) != 1)
+                    _exit(5);
+            } else if (pwrite(fd, &saved[k], 1, at) != 1) {
+                _exit(5);
+            }
+            foreign[k] = !foreign[k];
+            continue;
+        }
+        unsigned flags = op == 1 || op == 2 ? ALTPATCH_APPLY_REVERT : 0;
+        if (op == 3 || op == 4)
+            flags |= ALTPATCH_APPLY_DRY_RUN;
+        if (mdwe && (op == 5 || op == 2))
+            flags |= ALTPATCH_APPLY_NO_PROCMEM; /* its writes are denied */
+        if (op == 4)
+            flags |= ALTPATCH_APPLY_REVERT;
+        int rc = apply_with(sets[set], flags);
+        struct altpatch_stats st;
+        get_stats(&st);
+        snap(&sn);
+        if (rc) {
+            r->bad = step + 1;
+            snprintf(r->why, sizeof(r->why), "step %d op %u: rc %d", step, op, rc);
+            break;
+        }
+        unsigned patched = 0, refused = 0;
+        for (int j = 0; j < S_COUNT; j++) {
+            refused += sn.s[j].state == ALTPATCH_SITE_REFUSED;
+            const struct site_view *v = &sn.s[j];
+            bool cur_orig = !memcmp(v->current, v->original, v->len);
+            patched += v->state == ALTPATCH_SITE_PATCHED;
+            r->denied += v->reason == ALTPATCH_REASON_WRITE_DENIED;
+            if (flags & ALTPATCH_APPLY_DRY_RUN)
+                continue;
+            const char *err = NULL;
+            if (foreign[j] && v->state != ALTPATCH_SITE_REFUSED)
+                err = "foreign bytes not refused";
+            else if (!foreign[j] && v->state == ALTPATCH_SITE_REFUSED &&
+                     !((flags & ALTPATCH_APPLY_NO_PROCMEM) && v->reason == ALTPATCH_REASON_WRITE_DENIED))
+                err = "refused without a foreign change";
+            else if (v->state == ALTPATCH_SITE_ORIGINAL && !cur_orig)
+                err = "ORIGINAL but memory is not";
+            else if (v->state == ALTPATCH_SITE_PATCHED && cur_orig)
+                err = "PATCHED but memory holds the original";
+            else if (!foreign[j] && v->state != ALTPATCH_SITE_REFUSED && sn.value[j] != rseq_expect(j, set, flags & ALTPATCH_APPLY_REVERT))
+                err = "wrong value";
+            if (err) {
+                r->bad = step + 1;
+                snprintf(r->why, sizeof(r->why), "step %d op %u set %d site %d: %s (state %d value %ld)",
+                         step, op, set, j, err, v->state, sn.value[j]);
+                break;
+            }
+        }
+        (void)patched;
+        if (!r->bad && (st.sites_refused != refused ||
+                        st.sites_patched != sn.npatched || st.sites_seen != sn.nsites)) {
+            r->bad = step + 1;
+            snprintf(r->why, sizeof(r->why), "step %d op %u set %d: stats patched %llu seen %llu, listed %u of %u",
+                     step, op, set, (unsigned long long)st.sites_patched,
+                     (unsigned long long)st.sites_seen, sn.npatched, sn.nsites);
+        }
+    }
+    close(fd);
+    for (int i = 0; i < 4; i++)
+        altpatch_features_free(sets[i]);
+}
+
+Test(apply, random_sequences_states_agree_with_memory)
+{
+    for (unsigned seed = 1; seed <= 300; seed++) {
+        struct rseq_result *r = ap_isolated(sizeof(*r), rseq_body, &seed);
+        cr_expect_eq(r->bad, 0, "seed %u: %s", seed, r->why);
+        if (seed < 4)
+            cr_log_info("seed %u: denied %d", seed, r->denied);
+    }
+}

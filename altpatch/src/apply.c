@@ -460,10 +460,10 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
         uint32_t off = orig_off[i], id = shape[i];
         size_t len = s->len;
         const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
-        const uint8_t *orig = morig + off, *planned = mplanned + off, *target = orig;
-        int chosen = -1;
         if (off == AP_NO_ORIG32)
             goto slow; /* outside the text: refused */
+        const uint8_t *orig = morig + off, *planned = mplanned + off, *target = orig;
+        int chosen = -1;
         if (!id) { /* orig saved: the site lies in the module's text (module.c) */
             struct ap_site_entries eb;
             const struct ap_site *es = s;
@@ -810,6 +810,9 @@ static void ap_writes_done(struct ap_run *r)
                 r->patched_n -= p;
                 mr->patched -= p;
             }
+            ap_site_refused(r, mr, i, n);
+        } else if (d->reason) {
+            /* a refused site whose original was written back: still refused */
             ap_site_refused(r, mr, i, n);
         } else {
             struct ap_dec ok = {w->new, chosen, ALTPATCH_REASON_NONE, AP_ACT_WRITE};

@@ -1029,8 +1029,14 @@ int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
     struct ap_round r = {.st = st ? st : &dummy, .taskfd = -1};
     r.f.memfd = -1;
     r.it = calloc(n ? n : 1, sizeof(*r.it));
-    if (!r.it)
+    if (!r.it) {
+        /* every write gets its result, as on the round's own errors: one
+         * that memory does not already hold is refused, nothing written */
+        for (size_t i = 0; i < n; i++)
+            if (ap_write_pending(&w[i]))
+                w[i].result = ALTPATCH_REASON_WRITE_DENIED;
         return -ENOMEM;
+    }
     r.n = ap_live_pending(w, n, r.it);
     int err = 0;
     if (r.n) {
