@@ -418,6 +418,21 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
         ap_site_refused(r, mr, i, n);
 }
 
+/* The decision loop's counters and queue position, kept in registers while
+ * it runs, back into the run (before ap_decide() and at the end). */
+static inline void ap_loop_flush(struct ap_run *r, struct ap_mrun *mr, size_t n, size_t nw,
+                                 uintptr_t wlast, bool unsorted, uint64_t patched,
+                                 uint64_t unchanged)
+{
+    r->ndec = n;
+    r->nwrites = nw;
+    r->wlast = wlast;
+    r->unsorted = unsorted;
+    r->patched_n += patched;
+    r->unchanged_n += unchanged;
+    mr->patched += patched;
+}
+
 /*
  * Every site of module @p mr through ap_decide()'s rules (final bytes
  * computed for a site go to @p slot, then the next bytes: only the sites
@@ -538,13 +553,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             slot += len; /* used: the next one gets the next bytes */
         continue;
     slow:
-        r->ndec = n;
-        r->nwrites = nw;
-        r->wlast = wlast;
-        r->unsorted = unsorted;
-        r->patched_n += patched;
-        r->unchanged_n += unchanged;
-        mr->patched += patched;
+        ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
         patched = unchanged = 0;
         ap_decide(r, mr, i, slot, memo);
         tmpl = memo->tmpl; /* the planner may have stored a template */
@@ -554,13 +563,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
         if (r->dec[n].target == slot)
             slot += len;
     }
-    r->ndec = n;
-    r->nwrites = nw;
-    r->wlast = wlast;
-    r->unsorted = unsorted;
-    r->patched_n += patched;
-    r->unchanged_n += unchanged;
-    mr->patched += patched;
+    ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
 }
 
 /** What the last apply left at site @p i of a settled module @p m. */

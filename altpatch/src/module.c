@@ -117,37 +117,6 @@ static void ap_module_free(struct ap_module *m)
 }
 
 /*
- * Copy a site's original bytes into orig and planned (both at the same
- * offset): ap_copy_small() twice, each word loaded once.
- */
-static inline void ap_copy_twice(uint8_t *a, uint8_t *b, const uint8_t *src, size_t n)
-{
-    if (n > 16) {
-        memcpy(a, src, n);
-        memcpy(b, src, n);
-    } else if (n >= 8) {
-        uint64_t x, y;
-        memcpy(&x, src, 8);
-        memcpy(&y, src + n - 8, 8);
-        memcpy(a, &x, 8);
-        memcpy(a + n - 8, &y, 8);
-        memcpy(b, &x, 8);
-        memcpy(b + n - 8, &y, 8);
-    } else if (n >= 4) {
-        uint32_t x, y;
-        memcpy(&x, src, 4);
-        memcpy(&y, src + n - 4, 4);
-        memcpy(a, &x, 4);
-        memcpy(a + n - 4, &y, 4);
-        memcpy(b, &x, 4);
-        memcpy(b + n - 4, &y, 4);
-    } else {
-        for (size_t k = 0; k < n; k++)
-            a[k] = b[k] = src[k];
-    }
-}
-
-/*
  * The per-site arrays in one allocation (m->block): orig_off, shape (0: no
  * template), res, then the original bytes of every site that lies inside the
  * module's text and, at the same offsets, the bytes the last apply left
@@ -200,7 +169,8 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
             continue;
         }
         orig_off[i] = off;
-        ap_copy_twice(orig + off, planned + off, r_data + (addr - r_addr), len);
+        ap_copy_small(orig + off, r_data + (addr - r_addr), len);
+        ap_copy_small(planned + off, orig + off, len);
         off += len;
     }
     /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the
