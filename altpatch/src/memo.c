@@ -176,6 +176,20 @@ static inline uint64_t fin(uint64_t x)
     return x ^ (x >> 33);
 }
 
+/* The signature's first word: length, the original's first byte, entry count. */
+static inline uint64_t sig_start(const struct ap_site *s, const uint8_t *orig, uint32_t count)
+{
+    return mix(0x9e3779b97f4a7c15ull,
+               (uint64_t)s->len | (uint64_t)orig[0] << 8 | (uint64_t)count << 16);
+}
+
+/* An entry's signature word (@rb: its replacement bytes, NULL for none). */
+static inline uint64_t sig_entry(const struct ap_entry *e, const uint8_t *rb)
+{
+    return (uint64_t)e->feature | (uint64_t)e->flags << 16 | (uint64_t)e->repllen << 32 |
+           (uint64_t)(e->repllen ? rb[0] : 0) << 40;
+}
+
 /*
  * The signature hash of site @s (original @orig): length, entry count, per
  * entry feature, flags, replacement length and first replacement byte, the
@@ -186,16 +200,14 @@ static inline uint64_t fin(uint64_t x)
 static inline bool sig_hash(const struct ap_view *v, const struct ap_site *s,
                             const struct ap_entry *entries, const uint8_t *orig, uint64_t *h)
 {
-    uint64_t x = mix(0x9e3779b97f4a7c15ull,
-                     (uint64_t)s->len | (uint64_t)orig[0] << 8 | (uint64_t)s->count << 16);
+    uint64_t x = sig_start(s, orig, s->count);
 
     for (uint32_t k = 0; k < s->count; k++) {
         const struct ap_entry *e = &entries[s->first + k];
 
         if (!repl_ok(v, e))
             return false;
-        x = mix(x, (uint64_t)e->feature | (uint64_t)e->flags << 16 | (uint64_t)e->repllen << 32 |
-                       (uint64_t)(e->repllen ? repl_at(v, e)[0] : 0) << 40);
+        x = mix(x, sig_entry(e, repl_at(v, e)));
     }
     *h = fin(x);
     return true;
@@ -733,16 +745,13 @@ static uint32_t find_words(const struct ap_memo *m, const struct ap_view *v,
     if (!repl_ok(v, e))
         return 0;
     rb = repl_at(v, e);
-    x = mix(0x9e3779b97f4a7c15ull,
-            (uint64_t)s->len | (uint64_t)orig[0] << 8 | (uint64_t)one << 16);
-    x = mix(x, (uint64_t)e->feature | (uint64_t)e->flags << 16 | (uint64_t)e->repllen << 32 |
-                   (uint64_t)(e->repllen ? rb[0] : 0) << 40);
+    x = mix(sig_start(s, orig, one), sig_entry(e, rb));
     if (one == 2) {
         if (!repl_ok(v, &e[1]))
             return 0;
         rb2 = repl_at(v, &e[1]);
         hdr2 = two_header(&e[1]);
-        x = mix(x, hdr2 | (uint64_t)(e[1].repllen ? rb2[0] : 0) << 40);
+        x = mix(x, sig_entry(&e[1], rb2));
         words_of(rb2, e[1].repllen, &q1, &q2);
     }
     h = fin(x);
