@@ -381,38 +381,41 @@ uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
 /*
  * The pass itself, for one record size (a constant after inlining). Per
  * record: the site address, feature and length, the table hash, the feature
- * bitmap, the entry when asked for; per site (when the next one starts):
- * grouping as ap_sites_group() does, and -- while the sites come in address
- * order -- the overlap scan. In address order a nonempty site overlaps an
- * earlier one iff it starts before the largest end seen so far (maxend):
- * then it and the site of that end are marked. Every site that overlaps a
- * later one is marked so too: the next nonempty site starts before its end,
- * and if another site holds the larger end, that one covers its start.
- * Sites out of order (*@p sorted := false) leave the scan to
- * mark_overlaps_sorted_copy(); the marks made so far are overlaps too.
+ * seen, the entry when asked for. A record at the address of the open site
+ * joins it (the rule of ap_sites_group()); any other opens a site, stored at
+ * once with one record and grown by the records that join it.
+ *
+ * The overlap scan runs while the sites come in address order. In address
+ * order a nonempty site overlaps an earlier one iff it starts before the
+ * largest end seen so far (maxend): then it and the site of that end are
+ * marked. Every site that overlaps a later one is marked so too: the next
+ * nonempty site starts before its end, and if another site holds the larger
+ * end, that one covers its start. Sites out of order (*@p sorted := false)
+ * leave the scan to mark_overlaps_sorted_copy(); the marks made so far are
+ * overlaps too.
+ *
+ * A site that starts at or after lim (the larger of maxend and the last
+ * site's address; UINT64_MAX once out of order), is not empty and does not
+ * end past 2^64 is in order and overlaps nothing before it: it takes the
+ * short path, where its end becomes maxend and lim. Every other site takes
+ * the general one.
  */
-_Static_assert(offsetof(struct ap_entry, feature) == 16 && offsetof(struct ap_entry, flags) == 18 &&
-                   offsetof(struct ap_entry, instrlen) == 20 &&
-                   offsetof(struct ap_entry, repllen) == 21 && offsetof(struct ap_entry, index) >= 24,
-               "struct ap_entry: feature, flags, instrlen, repllen in bytes 16..21 (scan_records)");
-
 static inline __attribute__((always_inline)) size_t
 scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, bool want,
              struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out, bool *sorted)
 {
     uint64_t h = HASH_SEED0;
-    uint64_t feat[AP_SCAN_FEATURES / 64] = {0};
+    uint8_t seen[AP_SCAN_FEATURES]; /* seen[id]: some record names feature id */
     unsigned high = 0;
-    uint64_t site_bytes = 0, maxend = 0;
-    uint32_t max_count = 0;
-    struct ap_site *maxsite = s, *o = s;
-    bool in_order = true;
-    uint64_t cur = 0; /* the open site (records first .. i-1), stored when complete */
-    uint32_t first = 0;
-    uint8_t len = 0;
+    uint64_t site_bytes = 0, maxend = 0, lim = 0;
+    uint32_t max_count = count > 0;
+    struct ap_site *maxsite = s, *o = s; /* o: past the open site */
+    uint64_t cur = 0;                    /* the open site's address and length */
+    uint8_t len = 0;                     /* (0 before the first record) */
     const uint8_t *p = table;
     const uint64_t delta = table_addr - (uint64_t)(uintptr_t)table; /* runtime - buffer */
 
+    memset(seen, 0, sizeof(seen));
     for (uint32_t i = 0; i < count; i++, p += rs) {
         uint64_t w0, w1 = rec_tail(p, rs), packed;
         uint8_t ilen;
@@ -431,7 +434,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         unsigned feature = (unsigned)(packed & 0xffffu);
         ilen = (uint8_t)(packed >> 32);
         if (__builtin_expect(feature < AP_SCAN_FEATURES, 1))
-            feat[feature / 64] |= 1ull << (feature % 64);
+            seen[feature] = 1;
         else
             high = feature;
         if (want) {
@@ -442,58 +445,69 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             memcpy((uint8_t *)x + offsetof(struct ap_entry, feature), &packed, 8);
             x->index = i;
         }
-        /* the rule of ap_sites_group(): len is 0 before the first record */
-        if (addr == cur && ilen != 0 && len != 0) {
-            if (ilen > len)
+        if (addr == cur && ilen != 0 && len != 0) { /* joins the open site */
+            struct ap_site *j = o - 1;
+            if (++j->count > max_count)
+                max_count = j->count;
+            if (ilen > len) {
+                site_bytes += (unsigned)(ilen - len);
                 len = ilen;
-            continue;
-        }
-        if (i > 0) {
-            int reason = ALTPATCH_REASON_NONE;
-            if (!len) {
-                reason = ALTPATCH_REASON_EMPTY_SITE;
-            } else if (in_order) {
+                j->len = len;
                 uint64_t end = cur + len < cur ? UINT64_MAX : cur + len;
-                if (cur < maxend) {
-                    reason = ALTPATCH_REASON_SITE_OVERLAP;
-                    maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
-                }
-                if (end > maxend) {
+                if (lim != UINT64_MAX && end > maxend) { /* in order */
                     maxend = end;
-                    maxsite = o;
+                    maxsite = j;
+                    lim = end;
                 }
             }
-            *o++ = (struct ap_site){.addr = cur, .first = first, .count = i - first, .len = len,
-                                    .reason = reason};
-            site_bytes += len;
-            if (i - first > max_count)
-                max_count = i - first;
-            in_order &= addr >= cur;
+            continue;
         }
+        uint64_t end = addr + ilen;
+        int reason = ALTPATCH_REASON_NONE;
+        if (__builtin_expect(addr >= lim && ilen != 0 && end >= addr, 1)) {
+            maxend = lim = end;
+            maxsite = o;
+        } else if (!ilen) {
+            reason = ALTPATCH_REASON_EMPTY_SITE;
+            if (addr < cur)
+                lim = UINT64_MAX; /* out of order */
+            else if (lim != UINT64_MAX && addr > lim)
+                lim = addr;
+        } else if (addr < cur || lim == UINT64_MAX) {
+            lim = UINT64_MAX; /* out of order */
+        } else {
+            if (end < addr)
+                end = UINT64_MAX;
+            if (addr < maxend) {
+                reason = ALTPATCH_REASON_SITE_OVERLAP;
+                maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
+            }
+            if (end > maxend) {
+                maxend = end;
+                maxsite = o;
+            }
+            lim = maxend > addr ? maxend : addr;
+        }
+        *o++ = (struct ap_site){.addr = addr, .first = i, .count = 1, .len = ilen, .reason = reason};
+        site_bytes += ilen;
         cur = addr;
-        first = i;
         len = ilen;
     }
-    if (count > 0) {
-        int reason = ALTPATCH_REASON_NONE;
-        if (!len) {
-            reason = ALTPATCH_REASON_EMPTY_SITE;
-        } else if (in_order && cur < maxend) {
-            reason = ALTPATCH_REASON_SITE_OVERLAP;
-            maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
+    for (unsigned w = 0; w < AP_SCAN_FEATURES / 64; w++) {
+        uint64_t bits = 0;
+        for (unsigned b = 0; b < 64; b += 8) {
+            uint64_t x;
+            memcpy(&x, seen + w * 64 + b, 8);
+            if (x) /* byte k of x is 0 or 1: bit k of the next eight */
+                bits |= ((x * 0x0102040810204080ull) >> 56) << b;
         }
-        *o++ = (struct ap_site){.addr = cur, .first = first, .count = (uint32_t)count - first,
-                                .len = len, .reason = reason};
-        site_bytes += len;
-        if ((uint32_t)count - first > max_count)
-            max_count = (uint32_t)count - first;
+        out->features[w] = bits;
     }
-    memcpy(out->features, feat, sizeof(feat));
     out->feature_high = high;
     out->site_bytes = site_bytes;
     out->max_count = max_count;
     out->hash = hash_final(h, HASH_SEED1, count * rs);
-    *sorted = in_order;
+    *sorted = lim != UINT64_MAX;
     return (size_t)(o - s);
 }
 
