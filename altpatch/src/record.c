@@ -409,20 +409,20 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     unsigned high = 0;
     uint64_t site_bytes = 0, maxend = 0, lim = 0;
     uint32_t max_count = count > 0;
-    struct ap_site *maxsite = s, *o = s; /* o: past the open site */
-    uint64_t cur = 0;                    /* the open site's address and length */
-    uint8_t len = 0;                     /* (0 before the first record) */
-    const uint8_t *p = table;
-    const uint64_t delta = table_addr - (uint64_t)(uintptr_t)table; /* runtime - buffer */
+    struct ap_site *maxsite = s, *o = s; /* o: past the open site (o[-1]) */
+    uint64_t cur = 0;                    /* the open site's address */
+    /* Records by their runtime address @at; the buffer's byte at at + back. */
+    const uint64_t back = (uint64_t)(uintptr_t)table - table_addr;
+    uint64_t at = table_addr;
 
     memset(seen, 0, sizeof(seen));
-    for (uint32_t i = 0; i < count; i++, p += rs) {
+    for (uint32_t i = 0; i < count; i++, at += rs) {
+        const uint8_t *p = (const uint8_t *)(uintptr_t)(at + back);
         uint64_t w0, w1 = rec_tail(p, rs), packed;
         uint8_t ilen;
 
         memcpy(&w0, p, 8);
         h = hash_step(h, w0, w1);
-        uint64_t at = (uint64_t)(uintptr_t)p + delta;
         uint64_t addr = at + (uint64_t)(int64_t)(int32_t)(uint32_t)w0;
         /* feature | flags << 16 | instrlen << 32 | repllen << 40: struct ap_entry's
          * bytes 16..23, and format 1's last six bytes as they are */
@@ -438,22 +438,24 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         else
             high = feature;
         if (want) {
-            struct ap_entry *x = &e[i];
+            struct ap_entry *x = e++;
             uint64_t repl = at + 4 + (uint64_t)(int64_t)(int32_t)(uint32_t)(w0 >> 32);
             x->site = addr;
             x->repl = repl;
             memcpy((uint8_t *)x + offsetof(struct ap_entry, feature), &packed, 8);
             x->index = i;
         }
-        if (addr == cur && ilen != 0 && len != 0) { /* joins the open site */
+        uint64_t end = addr + ilen;
+        /* the rule of ap_sites_group(): a nonempty record at the address of
+         * a nonempty open site joins it */
+        if (__builtin_expect(addr == cur, 0) && o != s && ilen != 0 && o[-1].len != 0) {
             struct ap_site *j = o - 1;
             if (++j->count > max_count)
                 max_count = j->count;
-            if (ilen > len) {
-                site_bytes += (unsigned)(ilen - len);
-                len = ilen;
-                j->len = len;
-                uint64_t end = cur + len < cur ? UINT64_MAX : cur + len;
+            if (ilen > j->len) {
+                site_bytes += (unsigned)(ilen - j->len);
+                j->len = ilen;
+                end = cur > UINT64_MAX - ilen ? UINT64_MAX : end;
                 if (lim != UINT64_MAX && end > maxend) { /* in order */
                     maxend = end;
                     maxsite = j;
@@ -462,9 +464,9 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             }
             continue;
         }
-        uint64_t end = addr + ilen;
         int reason = ALTPATCH_REASON_NONE;
-        if (__builtin_expect(addr >= lim && ilen != 0 && end >= addr, 1)) {
+        /* end > addr: not empty, and no wrap past 2^64 */
+        if (__builtin_expect(addr >= lim && end > addr, 1)) {
             maxend = lim = end;
             maxsite = o;
         } else if (!ilen) {
@@ -476,7 +478,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         } else if (addr < cur || lim == UINT64_MAX) {
             lim = UINT64_MAX; /* out of order */
         } else {
-            if (end < addr)
+            if (addr > UINT64_MAX - ilen)
                 end = UINT64_MAX;
             if (addr < maxend) {
                 reason = ALTPATCH_REASON_SITE_OVERLAP;
@@ -491,7 +493,6 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         *o++ = (struct ap_site){.addr = addr, .first = i, .count = 1, .len = ilen, .reason = reason};
         site_bytes += ilen;
         cur = addr;
-        len = ilen;
     }
     for (unsigned w = 0; w < AP_SCAN_FEATURES / 64; w++) {
         uint64_t bits = 0;
