@@ -317,16 +317,17 @@ static uint64_t hash_final(uint64_t h0, uint64_t h1, size_t size)
 
 /*
  * One record into the lane: a bijection of h for fixed words and of each
- * word for a fixed h, so one changed word always changes the lane. The
- * xorshift keeps the lane from being linear in the words: without it a shift
- * of every record's offset by the same D (a section moved as a whole) left
+ * word for a fixed h (an xor, a multiplication by an odd number, a rotation,
+ * an addition), so one changed word always changes the lane. The rotation
+ * keeps the lane from being linear in the words: a shift of every record's
+ * offset by the same D (a section moved as a whole) would otherwise leave
  * the hash unchanged whenever D times a sum of powers of the multiplier is 0
  * modulo 2^64 (4096 records moved by 1 MiB, for one).
  */
 static inline uint64_t hash_step(uint64_t h, uint64_t w0, uint64_t w1)
 {
-    h = ((h + w0) * HASH_KR + w1) * HASH_KR;
-    return h ^ (h >> 29);
+    h = (h ^ w0) * HASH_KR;
+    return ((h << 27) | (h >> 37)) + w1;
 }
 
 /* The second word of a record: format 3 four bytes, format 1 six. */
