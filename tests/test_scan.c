@@ -67,32 +67,38 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
     struct ap_entry *e = NULL;
     struct ap_site *s = NULL;
     size_t ne = 0, ns = 0;
-    struct ap_table_scan a, b;
+    struct ap_table_scan a, b, c;
 
     int r1 = ap_records_parse(t, size, table_addr, rs, &e, &ne);
-    int r2 = ap_table_scan(t, size, table_addr, rs, true, &a);
-    int r3 = ap_table_scan(t, size, table_addr, rs, false, &b);
+    int r2 = ap_table_scan(t, size, table_addr, rs, AP_SCAN_ENTRIES | AP_SCAN_HASH, &a);
+    int r3 = ap_table_scan(t, size, table_addr, rs, AP_SCAN_HASH, &b);
+    int r4 = ap_table_scan(t, size, table_addr, rs, AP_SCAN_ENTRIES, &c); /* no hash */
     cr_assert_eq(r2, r1);
     cr_assert_eq(r3, r1);
+    cr_assert_eq(r4, r1);
     cr_assert_eq(a.hash, ap_table_hash(t, size, rs));
     cr_assert_eq(b.hash, a.hash);
+    cr_assert_eq(c.hash, 0);
     if (r1 != ALTPATCH_REASON_NONE) {
         cr_assert_null(a.sites);
         cr_assert_null(a.entries);
+        cr_assert_null(c.sites);
         *keep = a;
         return;
     }
     cr_assert_eq(ap_sites_group(e, ne, &s, &ns), 0);
     cr_assert_eq(a.nsites, ns);
     cr_assert_eq(b.nsites, ns);
+    cr_assert_eq(c.nsites, ns);
     cr_assert_eq(a.nentries, ne);
+    cr_assert_eq(c.nentries, ne);
     cr_assert_null(b.entries);
     cr_assert_eq(b.nentries, 0);
     uint64_t bytes = 0;
     uint32_t maxc = 0;
     for (size_t k = 0; k < ns; k++) {
-        for (int w = 0; w < 2; w++) {
-            const struct ap_site *x = w ? &b.sites[k] : &a.sites[k];
+        for (int w = 0; w < 3; w++) {
+            const struct ap_site *x = w == 2 ? &c.sites[k] : w ? &b.sites[k] : &a.sites[k];
             cr_assert_eq(x->addr, s[k].addr, "site %zu", k);
             cr_assert_eq(x->first, s[k].first, "site %zu", k);
             cr_assert_eq(x->count, s[k].count, "site %zu", k);
@@ -108,17 +114,21 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
     cr_assert_eq(a.max_count, maxc);
     cr_assert_eq(b.site_bytes, bytes);
     cr_assert_eq(b.max_count, maxc);
+    cr_assert_eq(c.site_bytes, bytes);
+    cr_assert_eq(c.max_count, maxc);
     uint64_t feat[AP_SCAN_FEATURES / 64] = {0};
     bool high = false;
     for (size_t i = 0; i < ne; i++) {
-        const struct ap_entry *x = &a.entries[i];
-        cr_assert_eq(x->site, e[i].site, "entry %zu", i);
-        cr_assert_eq(x->repl, e[i].repl, "entry %zu", i);
-        cr_assert_eq(x->feature, e[i].feature, "entry %zu", i);
-        cr_assert_eq(x->flags, e[i].flags, "entry %zu", i);
-        cr_assert_eq(x->instrlen, e[i].instrlen, "entry %zu", i);
-        cr_assert_eq(x->repllen, e[i].repllen, "entry %zu", i);
-        cr_assert_eq(x->index, e[i].index, "entry %zu", i);
+        for (int w = 0; w < 2; w++) {
+            const struct ap_entry *x = w ? &c.entries[i] : &a.entries[i];
+            cr_assert_eq(x->site, e[i].site, "entry %zu", i);
+            cr_assert_eq(x->repl, e[i].repl, "entry %zu", i);
+            cr_assert_eq(x->feature, e[i].feature, "entry %zu", i);
+            cr_assert_eq(x->flags, e[i].flags, "entry %zu", i);
+            cr_assert_eq(x->instrlen, e[i].instrlen, "entry %zu", i);
+            cr_assert_eq(x->repllen, e[i].repllen, "entry %zu", i);
+            cr_assert_eq(x->index, e[i].index, "entry %zu", i);
+        }
         if (e[i].feature < AP_SCAN_FEATURES)
             feat[e[i].feature / 64] |= 1ull << (e[i].feature % 64);
         else
@@ -126,10 +136,14 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
     }
     cr_assert_eq(memcmp(a.features, feat, sizeof(feat)), 0);
     cr_assert_eq(memcmp(b.features, feat, sizeof(feat)), 0);
+    cr_assert_eq(memcmp(c.features, feat, sizeof(feat)), 0);
     cr_assert_eq(a.feature_high != 0, high);
+    cr_assert_eq(c.feature_high, a.feature_high);
     if (high)
         cr_assert_geq(a.feature_high, AP_SCAN_FEATURES);
     free(b.sites);
+    free(c.sites);
+    free(c.entries);
     free(e);
     free(s);
     *keep = a;
@@ -278,17 +292,18 @@ Test(scan, bad_tables)
 {
     uint8_t t[64] = {0};
     struct ap_table_scan a;
+    const unsigned all = AP_SCAN_ENTRIES | AP_SCAN_HASH;
 
-    cr_assert_eq(ap_table_scan(t, 13, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, true, &a),
+    cr_assert_eq(ap_table_scan(t, 13, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, all, &a),
                  ALTPATCH_REASON_BAD_TABLE);
     cr_assert_null(a.sites);
     cr_assert_eq(a.hash, ap_table_hash(t, 13, ALTPATCH_RECORD_SIZE_COMPACT));
-    cr_assert_eq(ap_table_scan(t, 15, 0x1000, ALTPATCH_RECORD_SIZE_KERNEL, true, &a),
+    cr_assert_eq(ap_table_scan(t, 15, 0x1000, ALTPATCH_RECORD_SIZE_KERNEL, all, &a),
                  ALTPATCH_REASON_BAD_TABLE);
-    cr_assert_eq(ap_table_scan(t, 24, 0x1000, 16, true, &a), ALTPATCH_REASON_BAD_VERSION);
-    cr_assert_eq(ap_table_scan(NULL, 12, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, true, &a),
+    cr_assert_eq(ap_table_scan(t, 24, 0x1000, 16, all, &a), ALTPATCH_REASON_BAD_VERSION);
+    cr_assert_eq(ap_table_scan(NULL, 12, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, all, &a),
                  ALTPATCH_REASON_BAD_TABLE);
-    cr_assert_eq(ap_table_scan(t, 0, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, true, &a),
+    cr_assert_eq(ap_table_scan(t, 0, 0x1000, ALTPATCH_RECORD_SIZE_COMPACT, all, &a),
                  ALTPATCH_REASON_NONE);
     cr_assert_eq(a.nsites, 0);
     cr_assert_null(a.sites);
@@ -357,8 +372,8 @@ Test(scan, hash_sees_a_uniform_shift)
         cr_assert_neq(ap_table_hash(b, (size_t)N * rs, rs), ha, "format %u: replacements moved", rs);
         cr_assert_neq(ap_table_hash(c, (size_t)N * rs, rs), ha, "format %u: sites moved", rs);
         struct ap_table_scan sa, sb;
-        cr_assert_eq(ap_table_scan(a, (size_t)N * rs, 0x400000, rs, false, &sa), 0);
-        cr_assert_eq(ap_table_scan(b, (size_t)N * rs, 0x400000, rs, false, &sb), 0);
+        cr_assert_eq(ap_table_scan(a, (size_t)N * rs, 0x400000, rs, AP_SCAN_HASH, &sa), 0);
+        cr_assert_eq(ap_table_scan(b, (size_t)N * rs, 0x400000, rs, AP_SCAN_HASH, &sb), 0);
         cr_assert_eq(sa.hash, ha);
         cr_assert_neq(sb.hash, sa.hash);
         free(sa.sites);

@@ -198,7 +198,8 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     /* One pass: sites, their preset reasons, the entries (the first apply
      * reads them), the features named and the table's hash. */
     struct ap_table_scan sc;
-    int r = ap_table_scan(table, m->table_size, n->table_start, n->record_size, true, &sc);
+    int r = ap_table_scan(table, m->table_size, n->table_start, n->record_size,
+                          AP_SCAN_ENTRIES | AP_SCAN_HASH, &sc);
     m->table_hash = sc.hash;
     if (r < 0)
         return r;

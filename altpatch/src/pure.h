@@ -134,7 +134,7 @@ struct ap_table_scan {
     uint32_t max_count;       /* most records of one site */
     unsigned feature_high;    /* a feature id >= AP_SCAN_FEATURES the records name, or 0 */
     uint64_t features[AP_SCAN_FEATURES / 64]; /* bit id: some record names feature id */
-    uint64_t hash;            /* ap_table_hash() of the table */
+    uint64_t hash;            /* ap_table_hash() of the table (AP_SCAN_HASH), else 0 */
 };
 
 /**
@@ -142,12 +142,16 @@ struct ap_table_scan {
  * @p table_addr, records of @p record_size bytes): the sites, their preset
  * reasons (EMPTY_SITE, SITE_OVERLAP) and what else the records say, exactly
  * as ap_records_parse() followed by ap_sites_group() (the overlap scan needs
- * no sorted copy while the sites come in address order), the entries only
- * when @p want_entries. Returns ALTPATCH_REASON_NONE, BAD_VERSION or
+ * no sorted copy while the sites come in address order); the entries only
+ * when @p what has AP_SCAN_ENTRIES, the hash only when it has AP_SCAN_HASH
+ * (else out->hash is 0). Returns ALTPATCH_REASON_NONE, BAD_VERSION or
  * BAD_TABLE as ap_records_parse() (then only out->hash is set), or -ENOMEM.
  */
 AP_HIDDEN int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
-                            uint32_t record_size, bool want_entries, struct ap_table_scan *out);
+                            uint32_t record_size, unsigned what, struct ap_table_scan *out);
+/** ap_table_scan()'s @c what: the entries, the table's hash. */
+#define AP_SCAN_ENTRIES 0x1u
+#define AP_SCAN_HASH 0x2u
 /**
  * A 64-bit hash of a table of records of @p record_size bytes (any size:
  * bytes past the last whole record count too), the one ap_table_scan() gives.

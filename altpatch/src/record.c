@@ -403,7 +403,8 @@ uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
  */
 static inline __attribute__((always_inline)) size_t
 scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, bool want,
-             struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out, bool *sorted)
+             bool hash, struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out,
+             bool *sorted)
 {
     uint64_t h = HASH_SEED0;
     uint8_t seen[AP_SCAN_FEATURES]; /* seen[id]: some record names feature id */
@@ -417,13 +418,14 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     uint64_t at = table_addr;
 
     memset(seen, 0, sizeof(seen));
-    for (uint32_t i = 0; i < count; i++, at += rs) {
+    for (uint32_t i = 0, n = (uint32_t)count; i < n; i++, at += rs) {
         const uint8_t *p = (const uint8_t *)(uintptr_t)(at + back);
         uint64_t w0, w1 = rec_tail(p, rs), packed;
         uint8_t ilen;
 
         memcpy(&w0, p, 8);
-        h = hash_step(h, w0, w1);
+        if (hash)
+            h = hash_step(h, w0, w1);
         uint64_t addr = at + (uint64_t)(int64_t)(int32_t)(uint32_t)w0;
         /* feature | flags << 16 | instrlen << 32 | repllen << 40: struct ap_entry's
          * bytes 16..23, and format 1's last six bytes as they are */
@@ -508,31 +510,45 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     out->feature_high = high;
     out->site_bytes = site_bytes;
     out->max_count = max_count;
-    out->hash = hash_final(h, HASH_SEED1, count * rs);
+    out->hash = hash ? hash_final(h, HASH_SEED1, count * rs) : 0;
     *sorted = lim != UINT64_MAX;
     return (size_t)(o - s);
 }
 
+/* The pass for one record size: with the entries and the hash, with the
+ * entries only, or with the hash only (also what a pass with neither runs). */
+static inline __attribute__((always_inline)) size_t
+scan_dispatch(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, unsigned what,
+              struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out, bool *sorted)
+{
+    if (!(what & AP_SCAN_ENTRIES))
+        return scan_records(table, count, table_addr, rs, false, true, s, e, out, sorted);
+    if (what & AP_SCAN_HASH)
+        return scan_records(table, count, table_addr, rs, true, true, s, e, out, sorted);
+    return scan_records(table, count, table_addr, rs, true, false, s, e, out, sorted);
+}
+
 int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,
-                  bool want_entries, struct ap_table_scan *out)
+                  unsigned what, struct ap_table_scan *out)
 {
     size_t count;
     struct ap_site *s = NULL;
     struct ap_entry *e = NULL;
     bool sorted = true;
+    bool want_entries = what & AP_SCAN_ENTRIES, want_hash = what & AP_SCAN_HASH;
 
     memset(out, 0, sizeof(*out));
     if (record_size != ALTPATCH_RECORD_SIZE_KERNEL && record_size != ALTPATCH_RECORD_SIZE_COMPACT) {
-        out->hash = table ? ap_table_hash(table, size, record_size) : 0;
+        out->hash = table && want_hash ? ap_table_hash(table, size, record_size) : 0;
         return ALTPATCH_REASON_BAD_VERSION;
     }
     count = size / record_size;
     if (size % record_size != 0 || (size && !table) || count > UINT32_MAX) {
-        out->hash = table ? ap_table_hash(table, size, record_size) : 0;
+        out->hash = table && want_hash ? ap_table_hash(table, size, record_size) : 0;
         return ALTPATCH_REASON_BAD_TABLE;
     }
     if (count == 0) {
-        out->hash = ap_table_hash(table, 0, record_size);
+        out->hash = want_hash ? ap_table_hash(table, 0, record_size) : 0;
         return ALTPATCH_REASON_NONE;
     }
     s = malloc(count * sizeof(*s));
@@ -543,17 +559,13 @@ int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32
         free(e);
         return -ENOMEM;
     }
-    size_t m;
-    if (record_size == ALTPATCH_RECORD_SIZE_COMPACT)
-        m = want_entries ? scan_records(table, count, table_addr, ALTPATCH_RECORD_SIZE_COMPACT, true,
-                                        s, e, out, &sorted)
-                         : scan_records(table, count, table_addr, ALTPATCH_RECORD_SIZE_COMPACT,
-                                        false, s, e, out, &sorted);
-    else
-        m = want_entries ? scan_records(table, count, table_addr, ALTPATCH_RECORD_SIZE_KERNEL, true,
-                                        s, e, out, &sorted)
-                         : scan_records(table, count, table_addr, ALTPATCH_RECORD_SIZE_KERNEL, false,
-                                        s, e, out, &sorted);
+    size_t m = record_size == ALTPATCH_RECORD_SIZE_COMPACT
+                   ? scan_dispatch(table, count, table_addr, ALTPATCH_RECORD_SIZE_COMPACT, what, s,
+                                   e, out, &sorted)
+                   : scan_dispatch(table, count, table_addr, ALTPATCH_RECORD_SIZE_KERNEL, what, s, e,
+                                   out, &sorted);
+    if (!want_hash)
+        out->hash = 0;
     if (!sorted && mark_overlaps_sorted_copy(s, m) < 0) {
         free(s);
         free(e);
