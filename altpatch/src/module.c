@@ -194,12 +194,16 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     const uint8_t *table = (const uint8_t *)(uintptr_t)n->table_start;
     m->table_size = n->table_end - n->table_start;
     m->table_read = true;
-    m->repl_hash = ap_bytes_hash(m->view.repl.data, m->view.repl.size);
+    /* The hashes recognise another library loaded at the same address after
+     * an unload; the main program is never unloaded (ap_content_unchanged). */
+    bool main_program = !m->path[0];
+    if (!main_program)
+        m->repl_hash = ap_bytes_hash(m->view.repl.data, m->view.repl.size);
     /* One pass: sites, their preset reasons, the entries (the first apply
      * reads them), the features named and the table's hash. */
     struct ap_table_scan sc;
     int r = ap_table_scan(table, m->table_size, n->table_start, n->record_size,
-                          AP_SCAN_ENTRIES | AP_SCAN_HASH, &sc);
+                          AP_SCAN_ENTRIES | (main_program ? 0 : AP_SCAN_HASH), &sc);
     m->table_hash = sc.hash;
     if (r < 0)
         return r;
@@ -335,6 +339,8 @@ static bool ap_content_unchanged(const struct ap_module *m, const struct dl_phdr
 {
     if (!m->table_read)
         return true; /* refused before the table was read: nothing to compare */
+    if (!m->path[0])
+        return true; /* the main program: never unloaded, so never replaced (no hashes kept) */
     if (!ap_in_load(info, m->note.table_start, m->note.table_end) ||
         !ap_in_load(info, m->note.repl_start, m->note.repl_end))
         return false;
@@ -342,7 +348,7 @@ static bool ap_content_unchanged(const struct ap_module *m, const struct dl_phdr
                       m->note.record_size) != m->table_hash ||
         ap_bytes_hash(m->view.repl.data, m->view.repl.size) != m->repl_hash)
         return false;
-    return !reload || !m->path[0] || ap_sites_unchanged(m);
+    return !reload || ap_sites_unchanged(m);
 }
 
 /** Put @p nm in the place of @p old (or at the end when @p old is NULL). */
