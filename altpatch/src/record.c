@@ -381,25 +381,25 @@ uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
 
 /*
  * The pass itself, for one record size (a constant after inlining). Per
- * record: the site address, feature and length, the table hash, the feature
- * seen, the entry when asked for. A record at the address of the open site
- * joins it (the rule of ap_sites_group()); any other opens a site, stored at
- * once with one record and grown by the records that join it.
+ * record: the site address, feature and length, the table hash (when asked
+ * for), the feature seen, the entry (when asked for). A record at the
+ * address of the open site joins it (the rule of ap_sites_group()); any
+ * other opens a site, stored at once with one record and grown by the
+ * records that join it.
  *
- * The overlap scan runs while the sites come in address order. In address
- * order a nonempty site overlaps an earlier one iff it starts before the
- * largest end seen so far (maxend): then it and the site of that end are
- * marked. Every site that overlaps a later one is marked so too: the next
- * nonempty site starts before its end, and if another site holds the larger
- * end, that one covers its start. Sites out of order (*@p sorted := false)
+ * The overlap scan runs while the nonempty sites come in address order
+ * (empty sites cover no byte: they take no part, as in ap_sites_group()).
+ * In address order a nonempty site overlaps an earlier one iff it starts
+ * before the largest end seen so far (lim): then it and the site of that
+ * end (maxsite) are marked. Every site that overlaps a later one is marked
+ * so too: the next nonempty site starts before its end, and if another site
+ * holds the larger end, that one covers its start. A nonempty site that
+ * starts at or after lim and does not end past 2^64 is in order and
+ * overlaps nothing before it: it takes the short path, where its end
+ * becomes lim. Sites out of order (lim := UINT64_MAX, *@p sorted := false)
  * leave the scan to mark_overlaps_sorted_copy(); the marks made so far are
- * overlaps too.
- *
- * A site that starts at or after lim (the larger of maxend and the last
- * site's address; UINT64_MAX once out of order), is not empty and does not
- * end past 2^64 is in order and overlaps nothing before it: it takes the
- * short path, where its end becomes maxend and lim. Every other site takes
- * the general one.
+ * overlaps too. (A site ending at 2^64 sets lim to UINT64_MAX as well: the
+ * sorted copy then decides, with the same answer.)
  */
 static inline __attribute__((always_inline)) size_t
 scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, bool want,
@@ -409,16 +409,21 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     uint64_t h = HASH_SEED0;
     uint8_t seen[AP_SCAN_FEATURES]; /* seen[id]: some record names feature id */
     unsigned high = 0;
-    uint64_t site_bytes = 0, maxend = 0, lim = 0;
+    uint64_t site_bytes = 0, lim = 0;
     uint32_t max_count = count > 0;
     struct ap_site *maxsite = s, *o = s; /* o: past the open site (o[-1]) */
     uint64_t cur = 0;                    /* the open site's address */
     /* Records by their runtime address @at; the buffer's byte at at + back. */
     const uint64_t back = (uint64_t)(uintptr_t)table - table_addr;
     uint64_t at = table_addr;
+    /* The record's index in the low half, 1 in the high one: a new site's
+     * first and count (struct ap_site's bytes 8..15) in one word. */
+    const uint64_t one = 1ull << 32;
+    _Static_assert(offsetof(struct ap_site, first) == 8 && offsetof(struct ap_site, count) == 12,
+                   "struct ap_site: first, count in bytes 8..15");
 
     memset(seen, 0, sizeof(seen));
-    for (uint32_t i = 0, n = (uint32_t)count; i < n; i++, at += rs) {
+    for (uint64_t ic = one, end_ic = one + count; ic != end_ic; ic++, at += rs) {
         const uint8_t *p = (const uint8_t *)(uintptr_t)(at + back);
         uint64_t w0, w1 = rec_tail(p, rs), packed;
         uint8_t ilen;
@@ -435,7 +440,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         else
             packed = w1;
         unsigned feature = (unsigned)(packed & 0xffffu);
-        ilen = (uint8_t)(packed >> 32);
+        ilen = p[rs - 2]; /* (packed >> 32) & 0xff, read again: one load */
         if (__builtin_expect(feature < AP_SCAN_FEATURES, 1))
             seen[feature] = 1;
         else
@@ -446,7 +451,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             x->site = addr;
             x->repl = repl;
             memcpy((uint8_t *)x + offsetof(struct ap_entry, feature), &packed, 8);
-            x->index = i;
+            x->index = (uint32_t)ic;
         }
         uint64_t end = addr + ilen;
         /* the rule of ap_sites_group(): a nonempty record at the address of
@@ -459,10 +464,9 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
                 site_bytes += (unsigned)(ilen - j->len);
                 j->len = ilen;
                 end = cur > UINT64_MAX - ilen ? UINT64_MAX : end;
-                if (lim != UINT64_MAX && end > maxend) { /* in order */
-                    maxend = end;
-                    maxsite = j;
+                if (lim != UINT64_MAX && end > lim) { /* in order: the largest end */
                     lim = end;
+                    maxsite = j;
                 }
             }
             continue;
@@ -470,30 +474,34 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         int reason = ALTPATCH_REASON_NONE;
         /* end > addr: not empty, and no wrap past 2^64 */
         if (__builtin_expect(addr >= lim && end > addr, 1)) {
-            maxend = lim = end;
+            lim = end;
             maxsite = o;
         } else if (!ilen) {
             reason = ALTPATCH_REASON_EMPTY_SITE;
-            if (addr < cur)
+        } else if (lim != UINT64_MAX) {
+            const struct ap_site *q = o; /* the last nonempty site, if any */
+            while (q != s && !q[-1].len)
+                q--;
+            if (q != s && addr < q[-1].addr) {
                 lim = UINT64_MAX; /* out of order */
-            else if (lim != UINT64_MAX && addr > lim)
-                lim = addr;
-        } else if (addr < cur || lim == UINT64_MAX) {
-            lim = UINT64_MAX; /* out of order */
-        } else {
-            if (addr > UINT64_MAX - ilen)
-                end = UINT64_MAX;
-            if (addr < maxend) {
-                reason = ALTPATCH_REASON_SITE_OVERLAP;
-                maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
+            } else {
+                if (addr < lim) {
+                    reason = ALTPATCH_REASON_SITE_OVERLAP;
+                    maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
+                }
+                if (addr > UINT64_MAX - ilen)
+                    end = UINT64_MAX;
+                if (end > lim) {
+                    lim = end;
+                    maxsite = o;
+                }
             }
-            if (end > maxend) {
-                maxend = end;
-                maxsite = o;
-            }
-            lim = maxend > addr ? maxend : addr;
         }
-        *o++ = (struct ap_site){.addr = addr, .first = i, .count = 1, .len = ilen, .reason = reason};
+        o->addr = addr;
+        memcpy(&o->first, &ic, 8);
+        o->reason = (int16_t)reason;
+        o->len = ilen;
+        o++;
         site_bytes += ilen;
         cur = addr;
     }
