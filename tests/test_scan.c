@@ -274,6 +274,57 @@ Test(scan, many_records_in_one_site)
     }
 }
 
+/*
+ * The bounds of the pass's short path: a site starting exactly where the
+ * largest end is (no overlap), a nonempty record at the address of an empty
+ * site (a site of its own, not a join), a record that grows the open site
+ * over the next one, empty sites out of order among ordered ones (no part
+ * in the order), and a site ending exactly at 2^64.
+ */
+Test(scan, short_path_bounds)
+{
+    struct rec r[] = {
+        {0x1000, 0x9000, 1, 0, 4, 1},  /* [0x1000, 0x1004) */
+        {0x1004, 0x9000, 2, 0, 4, 1},  /* starts at the end: no overlap */
+        {0x1008, 0x9000, 3, 0, 0, 0},  /* empty */
+        {0x1008, 0x9000, 4, 0, 2, 1},  /* at the empty site's address: a site */
+        {0x1008, 0x9000, 5, 0, 9, 1},  /* joins it, now [0x1008, 0x1011) */
+        {0x1010, 0x9000, 6, 0, 2, 1},  /* overlaps the grown site */
+        {0x0800, 0x9000, 7, 0, 0, 0},  /* empty, before everything */
+        {0x1020, 0x9000, 8, 0, 4, 1},  /* in order among the nonempty ones */
+        {0x1022, 0x9000, 9, 0, 1, 1},  /* overlaps the one before */
+        {0x1030, 0x9000, 10, 0, 0, 0}, /* empty, then sites before it */
+        {0x1024, 0x9000, 11, 0, 4, 1},
+        {0x1028, 0x9000, 12, 0, 4, 1},
+    };
+    size_t n = sizeof(r) / sizeof(r[0]);
+    int want[] = {ALTPATCH_REASON_NONE,        ALTPATCH_REASON_NONE,
+                  ALTPATCH_REASON_EMPTY_SITE,  ALTPATCH_REASON_SITE_OVERLAP,
+                  ALTPATCH_REASON_SITE_OVERLAP, ALTPATCH_REASON_EMPTY_SITE,
+                  ALTPATCH_REASON_SITE_OVERLAP, ALTPATCH_REASON_SITE_OVERLAP,
+                  ALTPATCH_REASON_EMPTY_SITE,  ALTPATCH_REASON_NONE,
+                  ALTPATCH_REASON_NONE};
+    for (int f = 0; f < 2; f++) {
+        struct ap_table_scan a;
+        check(r, n, 0x8000, formats[f], &a);
+        cr_assert_eq(a.nsites, sizeof(want) / sizeof(want[0]));
+        for (size_t k = 0; k < a.nsites; k++)
+            cr_assert_eq(a.sites[k].reason, want[k], "format %u site %zu", formats[f], k);
+        cr_assert_eq(a.sites[3].count, 2);
+        cr_assert_eq(a.sites[3].len, 9);
+        scan_free(&a);
+    }
+    struct rec top[] = {
+        {UINT64_MAX - 7, 0x9000, 1, 0, 4, 1}, /* [2^64 - 8, 2^64 - 4) */
+        {UINT64_MAX - 3, 0x9000, 2, 0, 4, 1}, /* ends at 2^64 */
+    };
+    struct ap_table_scan a;
+    check(top, 2, 0x10, ALTPATCH_RECORD_SIZE_COMPACT, &a);
+    cr_assert_eq(a.sites[0].reason, ALTPATCH_REASON_NONE);
+    cr_assert_eq(a.sites[1].reason, ALTPATCH_REASON_NONE);
+    scan_free(&a);
+}
+
 Test(scan, end_of_address_space)
 {
     struct rec r[] = {
