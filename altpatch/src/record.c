@@ -401,6 +401,11 @@ uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
  * overlaps too. (A site ending at 2^64 sets lim to UINT64_MAX as well: the
  * sorted copy then decides, with the same answer.)
  */
+_Static_assert(offsetof(struct ap_entry, feature) == 16 && offsetof(struct ap_entry, flags) == 18 &&
+                   offsetof(struct ap_entry, instrlen) == 20 &&
+                   offsetof(struct ap_entry, repllen) == 21 && offsetof(struct ap_entry, index) >= 24,
+               "struct ap_entry: feature, flags, instrlen, repllen in bytes 16..21 (scan_records)");
+
 static inline __attribute__((always_inline)) size_t
 scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, bool want,
              bool hash, struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out,
