@@ -616,3 +616,152 @@ Test(memo, other_feature_set_goes_to_the_planner)
     cr_assert_null(memo.slots);
     compare_all(&mod, NULL, &mod.fs); /* no memo: the planner */
 }
+
+/*
+ * A site of one or two entries is first looked up by its records alone:
+ * its replacements' addresses and headers name the template last found for
+ * them (identical replacements are emitted once). The site's and the
+ * replacements' bytes still decide. Shapes that share a replacement address
+ * but differ in the original, the feature, the flags or the second entry;
+ * one replacement's bytes at two addresses; the bytes at a shared address
+ * rewritten; the region cut short under a kept lookup; the memo emptied and
+ * used again under another feature set. Each answer is the planner's.
+ */
+static const struct shape shared[] = {
+    {"64 48 8b 04 25 00 00 00 00", 1, {"f3 48 0f ae c0"}, {X86_FEATURE_FSGSBASE}},
+    {"65 48 8b 04 25 00 00 00 00", 1, {"f3 48 0f ae c0"}, {X86_FEATURE_FSGSBASE}}, /* original */
+    {"64 48 8b 04 25 00 00 00 00", 1, {"f3 48 0f ae c0"}, {X86_FEATURE_RDPID}},    /* feature */
+    {"64 48 8b 04 25 00 00 00 00", 1, {"f3 48 0f ae c0"}, {NOT | X86_FEATURE_AVX512F}}, /* flags */
+    {"0f 31 90 90 90", 2, {"0f ae e8 0f 31", "0f 01 f9"},
+     {X86_FEATURE_LFENCE_RDTSC, X86_FEATURE_RDTSCP}},
+    {"0f 31 90 90 90", 2, {"0f ae e8 0f 31", "0f 01 f9"},
+     {X86_FEATURE_AVX512F, X86_FEATURE_RDTSCP}}, /* the first entry does not apply */
+    {"e8 00 00 00 00", 1, {"e8 00 01 00 00"}, {X86_FEATURE_ALWAYS}}, /* relative */
+};
+
+#define NSHARED (sizeof(shared) / sizeof(shared[0]))
+
+/* Where shape k's replacements lie: one address per distinct replacement
+ * (the first entries of shapes 0-3 share one, so do those of 4 and 5). */
+static const size_t shared_at[NSHARED] = {64, 64, 64, 64, 128, 128, 192};
+
+static size_t shared_shape[MAX_SITES];
+
+/* @n sites of the shapes above, every shape among the first sites; the
+ * second entry of every other two-entry site at a second copy of its bytes. */
+static void shared_module(struct module *m, size_t n)
+{
+    size_t to = 16;
+
+    module_make(m, 0);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = i < NSHARED ? i : rnd() % NSHARED, ro = shared_at[k];
+        struct ap_site *s = &m->s[m->ns];
+
+        shared_shape[m->ns] = k;
+        add_site(m, &shared[k], 0, &to, &ro, false);
+        if (s->count == 2 && i % 2) {
+            struct ap_entry *e = &m->e[s->first + 1];
+
+            hex(shared[k].repl[1], m->repl + 256);
+            e->repl = REPL + 256;
+        }
+        to += rnd() % 3;
+        cr_assert_lt(to + 64, TEXT_SIZE, "test module overflows its text");
+    }
+}
+
+/* Every site alone, through the apply path (fast_same) and through
+ * ap_memo_plan(): the planner's answers. Returns the apply path's answers. */
+static size_t shared_pass(struct module *m, struct ap_memo *memo)
+{
+    static struct ap_plan a, b;
+
+    fast_answers = 0;
+    for (size_t i = 0; i < m->ns; i++) {
+        ap_plan_site(&m->v, &m->s[i], m->e, NULL, &memo->fs, &a);
+        fast_same(memo, &m->v, &m->s[i], m->e, NULL, &memo->fs, &a, i);
+        ap_memo_plan(memo, &m->v, &m->s[i], m->e, NULL, &memo->fs, &b);
+        expect_same(&a, &b, i);
+    }
+    return fast_answers;
+}
+
+/* The template of site @i (its original read from the view), or 0. */
+static uint32_t shared_find(struct module *m, struct ap_memo *memo, size_t i)
+{
+    const struct ap_site *s = &m->s[i];
+
+    return ap_memo_find(memo, &m->v, s, m->e, ap_view_text(&m->v, s->addr, s->len));
+}
+
+Test(memo, lookup_by_records_follows_the_bytes)
+{
+    struct ap_memo memo;
+    struct altpatch_features other;
+    static struct ap_plan a;
+    size_t n = 600, got;
+    uint32_t id;
+
+    shared_module(&mod, n);
+    ap_memo_init(&memo, &mod.fs);
+    shared_pass(&mod, &memo); /* stores the templates */
+    got = shared_pass(&mod, &memo);
+    cr_assert_gt(got, n * 3 / 4, "answered %zu of %zu", got, n);
+    cr_assert_leq(memo.nplans, NSHARED, "plans %zu", memo.nplans);
+
+    /* one replacement address, shapes in turn: each finds its own template */
+    for (int round = 0; round < 3; round++)
+        for (size_t k = 0; k < NSHARED; k++) {
+            id = shared_find(&mod, &memo, k);
+            ap_plan_site(&mod.v, &mod.s[k], mod.e, NULL, &memo.fs, &a);
+            fast_same(&memo, &mod.v, &mod.s[k], mod.e, NULL, &memo.fs, &a, k);
+            cr_assert(id || a.chosen < 0, "shape %zu not found", k);
+            for (size_t j = 0; j < k && id; j++)
+                cr_assert_neq(shared_find(&mod, &memo, j), id, "shapes %zu and %zu: one template",
+                              j, k);
+        }
+
+    /* the bytes at a replacement address the lookup just used rewritten
+     * (rdfsbase -> rdgsbase): no template of that shape yet, then its own */
+    cr_assert_neq(shared_find(&mod, &memo, 0), 0);
+    hex("f3 48 0f ae c8", mod.repl + 64);
+    cr_assert_eq(shared_find(&mod, &memo, 0), 0, "answered for the old replacement bytes");
+    shared_pass(&mod, &memo);
+    got = shared_pass(&mod, &memo);
+    cr_assert_gt(got, n * 3 / 4, "answered %zu of %zu after the rewrite", got, n);
+    hex("f3 48 0f ae c0", mod.repl + 64);
+
+    /* the region cut short under a lookup just made: the replacement at 192
+     * lies outside it now (REPL_BOUNDS) */
+    cr_assert_neq(shared_find(&mod, &memo, 6), 0);
+    mod.v.repl.size = 192 + 2;
+    cr_assert_eq(shared_find(&mod, &memo, 6), 0, "answered outside the region");
+    ap_plan_site(&mod.v, &mod.s[6], mod.e, NULL, &memo.fs, &a);
+    cr_assert_eq(a.reason, ALTPATCH_REASON_REPL_BOUNDS);
+    shared_pass(&mod, &memo);
+    mod.v.repl.size = REPL_SIZE;
+    got = shared_pass(&mod, &memo);
+    cr_assert_gt(got, n * 3 / 4, "answered %zu of %zu with the region back", got, n);
+
+    /* the memo emptied and used under another set: FSGSBASE, RDPID and
+     * LFENCE_RDTSC gone, AVX512F there (other entries chosen) */
+    memset(&other, 0, sizeof(other));
+    other.word[X86_FEATURE_ALWAYS / 32] |= 1u << (X86_FEATURE_ALWAYS % 32);
+    other.word[X86_FEATURE_AVX512F / 32] |= 1u << (X86_FEATURE_AVX512F % 32);
+    other.word[X86_FEATURE_RDTSCP / 32] |= 1u << (X86_FEATURE_RDTSCP % 32);
+    ap_memo_free(&memo);
+    ap_memo_init(&memo, &other);
+    shared_pass(&mod, &memo);
+    got = shared_pass(&mod, &memo);
+    cr_assert_gt(got, n / 2, "answered %zu of %zu under the other set", got, n);
+    ap_memo_free(&memo);
+    /* and back, on the same memo: nothing of the other set answers */
+    ap_memo_init(&memo, &mod.fs);
+    for (size_t k = 0; k < NSHARED; k++)
+        cr_assert_eq(shared_find(&mod, &memo, k), 0);
+    shared_pass(&mod, &memo);
+    got = shared_pass(&mod, &memo);
+    cr_assert_gt(got, n * 3 / 4, "answered %zu of %zu", got, n);
+    ap_memo_free(&memo);
+}

@@ -131,6 +131,8 @@ void ap_memo_free(struct ap_memo *m)
     m->tmpl = NULL;
     m->arena = NULL;
     m->nslots = m->nplans = m->tmpl_cap = m->arena_len = m->arena_cap = m->nmasks = 0;
+    memset(&m->hint_repl, 0, sizeof(m->hint_repl));
+    memset(m->hint, 0, sizeof(m->hint));
 }
 
 /* ap_region_holds(), inline: it runs for every site and entry. */
@@ -726,13 +728,90 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     return (uint32_t)m->nplans;
 }
 
+/* The hint slot of a site whose first replacement lies at @repl. */
+static inline size_t hint_at(uint64_t repl)
+{
+    return (size_t)((repl * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
+}
+
+/* The second header word of a hint: the second entry's, marked (0: one entry). */
+static inline uint64_t hint_hdr2(const struct ap_entry *e)
+{
+    return two_header(e) | 1ull << 48;
+}
+
+static inline bool region_same(const struct ap_region *a, const struct ap_region *b)
+{
+    return ((a->addr ^ b->addr) | (a->size ^ b->size) |
+            ((uintptr_t)a->data ^ (uintptr_t)b->data)) == 0;
+}
+
+/*
+ * Template @id (kept as words, of @s->count entries) answered site @s in
+ * view @v: remember it for the site's replacement addresses and headers.
+ * The hints were proven in one replacement region; another one drops them.
+ */
+static void hint_fill(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+                      const struct ap_entry *e, uint32_t id)
+{
+    struct ap_memo_hint *h = &m->hint[hint_at(e->repl)];
+
+    if (!region_same(&m->hint_repl, &v->repl)) {
+        memset(m->hint, 0, sizeof(m->hint));
+        m->hint_repl = v->repl;
+    }
+    *h = (struct ap_memo_hint){.repl = {e->repl, s->count == 2 ? e[1].repl : 0},
+                               .hdr = {one_header(s, e), s->count == 2 ? hint_hdr2(&e[1]) : 0},
+                               .id = id};
+}
+
+/*
+ * The template a hint names for site @s (original @orig), when the site and
+ * its replacements hold its bytes; else 0 (the full lookup decides). The
+ * same replacement addresses and lengths in the same region as when the hint
+ * was made: the replacements lie inside altinstr_replacement (the header
+ * holds the site's length and the replacements' lengths, each at most 16, so
+ * the site is one the words hold). Memory is compared all the same: the
+ * region may hold other bytes by now.
+ */
+static inline uint32_t hint_find(const struct ap_memo *m, const struct ap_view *v,
+                                 const struct ap_site *s, const struct ap_entry *entries,
+                                 const uint8_t *orig)
+{
+    const struct ap_entry *e = &entries[s->first];
+    const struct ap_memo_hint *h = &m->hint[hint_at(e->repl)];
+    const struct ap_memo_tmpl *t;
+    uint64_t o1, o2, r1, r2, d;
+
+    if (h->repl[0] != e->repl || h->hdr[0] != one_header(s, e))
+        return 0;
+    if (s->count == 2) {
+        if (h->repl[1] != e[1].repl || h->hdr[1] != hint_hdr2(&e[1]))
+            return 0;
+    } else if (s->count != 1 || h->hdr[1]) {
+        return 0;
+    }
+    if (!region_same(&m->hint_repl, &v->repl))
+        return 0;
+    t = &m->tmpl[h->id - 1];
+    words_of(orig, s->len, &o1, &o2);
+    words_of(repl_at(v, e), e->repllen, &r1, &r2);
+    d = ((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
+        ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3]);
+    if (s->count == 2) {
+        words_of(repl_at(v, &e[1]), e[1].repllen, &r1, &r2);
+        d |= ((r1 ^ t->w[6]) & t->wm[4]) | ((r2 ^ t->w[7]) & t->wm[5]);
+    }
+    return d == 0 ? h->id : 0;
+}
+
 /*
  * ap_memo_find() for a site of one or two entries, the site and every
  * replacement at most 16 bytes (most sites): sig_hash() and words_match()
  * with the site's words read once, in one loop over the slots. Same answer
  * as memo_lookup().
  */
-static uint32_t find_words(const struct ap_memo *m, const struct ap_view *v,
+static uint32_t find_words(struct ap_memo *m, const struct ap_view *v,
                            const struct ap_site *s, const struct ap_entry *entries,
                            const uint8_t *orig)
 {
@@ -779,8 +858,10 @@ static uint32_t find_words(const struct ap_memo *m, const struct ap_view *v,
             ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3]);
         if (one == 2)
             d |= (hdr2 ^ t->w[5]) | ((q1 ^ t->w[6]) & t->wm[4]) | ((q2 ^ t->w[7]) & t->wm[5]);
-        if (d == 0)
+        if (d == 0) {
+            hint_fill(m, v, s, e, sl->id);
             return sl->id;
+        }
     }
 }
 
@@ -810,8 +891,13 @@ static __attribute__((noinline)) uint32_t find_long(const struct ap_memo *m,
 uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                            const struct ap_entry *entries, const uint8_t *orig)
 {
+    uint32_t id;
+
     if (!m->nplans || s->reason || !s->len || !s->count)
         return 0;
+    id = hint_find(m, v, s, entries, orig);
+    if (id)
+        return id;
     if (words_entries(s, entries))
         return find_words(m, v, s, entries, orig);
     return find_long(m, v, s, entries, orig);

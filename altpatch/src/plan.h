@@ -165,6 +165,24 @@ struct ap_memo_tmpl {
     uint64_t w[8], wm[6];
 };
 
+/**
+ * A lookup by the records alone: the template last found for a site of one
+ * or two entries with these replacement addresses and headers (feature,
+ * flags, replacement length; the site's length and entry count) inside the
+ * memo's hint region. Identical replacements are emitted once, so most
+ * sites of one shape share it. A hint proves the replacements' bounds (the
+ * same addresses and lengths in the same region); the site's and the
+ * replacements' bytes are still compared with the template (memo.c).
+ */
+struct ap_memo_hint {
+    uint64_t repl[2]; /* the entries' replacement addresses (second: 0 for one entry) */
+    uint64_t hdr[2];  /* their headers (second: 0 for one entry) */
+    uint32_t id;      /* 0: empty */
+};
+
+/** Hints kept by one memo (direct-mapped by the first replacement's address). */
+#define AP_MEMO_HINTS 32u
+
 struct ap_memo {
     struct altpatch_features fs; /* the set every plan was made for */
     const struct altpatch_features *fs_at; /* where the caller keeps it (unchanged while in use) */
@@ -180,6 +198,10 @@ struct ap_memo {
     /* Bit id of keep[f]: an entry of feature id and flags f (0, or
      * ALT_FLAG_NOT) does not apply under fs, and the feature is known. */
     uint32_t keep[2][AP_NCAPWORDS];
+    /* The replacement region every hint was proven in (another one: the
+     * hints are dropped), and the hints. */
+    struct ap_region hint_repl;
+    struct ap_memo_hint hint[AP_MEMO_HINTS];
 };
 
 /** An empty memo for plans made under @p fs. */
