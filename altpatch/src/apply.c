@@ -134,11 +134,14 @@ __attribute__((constructor)) static void ap_atfork_register(void)
 static struct ap_memo ap_shapes;
 static uint64_t ap_shapes_gen;
 
-/** The memo for @p fs: the kept one, or a new generation when the set changed. */
+/** The memo for @p fs: the kept one, or a new generation when the set changed.
+ * Its lookups by records are dropped: libraries may have come and gone. */
 static struct ap_memo *ap_shapes_for(const struct altpatch_features *fs)
 {
-    if (ap_shapes_gen && memcmp(&ap_shapes.fs, fs, sizeof(*fs)) == 0)
+    if (ap_shapes_gen && memcmp(&ap_shapes.fs, fs, sizeof(*fs)) == 0) {
+        ap_memo_hints_drop(&ap_shapes);
         return &ap_shapes;
+    }
     ap_memo_free(&ap_shapes);
     ap_memo_init(&ap_shapes, fs);
     ap_shapes.fs_at = &ap_shapes.fs;

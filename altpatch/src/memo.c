@@ -131,8 +131,7 @@ void ap_memo_free(struct ap_memo *m)
     m->tmpl = NULL;
     m->arena = NULL;
     m->nslots = m->nplans = m->tmpl_cap = m->arena_len = m->arena_cap = m->nmasks = 0;
-    memset(&m->hint_repl, 0, sizeof(m->hint_repl));
-    memset(m->hint, 0, sizeof(m->hint));
+    ap_memo_hints_drop(m);
 }
 
 /* ap_region_holds(), inline: it runs for every site and entry. */
@@ -252,26 +251,6 @@ static inline bool masked_equal(const uint8_t *a, const uint8_t *b, const uint8_
     return (d | ((x ^ y) & z)) == 0;
 }
 
-/* @n (<= 16) bytes at @p as two words (overlapping loads; the same
- * positions for the same @n, so a site's words and a key's line up). */
-static inline void words_of(const uint8_t *p, size_t n, uint64_t *a, uint64_t *b)
-{
-    if (n >= 8) {
-        memcpy(a, p, 8);
-        memcpy(b, p + n - 8, 8);
-    } else if (n >= 4) {
-        uint32_t x, y;
-
-        memcpy(&x, p, 4);
-        memcpy(&y, p + n - 4, 4);
-        *a = x;
-        *b = y;
-    } else {
-        *a = n ? (uint64_t)p[0] | (uint64_t)p[n / 2] << 8 | (uint64_t)p[n - 1] << 16 : 0;
-        *b = 0;
-    }
-}
-
 /* The header word of a one-entry site: everything but the bytes. */
 static inline uint64_t one_header(const struct ap_site *s, const struct ap_entry *e)
 {
@@ -307,15 +286,15 @@ static inline bool words_match(const struct ap_memo_tmpl *t, const struct ap_vie
 
     if (t->one != words_entries(s, entries) || one_header(s, e) != t->w[0])
         return false;
-    words_of(orig, s->len, &o1, &o2);
-    words_of(repl_at(v, e), e->repllen, &r1, &r2);
+    ap_memo_words(orig, s->len, &o1, &o2);
+    ap_memo_words(repl_at(v, e), e->repllen, &r1, &r2);
     d = ((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
         ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3]);
     if (t->one == 2) {
         e++;
         if (two_header(e) != t->w[5])
             return false;
-        words_of(repl_at(v, e), e->repllen, &r1, &r2);
+        ap_memo_words(repl_at(v, e), e->repllen, &r1, &r2);
         d |= ((r1 ^ t->w[6]) & t->wm[4]) | ((r2 ^ t->w[7]) & t->wm[5]);
     }
     return d == 0;
@@ -710,16 +689,16 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
 
         t->one = words_entries(s, entries);
         t->w[0] = one_header(s, e);
-        words_of(at + 1, s->len, &t->w[1], &t->w[2]);
-        words_of(mkey + 1, s->len, &t->wm[0], &t->wm[1]);
-        words_of(at + r0, e->repllen, &t->w[3], &t->w[4]);
-        words_of(mkey + r0, e->repllen, &t->wm[2], &t->wm[3]);
+        ap_memo_words(at + 1, s->len, &t->w[1], &t->w[2]);
+        ap_memo_words(mkey + 1, s->len, &t->wm[0], &t->wm[1]);
+        ap_memo_words(at + r0, e->repllen, &t->w[3], &t->w[4]);
+        ap_memo_words(mkey + r0, e->repllen, &t->wm[2], &t->wm[3]);
         if (t->one == 2) {
             size_t r1 = r0 + e->repllen + 5;
 
             t->w[5] = two_header(&e[1]);
-            words_of(at + r1, e[1].repllen, &t->w[6], &t->w[7]);
-            words_of(mkey + r1, e[1].repllen, &t->wm[4], &t->wm[5]);
+            ap_memo_words(at + r1, e[1].repllen, &t->w[6], &t->w[7]);
+            ap_memo_words(mkey + r1, e[1].repllen, &t->wm[4], &t->wm[5]);
         }
     }
     m->arena_len += 2 * keylen + p->len + fsz;
@@ -728,81 +707,30 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     return (uint32_t)m->nplans;
 }
 
-/* The hint slot of a site whose first replacement lies at @repl. */
-static inline size_t hint_at(uint64_t repl)
-{
-    return (size_t)((repl * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
-}
-
-/* The second header word of a hint: the second entry's, marked (0: one entry). */
-static inline uint64_t hint_hdr2(const struct ap_entry *e)
-{
-    return two_header(e) | 1ull << 48;
-}
-
-static inline bool region_same(const struct ap_region *a, const struct ap_region *b)
-{
-    return ((a->addr ^ b->addr) | (a->size ^ b->size) |
-            ((uintptr_t)a->data ^ (uintptr_t)b->data)) == 0;
-}
-
 /*
  * Template @id (kept as words, of @s->count entries) answered site @s in
- * view @v: remember it for the site's replacement addresses and headers.
- * The hints were proven in one replacement region; another one drops them.
+ * view @v: remember it for the site's replacement addresses and headers
+ * (ap_memo_find_text(), plan.h). The hints were proven in one replacement
+ * region; another one drops them.
  */
 static void hint_fill(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                       const struct ap_entry *e, uint32_t id)
 {
-    struct ap_memo_hint *h = &m->hint[hint_at(e->repl)];
+    struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(e->repl)];
+    const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
 
-    if (!region_same(&m->hint_repl, &v->repl)) {
+    if (((m->hint_repl.addr ^ v->repl.addr) | (m->hint_repl.size ^ v->repl.size) |
+         ((uintptr_t)m->hint_repl.data ^ (uintptr_t)v->repl.data)) != 0) {
         memset(m->hint, 0, sizeof(m->hint));
         m->hint_repl = v->repl;
     }
-    *h = (struct ap_memo_hint){.repl = {e->repl, s->count == 2 ? e[1].repl : 0},
-                               .hdr = {one_header(s, e), s->count == 2 ? hint_hdr2(&e[1]) : 0},
-                               .id = id};
-}
-
-/*
- * The template a hint names for site @s (original @orig), when the site and
- * its replacements hold its bytes; else 0 (the full lookup decides). The
- * same replacement addresses and lengths in the same region as when the hint
- * was made: the replacements lie inside altinstr_replacement (the header
- * holds the site's length and the replacements' lengths, each at most 16, so
- * the site is one the words hold). Memory is compared all the same: the
- * region may hold other bytes by now.
- */
-static inline uint32_t hint_find(const struct ap_memo *m, const struct ap_view *v,
-                                 const struct ap_site *s, const struct ap_entry *entries,
-                                 const uint8_t *orig)
-{
-    const struct ap_entry *e = &entries[s->first];
-    const struct ap_memo_hint *h = &m->hint[hint_at(e->repl)];
-    const struct ap_memo_tmpl *t;
-    uint64_t o1, o2, r1, r2, d;
-
-    if (h->repl[0] != e->repl || h->hdr[0] != one_header(s, e))
-        return 0;
-    if (s->count == 2) {
-        if (h->repl[1] != e[1].repl || h->hdr[1] != hint_hdr2(&e[1]))
-            return 0;
-    } else if (s->count != 1 || h->hdr[1]) {
-        return 0;
-    }
-    if (!region_same(&m->hint_repl, &v->repl))
-        return 0;
-    t = &m->tmpl[h->id - 1];
-    words_of(orig, s->len, &o1, &o2);
-    words_of(repl_at(v, e), e->repllen, &r1, &r2);
-    d = ((o1 ^ t->w[1]) & t->wm[0]) | ((o2 ^ t->w[2]) & t->wm[1]) |
-        ((r1 ^ t->w[3]) & t->wm[2]) | ((r2 ^ t->w[4]) & t->wm[3]);
-    if (s->count == 2) {
-        words_of(repl_at(v, &e[1]), e[1].repllen, &r1, &r2);
-        d |= ((r1 ^ t->w[6]) & t->wm[4]) | ((r2 ^ t->w[7]) & t->wm[5]);
-    }
-    return d == 0 ? h->id : 0;
+    *h = (struct ap_memo_hint){
+        .repl = {e->repl, s->count == 2 ? e[1].repl : 0},
+        .hdr = {ap_memo_hint_hdr(e, s->len),
+                s->count == 2 ? ap_memo_hint_hdr(&e[1], 0) | 1ull << 56 : 0},
+        .w = {t->w[1], t->w[2]},
+        .wm = {t->wm[0], t->wm[1]},
+        .id = id};
 }
 
 /*
@@ -831,12 +759,12 @@ static uint32_t find_words(struct ap_memo *m, const struct ap_view *v,
         rb2 = repl_at(v, &e[1]);
         hdr2 = two_header(&e[1]);
         x = mix(x, sig_entry(&e[1], rb2));
-        words_of(rb2, e[1].repllen, &q1, &q2);
+        ap_memo_words(rb2, e[1].repllen, &q1, &q2);
     }
     h = fin(x);
     hdr = one_header(s, e);
-    words_of(orig, s->len, &o1, &o2);
-    words_of(rb, e->repllen, &r1, &r2);
+    ap_memo_words(orig, s->len, &o1, &o2);
+    ap_memo_words(rb, e->repllen, &r1, &r2);
     for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
         const struct ap_memo_slot *sl = &m->slots[i];
         const struct ap_memo_tmpl *t;
@@ -888,19 +816,53 @@ static __attribute__((noinline)) uint32_t find_long(const struct ap_memo *m,
     return memo_lookup(m, h, v, s, entries, orig);
 }
 
-uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
-                           const struct ap_entry *entries, const uint8_t *orig)
+/* ap_memo_find_text() without the hints: the signature hash and the slots. */
+static __attribute__((noinline)) uint32_t find_full(struct ap_memo *m, const struct ap_view *v,
+                                                    const struct ap_site *s,
+                                                    const struct ap_entry *entries,
+                                                    const uint8_t *orig)
 {
-    uint32_t id;
-
     if (!m->nplans || s->reason || !s->len || !s->count)
         return 0;
-    id = hint_find(m, v, s, entries, orig);
-    if (id)
-        return id;
     if (words_entries(s, entries))
         return find_words(m, v, s, entries, orig);
     return find_long(m, v, s, entries, orig);
+}
+
+/*
+ * The template a hint names for site @s (no preset reason; one or two
+ * entries with the hint's replacement addresses and headers, so a site and
+ * replacements the words hold), when the site holds its bytes under its
+ * mask; else the full lookup. The same addresses and lengths in the same
+ * region as when the hint was made: the replacements lie inside
+ * altinstr_replacement and hold the bytes the hint's template was matched
+ * with (the caller drops the hints when they may not).
+ */
+uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+                           const struct ap_entry *entries, const uint8_t *orig)
+{
+    const struct ap_entry *e = &entries[s->first];
+    const struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(e->repl)];
+    unsigned len = s->len;
+    uint64_t o1, o2;
+
+    if (h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e, len) || s->reason)
+        goto full;
+    if (s->count == 1) {
+        if (h->hdr[1])
+            goto full;
+    } else if (s->count != 2 || h->repl[1] != e[1].repl ||
+               h->hdr[1] != (ap_memo_hint_hdr(&e[1], 0) | 1ull << 56)) {
+        goto full;
+    }
+    if (((m->hint_repl.addr ^ v->repl.addr) | (m->hint_repl.size ^ v->repl.size) |
+         ((uintptr_t)m->hint_repl.data ^ (uintptr_t)v->repl.data)) != 0)
+        goto full;
+    ap_memo_words(orig, len, &o1, &o2);
+    if ((((o1 ^ h->w[0]) & h->wm[0]) | ((o2 ^ h->w[1]) & h->wm[1])) == 0)
+        return h->id;
+full:
+    return find_full(m, v, s, entries, orig);
 }
 
 int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id, const struct ap_view *v,

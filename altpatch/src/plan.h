@@ -10,6 +10,9 @@
 #ifndef ALTPATCH_PLAN_H
 #define ALTPATCH_PLAN_H
 
+#include <stddef.h>
+#include <string.h>
+
 #include "pure.h"
 
 
@@ -170,14 +173,18 @@ struct ap_memo_tmpl {
  * or two entries with these replacement addresses and headers (feature,
  * flags, replacement length; the site's length and entry count) inside the
  * memo's hint region. Identical replacements are emitted once, so most
- * sites of one shape share it. A hint proves the replacements' bounds (the
- * same addresses and lengths in the same region); the site's and the
- * replacements' bytes are still compared with the template (memo.c).
+ * sites of one shape share it. A hint stands for the replacements it was
+ * made from: the same addresses and lengths in the same region lie inside
+ * altinstr_replacement and, while that region's bytes stay as they were
+ * (the caller drops the hints whenever they may have changed:
+ * ap_memo_hints_drop()), hold the same bytes. The site's own bytes are
+ * compared with the template's under its mask every time.
  */
 struct ap_memo_hint {
     uint64_t repl[2]; /* the entries' replacement addresses (second: 0 for one entry) */
-    uint64_t hdr[2];  /* their headers (second: 0 for one entry) */
-    uint32_t id;      /* 0: empty */
+    uint64_t hdr[2];  /* ap_memo_hint_hdr() of each (second: 0 for one entry) */
+    uint64_t w[2], wm[2]; /* the template's words of the original and their masks */
+    uint32_t id;          /* 0: empty */
 };
 
 /** Hints kept by one memo (direct-mapped by the first replacement's address). */
@@ -203,6 +210,17 @@ struct ap_memo {
     struct ap_region hint_repl;
     struct ap_memo_hint hint[AP_MEMO_HINTS];
 };
+
+/**
+ * Forget the lookups by records (ap_memo_hint): for a caller whose views'
+ * replacement bytes may have changed since it last looked up a site (each
+ * apply: a library may have been unloaded and another mapped at its place).
+ */
+static inline void ap_memo_hints_drop(struct ap_memo *m)
+{
+    memset(&m->hint_repl, 0, sizeof(m->hint_repl));
+    memset(m->hint, 0, sizeof(m->hint));
+}
 
 /** An empty memo for plans made under @p fs. */
 AP_HIDDEN void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs);
@@ -235,11 +253,57 @@ AP_HIDDEN uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v,
 /**
  * ap_memo_find() for a caller that knows the site lies inside one text
  * region of @p v with bytes there (it read @p orig from it, and the view has
- * not changed since): every other check is made.
+ * not changed since): every other check is made. Both find a site of one or
+ * two entries by its records first (ap_memo_hint): the caller calls
+ * ap_memo_hints_drop() when the replacement bytes its views show may have
+ * changed since its last lookup.
  */
 AP_HIDDEN uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v,
                                      const struct ap_site *s, const struct ap_entry *entries,
                                      const uint8_t *orig);
+
+/* @n (<= 16) bytes at @p p as two words (overlapping loads; the same
+ * positions for the same @n, so a site's words and a template's line up). */
+static inline void ap_memo_words(const uint8_t *p, size_t n, uint64_t *a, uint64_t *b)
+{
+    if (n >= 8) {
+        memcpy(a, p, 8);
+        memcpy(b, p + n - 8, 8);
+    } else if (n >= 4) {
+        uint32_t x, y;
+
+        memcpy(&x, p, 4);
+        memcpy(&y, p + n - 4, 4);
+        *a = x;
+        *b = y;
+    } else {
+        *a = n ? (uint64_t)p[0] | (uint64_t)p[n / 2] << 8 | (uint64_t)p[n - 1] << 16 : 0;
+        *b = 0;
+    }
+}
+
+_Static_assert(offsetof(struct ap_entry, flags) == offsetof(struct ap_entry, feature) + 2 &&
+                   offsetof(struct ap_entry, repllen) == offsetof(struct ap_entry, feature) + 5 &&
+                   sizeof(struct ap_entry) >= offsetof(struct ap_entry, feature) + 8,
+               "struct ap_entry: feature, flags, instrlen, repllen in one word");
+
+/* A hint's header of entry @p e in a site of length @p len: its feature,
+ * flags and replacement length (one load; instrlen and padding left out). */
+static inline uint64_t ap_memo_hint_hdr(const struct ap_entry *e, unsigned len)
+{
+    uint64_t x;
+
+    memcpy(&x, &e->feature, sizeof(x));
+    return (x & 0x0000ff00ffffffffull) | (uint64_t)len << 48;
+}
+
+/* The hint slot of a site whose first replacement lies at @p repl. */
+static inline size_t ap_memo_hint_at(uint64_t repl)
+{
+    return (size_t)((repl * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
+}
+
+
 /**
  * True when no entry of site @p s applies under the memo's feature set and
  * the checks the records allow without decoding pass: no preset refusal, a
