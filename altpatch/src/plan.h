@@ -258,7 +258,11 @@ AP_HIDDEN uint32_t ap_memo_find(struct ap_memo *m, const struct ap_view *v,
  * ap_memo_hints_drop() when the replacement bytes its views show may have
  * changed since its last lookup.
  */
-AP_HIDDEN uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v,
+static inline uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v,
+                                         const struct ap_site *s,
+                                         const struct ap_entry *entries, const uint8_t *orig);
+/** ap_memo_find_text() without the hints: the signature hash and the slots. */
+AP_HIDDEN uint32_t ap_memo_find_full(struct ap_memo *m, const struct ap_view *v,
                                      const struct ap_site *s, const struct ap_entry *entries,
                                      const uint8_t *orig);
 
@@ -303,6 +307,43 @@ static inline size_t ap_memo_hint_at(uint64_t repl)
     return (size_t)((repl * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
 }
 
+
+/*
+ * The template a hint names for site @s (no preset reason; one or two
+ * entries with the hint's replacement addresses and headers, so a site and
+ * replacements the words hold), when the site holds its bytes under its
+ * mask; else the full lookup. The same addresses and lengths in the same
+ * region as when the hint was made: the replacements lie inside
+ * altinstr_replacement and hold the bytes the hint's template was matched
+ * with (the caller drops the hints when they may not).
+ */
+static inline uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v,
+                                         const struct ap_site *s,
+                                         const struct ap_entry *entries, const uint8_t *orig)
+{
+    const struct ap_entry *e = &entries[s->first];
+    const struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(e->repl)];
+    unsigned len = s->len;
+    uint64_t o1, o2;
+
+    if (h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e, len) || s->reason)
+        goto full;
+    if (s->count == 1) {
+        if (h->hdr[1])
+            goto full;
+    } else if (s->count != 2 || h->repl[1] != e[1].repl ||
+               h->hdr[1] != (ap_memo_hint_hdr(&e[1], 0) | 1ull << 56)) {
+        goto full;
+    }
+    if (((m->hint_repl.addr ^ v->repl.addr) | (m->hint_repl.size ^ v->repl.size) |
+         ((uintptr_t)m->hint_repl.data ^ (uintptr_t)v->repl.data)) != 0)
+        goto full;
+    ap_memo_words(orig, len, &o1, &o2);
+    if ((((o1 ^ h->w[0]) & h->wm[0]) | ((o2 ^ h->w[1]) & h->wm[1])) == 0)
+        return h->id;
+full:
+    return ap_memo_find_full(m, v, s, entries, orig);
+}
 
 /**
  * True when no entry of site @p s applies under the memo's feature set and
