@@ -86,16 +86,6 @@ struct ap_memo_slot {
     uint32_t id;
 };
 
-/** A relative field of an entry's replacement (stored unaligned). */
-struct ap_memo_field {
-    uint16_t kpos;  /* offset of the field in the key */
-    uint8_t entry;  /* index within the site */
-    uint8_t end;    /* offset of the end of its instruction in the replacement */
-    uint8_t pos;    /* offset of the field in the replacement (= in the site) */
-    uint8_t size;   /* 1, 2 or 4 bytes */
-    uint8_t repllen; /* of its replacement */
-};
-
 /* Most relative fields kept for one plan (replacements and original); more: not stored. */
 #define AP_MEMO_MAX_FIELDS 8
 
@@ -681,6 +671,8 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
                                                .nfields = (uint8_t)nf,
                                                .chosen = (int16_t)p->chosen,
                                                .relative = p->relative};
+    if (nf)
+        m->tmpl[m->nplans].f0 = f[0];
     if (words_entries(s, entries)) {
         struct ap_memo_tmpl *t = &m->tmpl[m->nplans];
         const uint8_t *mkey = at + keylen;
@@ -828,9 +820,12 @@ uint32_t ap_memo_find_full(struct ap_memo *m, const struct ap_view *v, const str
 }
 
 
-int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
-                        const struct ap_site *s, const struct ap_entry *entries, uint8_t *buf,
-                        const uint8_t **final)
+/* ap_memo_inst_fields() for any template with relative fields. */
+static __attribute__((noinline)) int inst_general(const struct ap_memo *m, uint32_t id,
+                                                  const struct ap_view *v,
+                                                  const struct ap_site *s,
+                                                  const struct ap_entry *entries,
+                                                  uint8_t *buf, const uint8_t **final)
 {
     const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
     const uint8_t *fin = t->key + 2 * (size_t)t->keylen;
@@ -858,6 +853,39 @@ int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id, const struct ap_vi
         }
     }
     return t->chosen;
+}
+
+int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
+                        const struct ap_site *s, const struct ap_entry *entries, uint8_t *buf,
+                        const uint8_t **final)
+{
+    const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
+
+    if (t->nfields == 1 && t->f0.entry == t->chosen && t->f0.size == 4) {
+        /* one rel32 field, the chosen entry's (a call, a RIP-relative
+         * operand): field_value(), field_cuts() and field_store() for it */
+        const struct ap_memo_field f = t->f0;
+        const struct ap_entry *e = &entries[s->first + f.entry];
+        int32_t old;
+        int64_t nv;
+        uint32_t u;
+
+        memcpy(&old, repl_at(v, e) + f.pos, 4);
+        nv = old;
+        if ((uint64_t)f.end + (uint64_t)nv > f.repllen) {
+            nv = (int64_t)((uint64_t)nv + e->repl - s->addr);
+            if (nv != (int32_t)nv)
+                return -2;
+        }
+        if ((uint64_t)f.end + (uint64_t)nv < s->len)
+            return -2;
+        ap_copy_small(buf, t->key + 2 * (size_t)t->keylen, t->len);
+        u = (uint32_t)nv;
+        memcpy(buf + f.pos, &u, 4);
+        *final = buf;
+        return t->chosen;
+    }
+    return inst_general(m, id, v, s, entries, buf, final);
 }
 
 uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,

@@ -10,9 +10,6 @@
 #ifndef ALTPATCH_PLAN_H
 #define ALTPATCH_PLAN_H
 
-#include <stddef.h>
-#include <string.h>
-
 #include "pure.h"
 
 
@@ -150,6 +147,17 @@ AP_HIDDEN bool ap_entry_repl(const struct ap_view *v, const struct ap_entry *e,
  * RELOC_OVERFLOW for any entry). Zydis runs per shape, never per site.
  * Owned by the caller; ap_memo_init() allocates nothing.
  */
+/** A relative field of an entry's replacement (stored unaligned after a
+ * template's final bytes; the first one also in the template). */
+struct ap_memo_field {
+    uint16_t kpos;   /* offset of the field in the key */
+    uint8_t entry;   /* index within the site */
+    uint8_t end;     /* offset of the end of its instruction in the replacement */
+    uint8_t pos;     /* offset of the field in the replacement (= in the site) */
+    uint8_t size;    /* 1, 2 or 4 bytes */
+    uint8_t repllen; /* of its replacement */
+};
+
 /** One template (stable index: a site may keep it as "id" = index + 1). */
 struct ap_memo_tmpl {
     const uint8_t *key; /* in the arena (never moves): the key, its byte mask, the
@@ -165,6 +173,7 @@ struct ap_memo_tmpl {
      * second entry its header and replacement -- and the masks of the bytes,
      * for a compare without loops (memo.c, words_of). 0: not kept so. */
     uint8_t one;
+    struct ap_memo_field f0; /* the first relative field (nfields > 0) */
     uint64_t w[8], wm[6];
 };
 
