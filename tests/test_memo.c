@@ -383,6 +383,9 @@ static const struct shape rel_shapes[] = {
      {X86_FEATURE_ALWAYS, X86_FEATURE_AVX512F}},             /* chosen first, rel8 after */
     {"e8 00 00 00 00", 1, {"e8 00 00 00 00"}, {X86_FEATURE_AVX512F}},        /* none chosen */
     {"66 90 66 90 66 90", 2, {"eb fe", "74 00 90"}, {X86_FEATURE_ALWAYS, X86_FEATURE_RDPID}},
+    {"90 90 90 90 90", 1, {"e9 00 00 00 00"}, {X86_FEATURE_ALWAYS}}, /* jmp rel32 to its end */
+    {"90 90 90 90 90 90 90 90 90 90 90 90 90 90 90 90", 1, {"e9 f0 ff ff ff 90 90 90"},
+     {X86_FEATURE_ALWAYS}}, /* jmp rel32 back: between its NOPs from some places */
 };
 
 #define NREL (sizeof(rel_shapes) / sizeof(rel_shapes[0]))
