@@ -820,12 +820,9 @@ uint32_t ap_memo_find_full(struct ap_memo *m, const struct ap_view *v, const str
 }
 
 
-/* ap_memo_inst_fields() for any template with relative fields. */
-static __attribute__((noinline)) int inst_general(const struct ap_memo *m, uint32_t id,
-                                                  const struct ap_view *v,
-                                                  const struct ap_site *s,
-                                                  const struct ap_entry *entries,
-                                                  uint8_t *buf, const uint8_t **final)
+int ap_memo_inst_general(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
+                         const struct ap_site *s, const struct ap_entry *entries, uint8_t *buf,
+                         const uint8_t **final)
 {
     const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
     const uint8_t *fin = t->key + 2 * (size_t)t->keylen;
@@ -853,39 +850,6 @@ static __attribute__((noinline)) int inst_general(const struct ap_memo *m, uint3
         }
     }
     return t->chosen;
-}
-
-int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
-                        const struct ap_site *s, const struct ap_entry *entries, uint8_t *buf,
-                        const uint8_t **final)
-{
-    const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
-
-    if (t->nfields == 1 && t->f0.entry == t->chosen && t->f0.size == 4) {
-        /* one rel32 field, the chosen entry's (a call, a RIP-relative
-         * operand): field_value(), field_cuts() and field_store() for it */
-        const struct ap_memo_field f = t->f0;
-        const struct ap_entry *e = &entries[s->first + f.entry];
-        int32_t old;
-        int64_t nv;
-        uint32_t u;
-
-        memcpy(&old, repl_at(v, e) + f.pos, 4);
-        nv = old;
-        if ((uint64_t)f.end + (uint64_t)nv > f.repllen) {
-            nv = (int64_t)((uint64_t)nv + e->repl - s->addr);
-            if (nv != (int32_t)nv)
-                return -2;
-        }
-        if ((uint64_t)f.end + (uint64_t)nv < s->len)
-            return -2;
-        ap_copy_small(buf, t->key + 2 * (size_t)t->keylen, t->len);
-        u = (uint32_t)nv;
-        memcpy(buf + f.pos, &u, 4);
-        *final = buf;
-        return t->chosen;
-    }
-    return inst_general(m, id, v, s, entries, buf, final);
 }
 
 uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
