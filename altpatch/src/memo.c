@@ -717,9 +717,9 @@ static void hint_fill(struct ap_memo *m, const struct ap_view *v, const struct a
         m->hint_repl = v->repl;
     }
     *h = (struct ap_memo_hint){
+        .site = ap_memo_hint_site(s),
         .repl = {e->repl, s->count == 2 ? e[1].repl : 0},
-        .hdr = {ap_memo_hint_hdr(e, s->len),
-                s->count == 2 ? ap_memo_hint_hdr(&e[1], 0) | 1ull << 56 : 0},
+        .hdr = {ap_memo_hint_hdr(e), s->count == 2 ? ap_memo_hint_hdr(&e[1]) : 0},
         .w = {t->w[1], t->w[2]},
         .wm = {t->wm[0], t->wm[1]},
         .id = id};

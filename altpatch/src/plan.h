@@ -190,6 +190,7 @@ struct ap_memo_tmpl {
  * compared with the template's under its mask every time.
  */
 struct ap_memo_hint {
+    uint64_t site;    /* ap_memo_hint_site(): entry count and length, no preset reason */
     uint64_t repl[2]; /* the entries' replacement addresses (second: 0 for one entry) */
     uint64_t hdr[2];  /* ap_memo_hint_hdr() of each (second: 0 for one entry) */
     uint64_t w[2], wm[2]; /* the template's words of the original and their masks */
@@ -300,14 +301,29 @@ _Static_assert(offsetof(struct ap_entry, flags) == offsetof(struct ap_entry, fea
                    sizeof(struct ap_entry) >= offsetof(struct ap_entry, feature) + 8,
                "struct ap_entry: feature, flags, instrlen, repllen in one word");
 
-/* A hint's header of entry @p e in a site of length @p len: its feature,
- * flags and replacement length (one load; instrlen and padding left out). */
-static inline uint64_t ap_memo_hint_hdr(const struct ap_entry *e, unsigned len)
+/* A hint's header of entry @p e: its feature, flags and replacement length
+ * (one load; instrlen and padding left out). */
+static inline uint64_t ap_memo_hint_hdr(const struct ap_entry *e)
 {
     uint64_t x;
 
     memcpy(&x, &e->feature, sizeof(x));
-    return (x & 0x0000ff00ffffffffull) | (uint64_t)len << 48;
+    return x & 0x0000ff00ffffffffull;
+}
+
+_Static_assert(offsetof(struct ap_site, reason) == offsetof(struct ap_site, count) + 4 &&
+                   offsetof(struct ap_site, len) == offsetof(struct ap_site, count) + 6 &&
+                   sizeof(struct ap_site) == offsetof(struct ap_site, count) + 8,
+               "struct ap_site: count, reason and len in its last word");
+
+/* A hint's site word of @p s: its entry count, preset reason and length (one
+ * load; the last byte, padding, left out). */
+static inline uint64_t ap_memo_hint_site(const struct ap_site *s)
+{
+    uint64_t x;
+
+    memcpy(&x, (const uint8_t *)s + offsetof(struct ap_site, count), sizeof(x));
+    return x & 0x00ffffffffffffffull;
 }
 
 /* The hint slot of a site whose first replacement lies at @p repl. */
@@ -330,24 +346,23 @@ static inline uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view
                                          const struct ap_site *s,
                                          const struct ap_entry *entries, const uint8_t *orig)
 {
-    const struct ap_entry *e = &entries[s->first];
-    const struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(e->repl)];
-    unsigned len = s->len;
-    uint64_t o1, o2;
+    uint64_t sw = ap_memo_hint_site(s), o1, o2;
+    const struct ap_entry *e;
+    const struct ap_memo_hint *h;
 
-    if (h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e, len) || s->reason)
+    if ((uint32_t)sw - 1u > 1u)
+        goto full; /* not one or two entries */
+    e = &entries[s->first];
+    h = &m->hint[ap_memo_hint_at(e->repl)];
+    /* the same count and length, no preset reason, the same entries */
+    if (h->site != sw || h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e))
         goto full;
-    if (s->count == 1) {
-        if (h->hdr[1])
-            goto full;
-    } else if (s->count != 2 || h->repl[1] != e[1].repl ||
-               h->hdr[1] != (ap_memo_hint_hdr(&e[1], 0) | 1ull << 56)) {
+    if ((uint32_t)h->site == 2 && (h->repl[1] != e[1].repl || h->hdr[1] != ap_memo_hint_hdr(&e[1])))
         goto full;
-    }
     if (((m->hint_repl.addr ^ v->repl.addr) | (m->hint_repl.size ^ v->repl.size) |
          ((uintptr_t)m->hint_repl.data ^ (uintptr_t)v->repl.data)) != 0)
         goto full;
-    ap_memo_words(orig, len, &o1, &o2);
+    ap_memo_words(orig, s->len, &o1, &o2);
     if ((((o1 ^ h->w[0]) & h->wm[0]) | ((o2 ^ h->w[1]) & h->wm[1])) == 0)
         return h->id;
 full:
