@@ -65,6 +65,18 @@
  * keep a stable id, so a caller may remember a site's template across
  * applies under the same feature set and skip the lookup.
  *
+ * Hints (plan.h, ap_memo_find_text): a site of one or two entries is looked
+ * up by its records first. Identical replacements are emitted once, so the
+ * sites of a shape share their replacements' addresses: the entries'
+ * replacement addresses and headers, with the site's entry count and
+ * length, name the template last found for them in one replacement region.
+ * The same addresses and lengths in the same region are inside it, and until
+ * the caller drops the hints (ap_memo_hints_drop(): whenever the bytes its
+ * views show may have changed) they hold the bytes the template was matched
+ * with; the site's original is compared with the template under its mask
+ * each time. A miss, or a site whose bytes differ, takes the full lookup,
+ * which leaves a hint where it finds a template.
+ *
  * The table belongs to the caller (no globals, nothing shared between
  * threads); the planner itself stays pure. tests/test_memo.c compares memo
  * and planner on varied sites.
