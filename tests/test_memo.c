@@ -732,6 +732,7 @@ Test(memo, lookup_by_records_follows_the_bytes)
      * (rdfsbase -> rdgsbase), as when another library is mapped where one
      * was: no template of that shape yet, then its own */
     cr_assert_neq(shared_find(&mod, &memo, 0), 0);
+    cr_assert_neq(shared_find(&mod, &memo, 0), 0);
     hex("f3 48 0f ae c8", mod.repl + 64);
     ap_memo_hints_drop(&memo);
     cr_assert_eq(shared_find(&mod, &memo, 0), 0, "answered for the old replacement bytes");
@@ -741,8 +742,11 @@ Test(memo, lookup_by_records_follows_the_bytes)
     hex("f3 48 0f ae c0", mod.repl + 64);
     ap_memo_hints_drop(&memo);
 
-    /* the region cut short under a lookup just made: the replacement at 192
-     * lies outside it now (REPL_BOUNDS) */
+    /* the region cut short under lookups just made (a hint is left the
+     * second time in a row): the replacement at 192 lies outside it now
+     * (REPL_BOUNDS) */
+    cr_assert_neq(shared_find(&mod, &memo, 6), 0);
+    cr_assert_neq(shared_find(&mod, &memo, 6), 0);
     cr_assert_neq(shared_find(&mod, &memo, 6), 0);
     mod.v.repl.size = 192 + 2;
     cr_assert_eq(shared_find(&mod, &memo, 6), 0, "answered outside the region");

@@ -194,6 +194,7 @@ struct ap_memo_hint {
     uint64_t repl[2]; /* the entries' replacement addresses (second: 0 for one entry) */
     uint64_t hdr[2];  /* ap_memo_hint_hdr() of each (second: 0 for one entry) */
     uint64_t w[2], wm[2]; /* the template's words of the original and their masks */
+    uint64_t seen;        /* the first replacement address last found here without a hint */
     uint32_t id;          /* 0: empty */
 };
 
