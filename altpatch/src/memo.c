@@ -683,8 +683,10 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
                                                .nfields = (uint8_t)nf,
                                                .chosen = (int16_t)p->chosen,
                                                .relative = p->relative};
-    if (nf)
+    if (nf) {
         m->tmpl[m->nplans].f0 = f[0];
+        m->tmpl[m->nplans].rel32 = nf == 1 && f[0].entry == p->chosen && f[0].size == 4;
+    }
     if (words_entries(s, entries)) {
         struct ap_memo_tmpl *t = &m->tmpl[m->nplans];
         const uint8_t *mkey = at + keylen;

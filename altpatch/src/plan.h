@@ -171,8 +171,11 @@ struct ap_memo_tmpl {
     /* One entry (most sites) or two, site and replacements of at most 16
      * bytes: the key as words -- header, original, replacement, and for a
      * second entry its header and replacement -- and the masks of the bytes,
-     * for a compare without loops (memo.c, words_of). 0: not kept so. */
+     * for a compare without loops (memo.c, ap_memo_words). 0: not kept so. */
     uint8_t one;
+    /* Its only relative field is the chosen entry's rel32 (f0): instantiated
+     * inline (ap_memo_inst_fields()). */
+    bool rel32;
     struct ap_memo_field f0; /* the first relative field (nfields > 0) */
     uint64_t w[8], wm[6];
 };
@@ -443,7 +446,7 @@ static inline int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id,
 {
     const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
 
-    if (t->nfields == 1 && t->f0.entry == t->chosen && t->f0.size == 4) {
+    if (t->rel32) {
         /* one rel32 field, the chosen entry's (a call, a RIP-relative
          * operand): field_value(), field_cuts() and field_store() for it */
         const struct ap_memo_field f = t->f0;
