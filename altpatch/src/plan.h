@@ -336,9 +336,8 @@ static inline size_t ap_memo_hint_at(uint64_t repl)
     return (size_t)((repl * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
 }
 
-
 /*
- * The template a hint names for site @s (no preset reason; one or two
+ * The template a hint names for site @p s (no preset reason; one or two
  * entries with the hint's replacement addresses and headers, so a site and
  * replacements the words hold), when the site holds its bytes under its
  * mask; else the full lookup. The same addresses and lengths in the same
@@ -361,7 +360,8 @@ static inline uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view
     /* the same count and length, no preset reason, the same entries */
     if (h->site != sw || h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e))
         goto full;
-    if ((uint32_t)h->site == 2 && (h->repl[1] != e[1].repl || h->hdr[1] != ap_memo_hint_hdr(&e[1])))
+    if ((uint32_t)h->site == 2 &&
+        (h->repl[1] != e[1].repl || h->hdr[1] != ap_memo_hint_hdr(&e[1])))
         goto full;
     if (((m->hint_repl.addr ^ v->repl.addr) | (m->hint_repl.size ^ v->repl.size) |
          ((uintptr_t)m->hint_repl.data ^ (uintptr_t)v->repl.data)) != 0)
@@ -448,7 +448,8 @@ static inline int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id,
 
     if (t->rel32) {
         /* one rel32 field, the chosen entry's (a call, a RIP-relative
-         * operand): field_value(), field_cuts() and field_store() for it */
+         * operand): memo.c's field_value(), field_cuts() and field_store()
+         * for it */
         const struct ap_memo_field f = t->f0;
         const struct ap_entry *e = &entries[s->first + f.entry];
         int32_t old;
@@ -473,7 +474,6 @@ static inline int ap_memo_inst_fields(const struct ap_memo *m, uint32_t id,
     }
     return ap_memo_inst_general(m, id, v, s, entries, buf, final);
 }
-
 
 static inline int ap_memo_inst(const struct ap_memo *m, uint32_t id, const struct ap_view *v,
                                const struct ap_site *s, const struct ap_entry *entries,
