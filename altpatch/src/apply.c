@@ -274,7 +274,7 @@ static void ap_site_refused(struct ap_run *r, struct ap_mrun *mr, size_t i, size
         ap_warn_refusal(&wk);
     }
     res->warned |= bit;
-    *res = (struct ap_site_result){.chosen = -1, .warned = res->warned, .reason = d->reason,
+    *res = (struct ap_site_result){.pick = 0, .warned = res->warned, .reason = d->reason,
                                    .state = ALTPATCH_SITE_REFUSED};
     r->refused_n++;
     mr->ok = false;
@@ -288,7 +288,7 @@ static inline void ap_site_ok(struct ap_run *r, struct ap_mrun *mr, struct ap_si
                               const struct ap_dec *d, uint8_t *planned, size_t len)
 {
     bool patched = d->chosen >= 0;
-    *res = (struct ap_site_result){.chosen = d->chosen, .warned = res->warned,
+    *res = (struct ap_site_result){.pick = (uint32_t)(d->chosen + 1), .warned = res->warned,
                                    .reason = ALTPATCH_REASON_NONE,
                                    .state = patched ? ALTPATCH_SITE_PATCHED
                                                     : ALTPATCH_SITE_ORIGINAL};
@@ -524,7 +524,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
         shape[i] = id;
         if (ap_equal_small(cur, target, len)) {
             bool p = chosen >= 0;
-            res[i] = (struct ap_site_result){.chosen = chosen, .warned = res[i].warned,
+            res[i] = (struct ap_site_result){.pick = (uint32_t)(chosen + 1), .warned = res[i].warned,
                                              .reason = ALTPATCH_REASON_NONE,
                                              .state = p ? ALTPATCH_SITE_PATCHED
                                                         : ALTPATCH_SITE_ORIGINAL};
@@ -543,7 +543,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             /* recorded now, as if the write lands (ap_writes_done() undoes
              * it when not); what memory holds is kept after the writer */
             bool p = chosen >= 0;
-            res[i] = (struct ap_site_result){.chosen = chosen, .warned = res[i].warned,
+            res[i] = (struct ap_site_result){.pick = (uint32_t)(chosen + 1), .warned = res[i].warned,
                                              .reason = ALTPATCH_REASON_NONE,
                                              .state = p ? ALTPATCH_SITE_PATCHED
                                                         : ALTPATCH_SITE_ORIGINAL};
@@ -838,7 +838,7 @@ static void ap_toggle_decisions(struct ap_run *r, struct ap_mrun *mr)
     const uint8_t *to = r->revert ? m->orig : m->planned;
     for (size_t i = 0; i < m->nsites; i++)
         r->dec[mr->n0 + i] = (struct ap_dec){to + ap_orig_off(m, i),
-                                             r->revert ? -1 : m->res[i].chosen,
+                                             r->revert ? -1 : ap_res_chosen(&m->res[i]),
                                              ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
     for (size_t k = 0; k < r->nwrites; k++) {
         size_t n = r->wdec[k].n & ~AP_WDEC_DONE;
@@ -908,7 +908,7 @@ static void ap_record(struct ap_run *r, struct altpatch_stats *st)
             ap_toggle_decisions(r, mr);
         for (size_t i = 0; r->debug && i < m->nsites; i++) {
             size_t n = mr->n0 + i;
-            int chosen = m->left_orig ? -1 : m->res[i].chosen;
+            int chosen = m->left_orig ? -1 : ap_res_chosen(&m->res[i]);
             if (mr->path == AP_PATH_SETTLED)
                 r->dec[n] = (struct ap_dec){ap_left(m, i), chosen, ALTPATCH_REASON_NONE,
                                             AP_ACT_UNCHANGED};
@@ -1164,7 +1164,7 @@ static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_si
     const struct ap_site *es;
     const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
     /* after a quick revert res keeps the plan's result; memory holds the original */
-    int chosen = m->left_orig ? -1 : res->chosen;
+    int chosen = m->left_orig ? -1 : ap_res_chosen(res);
     const struct ap_entry *e = &ents[es->first + (chosen >= 0 ? (uint32_t)chosen : 0)];
     size_t off = ap_orig_off(m, i);
     *info = (struct altpatch_site_info){

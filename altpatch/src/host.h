@@ -309,13 +309,23 @@ AP_HIDDEN uintptr_t ap_frames_where_task(uintptr_t rip, uintptr_t sp, bool (*ins
 /* Modules (module.c, prepatch_load.c)                                       */
 /* ------------------------------------------------------------------------- */
 
-/** Per-site outcome of the last apply (after a quick revert, of the one before: left_orig). */
+/**
+ * Per-site outcome of the last apply (after a quick revert, of the one
+ * before: left_orig). All zero: the original, not refused, nothing warned
+ * (a site no apply decided yet).
+ */
 struct ap_site_result {
-    int32_t chosen; /* entry index within the site (any number of entries), -1 = original */
+    uint32_t pick;   /* entry index within the site (any number of entries) + 1; 0 = original */
     uint32_t warned; /* bit r: a WARN line was printed for reason r (once per site and reason) */
     int16_t reason;
     uint8_t state;  /* enum altpatch_site_state */
 };
+
+/** The entry a result holds: its index within the site, -1 for the original. */
+static inline int ap_res_chosen(const struct ap_site_result *res)
+{
+    return (int)res->pick - 1;
+}
 
 struct ap_module {
     struct ap_module *next;
@@ -356,7 +366,7 @@ struct ap_module {
      * same feature set a site's plan does not change. Id of the template in
      * apply's memo (memo.c) of generation shape_gen, 0: none (planned, or
      * refused, every time). */
-    uint64_t shape_gen;
+    uint64_t shape_gen;         /* or AP_SHAPE_GEN_ANY */
     uint32_t *shape;            /* or AP_SHAPE_ORIGINAL */
     /* Settled (apply.c): the last apply under memo generation settled_gen
      * left every site non-refused with memory holding what it planned
@@ -378,6 +388,8 @@ struct ap_module {
 
 /** m->shape[i] of a site none of whose entries applies: its plan is its original. */
 #define AP_SHAPE_ORIGINAL UINT32_MAX
+/** m->shape_gen while no site has a template: valid for every generation. */
+#define AP_SHAPE_GEN_ANY UINT64_MAX
 
 /** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */
 #define AP_NO_ORIG ((size_t)-1)

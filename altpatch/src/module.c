@@ -116,6 +116,31 @@ static void ap_module_free(struct ap_module *m)
     free(m);
 }
 
+/** ap_copy_small() of @p n bytes at @p src to both @p a and @p b (a site's bytes). */
+static inline void ap_copy2_small(uint8_t *a, uint8_t *b, const uint8_t *src, size_t n)
+{
+    if (n > 16 || n < 4) {
+        ap_copy_small(a, src, n);
+        ap_copy_small(b, a, n);
+    } else if (n >= 8) {
+        uint64_t x, y;
+        memcpy(&x, src, 8);
+        memcpy(&y, src + n - 8, 8);
+        memcpy(a, &x, 8);
+        memcpy(a + n - 8, &y, 8);
+        memcpy(b, &x, 8);
+        memcpy(b + n - 8, &y, 8);
+    } else {
+        uint32_t x, y;
+        memcpy(&x, src, 4);
+        memcpy(&y, src + n - 4, 4);
+        memcpy(a, &x, 4);
+        memcpy(a + n - 4, &y, 4);
+        memcpy(b, &x, 4);
+        memcpy(b + n - 4, &y, 4);
+    }
+}
+
 /*
  * The per-site arrays in one allocation (m->block): orig_off, shape (0: no
  * template), res, then the original bytes of every site that lies inside the
@@ -153,26 +178,29 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
     for (size_t i = 0; i < n; i++) {
         uint64_t addr = sites[i].addr;
         uint8_t len = sites[i].len;
-        res[i] = (struct ap_site_result){.chosen = -1, .state = ALTPATCH_SITE_ORIGINAL};
-        shape[i] = 0; /* no template */
-        if (!r || !(addr >= r_addr && len <= r_size && /* ap_region_holds() */
-                    addr - r_addr <= r_size - len)) {
+        res[i] = (struct ap_site_result){0}; /* the original, nothing warned (host.h) */
+        shape[i] = 0;                       /* no template (m->shape_gen: any) */
+        /* inside the last site's region: [addr, addr + len) within [r_addr, +r_size) */
+        uint64_t at = addr - r_addr;
+        if (!r || at > r_size || len > r_size - at) {
             r = len ? ap_view_find(&m->view, addr, len) : NULL;
-            if (r) {
-                r_addr = r->addr;
-                r_size = r->size;
-                r_data = r->data;
+            if (!r || !r->data) {
+                r = NULL;
+                orig_off[i] = AP_NO_ORIG32;
+                continue;
             }
-        }
-        if (!r || !r_data) {
-            orig_off[i] = AP_NO_ORIG32;
-            continue;
+            r_addr = r->addr;
+            r_size = r->size;
+            r_data = r->data;
+            at = addr - r_addr;
         }
         orig_off[i] = off;
-        ap_copy_small(orig + off, r_data + (addr - r_addr), len);
-        ap_copy_small(planned + off, orig + off, len);
+        /* the original, and the bytes the last apply left: memory's until an
+         * apply writes */
+        ap_copy2_small(orig + off, planned + off, r_data + at, len);
         off += len;
     }
+    m->shape_gen = AP_SHAPE_GEN_ANY;
     /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the
      * compiler's originals are in the file (prepatch_load.c). */
     return ap_note_prepatched(&m->note) ? ap_prepatch_originals(m) : 0;

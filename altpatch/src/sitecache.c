@@ -43,6 +43,7 @@ void ap_cache_check(struct ap_module *m, uint64_t gen)
 {
     if (m->shape_gen == gen || !m->shape)
         return;
-    memset(m->shape, 0, m->nsites * sizeof(*m->shape));
+    if (m->shape_gen != AP_SHAPE_GEN_ANY) /* else no site has a template yet */
+        memset(m->shape, 0, m->nsites * sizeof(*m->shape));
     m->shape_gen = gen;
 }
