@@ -184,12 +184,8 @@ struct ap_mrun {
     uint8_t path;   /* AP_PATH_* */
 };
 
-/** A queued write's decision (the write itself says where and what). */
-struct ap_wdec {
-    uint32_t n;     /* decision number, and AP_WDEC_DONE */
-    int32_t chosen; /* entry memory will hold; -1 = original */
-};
-/* In ap_wdec.n: the site was recorded when it was decided, as if the write
+/* A queued write's tag (struct ap_write) is its decision number, and
+ * AP_WDEC_DONE: the site was recorded when it was decided, as if the write
  * lands (what memory holds is kept after the writer); else recorded after. */
 #define AP_WDEC_DONE 0x80000000u
 
@@ -203,8 +199,7 @@ struct ap_run {
     struct ap_dec *dec; /* written only where needed: slow sites, the log */
     size_t ndec;
     uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
-    struct ap_write *writes; /* in site order until sorted */
-    struct ap_wdec *wdec;    /* writes[i]'s decision */
+    struct ap_write *writes; /* in site order until sorted; tag: the decision */
     struct ap_wkey *wkey;    /* room to sort them (touched only then): dec's, but
                               * under ALTPATCH_DEBUG, which logs dec afterwards */
     size_t nwrites;
@@ -407,9 +402,8 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
             d->action = AP_ACT_WRITE;
             r->unsorted |= r->nwrites && addr <= r->wlast;
             r->wlast = addr;
-            r->wdec[r->nwrites] = (struct ap_wdec){(uint32_t)n, chosen};
             r->writes[r->nwrites++] = (struct ap_write){.addr = addr, .old = old, .new = target,
-                                                        .len = len};
+                                                        .tag = (uint32_t)n, .len = len};
             return;
         }
         if (!r->debug && d->action == AP_ACT_UNCHANGED) {
@@ -459,7 +453,6 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     const struct ap_entry *ments = m->entries;
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
     const struct ap_region repl = m->view.repl; /* read once, not per site */
-    struct ap_wdec *wdec = r->wdec;
     struct ap_write *writes = r->writes;
     size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites;
     uint64_t patched = 0, unchanged = 0;
@@ -548,9 +541,9 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                                              .state = p ? ALTPATCH_SITE_PATCHED
                                                         : ALTPATCH_SITE_ORIGINAL};
             patched += p;
-            wdec[nw] = (struct ap_wdec){(uint32_t)n | AP_WDEC_DONE, chosen};
             writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = old, .new = target,
-                                             .len = len};
+                                             .tag = (uint32_t)n | AP_WDEC_DONE,
+                                             .len = (uint16_t)len};
         }
         if (target == slot)
             slot += len; /* used: the next one gets the next bytes */
@@ -612,7 +605,6 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     const struct ap_site *sites = m->sites;
     const uint32_t *orig_off = m->orig_off;
     struct ap_write *writes = r->writes;
-    struct ap_wdec *wdec = r->wdec;
     size_t n = r->ndec, nw = r->nwrites, w0 = nw;
     uintptr_t wlast = r->wlast;
     bool revert = r->revert, unsorted = r->unsorted;
@@ -629,9 +621,8 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
         unsorted |= nw && addr <= wlast;
         wlast = addr;
         /* the entry is read again only for a refused write (ap_toggle_decisions) */
-        wdec[nw] = (struct ap_wdec){(uint32_t)n, -1};
         writes[nw++] = (struct ap_write){.addr = addr, .old = from + off, .new = to + off,
-                                         .len = len};
+                                         .tag = (uint32_t)n, .len = (uint16_t)len};
     }
     r->ndec = n;
     r->nwrites = nw;
@@ -655,11 +646,10 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
     r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
     r->writes = malloc((n ? n : 1) * sizeof(*r->writes));
-    r->wdec = malloc((n ? n : 1) * sizeof(*r->wdec));
     /* the sort's keys in dec (the same size) when dec is not logged afterwards */
     _Static_assert(sizeof(struct ap_wkey) <= sizeof(struct ap_dec), "sort keys fit in dec");
     r->wkey = r->debug ? malloc((n ? n : 1) * sizeof(*r->wkey)) : (struct ap_wkey *)r->dec;
-    return r->dec && r->arena && r->writes && r->wdec && r->wkey ? 0 : -ENOMEM;
+    return r->dec && r->arena && r->writes && r->wkey ? 0 : -ENOMEM;
 }
 
 static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
@@ -742,18 +732,15 @@ static void ap_batch(struct ap_run *r)
         if (key[i].k == i)
             continue;
         struct ap_write w = r->writes[i];
-        struct ap_wdec wd = r->wdec[i];
         /* place j receives what was at key[j].k */
         for (size_t j = i;;) {
             size_t k = key[j].k;
             key[j].k = j;
             if (k == i) {
                 r->writes[j] = w;
-                r->wdec[j] = wd;
                 break;
             }
             r->writes[j] = r->writes[k];
-            r->wdec[j] = r->wdec[k];
             j = k;
         }
     }
@@ -788,9 +775,8 @@ static void ap_writes_done(struct ap_run *r)
     size_t hint = 0;
     for (size_t k = 0; k < r->nwrites; k++) {
         const struct ap_write *w = &r->writes[k];
-        size_t n = r->wdec[k].n & ~AP_WDEC_DONE;
-        bool done = r->wdec[k].n & AP_WDEC_DONE;
-        int chosen = r->wdec[k].chosen;
+        size_t n = w->tag & ~AP_WDEC_DONE;
+        bool done = w->tag & AP_WDEC_DONE;
         int result = r->poked ? w->result : ALTPATCH_REASON_NONE;
         struct ap_mrun *mr = ap_mrun_of(r, n, &hint);
         struct ap_module *m = mr->m;
@@ -806,6 +792,8 @@ static void ap_writes_done(struct ap_run *r)
         if (mr->path != AP_PATH_DECIDE)
             continue; /* a quick switch: ap_record() */
         struct ap_dec *d = &r->dec[n];
+        /* the entry: recorded already (done), else in the decision */
+        int chosen = done ? ap_res_chosen(&m->res[i]) : d->chosen;
         if (result != ALTPATCH_REASON_NONE)
             *d = (struct ap_dec){w->new, -1, (int16_t)result, AP_ACT_REFUSED};
         if (r->debug) /* d was written by ap_decide(); ap_record() logs it */
@@ -841,7 +829,7 @@ static void ap_toggle_decisions(struct ap_run *r, struct ap_mrun *mr)
                                              r->revert ? -1 : ap_res_chosen(&m->res[i]),
                                              ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
     for (size_t k = 0; k < r->nwrites; k++) {
-        size_t n = r->wdec[k].n & ~AP_WDEC_DONE;
+        size_t n = r->writes[k].tag & ~AP_WDEC_DONE;
         if (n < mr->n0 || n - mr->n0 >= m->nsites)
             continue;
         int result = r->poked ? r->writes[k].result : ALTPATCH_REASON_NONE;
@@ -984,7 +972,6 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     free(r.dec);
     free(r.arena);
     free(r.writes);
-    free(r.wdec);
     if (r.wkey != (struct ap_wkey *)r.dec)
         free(r.wkey);
     free(r.mods);

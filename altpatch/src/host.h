@@ -92,15 +92,18 @@ AP_HIDDEN void ap_view_build(struct ap_view *v, const struct ap_segment *seg, si
 /* Writers (writer.c, poke.c, live.c) -- poke.c knows nothing of x86          */
 /* ------------------------------------------------------------------------- */
 
-/** One write: make [addr, addr+len) hold @c new where it holds @c old. */
+/** One write: make [addr, addr+len) hold @c new where it holds @c old (32 bytes). */
 struct ap_write {
     uintptr_t addr;
     const uint8_t *old;
     const uint8_t *new;
-    size_t len;
-    int result; /* out: ALTPATCH_REASON_NONE, MEM_MISMATCH (memory held neither), WRITE_DENIED */
-    bool wrote; /* out: bytes were written (false when memory already held new) */
+    uint32_t tag;  /* the caller's: the writers never read or change it */
+    uint16_t len;  /* at most 65535 bytes (a site has at most 255) */
+    int8_t result; /* out: ALTPATCH_REASON_NONE, MEM_MISMATCH (memory held neither), WRITE_DENIED */
+    bool wrote;    /* out: bytes were written (false when memory already held new) */
 };
+_Static_assert(sizeof(struct ap_write) == 32, "struct ap_write: 32 bytes");
+_Static_assert(ALTPATCH_REASON__COUNT <= INT8_MAX, "a reason fits in ap_write.result");
 
 enum ap_poke_flags {
     AP_POKE_PROCMEM_ONLY = 1u << 0,
