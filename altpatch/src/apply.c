@@ -186,8 +186,14 @@ struct ap_mrun {
 
 /* A queued write's tag (struct ap_write) is its decision number, and
  * AP_WDEC_DONE: the site was recorded when it was decided, as if the write
- * lands (what memory holds is kept after the writer); else recorded after. */
+ * lands (what memory holds is kept after the writer); else recorded after.
+ * AP_WDEC_KEPT: nothing to do after the writer when the write lands: a
+ * quick switch's (ap_record() records the module), or one that was recorded
+ * (DONE) where memory and m->planned held the original, m->planned given the
+ * new bytes when the write was queued (put back if the write fails). */
 #define AP_WDEC_DONE 0x80000000u
+#define AP_WDEC_KEPT 0x40000000u
+#define AP_WDEC_N 0x3fffffffu
 
 /** A write's place in the queue, for a sort by address. */
 struct ap_wkey {
@@ -541,9 +547,14 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                                              .state = p ? ALTPATCH_SITE_PATCHED
                                                         : ALTPATCH_SITE_ORIGINAL};
             patched += p;
+            uint32_t tag = (uint32_t)n | AP_WDEC_DONE;
+            if (keep && old == orig && ap_equal_small(planned, orig, len)) {
+                /* nothing to do after the writer when the write lands */
+                ap_copy_small(mplanned + off, target, len);
+                tag |= AP_WDEC_KEPT;
+            }
             writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = old, .new = target,
-                                             .tag = (uint32_t)n | AP_WDEC_DONE,
-                                             .len = (uint16_t)len};
+                                             .tag = tag, .len = (uint16_t)len};
         }
         if (target == slot)
             slot += len; /* used: the next one gets the next bytes */
@@ -622,7 +633,8 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
         wlast = addr;
         /* the entry is read again only for a refused write (ap_toggle_decisions) */
         writes[nw++] = (struct ap_write){.addr = addr, .old = from + off, .new = to + off,
-                                         .tag = (uint32_t)n, .len = (uint16_t)len};
+                                         .tag = (uint32_t)n | AP_WDEC_KEPT,
+                                         .len = (uint16_t)len};
     }
     r->ndec = n;
     r->nwrites = nw;
@@ -662,8 +674,8 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
         bytes += m->site_bytes;
         nm++;
     }
-    if (n >= AP_WDEC_DONE)
-        return -ENOMEM; /* decision numbers are 31-bit */
+    if (n > AP_WDEC_N)
+        return -ENOMEM; /* decision numbers are 30-bit */
     r->mods = malloc((nm ? nm : 1) * sizeof(*r->mods));
     if (!r->mods || (r->debug && ap_run_buffers(r, n, bytes)))
         return -ENOMEM;
@@ -773,20 +785,27 @@ static struct ap_mrun *ap_mrun_of(struct ap_run *r, size_t n, size_t *hint)
 static void ap_writes_done(struct ap_run *r)
 {
     size_t hint = 0;
+    bool poked = r->poked, keep = r->keep;
     for (size_t k = 0; k < r->nwrites; k++) {
         const struct ap_write *w = &r->writes[k];
-        size_t n = w->tag & ~AP_WDEC_DONE;
-        bool done = w->tag & AP_WDEC_DONE;
-        int result = r->poked ? w->result : ALTPATCH_REASON_NONE;
+        uint32_t tag = w->tag;
+        int result = poked ? w->result : ALTPATCH_REASON_NONE;
+        if ((tag & AP_WDEC_KEPT) && result == ALTPATCH_REASON_NONE)
+            continue; /* recorded, or a quick switch's (ap_record()) */
+        size_t n = tag & AP_WDEC_N;
+        bool done = tag & AP_WDEC_DONE;
         struct ap_mrun *mr = ap_mrun_of(r, n, &hint);
         struct ap_module *m = mr->m;
         size_t i = n - mr->n0;
         if (done && result == ALTPATCH_REASON_NONE) {
             /* recorded when decided; memory holds the new bytes */
-            if (r->keep)
+            if (keep)
                 ap_copy_small(m->planned + m->orig_off[i], w->new, w->len);
             continue;
         }
+        if ((tag & (AP_WDEC_DONE | AP_WDEC_KEPT)) == (AP_WDEC_DONE | AP_WDEC_KEPT))
+            /* memory holds the original (or a mismatch): planned did */
+            ap_copy_small(m->planned + m->orig_off[i], m->orig + m->orig_off[i], w->len);
         if (result != ALTPATCH_REASON_NONE)
             mr->ok = false;
         if (mr->path != AP_PATH_DECIDE)
@@ -829,7 +848,7 @@ static void ap_toggle_decisions(struct ap_run *r, struct ap_mrun *mr)
                                              r->revert ? -1 : ap_res_chosen(&m->res[i]),
                                              ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
     for (size_t k = 0; k < r->nwrites; k++) {
-        size_t n = r->writes[k].tag & ~AP_WDEC_DONE;
+        size_t n = r->writes[k].tag & AP_WDEC_N;
         if (n < mr->n0 || n - mr->n0 >= m->nsites)
             continue;
         int result = r->poked ? r->writes[k].result : ALTPATCH_REASON_NONE;
