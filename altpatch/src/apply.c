@@ -573,6 +573,117 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
 }
 
+/*
+ * ap_decide_module() for a module no apply has decided yet (m->fresh, an
+ * apply that writes and does not revert): every result is still "original",
+ * no site has a template and m->planned holds the originals, so a site whose
+ * plan is its original and whose memory holds it changes nothing: it costs
+ * the plan and one compare. A patched site is recorded, and m->planned given
+ * its plan, when it is queued (AP_WDEC_KEPT). Any other site goes through
+ * ap_decide().
+ */
+static __attribute__((noinline)) void ap_decide_fresh(struct ap_run *r, struct ap_mrun *mr,
+                                                      uint8_t *slot, struct ap_memo *memo)
+{
+    struct ap_module *m = mr->m;
+    /* copies: the stores below (bytes) could alias any field read through m or r */
+    const struct ap_site *sites = m->sites;
+    const uint32_t *orig_off = m->orig_off;
+    const uint8_t *morig = m->orig;
+    uint8_t *mplanned = m->planned;
+    uint32_t *shape = m->shape;
+    struct ap_site_result *res = m->res;
+    const struct ap_entry *ments = m->entries;
+    const struct ap_memo_tmpl *tmpl = memo->tmpl;
+    const struct ap_region repl = m->view.repl; /* read once, not per site */
+    struct ap_write *writes = r->writes;
+    size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites;
+    uint64_t patched = 0, unchanged = 0;
+    uintptr_t wlast = r->wlast;
+    bool unsorted = r->unsorted;
+    for (size_t i = 0; i < nsites; i++, n++) {
+        const struct ap_site *s = &sites[i];
+        uint32_t off = orig_off[i];
+        size_t len = s->len;
+        const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
+        if (off == AP_NO_ORIG32)
+            goto slow; /* outside the text: refused */
+        const uint8_t *orig = morig + off, *target;
+        struct ap_site_entries eb;
+        const struct ap_site *es = s;
+        const struct ap_entry *ents = ments; /* the first apply: every record */
+        if (!ents)
+            ents = ap_module_decode_entries(m, i, &eb, &es);
+        uint32_t count = s->count, id;
+        int chosen;
+        /* no entry applies: the original, after the record checks alone (one
+         * entry, the common site: the test without its loop) */
+        if (!s->reason && len &&
+            (count == 1 ? ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
+                                                         &ents[es->first], 1)
+                        : count && ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
+                                                                  &ents[es->first], count))) {
+            id = AP_SHAPE_ORIGINAL;
+            chosen = -1;
+        } else {
+            id = ap_memo_find_text(memo, &m->view, es, ents, orig);
+            if (!id)
+                goto slow; /* a new shape, or refused: the planner */
+            /* a lookup stores nothing: tmpl is still memo->tmpl */
+            const struct ap_memo_tmpl *t = &tmpl[id - 1];
+            if (t->nfields) {
+                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, slot, &target);
+                if (chosen < -1)
+                    goto slow; /* a field does not fit here: the planner says why */
+            } else {
+                chosen = t->chosen;
+                target = t->key + 2 * (size_t)t->keylen; /* the same bytes at every site */
+            }
+        }
+        if (chosen < 0) {
+            /* res and planned say "original" already */
+            if (!ap_equal_small(cur, orig, len))
+                goto slow; /* someone else's bytes: refused */
+            shape[i] = id;
+            unchanged++;
+            continue;
+        }
+        bool same = ap_equal_small(cur, target, len);
+        if (!same && !ap_equal_small(cur, orig, len))
+            goto slow;
+        shape[i] = id;
+        res[i] = (struct ap_site_result){.pick = (uint32_t)chosen + 1,
+                                         .state = ALTPATCH_SITE_PATCHED};
+        patched++;
+        ap_copy_small(mplanned + off, target, len);
+        if (same) {
+            unchanged++;
+        } else {
+            /* recorded now, as if the write lands (ap_writes_done() puts
+             * the original back into planned when not) */
+            unsorted |= nw && (uintptr_t)cur <= wlast;
+            wlast = (uintptr_t)cur;
+            writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = orig, .new = target,
+                                             .tag = (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT,
+                                             .len = (uint16_t)len};
+        }
+        if (target == slot)
+            slot += len; /* used: the next one gets the next bytes */
+        continue;
+    slow:
+        ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
+        patched = unchanged = 0;
+        ap_decide(r, mr, i, slot, memo);
+        tmpl = memo->tmpl; /* the planner may have stored a template */
+        nw = r->nwrites;
+        wlast = r->wlast;
+        unsorted = r->unsorted;
+        if (r->dec[n].target == slot)
+            slot += len;
+    }
+    ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
+}
+
 /** What the last apply left at site @p i of a settled module @p m. */
 static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
 {
@@ -712,7 +823,11 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
                 m->left_orig = false;
             }
             size_t w0 = r->nwrites;
-            ap_decide_module(r, mr, r->arena + bytes, memo);
+            if (m->fresh && r->keep && !r->revert && !r->debug && !m->reason)
+                ap_decide_fresh(r, mr, r->arena + bytes, memo);
+            else
+                ap_decide_module(r, mr, r->arena + bytes, memo);
+            m->fresh = false;
             mr->writes = r->nwrites - w0;
         }
         bytes += m->site_bytes;

@@ -387,6 +387,9 @@ struct ap_module {
      * holds m->orig at every site, not planned, and every site is ORIGINAL
      * (res keeps the plan's results for the apply that writes it back). */
     bool left_orig;
+    /* No apply has decided a site yet: every result is zero (original),
+     * no site has a template and planned holds the originals. */
+    bool fresh;
 };
 
 /** m->shape[i] of a site none of whose entries applies: its plan is its original. */

@@ -201,6 +201,7 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
         off += len;
     }
     m->shape_gen = AP_SHAPE_GEN_ANY;
+    m->fresh = !ap_note_prepatched(&m->note); /* else memory holds a profile's bytes */
     /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the
      * compiler's originals are in the file (prepatch_load.c). */
     return ap_note_prepatched(&m->note) ? ap_prepatch_originals(m) : 0;
