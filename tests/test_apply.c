@@ -46,6 +46,17 @@ __attribute__((noinline)) static long site_always(void)
     return v;
 }
 
+/* site_always again: decided with its shape's template (no planner) in an
+ * apply that met site_always first. Not in site_fn: counted in every site
+ * walk and in every apply's stats, looked at by denied_first_writes_*. */
+__attribute__((noinline)) static long site_always_twin(void)
+{
+    long v;
+    __asm__ __volatile__(ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", X86_FEATURE_ALWAYS)
+                         : "=a"(v));
+    return v;
+}
+
 /* 2-byte original (padded to 3 with 0x90), 3-byte replacement. */
 __attribute__((noinline)) static long site_two(void)
 {
@@ -959,6 +970,92 @@ Test(apply, denied_writes_of_known_shapes_are_refused)
     cr_assert_eq(r->st.bytes_written, 0);
     assert_counts(&r->st, &r->states, "known shapes, writes denied");
     cr_assert_eq(r->st.sites_refused + r->st.sites_unchanged, r->st.sites_seen);
+}
+
+/*
+ * A module's first apply records a patched site as it queues its write; a
+ * write the OS denies leaves the site refused and what the apply left the
+ * original, so bytes someone else writes there afterwards -- even the plan's
+ * own -- are foreign to the next apply.
+ */
+struct denied_first_result {
+    int set, rc[2];
+    struct altpatch_stats st;
+    struct snapshot sn[2];
+    struct site_view twin[2];
+    long twin_value[2];
+};
+
+static int twin_cb(const struct altpatch_site_info *si, void *ctx)
+{
+    uintptr_t fn = (uintptr_t)site_always_twin;
+    struct site_view *v = ctx;
+    /* the first site of the function (the next function may lie within 32 bytes) */
+    if (si->addr >= fn && si->addr < fn + 32 && (!v->found || si->addr < v->addr)) {
+        *v = (struct site_view){.found = true, .addr = si->addr, .len = si->len,
+                                .chosen = si->chosen, .state = si->state, .reason = si->reason};
+        memcpy(v->original, si->original, si->len < 16 ? si->len : 16);
+        memcpy(v->current, si->current, si->len < 16 ? si->len : 16);
+    }
+    return 0;
+}
+
+static void denied_first_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct denied_first_result *r = out;
+    altpatch_set_print(NULL); /* the refusals are expected */
+    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    if (r->set)
+        return;
+    struct altpatch_features *f = fset(F_A, -1);
+    for (int i = 0; i < 2; i++) {
+        /* the first apply of the module, its writes denied; then a revert */
+        r->rc[i] = apply_with(f, i ? ALTPATCH_APPLY_REVERT : ALTPATCH_APPLY_NO_PROCMEM);
+        snap(&r->sn[i]);
+        altpatch_site_foreach(twin_cb, &r->twin[i]);
+        r->twin_value[i] = site_always_twin();
+        if (i)
+            break;
+        get_stats(&r->st);
+        /* the plan's bytes at both sites, not written by an apply */
+        foreign_value(&r->sn[0], 2);
+        int fd = open("/proc/self/mem", O_RDWR);
+        uint8_t two = 2;
+        if (!r->twin[0].found || fd < 0 ||
+            pwrite(fd, &two, 1, (off_t)(r->twin[0].addr + 1)) != 1)
+            _exit(5);
+        close(fd);
+    }
+    altpatch_features_free(f);
+}
+
+Test(apply, denied_first_writes_leave_the_originals_as_what_was_left)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    if (pre && strstr(pre, "vgpreload"))
+        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    struct denied_first_result *r = ap_isolated(sizeof(*r), denied_first_body, NULL);
+    if (r->set == -EINVAL)
+        cr_skip_test("kernel without PR_SET_MDWE");
+    cr_assert_eq(r->set, 0);
+    cr_assert_eq(r->rc[0], 0);
+    cr_assert_eq(r->rc[1], 0);
+    cr_assert_eq(r->st.bytes_written, 0);
+    cr_assert_eq(r->st.sites_patched, 0, "every write denied");
+    for (int i = 0; i < 2; i++) {
+        const struct site_view *v[2] = {&r->sn[i].s[S_ALWAYS], &r->twin[i]};
+        long value[2] = {r->sn[i].value[S_ALWAYS], r->twin_value[i]};
+        for (int k = 0; k < 2; k++) {
+            const char *what = k ? "twin" : "site";
+            assert_site(v[k], MOV1, i ? MOV2 : MOV1, 5, what);
+            cr_assert_eq(v[k]->state, ALTPATCH_SITE_REFUSED, "%s, apply %d", what, i);
+            cr_assert_eq(v[k]->reason,
+                         i ? ALTPATCH_REASON_MEM_MISMATCH : ALTPATCH_REASON_WRITE_DENIED,
+                         "%s, apply %d", what, i);
+            cr_assert_eq(value[k], i ? 2 : 1, "%s, apply %d", what, i);
+        }
+    }
 }
 
 /* ---- the environment ------------------------------------------------------- */
