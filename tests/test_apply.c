@@ -920,6 +920,82 @@ Test(apply, modules_out_of_address_order)
     cr_assert_eq(r->st[2].bytes_written, r->st[0].bytes_written);
     cr_assert_eq(r->st[1].bytes_written, r->st[0].bytes_written);
 }
+/*
+ * A library loaded after an apply and walked before the next one: listed
+ * with memory's bytes as its originals, every site ORIGINAL; the next apply
+ * patches it from those.
+ */
+struct walk_first_result {
+    int loaded, rc[2], found[2], state[2], chosen[2], reason[2], same[2];
+    long value[2];
+    uint8_t original[2][16];
+    unsigned len;
+};
+
+struct walk_first_find {
+    struct walk_first_result *r;
+    uintptr_t fn;
+    int phase;
+};
+
+static int walk_first_cb(const struct altpatch_site_info *info, void *ctx)
+{
+    struct walk_first_find *f = ctx;
+    struct walk_first_result *r = f->r;
+    int p = f->phase;
+    if (info->addr < f->fn || info->addr >= f->fn + 64 || r->found[p] || info->len > 16)
+        return 0;
+    r->found[p] = 1;
+    r->state[p] = info->state;
+    r->chosen[p] = info->chosen;
+    r->reason[p] = info->reason;
+    r->len = info->len;
+    memcpy(r->original[p], info->original, info->len);
+    r->same[p] = !memcmp(info->original, info->current, info->len);
+    return 0;
+}
+
+static void walk_first_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct walk_first_result *r = out;
+    struct altpatch_features *f = fset(-1);
+    altpatch_set_print(NULL);
+    r->rc[0] = apply_with(f, 0);
+    void *h = dlopen(RELOAD_V1, RTLD_NOW | RTLD_LOCAL);
+    long (*fn)(void) = h ? (long (*)(void))dlsym(h, "reload_value") : NULL;
+    if (!fn)
+        return;
+    r->loaded = 1;
+    for (int p = 0; p < 2; p++) {
+        if (p)
+            r->rc[1] = apply_with(f, 0);
+        struct walk_first_find c = {r, (uintptr_t)fn, p};
+        altpatch_site_foreach(walk_first_cb, &c);
+        r->value[p] = fn();
+    }
+    altpatch_features_free(f);
+}
+
+Test(apply, a_module_walked_before_its_first_apply)
+{
+    struct walk_first_result *r = ap_isolated(sizeof(*r), walk_first_body, NULL);
+    cr_assert(r->loaded, "the library loads");
+    cr_assert_eq(r->rc[0], 0);
+    cr_assert_eq(r->rc[1], 0);
+    cr_assert(r->found[0] && r->found[1], "the library's site is listed");
+    cr_assert_eq(r->value[0], 1, "not patched before the second apply");
+    cr_assert_eq(r->state[0], ALTPATCH_SITE_ORIGINAL);
+    cr_assert_eq(r->chosen[0], -1);
+    cr_assert_eq(r->reason[0], ALTPATCH_REASON_NONE);
+    cr_assert(r->same[0], "memory holds the original");
+    cr_assert_eq(r->value[1], 2, "patched by the second apply");
+    cr_assert_eq(r->state[1], ALTPATCH_SITE_PATCHED);
+    cr_assert_eq(r->chosen[1], 0);
+    cr_assert_not(r->same[1], "memory holds the replacement");
+    cr_assert_arr_eq(r->original[1], r->original[0], r->len, "the same originals");
+}
+
 #endif
 
 /*
@@ -1290,6 +1366,9 @@ Test(apply, modules_refresh_finds_this_program)
             best = i;
     }
     cr_assert_neq(best, SIZE_MAX, "site_two listed");
+    /* the per-site arrays are filled when first needed (a decision, a site walk) */
+    ap_module_save(m);
+    cr_assert(m->saved);
     cr_assert_neq(ap_orig_off(m, best), AP_NO_ORIG);
     cr_assert_arr_eq(m->orig + ap_orig_off(m, best), XOR_PAD, 3);
     /* nothing loaded or unloaded: the same modules are kept */

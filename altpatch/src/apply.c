@@ -574,26 +574,27 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
 }
 
 /*
- * ap_decide_module() for a module no apply has decided yet (m->fresh, an
- * apply that writes and does not revert): every result is still "original",
- * no site has a template and m->planned holds the originals, so a site whose
- * plan is its original and whose memory holds it changes nothing: it costs
- * the plan and one compare. A patched site is recorded, and m->planned given
- * its plan, when it is queued (AP_WDEC_KEPT). Any other site goes through
- * ap_decide().
+ * ap_decide_module() for a module whose per-site arrays are not filled yet
+ * (!m->saved: no apply and no site walk has read them), in an apply that
+ * writes and does not revert: each site's original is saved from memory as
+ * it is decided (ap_module_save_all()'s work, in the same pass), so memory
+ * holds the original; a site whose plan is its original changes nothing and
+ * costs the plan alone. A patched site is recorded, and m->planned given its
+ * plan, when it is queued (AP_WDEC_KEPT). Any other site goes through
+ * ap_decide() once its arrays are filled.
  */
-static __attribute__((noinline)) void ap_decide_fresh(struct ap_run *r, struct ap_mrun *mr,
+static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct ap_mrun *mr,
                                                       uint8_t *slot, struct ap_memo *memo)
 {
     struct ap_module *m = mr->m;
     /* copies: the stores below (bytes) could alias any field read through m or r */
     const struct ap_site *sites = m->sites;
-    const uint32_t *orig_off = m->orig_off;
-    const uint8_t *morig = m->orig;
+    uint32_t *orig_off = m->orig_off;
+    uint8_t *morig = m->orig;
     uint8_t *mplanned = m->planned;
     uint32_t *shape = m->shape;
     struct ap_site_result *res = m->res;
-    const struct ap_entry *ments = m->entries;
+    const struct ap_entry *ents = m->entries; /* the first apply: every record */
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
     const struct ap_region repl = m->view.repl; /* read once, not per site */
     struct ap_write *writes = r->writes;
@@ -601,69 +602,78 @@ static __attribute__((noinline)) void ap_decide_fresh(struct ap_run *r, struct a
     uint64_t patched = 0, unchanged = 0;
     uintptr_t wlast = r->wlast;
     bool unsorted = r->unsorted;
+    uint32_t off = 0;
+    struct ap_region_cursor rc = {0};
+    m->saved = true; /* every site's arrays are filled below */
+    m->shape_gen = ap_shapes_gen;
     for (size_t i = 0; i < nsites; i++, n++) {
         const struct ap_site *s = &sites[i];
-        uint32_t off = orig_off[i];
         size_t len = s->len;
-        const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
-        if (off == AP_NO_ORIG32)
+        /* memory (a module's view of live memory maps every address to itself) */
+        const uint8_t *cur = ap_region_at(&rc, &m->view, s->addr, (uint8_t)len);
+        res[i] = (struct ap_site_result){0};
+        if (!cur) {
+            orig_off[i] = AP_NO_ORIG32;
+            shape[i] = 0;
             goto slow; /* outside the text: refused */
-        const uint8_t *orig = morig + off, *target;
-        struct ap_site_entries eb;
-        const struct ap_site *es = s;
-        const struct ap_entry *ents = ments; /* the first apply: every record */
-        if (!ents)
-            ents = ap_module_decode_entries(m, i, &eb, &es);
+        }
+        uint8_t *orig = morig + off, *planned = mplanned + off;
+        const uint8_t *target;
+        orig_off[i] = off;
+        off += (uint32_t)len;
+        ap_copy_small(orig, cur, len);
         uint32_t count = s->count, id;
         int chosen;
         /* no entry applies: the original, after the record checks alone (one
          * entry, the common site: the test without its loop) */
         if (!s->reason && len &&
             (count == 1 ? ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
-                                                         &ents[es->first], 1)
+                                                         &ents[s->first], 1)
                         : count && ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
-                                                                  &ents[es->first], count))) {
+                                                                  &ents[s->first], count))) {
             id = AP_SHAPE_ORIGINAL;
             chosen = -1;
         } else {
-            id = ap_memo_find_text(memo, &m->view, es, ents, orig);
-            if (!id)
+            id = ap_memo_find_text(memo, &m->view, s, ents, orig);
+            if (!id) {
+                ap_copy_small(planned, orig, len);
+                shape[i] = 0;
                 goto slow; /* a new shape, or refused: the planner */
+            }
             /* a lookup stores nothing: tmpl is still memo->tmpl */
             const struct ap_memo_tmpl *t = &tmpl[id - 1];
             if (t->nfields) {
-                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, slot, &target);
-                if (chosen < -1)
+                chosen = ap_memo_inst_fields(memo, id, &m->view, s, ents, slot, &target);
+                if (chosen < -1) {
+                    ap_copy_small(planned, orig, len);
+                    shape[i] = id;
                     goto slow; /* a field does not fit here: the planner says why */
+                }
             } else {
                 chosen = t->chosen;
                 target = t->key + 2 * (size_t)t->keylen; /* the same bytes at every site */
             }
         }
+        shape[i] = id;
         if (chosen < 0) {
-            /* res and planned say "original" already */
-            if (!ap_equal_small(cur, orig, len))
-                goto slow; /* someone else's bytes: refused */
-            shape[i] = id;
+            /* memory holds the original: just saved from it */
+            ap_copy_small(planned, orig, len);
             unchanged++;
             continue;
         }
-        bool same = ap_equal_small(cur, target, len);
-        if (!same && !ap_equal_small(cur, orig, len))
-            goto slow;
-        shape[i] = id;
         res[i] = (struct ap_site_result){.pick = (uint32_t)chosen + 1,
                                          .state = ALTPATCH_SITE_PATCHED};
         patched++;
-        ap_copy_small(mplanned + off, target, len);
-        if (same) {
+        ap_copy_small(planned, target, len);
+        if (ap_equal_small(cur, target, len)) {
             unchanged++;
         } else {
-            /* recorded now, as if the write lands (ap_writes_done() puts
-             * the original back into planned when not) */
-            unsorted |= nw && (uintptr_t)cur <= wlast;
-            wlast = (uintptr_t)cur;
-            writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = orig, .new = target,
+            /* memory holds the original; recorded now, as if the write lands
+             * (ap_writes_done() puts the original back into planned when not) */
+            unsorted |= nw && (uintptr_t)s->addr <= wlast;
+            wlast = (uintptr_t)s->addr;
+            writes[nw++] = (struct ap_write){.addr = (uintptr_t)s->addr, .old = orig,
+                                             .new = target,
                                              .tag = (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT,
                                              .len = (uint16_t)len};
         }
@@ -800,6 +810,11 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
             continue;
         struct ap_mrun *mr = &r->mods[r->nmods++];
         *mr = (struct ap_mrun){.m = m, .n0 = r->ndec, .ok = true, .path = AP_PATH_DECIDE};
+        /* a module's first decision fills its per-site arrays as it goes */
+        bool first = !m->saved && m->block && m->entries && r->keep && !r->revert &&
+                     !r->debug && !m->reason;
+        if (!first)
+            ap_module_save(m);
         ap_cache_check(m, ap_shapes_gen);
         bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
         if (settled && r->revert == m->left_orig && ap_still_settled(m)) {
@@ -823,11 +838,10 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
                 m->left_orig = false;
             }
             size_t w0 = r->nwrites;
-            if (m->fresh && r->keep && !r->revert && !r->debug && !m->reason)
-                ap_decide_fresh(r, mr, r->arena + bytes, memo);
+            if (first)
+                ap_decide_first(r, mr, r->arena + bytes, memo);
             else
                 ap_decide_module(r, mr, r->arena + bytes, memo);
-            m->fresh = false;
             mr->writes = r->nwrites - w0;
         }
         bytes += m->site_bytes;
@@ -1320,6 +1334,8 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     if (!ret)
         ap_pin(ap_mods, &pins); /* the callback may read info.current */
     for (struct ap_module *m = ap_mods; m && !ret; m = m->next) {
+        if (!m->gone)
+            ap_module_save(m); /* not decided yet: memory holds the originals */
         for (size_t i = 0; i < m->nsites && !ret && !m->gone; i++) {
             struct altpatch_site_info info;
             ap_site_info(m, i, &info);

@@ -387,9 +387,9 @@ struct ap_module {
      * holds m->orig at every site, not planned, and every site is ORIGINAL
      * (res keeps the plan's results for the apply that writes it back). */
     bool left_orig;
-    /* No apply has decided a site yet: every result is zero (original),
-     * no site has a template and planned holds the originals. */
-    bool fresh;
+    /* The per-site arrays hold the originals (ap_module_save()); until then
+     * nothing in them is set but the pointers. */
+    bool saved;
 };
 
 /** m->shape[i] of a site none of whose entries applies: its plan is its original. */
@@ -401,6 +401,76 @@ struct ap_module {
 #define AP_NO_ORIG ((size_t)-1)
 /** The same in a module's 32-bit orig_off (a module's site bytes stay below 4 GiB). */
 #define AP_NO_ORIG32 UINT32_MAX
+
+/**
+ * Fill @p m's per-site arrays from memory: each site's original (its offset
+ * in m->orig, or AP_NO_ORIG32 outside the text), planned the same, every
+ * result zero (original), no template. Once: see ap_module_save().
+ */
+AP_HIDDEN void ap_module_save_all(struct ap_module *m);
+
+/** ap_module_save_all() unless done: before anything reads the per-site arrays. */
+static inline void ap_module_save(struct ap_module *m)
+{
+    if (!m->saved && m->block)
+        ap_module_save_all(m);
+}
+
+/** ap_copy_small() of @p n bytes at @p src to both @p a and @p b (a site's bytes). */
+static inline void ap_copy2_small(uint8_t *a, uint8_t *b, const uint8_t *src, size_t n)
+{
+    if (n > 16 || n < 4) {
+        ap_copy_small(a, src, n);
+        ap_copy_small(b, a, n);
+    } else if (n >= 8) {
+        uint64_t x, y;
+        memcpy(&x, src, 8);
+        memcpy(&y, src + n - 8, 8);
+        memcpy(a, &x, 8);
+        memcpy(a + n - 8, &y, 8);
+        memcpy(b, &x, 8);
+        memcpy(b + n - 8, &y, 8);
+    } else {
+        uint32_t x, y;
+        memcpy(&x, src, 4);
+        memcpy(&y, src + n - 4, 4);
+        memcpy(a, &x, 4);
+        memcpy(a + n - 4, &y, 4);
+        memcpy(b, &x, 4);
+        memcpy(b + n - 4, &y, 4);
+    }
+}
+
+/**
+ * Where sites that come in address order are looked up in a module's view:
+ * the last site's region, tried first.
+ */
+struct ap_region_cursor {
+    const struct ap_region *r;
+    uint64_t addr, size;
+    const uint8_t *data;
+};
+
+/**
+ * The bytes of [@p addr, +@p len) in @p v's text (live memory: the address
+ * itself), or NULL when they do not lie inside one region with bytes (or
+ * @p len is 0 and the last region does not hold @p addr).
+ */
+static inline const uint8_t *ap_region_at(struct ap_region_cursor *c, const struct ap_view *v,
+                                          uint64_t addr, uint8_t len)
+{
+    uint64_t at = addr - c->addr;
+    if (!c->r || at > c->size || len > c->size - at) {
+        const struct ap_region *r = len ? ap_view_find(v, addr, len) : NULL;
+        if (!r || !r->data) {
+            c->r = NULL;
+            return NULL;
+        }
+        *c = (struct ap_region_cursor){r, r->addr, r->size, r->data};
+        at = addr - c->addr;
+    }
+    return c->data + at;
+}
 
 /** Offset of site @p i's bytes in m->orig and m->planned, or AP_NO_ORIG. */
 static inline size_t ap_orig_off(const struct ap_module *m, size_t i)

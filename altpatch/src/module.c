@@ -116,36 +116,42 @@ static void ap_module_free(struct ap_module *m)
     free(m);
 }
 
-/** ap_copy_small() of @p n bytes at @p src to both @p a and @p b (a site's bytes). */
-static inline void ap_copy2_small(uint8_t *a, uint8_t *b, const uint8_t *src, size_t n)
+void ap_module_save_all(struct ap_module *m)
 {
-    if (n > 16 || n < 4) {
-        ap_copy_small(a, src, n);
-        ap_copy_small(b, a, n);
-    } else if (n >= 8) {
-        uint64_t x, y;
-        memcpy(&x, src, 8);
-        memcpy(&y, src + n - 8, 8);
-        memcpy(a, &x, 8);
-        memcpy(a + n - 8, &y, 8);
-        memcpy(b, &x, 8);
-        memcpy(b + n - 8, &y, 8);
-    } else {
-        uint32_t x, y;
-        memcpy(&x, src, 4);
-        memcpy(&y, src + n - 4, 4);
-        memcpy(a, &x, 4);
-        memcpy(a + n - 4, &y, 4);
-        memcpy(b, &x, 4);
-        memcpy(b + n - 4, &y, 4);
+    /* Locals throughout: the byte stores below may alias any field of m. */
+    const struct ap_site *sites = m->sites;
+    uint32_t *orig_off = m->orig_off;
+    struct ap_site_result *res = m->res;
+    uint32_t *shape = m->shape;
+    uint8_t *orig = m->orig, *planned = m->planned;
+    uint32_t off = 0;
+    struct ap_region_cursor rc = {0};
+    for (size_t i = 0, n = m->nsites; i < n; i++) {
+        uint8_t len = sites[i].len;
+        res[i] = (struct ap_site_result){0}; /* the original, nothing warned (host.h) */
+        shape[i] = 0;                       /* no template (m->shape_gen: any) */
+        const uint8_t *at = ap_region_at(&rc, &m->view, sites[i].addr, len);
+        if (!at) {
+            orig_off[i] = AP_NO_ORIG32;
+            continue;
+        }
+        orig_off[i] = off;
+        /* the original, and the bytes the last apply left: memory's until an
+         * apply writes */
+        ap_copy2_small(orig + off, planned + off, at, len);
+        off += len;
     }
+    m->shape_gen = AP_SHAPE_GEN_ANY;
+    m->saved = true;
 }
 
 /*
  * The per-site arrays in one allocation (m->block): orig_off, shape (0: no
  * template), res, then the original bytes of every site that lies inside the
  * module's text and, at the same offsets, the bytes the last apply left
- * (planned: the originals until an apply writes).
+ * (planned). Filled by ap_module_save() -- at once for a pre-patched module,
+ * else by the module's first decision (apply.c), which reads every site's
+ * memory anyway, or by whatever reads them before.
  */
 static int ap_save_originals(struct ap_module *m, uint64_t total)
 {
@@ -165,46 +171,13 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
     m->res = (struct ap_site_result *)(void *)(b + n * (sizeof(*m->orig_off) + sizeof(*m->shape)));
     m->orig = b + n * (sizeof(*m->orig_off) + sizeof(*m->shape) + sizeof(*m->res));
     m->planned = m->orig + total;
-    /* Locals throughout: the byte stores below may alias any field of m. */
-    const struct ap_site *sites = m->sites;
-    uint32_t *orig_off = m->orig_off;
-    struct ap_site_result *res = m->res;
-    uint32_t *shape = m->shape;
-    uint8_t *orig = m->orig, *planned = m->planned;
-    uint32_t off = 0;
-    const struct ap_region *r = NULL; /* the region of the last site: sites come in order */
-    uint64_t r_addr = 0, r_size = 0;
-    const uint8_t *r_data = NULL;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t addr = sites[i].addr;
-        uint8_t len = sites[i].len;
-        res[i] = (struct ap_site_result){0}; /* the original, nothing warned (host.h) */
-        shape[i] = 0;                       /* no template (m->shape_gen: any) */
-        /* inside the last site's region: [addr, addr + len) within [r_addr, +r_size) */
-        uint64_t at = addr - r_addr;
-        if (!r || at > r_size || len > r_size - at) {
-            r = len ? ap_view_find(&m->view, addr, len) : NULL;
-            if (!r || !r->data) {
-                r = NULL;
-                orig_off[i] = AP_NO_ORIG32;
-                continue;
-            }
-            r_addr = r->addr;
-            r_size = r->size;
-            r_data = r->data;
-            at = addr - r_addr;
-        }
-        orig_off[i] = off;
-        /* the original, and the bytes the last apply left: memory's until an
-         * apply writes */
-        ap_copy2_small(orig + off, planned + off, r_data + at, len);
-        off += len;
-    }
     m->shape_gen = AP_SHAPE_GEN_ANY;
-    m->fresh = !ap_note_prepatched(&m->note); /* else memory holds a profile's bytes */
     /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the
      * compiler's originals are in the file (prepatch_load.c). */
-    return ap_note_prepatched(&m->note) ? ap_prepatch_originals(m) : 0;
+    if (!ap_note_prepatched(&m->note))
+        return 0;
+    ap_module_save_all(m);
+    return ap_prepatch_originals(m);
 }
 
 /** Decode the table and group it into sites (the module is refused on a bad table). */
@@ -333,9 +306,14 @@ static bool ap_same_identity(const struct ap_module *m, const struct dl_phdr_inf
            strcmp(m->path, name) == 0;
 }
 
-/** True when every site holds its saved original or the bytes the last apply left. */
+/**
+ * True when every site holds its saved original or the bytes the last apply
+ * left (or nothing is saved yet: the first decision saves what memory holds).
+ */
 static bool ap_sites_unchanged(const struct ap_module *m)
 {
+    if (!m->saved)
+        return true;
     const struct ap_region *r = NULL; /* the region of the last site: sites come in order */
     for (size_t i = 0; i < m->nsites; i++) {
         size_t off = ap_orig_off(m, i);
