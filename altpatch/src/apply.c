@@ -611,17 +611,17 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
         size_t len = s->len;
         /* memory (a module's view of live memory maps every address to itself) */
         const uint8_t *cur = ap_region_at(&rc, &m->view, s->addr, (uint8_t)len);
-        res[i] = (struct ap_site_result){0};
         if (!cur) {
             orig_off[i] = AP_NO_ORIG32;
+            res[i] = (struct ap_site_result){0};
             shape[i] = 0;
             goto slow; /* outside the text: refused */
         }
+        /* the plan from memory's bytes: the original, saved below */
         uint8_t *orig = morig + off, *planned = mplanned + off;
         const uint8_t *target;
         orig_off[i] = off;
         off += (uint32_t)len;
-        ap_copy_small(orig, cur, len);
         uint32_t count = s->count, id;
         int chosen;
         /* no entry applies: the original, after the record checks alone (one
@@ -634,9 +634,10 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
             id = AP_SHAPE_ORIGINAL;
             chosen = -1;
         } else {
-            id = ap_memo_find_text(memo, &m->view, s, ents, orig);
+            id = ap_memo_find_text(memo, &m->view, s, ents, cur);
             if (!id) {
-                ap_copy_small(planned, orig, len);
+                ap_copy2_small(orig, planned, cur, len);
+                res[i] = (struct ap_site_result){0};
                 shape[i] = 0;
                 goto slow; /* a new shape, or refused: the planner */
             }
@@ -645,7 +646,8 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
             if (t->nfields) {
                 chosen = ap_memo_inst_fields(memo, id, &m->view, s, ents, slot, &target);
                 if (chosen < -1) {
-                    ap_copy_small(planned, orig, len);
+                    ap_copy2_small(orig, planned, cur, len);
+                    res[i] = (struct ap_site_result){0};
                     shape[i] = id;
                     goto slow; /* a field does not fit here: the planner says why */
                 }
@@ -656,14 +658,16 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
         }
         shape[i] = id;
         if (chosen < 0) {
-            /* memory holds the original: just saved from it */
-            ap_copy_small(planned, orig, len);
+            /* memory holds the original: saved from it, nothing else changes */
+            ap_copy2_small(orig, planned, cur, len);
+            res[i] = (struct ap_site_result){0};
             unchanged++;
             continue;
         }
         res[i] = (struct ap_site_result){.pick = (uint32_t)chosen + 1,
                                          .state = ALTPATCH_SITE_PATCHED};
         patched++;
+        ap_copy_small(orig, cur, len);
         ap_copy_small(planned, target, len);
         if (ap_equal_small(cur, target, len)) {
             unchanged++;

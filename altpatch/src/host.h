@@ -443,7 +443,7 @@ static inline void ap_copy2_small(uint8_t *a, uint8_t *b, const uint8_t *src, si
 
 /**
  * Where sites that come in address order are looked up in a module's view:
- * the last site's region, tried first.
+ * the last site's region, tried first (all zero: none).
  */
 struct ap_region_cursor {
     const struct ap_region *r;
@@ -459,11 +459,12 @@ struct ap_region_cursor {
 static inline const uint8_t *ap_region_at(struct ap_region_cursor *c, const struct ap_view *v,
                                           uint64_t addr, uint8_t len)
 {
+    /* no region yet (all zero): only [0, +0) would pass, giving NULL */
     uint64_t at = addr - c->addr;
-    if (!c->r || at > c->size || len > c->size - at) {
+    if (at > c->size || len > c->size - at) {
         const struct ap_region *r = len ? ap_view_find(v, addr, len) : NULL;
         if (!r || !r->data) {
-            c->r = NULL;
+            *c = (struct ap_region_cursor){0};
             return NULL;
         }
         *c = (struct ap_region_cursor){r, r->addr, r->size, r->data};
