@@ -712,7 +712,7 @@ static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
  * when every site passes; any other site sends the whole module through
  * ap_decide().
  */
-static bool ap_still_settled(const struct ap_module *m)
+static __attribute__((noinline)) bool ap_still_settled(const struct ap_module *m)
 {
     /* every site of a settled module lies in its text: orig_off is valid */
     const uint8_t *left = m->left_orig ? m->orig : m->planned;
