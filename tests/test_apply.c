@@ -664,6 +664,75 @@ static void foreign_value(const struct snapshot *sn, uint8_t v)
     close(fd);
 }
 
+/*
+ * A site refused, accepted again, then refused for the same reason is warned
+ * about once; another site refused for it is warned about too.
+ */
+struct rewarn_result {
+    int rc[4];
+    int state[4], reason[4];
+    uintptr_t addr[2];
+    char log[4096];
+};
+
+static void rewarn_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct rewarn_result *r = out;
+    struct mismatch_result *buf = calloc(1, sizeof(*buf));
+    if (!buf)
+        _exit(4);
+    struct altpatch_features *f = fset(F_A, -1);
+    struct snapshot sn;
+    apply_with(f, 0);
+    snap(&sn);
+    r->addr[0] = sn.s[S_ALWAYS].addr;
+    r->addr[1] = sn.s[S_TWIN].addr;
+    g_mm_out = buf;
+    altpatch_set_print(capture_mm);
+    /* foreign, back to the plan, foreign again; then the twin foreign too */
+    static const uint8_t imm[4] = {7, 2, 7, 7};
+    for (int i = 0; i < 4; i++) {
+        foreign_value(&sn, imm[i]);
+        if (i == 3) {
+            int fd = open("/proc/self/mem", O_RDWR);
+            uint8_t v = 7;
+            if (fd < 0 || pwrite(fd, &v, 1, (off_t)(r->addr[1] + 1)) != 1)
+                _exit(5);
+            close(fd);
+        }
+        r->rc[i] = apply_with(f, 0);
+        struct snapshot now;
+        snap(&now);
+        r->state[i] = now.s[S_ALWAYS].state;
+        r->reason[i] = now.s[S_ALWAYS].reason;
+    }
+    altpatch_set_print(NULL);
+    memcpy(r->log, buf->log, sizeof(r->log));
+    altpatch_features_free(f);
+}
+
+Test(apply, a_refusal_is_warned_once_per_site_and_reason)
+{
+    struct rewarn_result *r = ap_isolated(sizeof(*r), rewarn_body, NULL);
+    static const int state[4] = {ALTPATCH_SITE_REFUSED, ALTPATCH_SITE_PATCHED,
+                                 ALTPATCH_SITE_REFUSED, ALTPATCH_SITE_REFUSED};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(r->rc[i], 0, "apply %d", i);
+        cr_assert_eq(r->state[i], state[i], "apply %d", i);
+        cr_assert_eq(r->reason[i], i == 1 ? ALTPATCH_REASON_NONE : ALTPATCH_REASON_MEM_MISMATCH,
+                     "apply %d", i);
+    }
+    for (int k = 0; k < 2; k++) {
+        char want[160];
+        snprintf(want, sizeof(want), "(0x%lx) refused: %s\n", (unsigned long)r->addr[k],
+                 altpatch_strreason(ALTPATCH_REASON_MEM_MISMATCH));
+        const char *hit = strstr(r->log, want);
+        cr_assert(hit, "WARN for site %d missing: %s", k, r->log);
+        cr_assert_null(strstr(hit + 1, want), "site %d warned twice: %s", k, r->log);
+    }
+}
+
 static void toggle_body(void *out, void *ctx)
 {
     struct toggle_result *r = out;

@@ -261,6 +261,39 @@ static struct ap_work ap_work_of(const struct ap_run *r, size_t n, struct ap_mod
                             .action = (enum ap_action)d->action};
 }
 
+/*
+ * The reasons warned about at site @p i of @p m, with room for them made
+ * when @p add (NULL when there is none, or no memory: a WARN may then be
+ * printed again).
+ */
+static uint32_t *ap_warned_bits(struct ap_module *m, size_t i, bool add)
+{
+    size_t lo = 0, hi = m->nwarned; /* the first entry with site >= i */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (m->warned[mid].site < i)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < m->nwarned && m->warned[lo].site == i)
+        return &m->warned[lo].bits;
+    if (!add)
+        return NULL;
+    /* sites are refused in order: usually appended; grown by powers of two */
+    size_t n = m->nwarned;
+    if (!(n & (n - 1))) {
+        struct ap_warned *w = realloc(m->warned, (n ? 2 * n : 4) * sizeof(*w));
+        if (!w)
+            return NULL;
+        m->warned = w;
+    }
+    memmove(&m->warned[lo + 1], &m->warned[lo], (n - lo) * sizeof(*m->warned));
+    m->warned[lo] = (struct ap_warned){(uint32_t)i, 0};
+    m->nwarned = n + 1;
+    return &m->warned[lo].bits;
+}
+
 /* Record a refused decision @p n, site @p i of module @p mr. */
 static void ap_site_refused(struct ap_run *r, struct ap_mrun *mr, size_t i, size_t n)
 {
@@ -270,13 +303,16 @@ static void ap_site_refused(struct ap_run *r, struct ap_mrun *mr, size_t i, size
     /* One WARN per site and reason: a site that toggles between refused and
      * unchanged (REVERT, another feature set) does not warn again. */
     uint32_t bit = d->reason > 0 && d->reason < 32 ? 1u << d->reason : 0;
-    if (res->reason != d->reason && !(res->warned & bit)) {
-        struct ap_work wk = ap_work_of(r, n, m, i);
-        ap_warn_refusal(&wk);
+    if (ap_res_reason(res) != d->reason) {
+        uint32_t *warned = ap_warned_bits(m, i, bit != 0);
+        if (!warned || !(*warned & bit)) {
+            struct ap_work wk = ap_work_of(r, n, m, i);
+            ap_warn_refusal(&wk);
+        }
+        if (warned)
+            *warned |= bit;
     }
-    res->warned |= bit;
-    *res = (struct ap_site_result){.pick = 0, .warned = res->warned, .reason = d->reason,
-                                   .state = ALTPATCH_SITE_REFUSED};
+    *res = ap_res_refused(d->reason);
     r->refused_n++;
     mr->ok = false;
 }
@@ -289,10 +325,7 @@ static inline void ap_site_ok(struct ap_run *r, struct ap_mrun *mr, struct ap_si
                               const struct ap_dec *d, uint8_t *planned, size_t len)
 {
     bool patched = d->chosen >= 0;
-    *res = (struct ap_site_result){.pick = (uint32_t)(d->chosen + 1), .warned = res->warned,
-                                   .reason = ALTPATCH_REASON_NONE,
-                                   .state = patched ? ALTPATCH_SITE_PATCHED
-                                                    : ALTPATCH_SITE_ORIGINAL};
+    *res = ap_res_ok(d->chosen);
     r->patched_n += patched;
     mr->patched += patched;
     r->unchanged_n += d->action == AP_ACT_UNCHANGED;
@@ -523,10 +556,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
         shape[i] = id;
         if (ap_equal_small(cur, target, len)) {
             bool p = chosen >= 0;
-            res[i] = (struct ap_site_result){.pick = (uint32_t)(chosen + 1), .warned = res[i].warned,
-                                             .reason = ALTPATCH_REASON_NONE,
-                                             .state = p ? ALTPATCH_SITE_PATCHED
-                                                        : ALTPATCH_SITE_ORIGINAL};
+            res[i] = ap_res_ok(chosen);
             patched += p;
             unchanged++;
             if (keep)
@@ -542,10 +572,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             /* recorded now, as if the write lands (ap_writes_done() undoes
              * it when not); what memory holds is kept after the writer */
             bool p = chosen >= 0;
-            res[i] = (struct ap_site_result){.pick = (uint32_t)(chosen + 1), .warned = res[i].warned,
-                                             .reason = ALTPATCH_REASON_NONE,
-                                             .state = p ? ALTPATCH_SITE_PATCHED
-                                                        : ALTPATCH_SITE_ORIGINAL};
+            res[i] = ap_res_ok(chosen);
             patched += p;
             uint32_t tag = (uint32_t)n | AP_WDEC_DONE;
             if (keep && old == orig && ap_equal_small(planned, orig, len)) {
@@ -613,7 +640,7 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
         const uint8_t *cur = ap_region_at(&rc, &m->view, s->addr, (uint8_t)len);
         if (!cur) {
             orig_off[i] = AP_NO_ORIG32;
-            res[i] = (struct ap_site_result){0};
+            res[i] = ap_res_ok(-1);
             shape[i] = 0;
             goto slow; /* outside the text: refused */
         }
@@ -637,7 +664,7 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
             id = ap_memo_find_text(memo, &m->view, s, ents, cur);
             if (!id) {
                 ap_copy2_small(orig, planned, cur, len);
-                res[i] = (struct ap_site_result){0};
+                res[i] = ap_res_ok(-1);
                 shape[i] = 0;
                 goto slow; /* a new shape, or refused: the planner */
             }
@@ -647,7 +674,7 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
                 chosen = ap_memo_inst_fields(memo, id, &m->view, s, ents, slot, &target);
                 if (chosen < -1) {
                     ap_copy2_small(orig, planned, cur, len);
-                    res[i] = (struct ap_site_result){0};
+                    res[i] = ap_res_ok(-1);
                     shape[i] = id;
                     goto slow; /* a field does not fit here: the planner says why */
                 }
@@ -660,12 +687,11 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
         if (chosen < 0) {
             /* memory holds the original: saved from it, nothing else changes */
             ap_copy2_small(orig, planned, cur, len);
-            res[i] = (struct ap_site_result){0};
+            res[i] = ap_res_ok(-1);
             unchanged++;
             continue;
         }
-        res[i] = (struct ap_site_result){.pick = (uint32_t)chosen + 1,
-                                         .state = ALTPATCH_SITE_PATCHED};
+        res[i] = ap_res_ok(chosen);
         patched++;
         ap_copy_small(orig, cur, len);
         ap_copy_small(planned, target, len);
@@ -1315,8 +1341,8 @@ static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_si
         .chosen = chosen,
         .feature = e->feature,
         .flags = e->flags,
-        .state = m->left_orig ? ALTPATCH_SITE_ORIGINAL : (enum altpatch_site_state)res->state,
-        .reason = m->left_orig ? ALTPATCH_REASON_NONE : res->reason,
+        .state = m->left_orig ? ALTPATCH_SITE_ORIGINAL : ap_res_state(res),
+        .reason = m->left_orig ? ALTPATCH_REASON_NONE : ap_res_reason(res),
         .original = off != AP_NO_ORIG ? m->orig + off : NULL,
         .current = off != AP_NO_ORIG ? (const uint8_t *)(uintptr_t)s->addr : NULL,
     };

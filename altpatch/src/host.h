@@ -314,21 +314,47 @@ AP_HIDDEN uintptr_t ap_frames_where_task(uintptr_t rip, uintptr_t sp, bool (*ins
 
 /**
  * Per-site outcome of the last apply (after a quick revert, of the one
- * before: left_orig). All zero: the original, not refused, nothing warned
- * (a site no apply decided yet).
+ * before: left_orig), in one word: below AP_RES_REFUSED the entry memory
+ * holds + 1 (0: the original, also a site no apply decided yet), else
+ * AP_RES_REFUSED | the reason. Which reasons were warned about lives apart
+ * (struct ap_warned): refusals are few.
  */
 struct ap_site_result {
-    uint32_t pick;   /* entry index within the site (any number of entries) + 1; 0 = original */
-    uint32_t warned; /* bit r: a WARN line was printed for reason r (once per site and reason) */
-    int16_t reason;
-    uint8_t state;  /* enum altpatch_site_state */
+    uint32_t v;
 };
+#define AP_RES_REFUSED 0x80000000u
 
+/** An accepted site's result: entry @p chosen (-1: the original). */
+static inline struct ap_site_result ap_res_ok(int chosen)
+{
+    return (struct ap_site_result){(uint32_t)(chosen + 1)};
+}
+/** A refused site's result (the original kept). */
+static inline struct ap_site_result ap_res_refused(int reason)
+{
+    return (struct ap_site_result){AP_RES_REFUSED | (uint32_t)reason};
+}
 /** The entry a result holds: its index within the site, -1 for the original. */
 static inline int ap_res_chosen(const struct ap_site_result *res)
 {
-    return (int)res->pick - 1;
+    return res->v & AP_RES_REFUSED ? -1 : (int)res->v - 1;
 }
+static inline int ap_res_reason(const struct ap_site_result *res)
+{
+    return res->v & AP_RES_REFUSED ? (int)(res->v & ~AP_RES_REFUSED) : ALTPATCH_REASON_NONE;
+}
+static inline enum altpatch_site_state ap_res_state(const struct ap_site_result *res)
+{
+    return res->v & AP_RES_REFUSED ? ALTPATCH_SITE_REFUSED
+           : res->v                ? ALTPATCH_SITE_PATCHED
+                                   : ALTPATCH_SITE_ORIGINAL;
+}
+
+/** A site a WARN line was printed for: bit r for reason r (once per site and reason). */
+struct ap_warned {
+    uint32_t site;
+    uint32_t bits;
+};
 
 struct ap_module {
     struct ap_module *next;
@@ -356,6 +382,8 @@ struct ap_module {
     uint32_t *orig_off;         /* per site: offset into orig (and planned), or
                                  * AP_NO_ORIG32; read it with ap_orig_off() */
     struct ap_site_result *res; /* per site */
+    struct ap_warned *warned;   /* sorted by site; malloc'ed, or NULL */
+    size_t nwarned;
     void *block;                /* one allocation: orig_off, shape, res, orig, planned */
     bool present;               /* scratch for refresh */
     /* Pin (pins.c): a dlopen() reference held for the length of one apply or

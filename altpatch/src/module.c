@@ -113,6 +113,7 @@ static void ap_module_free(struct ap_module *m)
     free(m->entries);
     free(m->sites);
     free(m->block); /* orig_off, shape, res, orig, planned */
+    free(m->warned);
     free(m);
 }
 
@@ -128,7 +129,7 @@ void ap_module_save_all(struct ap_module *m)
     struct ap_region_cursor rc = {0};
     for (size_t i = 0, n = m->nsites; i < n; i++) {
         uint8_t len = sites[i].len;
-        res[i] = (struct ap_site_result){0}; /* the original, nothing warned (host.h) */
+        res[i] = ap_res_ok(-1); /* the original (host.h) */
         shape[i] = 0;                       /* no template (m->shape_gen: any) */
         const uint8_t *at = ap_region_at(&rc, &m->view, sites[i].addr, len);
         if (!at) {
