@@ -353,6 +353,31 @@ static void ap_site_done(struct ap_run *r, struct ap_mrun *mr, size_t i, size_t 
 }
 
 /*
+ * ap_equal_small() for a site's bytes, the common lengths first: 4 to 16
+ * bytes are two overlapping words of each side.
+ */
+static inline bool ap_same_site(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    if (n - 4 <= 12) {
+        if (n >= 8) {
+            uint64_t a0, a1, b0, b1;
+            memcpy(&a0, a, 8);
+            memcpy(&a1, a + n - 8, 8);
+            memcpy(&b0, b, 8);
+            memcpy(&b1, b + n - 8, 8);
+            return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+        }
+        uint32_t a0, a1, b0, b1;
+        memcpy(&a0, a, 4);
+        memcpy(&a1, a + n - 4, 4);
+        memcpy(&b0, b, 4);
+        memcpy(&b1, b + n - 4, 4);
+        return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+    }
+    return ap_equal_small(a, b, n);
+}
+
+/*
  * Site @p i of module @p mr, the run's decision n (final bytes, when they
  * are computed for this site, into @p slot): its plan, then memory. The
  * plan: the template the site used last time under this memo (m->shape),
@@ -554,7 +579,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             }
         }
         shape[i] = id;
-        if (ap_equal_small(cur, target, len)) {
+        if (ap_same_site(cur, target, len)) {
             bool p = chosen >= 0;
             res[i] = ap_res_ok(chosen);
             patched += p;
@@ -562,8 +587,8 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             if (keep)
                 ap_copy_small(mplanned + off, target, len);
         } else {
-            const uint8_t *old = ap_equal_small(cur, orig, len)      ? orig
-                                 : ap_equal_small(cur, planned, len) ? planned
+            const uint8_t *old = ap_same_site(cur, orig, len)      ? orig
+                                 : ap_same_site(cur, planned, len) ? planned
                                                                      : NULL;
             if (!old)
                 goto slow; /* someone else's bytes: refused */
@@ -575,7 +600,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             res[i] = ap_res_ok(chosen);
             patched += p;
             uint32_t tag = (uint32_t)n | AP_WDEC_DONE;
-            if (keep && old == orig && ap_equal_small(planned, orig, len)) {
+            if (keep && old == orig && ap_same_site(planned, orig, len)) {
                 /* nothing to do after the writer when the write lands */
                 ap_copy_small(mplanned + off, target, len);
                 tag |= AP_WDEC_KEPT;
@@ -695,7 +720,7 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
         patched++;
         ap_copy_small(orig, cur, len);
         ap_copy_small(planned, target, len);
-        if (ap_equal_small(cur, target, len)) {
+        if (ap_same_site(cur, target, len)) {
             unchanged++;
         } else {
             /* memory holds the original; recorded now, as if the write lands
@@ -746,7 +771,7 @@ static __attribute__((noinline)) bool ap_still_settled(const struct ap_module *m
     const struct ap_site *sites = m->sites;
     const uint32_t *off = m->orig_off;
     for (size_t i = 0, n = m->nsites; i < n; i++)
-        if (!ap_equal_small((const uint8_t *)(uintptr_t)sites[i].addr, left + off[i],
+        if (!ap_same_site((const uint8_t *)(uintptr_t)sites[i].addr, left + off[i],
                             sites[i].len))
             return false;
     return true;
@@ -777,9 +802,9 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
         uintptr_t addr = (uintptr_t)sites[i].addr;
         size_t off = orig_off[i], len = sites[i].len;
         const uint8_t *cur = (const uint8_t *)addr;
-        if (ap_equal_small(cur, to + off, len))
+        if (ap_same_site(cur, to + off, len))
             continue; /* also a plan that is the original */
-        if (!ap_equal_small(cur, from + off, len))
+        if (!ap_same_site(cur, from + off, len))
             return false; /* nothing kept: r is as it was */
         unsorted |= nw && addr <= wlast;
         wlast = addr;
