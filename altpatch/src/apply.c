@@ -724,8 +724,8 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
             unchanged++;
         } else {
             /* memory holds the original; recorded now, as if the write lands
-             * (ap_writes_done() puts the original back into planned when not) */
-            /* wlast is 0 until a write is queued (no site lies at 0) */
+             * (ap_writes_done() puts the original back into planned when
+             * not); wlast is 0 until a write is queued (no site lies at 0) */
             unsorted |= (uintptr_t)s->addr <= wlast;
             wlast = (uintptr_t)s->addr;
             writes[nw++] = (struct ap_write){.addr = (uintptr_t)s->addr, .old = orig,

@@ -130,7 +130,7 @@ void ap_module_save_all(struct ap_module *m)
     for (size_t i = 0, n = m->nsites; i < n; i++) {
         uint8_t len = sites[i].len;
         res[i] = ap_res_ok(-1); /* the original (host.h) */
-        shape[i] = 0;                       /* no template (m->shape_gen: any) */
+        shape[i] = 0;           /* no template (m->shape_gen: any) */
         const uint8_t *at = ap_region_at(&rc, &m->view, sites[i].addr, len);
         if (!at) {
             orig_off[i] = AP_NO_ORIG32;
