@@ -654,7 +654,7 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
     uint64_t patched = 0, unchanged = 0;
     uintptr_t wlast = r->wlast;
     bool unsorted = r->unsorted;
-    uint32_t off = 0;
+    uint8_t *orig = morig, *planned = mplanned; /* the next site's bytes */
     struct ap_region_cursor rc = {0};
     m->saved = true; /* every site's arrays are filled below */
     m->shape_gen = ap_shapes_gen;
@@ -669,11 +669,10 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
             shape[i] = 0;
             goto slow; /* outside the text: refused */
         }
-        /* the plan from memory's bytes: the original, saved below */
-        uint8_t *orig = morig + off, *planned = mplanned + off;
+        /* the plan from memory's bytes: the original, saved below (at orig,
+         * planned; the next site's follow) */
         const uint8_t *target;
-        orig_off[i] = off;
-        off += (uint32_t)len;
+        orig_off[i] = (uint32_t)(orig - morig);
         uint32_t count = s->count, id;
         int chosen;
         /* no entry applies: the original, after the record checks alone (one
@@ -689,6 +688,8 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
             id = ap_memo_find_text(memo, &m->view, s, ents, cur);
             if (!id) {
                 ap_copy2_small(orig, planned, cur, len);
+                orig += len;
+                planned += len;
                 res[i] = ap_res_ok(-1);
                 shape[i] = 0;
                 goto slow; /* a new shape, or refused: the planner */
@@ -699,6 +700,8 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
                 chosen = ap_memo_inst_fields(memo, id, &m->view, s, ents, slot, &target);
                 if (chosen < -1) {
                     ap_copy2_small(orig, planned, cur, len);
+                    orig += len;
+                    planned += len;
                     res[i] = ap_res_ok(-1);
                     shape[i] = id;
                     goto slow; /* a field does not fit here: the planner says why */
@@ -712,6 +715,8 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
         if (chosen < 0) {
             /* memory holds the original: saved from it, nothing else changes */
             ap_copy2_small(orig, planned, cur, len);
+            orig += len;
+            planned += len;
             res[i] = ap_res_ok(-1);
             unchanged++;
             continue;
@@ -720,6 +725,9 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
         patched++;
         ap_copy_small(orig, cur, len);
         ap_copy_small(planned, target, len);
+        const uint8_t *saved = orig;
+        orig += len;
+        planned += len;
         if (ap_same_site(cur, target, len)) {
             unchanged++;
         } else {
@@ -728,7 +736,7 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
              * not); wlast is 0 until a write is queued (no site lies at 0) */
             unsorted |= (uintptr_t)s->addr <= wlast;
             wlast = (uintptr_t)s->addr;
-            writes[nw++] = (struct ap_write){.addr = (uintptr_t)s->addr, .old = orig,
+            writes[nw++] = (struct ap_write){.addr = (uintptr_t)s->addr, .old = saved,
                                              .new = target,
                                              .tag = (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT,
                                              .len = (uint16_t)len};
