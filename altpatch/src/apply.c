@@ -969,6 +969,53 @@ static struct ap_mrun *ap_mrun_of(struct ap_run *r, size_t n, size_t *hint)
     return &r->mods[lo];
 }
 
+/* Write @p k of the run, not one that landed with nothing left to do. */
+static __attribute__((noinline)) void ap_write_done(struct ap_run *r, size_t k, size_t *hint)
+{
+    const struct ap_write *w = &r->writes[k];
+    uint32_t tag = w->tag;
+    int result = r->poked ? w->result : ALTPATCH_REASON_NONE;
+    size_t n = tag & AP_WDEC_N;
+    bool done = tag & AP_WDEC_DONE;
+    struct ap_mrun *mr = ap_mrun_of(r, n, hint);
+    struct ap_module *m = mr->m;
+    size_t i = n - mr->n0;
+    if (done && result == ALTPATCH_REASON_NONE) {
+        /* recorded when decided; memory holds the new bytes */
+        if (r->keep)
+            ap_copy_small(m->planned + m->orig_off[i], w->new, w->len);
+        return;
+    }
+    if ((tag & (AP_WDEC_DONE | AP_WDEC_KEPT)) == (AP_WDEC_DONE | AP_WDEC_KEPT))
+        /* memory holds the original (or a mismatch): planned did */
+        ap_copy_small(m->planned + m->orig_off[i], m->orig + m->orig_off[i], w->len);
+    if (result != ALTPATCH_REASON_NONE)
+        mr->ok = false;
+    if (mr->path != AP_PATH_DECIDE)
+        return; /* a quick switch: ap_record() */
+    struct ap_dec *d = &r->dec[n];
+    /* the entry: recorded already (done), else in the decision */
+    int chosen = done ? ap_res_chosen(&m->res[i]) : d->chosen;
+    if (result != ALTPATCH_REASON_NONE)
+        *d = (struct ap_dec){w->new, -1, (int16_t)result, AP_ACT_REFUSED};
+    if (r->debug) /* d was written by ap_decide(); ap_record() logs it */
+        return;
+    if (result != ALTPATCH_REASON_NONE) {
+        if (done) { /* recorded as it would be: not so */
+            bool p = chosen >= 0;
+            r->patched_n -= p;
+            mr->patched -= p;
+        }
+        ap_site_refused(r, mr, i, n);
+    } else if (d->reason) {
+        /* a refused site whose original was written back: still refused */
+        ap_site_refused(r, mr, i, n);
+    } else {
+        struct ap_dec ok = {w->new, chosen, ALTPATCH_REASON_NONE, AP_ACT_WRITE};
+        ap_site_ok(r, mr, &m->res[i], &ok, m->planned + ap_orig_off(m, i), m->sites[i].len);
+    }
+}
+
 /*
  * The writes are done (or were not made: a dry run): fold the writer's
  * answers into the decisions and record the sites that had a write (the
@@ -977,54 +1024,14 @@ static struct ap_mrun *ap_mrun_of(struct ap_run *r, size_t n, size_t *hint)
  */
 static void ap_writes_done(struct ap_run *r)
 {
-    size_t hint = 0;
-    bool poked = r->poked, keep = r->keep;
-    for (size_t k = 0; k < r->nwrites; k++) {
-        const struct ap_write *w = &r->writes[k];
-        uint32_t tag = w->tag;
-        int result = poked ? w->result : ALTPATCH_REASON_NONE;
-        if ((tag & AP_WDEC_KEPT) && result == ALTPATCH_REASON_NONE)
-            continue; /* recorded, or a quick switch's (ap_record()) */
-        size_t n = tag & AP_WDEC_N;
-        bool done = tag & AP_WDEC_DONE;
-        struct ap_mrun *mr = ap_mrun_of(r, n, &hint);
-        struct ap_module *m = mr->m;
-        size_t i = n - mr->n0;
-        if (done && result == ALTPATCH_REASON_NONE) {
-            /* recorded when decided; memory holds the new bytes */
-            if (keep)
-                ap_copy_small(m->planned + m->orig_off[i], w->new, w->len);
-            continue;
-        }
-        if ((tag & (AP_WDEC_DONE | AP_WDEC_KEPT)) == (AP_WDEC_DONE | AP_WDEC_KEPT))
-            /* memory holds the original (or a mismatch): planned did */
-            ap_copy_small(m->planned + m->orig_off[i], m->orig + m->orig_off[i], w->len);
-        if (result != ALTPATCH_REASON_NONE)
-            mr->ok = false;
-        if (mr->path != AP_PATH_DECIDE)
-            continue; /* a quick switch: ap_record() */
-        struct ap_dec *d = &r->dec[n];
-        /* the entry: recorded already (done), else in the decision */
-        int chosen = done ? ap_res_chosen(&m->res[i]) : d->chosen;
-        if (result != ALTPATCH_REASON_NONE)
-            *d = (struct ap_dec){w->new, -1, (int16_t)result, AP_ACT_REFUSED};
-        if (r->debug) /* d was written by ap_decide(); ap_record() logs it */
-            continue;
-        if (result != ALTPATCH_REASON_NONE) {
-            if (done) { /* recorded as it would be: not so */
-                bool p = chosen >= 0;
-                r->patched_n -= p;
-                mr->patched -= p;
-            }
-            ap_site_refused(r, mr, i, n);
-        } else if (d->reason) {
-            /* a refused site whose original was written back: still refused */
-            ap_site_refused(r, mr, i, n);
-        } else {
-            struct ap_dec ok = {w->new, chosen, ALTPATCH_REASON_NONE, AP_ACT_WRITE};
-            ap_site_ok(r, mr, &m->res[i], &ok, m->planned + ap_orig_off(m, i), m->sites[i].len);
-        }
-    }
+    size_t hint = 0, nw = r->nwrites;
+    const struct ap_write *w = r->writes;
+    /* a write that landed (result 0, or no writer: a dry run) with AP_WDEC_KEPT
+     * has nothing left to do */
+    uint32_t poked = r->poked ? 0xffu : 0;
+    for (size_t k = 0; k < nw; k++)
+        if (((uint32_t)(uint8_t)w[k].result & poked) | (~w[k].tag & AP_WDEC_KEPT))
+            ap_write_done(r, k, &hint);
 }
 
 /*
