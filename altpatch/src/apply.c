@@ -209,7 +209,8 @@ struct ap_run {
     struct ap_wkey *wkey;    /* room to sort them (touched only then): dec's, but
                               * under ALTPATCH_DEBUG, which logs dec afterwards */
     size_t nwrites;
-    uintptr_t wlast;         /* the address of the last write queued */
+    uintptr_t wlast;         /* the address of the last write queued; 0 before
+                              * the first (no site lies at 0) */
     bool unsorted;           /* some write was queued below one before it */
     struct ap_mrun *mods;
     size_t nmods;
@@ -464,7 +465,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
         }
         if (old) {
             d->action = AP_ACT_WRITE;
-            r->unsorted |= r->nwrites && addr <= r->wlast;
+            r->unsorted |= addr <= r->wlast;
             r->wlast = addr;
             r->writes[r->nwrites++] = (struct ap_write){.addr = addr, .old = old, .new = target,
                                                         .tag = (uint32_t)n, .len = len};
@@ -592,7 +593,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                                                                      : NULL;
             if (!old)
                 goto slow; /* someone else's bytes: refused */
-            unsorted |= nw && (uintptr_t)cur <= wlast;
+            unsorted |= (uintptr_t)cur <= wlast;
             wlast = (uintptr_t)cur;
             /* recorded now, as if the write lands (ap_writes_done() undoes
              * it when not); what memory holds is kept after the writer */
@@ -733,7 +734,7 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
         } else {
             /* memory holds the original; recorded now, as if the write lands
              * (ap_writes_done() puts the original back into planned when
-             * not); wlast is 0 until a write is queued (no site lies at 0) */
+             * not) */
             unsorted |= (uintptr_t)s->addr <= wlast;
             wlast = (uintptr_t)s->addr;
             writes[nw++] = (struct ap_write){.addr = (uintptr_t)s->addr, .old = saved,
@@ -814,7 +815,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
             continue; /* also a plan that is the original */
         if (!ap_same_site(cur, from + off, len))
             return false; /* nothing kept: r is as it was */
-        unsorted |= nw && addr <= wlast;
+        unsorted |= addr <= wlast;
         wlast = addr;
         /* the entry is read again only for a refused write (ap_toggle_decisions) */
         writes[nw++] = (struct ap_write){.addr = addr, .old = from + off, .new = to + off,
