@@ -281,9 +281,9 @@ static uint32_t *ap_warned_bits(struct ap_module *m, size_t i, bool add)
         return &m->warned[lo].bits;
     if (!add)
         return NULL;
-    /* sites are refused in order: usually appended; grown by powers of two */
+    /* sites are refused in order: usually appended; room for 4, 8, 16, ... */
     size_t n = m->nwarned;
-    if (!(n & (n - 1))) {
+    if (n == 0 || (n >= 4 && !(n & (n - 1)))) {
         struct ap_warned *w = realloc(m->warned, (n ? 2 * n : 4) * sizeof(*w));
         if (!w)
             return NULL;
