@@ -25,8 +25,9 @@
  *     whose sites hold neither their saved original nor the bytes the last
  *     apply wrote (another library, or a new build of the same file, at the
  *     same address) is read again.
- * Original site bytes are saved when a module is first seen: later applies
- * plan from them even when memory already holds a replacement.
+ * Original site bytes are saved before anything is written to a module (by
+ * its first apply as it reads each site, or ap_module_save() before): later
+ * applies plan from them even when memory already holds a replacement.
  */
 #include "host.h"
 
