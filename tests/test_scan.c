@@ -388,6 +388,37 @@ Test(scan, hash_sees_every_byte)
 }
 
 /*
+ * Two words changed together: one record's second word up by a small amount
+ * and the next record's first word changed in the same low bits (a feature
+ * id up by one and the next site's offset one apart): every such pair of
+ * tables hashes apart.
+ */
+Test(scan, hash_sees_changes_in_two_records)
+{
+    enum { N = 8 };
+    for (int f = 0; f < 2; f++) {
+        unsigned rs = formats[f];
+        unsigned same = 0, pairs = 0;
+        for (unsigned i = 0; i + 1 < N; i++)
+            for (unsigned d = 1; d <= 16; d++)
+                for (unsigned base = 0; base < 64; base++) {
+                    uint8_t a[N * 14] = {0}, b[N * 14];
+                    for (unsigned k = 0; k < N; k++) {
+                        a[k * rs] = (uint8_t)(3 * k + base);
+                        a[k * rs + 8] = (uint8_t)(base + k);
+                        a[k * rs + rs - 2] = a[k * rs + rs - 1] = 5;
+                    }
+                    memcpy(b, a, sizeof(a));
+                    b[i * rs + 8] = (uint8_t)(b[i * rs + 8] + d);      /* feature + d */
+                    b[(i + 1) * rs] ^= (uint8_t)(a[i * rs + 8] ^ b[i * rs + 8]); /* next site */
+                    same += ap_table_hash(a, N * rs, rs) == ap_table_hash(b, N * rs, rs);
+                    pairs++;
+                }
+        cr_assert_eq(same, 0, "format %u: %u of %u pairs collide", rs, same, pairs);
+    }
+}
+
+/*
  * A section moved as a whole: every record's replacement offset shifted by
  * the same amount (4096 records, 1 MiB), and every site offset by the same
  * amount: other tables, other hashes. Also the bytes hash of two buffers

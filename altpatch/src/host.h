@@ -366,7 +366,8 @@ struct ap_module {
     int reason;                 /* module-wide refusal (BAD_TABLE, BAD_VERSION), else 0 */
     bool table_read;            /* the table was read (not refused before) */
     size_t table_size;
-    uint64_t table_hash;        /* of the table as first seen: identity check after dlclose */
+    uint64_t table_hash;        /* of the table as first seen: identity check after dlclose
+                                 * (0 for the main program: never unloaded) */
     uint64_t repl_hash;         /* of the replacement bytes as first seen: identity too */
     struct ap_entry *entries;   /* every record until the first apply is done; kept
                                  * only when a site has more than AP_SITE_ENTRIES of

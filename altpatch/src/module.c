@@ -20,11 +20,13 @@
  *   - unchanged dlpi_adds/dlpi_subs counters: nothing was loaded or unloaded,
  *     the walk is skipped;
  *   - a module no longer listed (dlclose) is freed: nothing dangles;
- *   - a listed module whose table or replacement bytes differ from the copies
- *     taken when it was first seen, or -- after any library was unloaded --
+ *   - a listed library whose table or replacement bytes differ from the
+ *     hashes taken when it was first seen, or -- after any library was unloaded --
  *     whose sites hold neither their saved original nor the bytes the last
  *     apply wrote (another library, or a new build of the same file, at the
- *     same address) is read again.
+ *     same address) is read again. The main program is never unloaded, so
+ *     never replaced at its address: its table and replacement bytes are
+ *     not hashed.
  * Original site bytes are saved before anything is written to a module (by
  * its first apply as it reads each site, or ap_module_save() before): later
  * applies plan from them even when memory already holds a replacement.

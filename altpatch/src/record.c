@@ -290,14 +290,13 @@ int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out, siz
 /* ------------------------------------------------------------------------- */
 
 /*
- * The table hash: two lanes modulo 2^64 (odd multipliers, a xorshift), one
- * over the first 8 bytes of each record, one over the rest (4 or 6 bytes),
- * then the bytes of an incomplete last record. A multiplication by an odd
- * number and a xorshift are invertible, so a change of one word always
- * changes its lane; it
- * identifies a table as first seen (a library rebuilt and loaded again at
- * the same address), it is not a defence against a chosen collision (code in
- * the process can rewrite anything anyway).
+ * The table hash: one lane modulo 2^64 over the records (each record's first
+ * 8 bytes and the rest, 4 or 6 bytes, as two words), a second over the bytes
+ * of an incomplete last record, then a final mix. Each step is invertible in
+ * the lane and in each word, so a change of one word always changes the
+ * lane; it identifies a table as first seen (a library rebuilt and loaded
+ * again at the same address), it is not a defence against a chosen collision
+ * (code in the process can rewrite anything anyway).
  */
 #define HASH_K0 0x9e3779b97f4a7c15ull
 /* The per-record multiplier: odd, and a sign-extended 32-bit immediate (no
@@ -318,17 +317,22 @@ static uint64_t hash_final(uint64_t h0, uint64_t h1, size_t size)
 
 /*
  * One record into the lane: a bijection of h for fixed words and of each
- * word for a fixed h (an xor, a multiplication by an odd number, a rotation,
- * an addition), so one changed word always changes the lane. The rotation
- * keeps the lane from being linear in the words: a shift of every record's
- * offset by the same D (a section moved as a whole) would otherwise leave
- * the hash unchanged whenever D times a sum of powers of the multiplier is 0
- * modulo 2^64 (4096 records moved by 1 MiB, for one).
+ * word for a fixed h (an xor, a multiplication by an odd number, a
+ * xorshift, an addition of the second word times an odd number), so one
+ * changed word always changes the lane. The xorshift keeps the lane from
+ * being linear in the words: a shift of every record's offset by the same
+ * D (a section moved as a whole) would otherwise leave the hash unchanged
+ * whenever D times a sum of powers of the multiplier is 0 modulo 2^64 (4096
+ * records moved by 1 MiB, for one). The second word is multiplied before it
+ * is added: added as it is, a change of its low bits and the same change
+ * xored into the next record's first word cancel whenever the addition does
+ * not carry (one feature id up by one and the next site's offset's low bit
+ * flipped: half of all such pairs).
  */
 static inline uint64_t hash_step(uint64_t h, uint64_t w0, uint64_t w1)
 {
     h = (h ^ w0) * HASH_KR;
-    return ((h << 27) | (h >> 37)) + w1;
+    return (h ^ (h >> 32)) + w1 * HASH_K1;
 }
 
 /* The second word of a record: format 3 four bytes, format 1 six. */
@@ -511,11 +515,12 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         site_bytes += ilen;
         cur = addr;
     }
+    _Static_assert(AP_SCAN_FEATURES % 64 == 0, "the map folds 64 bytes to a word");
     for (unsigned w = 0; w < AP_SCAN_FEATURES / 64; w++) { /* each byte's top bit (SSE2) */
         uint64_t bits = 0;
         for (unsigned b = 0; b < 64; b += 16)
             bits |= (uint64_t)(uint16_t)_mm_movemask_epi8(
-                        _mm_loadu_si128((const __m128i *)(const void *)(seen + w * 64 + b)))
+                        _mm_loadu_si128((const void *)(seen + w * 64 + b)))
                     << b;
         out->features[w] = bits;
     }
