@@ -26,10 +26,10 @@ if(TARGET test_badnote)
 endif()
 
 # Robustness of re-patching (tests/test_robust.c, tests/robust_dlcycles.c):
-#   libreload_v{1,2,3}.so  one plugin built with three contents (reload_plugin.c)
+#   libreload_v{1,2,3,4}.so  one plugin built with four contents (reload_plugin.c)
 #   robust_dlcycles        altpatch_dlopen/dlclose at moving addresses with a
 #                          thread running sites: heap growth (ctest: 1000 cycles)
-foreach(v 1 2 3)
+foreach(v 1 2 3 4)
   add_library(reload_v${v} SHARED reload_plugin.c)
   target_include_directories(reload_v${v} PRIVATE ${PROJECT_SOURCE_DIR}/altpatch/include)
   set_target_properties(reload_v${v} PROPERTIES C_VISIBILITY_PRESET hidden)
@@ -37,6 +37,7 @@ endforeach()
 target_compile_definitions(reload_v1 PRIVATE RELOAD_ORIG=1 RELOAD_REPL=2)
 target_compile_definitions(reload_v2 PRIVATE RELOAD_ORIG=1 RELOAD_REPL=3)
 target_compile_definitions(reload_v3 PRIVATE RELOAD_ORIG=7 RELOAD_REPL=3)
+target_compile_definitions(reload_v4 PRIVATE RELOAD_ORIG=7 RELOAD_REPL=3 RELOAD_NEVER=1)
 # test_apply loads the three at once: modules out of address order
 if(TARGET test_apply)
   add_dependencies(test_apply reload_v1 reload_v2 reload_v3)
@@ -46,11 +47,11 @@ if(TARGET test_apply)
     RELOAD_V3="$<TARGET_FILE:reload_v3>")
 endif()
 if(TARGET test_robust)
-  add_dependencies(test_robust reload_v1 reload_v2 reload_v3 apfix_dl)
+  add_dependencies(test_robust reload_v1 reload_v2 reload_v3 reload_v4 apfix_dl)
   target_link_libraries(test_robust PRIVATE ${CMAKE_DL_LIBS} pthread)
   target_compile_definitions(test_robust PRIVATE
     RELOAD_V1="$<TARGET_FILE:reload_v1>" RELOAD_V2="$<TARGET_FILE:reload_v2>"
-    RELOAD_V3="$<TARGET_FILE:reload_v3>")
+    RELOAD_V3="$<TARGET_FILE:reload_v3>" RELOAD_V4="$<TARGET_FILE:reload_v4>")
 endif()
 
 add_executable(robust_dlcycles robust_dlcycles.c)

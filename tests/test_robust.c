@@ -431,9 +431,9 @@ Test(robust, rx_refused_after_rw_never_strands_text, .timeout = 120)
 
 struct reload_res {
     char msg[256];
-    long v[3];
-    uintptr_t base[3];
-    int state[3], reason[3];
+    long v[4];
+    uintptr_t base[4];
+    int state[4], reason[4];
 };
 
 struct site_find {
@@ -479,9 +479,9 @@ static void reload_body(void *out)
     }
     char path[512];
     snprintf(path, sizeof(path), "%s/libplugin.so", dir);
-    static const char *const versions[3] = {RELOAD_V1, RELOAD_V2, RELOAD_V3};
+    static const char *const versions[4] = {RELOAD_V1, RELOAD_V2, RELOAD_V3, RELOAD_V4};
     apply_flags(0);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (copy_file(versions[i], path)) {
             snprintf(r->msg, sizeof(r->msg), "copy %s failed", versions[i]);
             break;
@@ -517,10 +517,15 @@ Test(robust, reloaded_plugin_is_planned_from_its_own_bytes, .timeout = 60)
     cr_assert_eq(r->msg[0], '\0', "%s", r->msg);
     cr_assert_eq(r->base[1], r->base[0], "the loader did not reuse the address: nothing tested");
     cr_assert_eq(r->base[2], r->base[0], "the loader did not reuse the address: nothing tested");
+    cr_assert_eq(r->base[3], r->base[0], "the loader did not reuse the address: nothing tested");
     cr_assert_eq(r->v[0], 2, "v1 patched");
     cr_assert_eq(r->v[1], 3, "v2 (new replacement) must run its own replacement, got %ld",
                  r->v[1]);
     cr_assert_eq(r->v[2], 3, "v3 (new original) must be patched, got %ld", r->v[2]);
+    cr_assert_eq(r->v[3], 7, "v4 (only its table differs: never applies) must keep its original, "
+                 "got %ld", r->v[3]);
+    cr_assert_eq(r->state[3], ALTPATCH_SITE_ORIGINAL, "v4: state %d, %s", r->state[3],
+                 altpatch_strreason(r->reason[3]));
     for (int i = 0; i < 3; i++) {
         cr_assert_eq(r->state[i], ALTPATCH_SITE_PATCHED, "version %d: state %d, %s", i + 1,
                      r->state[i], altpatch_strreason(r->reason[i]));
