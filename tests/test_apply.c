@@ -1524,9 +1524,12 @@ extern void *__libc_calloc(size_t n, size_t size);
 static volatile int calloc_fail; /* armed: callocs of live items fail */
 static volatile int calloc_failed;
 
+static volatile int calloc_fail_module; /* armed: the callocs of new modules fail */
+
 void *calloc(size_t n, size_t size)
 {
-    if (calloc_fail && size == 24) { /* sizeof(struct ap_live_item), live.c */
+    if ((calloc_fail && size == 24) || /* sizeof(struct ap_live_item), live.c */
+        (calloc_fail_module && n == 1 && size == sizeof(struct ap_module))) {
         calloc_failed++;
         errno = ENOMEM;
         return NULL;
@@ -1576,6 +1579,123 @@ Test(apply, live_writer_out_of_memory_leaves_states_as_memory)
         cr_expect_arr_eq(v->current, v->original, v->len, "site %d not reverted", k);
     }
 }
+
+
+#if defined(RELOAD_V2) && defined(RELOAD_V3)
+/* ---- a module walk out of memory after an unload ---------------------------
+ * A plugin is unloaded and a build of it with other original bytes loaded at
+ * the same path and address; the walk that meets it runs out of memory. The
+ * next walk must still know that a library was unloaded since the last walk
+ * that completed, check the sites, and plan the plugin from its own bytes. */
+
+struct walk_enomem_result {
+    char msg[160];
+    uintptr_t base[2];
+    int rc[3], failed;
+    long value[3];
+    int state, reason, found;
+};
+
+struct walk_find {
+    uintptr_t lo;
+    int state, reason, found;
+};
+
+static int walk_find_cb(const struct altpatch_site_info *info, void *ctx)
+{
+    struct walk_find *f = ctx;
+    if (info->addr >= f->lo && info->addr < f->lo + 64) {
+        f->state = info->state;
+        f->reason = info->reason;
+        f->found++;
+    }
+    return 0;
+}
+
+static int copy_to(const char *from, const char *to)
+{
+    char tmp[512];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", to);
+    FILE *in = fopen(from, "rb"), *out = fopen(tmp, "wb");
+    int ok = in && out;
+    char buf[8192];
+    for (size_t n; ok && (n = fread(buf, 1, sizeof(buf), in)) > 0;)
+        ok = fwrite(buf, 1, n, out) == n;
+    if (in)
+        fclose(in);
+    if (out && fclose(out))
+        ok = 0;
+    return ok && rename(tmp, to) == 0 ? 0 : -1;
+}
+
+static void walk_enomem_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct walk_enomem_result *r = out;
+    struct altpatch_features *f = fset(-1);
+    altpatch_set_print(NULL);
+    char dir[] = "/tmp/altpatch-walk-XXXXXX", path[512];
+    if (!mkdtemp(dir)) {
+        snprintf(r->msg, sizeof(r->msg), "mkdtemp failed");
+        return;
+    }
+    snprintf(path, sizeof(path), "%s/libplugin.so", dir);
+    static const char *const versions[2] = {RELOAD_V2, RELOAD_V3};
+    void *h = NULL;
+    long (*fn)(void) = NULL;
+    for (int i = 0; i < 2; i++) {
+        if (h)
+            dlclose(h);
+        h = copy_to(versions[i], path) ? NULL : dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        fn = h ? (long (*)(void))dlsym(h, "reload_value") : NULL;
+        Dl_info di;
+        if (!fn || !dladdr((void *)fn, &di)) {
+            snprintf(r->msg, sizeof(r->msg), "loading %s failed", versions[i]);
+            goto out;
+        }
+        r->base[i] = (uintptr_t)di.dli_fbase;
+        if (i == 0) {
+            r->rc[0] = apply_with(f, 0); /* the walk records the loader's counters */
+            r->value[0] = fn();
+        }
+    }
+    calloc_fail_module = 1;
+    r->rc[1] = apply_with(f, 0); /* the new plugin's module cannot be built */
+    calloc_fail_module = 0;
+    r->failed = calloc_failed;
+    r->value[1] = fn();
+    r->rc[2] = apply_with(f, 0);
+    r->value[2] = fn();
+    struct walk_find wf = {(uintptr_t)fn, -1, -1, 0};
+    altpatch_site_foreach(walk_find_cb, &wf);
+    r->state = wf.state;
+    r->reason = wf.reason;
+    r->found = wf.found;
+out:
+    if (h)
+        dlclose(h);
+    unlink(path);
+    rmdir(dir);
+    altpatch_features_free(f);
+}
+
+Test(apply, failed_module_walk_keeps_the_unload_for_the_next)
+{
+    struct walk_enomem_result *r = ap_isolated(sizeof(*r), walk_enomem_body, NULL);
+    cr_assert_eq(r->msg[0], '\0', "%s", r->msg);
+    cr_assert_eq(r->base[1], r->base[0], "the loader did not reuse the address: nothing tested");
+    cr_assert_eq(r->rc[0], 0);
+    cr_assert_eq(r->value[0], 3, "the first build patched");
+    cr_assert_eq(r->rc[1], -ENOMEM, "the walk out of memory: %d", r->rc[1]);
+    cr_assert_gt(r->failed, 0);
+    cr_assert_eq(r->value[1], 7, "nothing written by the failed apply");
+    cr_assert_eq(r->rc[2], 0, "apply after: %d", r->rc[2]);
+    cr_assert_eq(r->found, 1);
+    cr_assert_eq(r->value[2], 3, "the second build planned from its own original");
+    cr_assert_eq(r->state, ALTPATCH_SITE_PATCHED, "state %d, %s", r->state,
+                 altpatch_strreason(r->reason));
+}
+#endif
 
 #endif
 

@@ -297,6 +297,7 @@ struct ap_walk {
     bool skip;      /* counters unchanged: nothing to do */
     bool first;     /* first callback of this walk */
     bool reload;    /* a library was unloaded since the last walk */
+    unsigned long long adds, subs; /* the loader's counters this walk saw */
 };
 
 /* Loader counters at the last complete walk, and the list they describe. */
@@ -384,9 +385,12 @@ static int ap_walk_one(struct dl_phdr_info *info, size_t size, void *data)
             w->skip = true;
             return 1;
         }
+        /* Recorded only when the walk completes (ap_modules_refresh): a walk
+         * that fails part way leaves modules it never reached unchecked, so
+         * the next one must still see the unload and check their sites. */
         w->reload = info->dlpi_subs != ap_last_subs;
-        ap_last_adds = info->dlpi_adds;
-        ap_last_subs = info->dlpi_subs;
+        w->adds = info->dlpi_adds;
+        w->subs = info->dlpi_subs;
     }
     struct ap_module *m = *w->list;
     while (m && !ap_same_identity(m, info))
@@ -419,7 +423,7 @@ int ap_modules_refresh(struct ap_module **list)
         return 0;
     }
     if (w.err) {
-        ap_last_list = NULL; /* walk again next time */
+        ap_last_list = NULL; /* walk again next time, against the last complete walk's counters */
         return w.err;        /* keep every module: the marks are incomplete */
     }
     for (struct ap_module **pp = list; *pp;) {
@@ -431,6 +435,8 @@ int ap_modules_refresh(struct ap_module **list)
         *pp = m->next;
         ap_module_free(m);
     }
+    ap_last_adds = w.adds;
+    ap_last_subs = w.subs;
     ap_last_list = list;
     return 0;
 }
