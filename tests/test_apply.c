@@ -1686,6 +1686,9 @@ Test(apply, failed_module_walk_keeps_the_unload_for_the_next)
     cr_assert_eq(r->base[1], r->base[0], "the loader did not reuse the address: nothing tested");
     cr_assert_eq(r->rc[0], 0);
     cr_assert_eq(r->value[0], 3, "the first build patched");
+    const char *pre = getenv("LD_PRELOAD");
+    if (!r->failed && pre && strstr(pre, "vgpreload"))
+        cr_skip_test("valgrind's calloc replaces this file's: no allocation failed");
     cr_assert_eq(r->rc[1], -ENOMEM, "the walk out of memory: %d", r->rc[1]);
     cr_assert_gt(r->failed, 0);
     cr_assert_eq(r->value[1], 7, "nothing written by the failed apply");
