@@ -11,11 +11,16 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -442,6 +447,119 @@ Test(poke, mdwe_and_no_procmem_is_denied)
     cr_assert_eq(r->st.bytes, 0);
     cr_assert_eq(r->st.procmem_writes + r->st.mprotect_writes, 0);
     cr_assert_str_eq(r->perms, "r-xp");
+}
+
+/* ---- answers kept from one batch to the next ---------------------------------- */
+
+/*
+ * Three writing batches on an RX page, each one window: the same bytes, the
+ * same protection after, fewer system calls. The first asks the kernel's list
+ * of security modules (once per process), the second asks the seccomp mode
+ * itself, the third is told mode 0 by its caller (AP_POKE_SECCOMP_OFF).
+ */
+struct kept_result {
+    int seccomp;
+    int rc[3];
+    bool wrote[3];
+    uint8_t bytes[3][3];
+    char perms[3][5];
+    struct ap_poke_stats st[3];
+};
+
+static void kept_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct kept_result *r = out;
+    r->seccomp = prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L);
+    uint8_t *p = rx_pages(1);
+    static const unsigned flags[3] = {0, 0, AP_POKE_SECCOMP_OFF};
+    for (int i = 0; i < 3; i++) {
+        /* write, revert, write */
+        struct ap_write w = i == 1 ? wr(p + 200, NEW3, CC3, 3) : wr(p + 200, CC3, NEW3, 3);
+        r->rc[i] = ap_poke(&w, 1, flags[i], &r->st[i]);
+        r->wrote[i] = w.wrote && w.result == ALTPATCH_REASON_NONE;
+        memcpy(r->bytes[i], p + 200, 3);
+        perms_of(p, r->perms[i]);
+    }
+}
+
+Test(poke, answers_kept_cut_system_calls)
+{
+    struct kept_result *r = ap_isolated(sizeof(*r), kept_body, NULL);
+    if (r->seccomp != 0)
+        cr_skip_test("under a seccomp filter (mode %d): the probe runs every time", r->seccomp);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(r->rc[i], 0, "batch %d", i);
+        cr_assert(r->wrote[i], "batch %d", i);
+        cr_assert_arr_eq(r->bytes[i], i == 1 ? CC3 : NEW3, 3, "batch %d", i);
+        cr_assert_str_eq(r->perms[i], "r-xp", "batch %d: %s", i, r->perms[i]);
+        cr_assert_eq(r->st[i].mprotect_writes, 1, "batch %d", i);
+        cr_assert_eq(r->st[i].procmem_writes, 0, "batch %d", i);
+        cr_assert_eq(r->st[i].bytes, 3, "batch %d", i);
+    }
+    cr_log_info("system calls: %lu, %lu, %lu", (unsigned long)r->st[0].syscalls,
+                (unsigned long)r->st[1].syscalls, (unsigned long)r->st[2].syscalls);
+    cr_assert_eq(r->st[1].syscalls, r->st[0].syscalls - 1,
+                 "the list of security modules is asked once: %lu then %lu",
+                 (unsigned long)r->st[0].syscalls, (unsigned long)r->st[1].syscalls);
+    cr_assert_eq(r->st[2].syscalls, r->st[1].syscalls - 1,
+                 "the seccomp mode the caller knows is not asked: %lu then %lu",
+                 (unsigned long)r->st[1].syscalls, (unsigned long)r->st[2].syscalls);
+}
+
+/*
+ * Under a seccomp filter (one that allows everything) the mode is asked once:
+ * a mode is never cleared. The probe of RW -> RX still runs every batch (a
+ * filter may be added), and the writes land as before.
+ */
+struct filtered_result {
+    int set, mode;
+    int rc[2];
+    bool wrote[2];
+    char perms[2][5];
+    struct ap_poke_stats st[2];
+};
+
+static void filtered_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct filtered_result *r = out;
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
+    r->set = prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L) ||
+                     prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)
+                 ? -errno
+                 : 0;
+    if (r->set)
+        return;
+    r->mode = prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L);
+    uint8_t *p = rx_pages(1);
+    for (int i = 0; i < 2; i++) {
+        struct ap_write w = i ? wr(p + 300, NEW3, CC3, 3) : wr(p + 300, CC3, NEW3, 3);
+        r->rc[i] = ap_poke(&w, 1, 0, &r->st[i]);
+        r->wrote[i] = w.wrote && w.result == ALTPATCH_REASON_NONE;
+        perms_of(p, r->perms[i]);
+    }
+}
+
+Test(poke, seccomp_mode_asked_once_under_a_filter)
+{
+    struct filtered_result *r = ap_isolated(sizeof(*r), filtered_body, NULL);
+    cr_assert_eq(r->set, 0, "seccomp filter: %s", strerror(-r->set));
+    cr_assert_eq(r->mode, SECCOMP_MODE_FILTER);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(r->rc[i], 0, "batch %d", i);
+        cr_assert(r->wrote[i], "batch %d", i);
+        cr_assert_str_eq(r->perms[i], "r-xp", "batch %d: %s", i, r->perms[i]);
+        cr_assert_eq(r->st[i].mprotect_writes, 1, "batch %d: the probe passed", i);
+    }
+    cr_assert_eq(r->st[1].syscalls, r->st[0].syscalls - 1, "mode asked once: %lu then %lu",
+                 (unsigned long)r->st[0].syscalls, (unsigned long)r->st[1].syscalls);
 }
 
 /* The window routine must not call out of its section: every relative branch

@@ -1165,7 +1165,8 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         ap_batch(&r);
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
-                      ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0);
+                      ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0) |
+                      (ap_mm_alone_unfiltered() ? AP_POKE_SECCOMP_OFF : 0); /* ap_check_threads() */
         /* other threads may run the sites (docs/live.md) */
         err = live ? ap_live_poke(r.writes, r.nwrites, &r.pst)
                    : ap_poke(r.writes, r.nwrites, pf, &r.pst);

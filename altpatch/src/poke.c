@@ -591,15 +591,61 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
     return r > 0 ? -ENOTRECOVERABLE : 0;
 }
 
+/* lsm_list_modules() (Linux 6.8, include/uapi/linux/lsm.h): the syscall and SELinux's id. */
+#define AP_SYS_LSM_LIST_MODULES 461
+#define AP_LSM_ID_SELINUX 101
+
+/*
+ * Whether SELinux is among the security modules this kernel runs: 0 not asked
+ * yet, -1 not, 1 it is, 2 the kernel cannot say (before Linux 6.8: -ENOSYS);
+ * kept for the process. The list is made while the kernel boots and never
+ * changes after (security/security.c: lsm_idlist[] is __ro_after_init, filled
+ * by the __init security_add_hooks(); SELinux cannot be switched on later,
+ * and since Linux 6.4 not off either). "Listed" says nothing about now: a
+ * policy may be loaded, enforcing switched, later. A missing label on
+ * /proc/self/maps cannot be kept instead: SELinux answers -EOPNOTSUPP too
+ * until its policy is loaded (security/selinux/hooks.c,
+ * selinux_inode_getsecurity()), and a process may live through that.
+ */
+static int ap_selinux_listed;
+
+/**
+ * Ask the kernel's list of security modules once (@p unfiltered: seccomp mode
+ * 0 known now, so an unknown system call cannot be fatal). True when SELinux
+ * is not among them.
+ */
+static bool ap_selinux_absent(struct ap_batch *b, bool unfiltered)
+{
+    int listed = __atomic_load_n(&ap_selinux_listed, __ATOMIC_RELAXED);
+    if (listed || !unfiltered)
+        return listed < 0;
+    uint64_t ids[32];
+    uint32_t size = sizeof(ids);
+    long n = ap_sys(AP_SYS_LSM_LIST_MODULES, (long)ids, (long)&size, 0, 0, 0);
+    b->st->syscalls++;
+    /* No filter answers: an error is the kernel's (an older one: -ENOSYS;
+     * more modules than there are ids: -E2BIG), and it answers so again. */
+    listed = n < 0 || n > 32 ? 2 : -1;
+    for (long i = 0; i < n && i < 32; i++)
+        if (ids[i] == AP_LSM_ID_SELINUX)
+            listed = 1;
+    __atomic_store_n(&ap_selinux_listed, listed, __ATOMIC_RELAXED);
+    return listed < 0;
+}
+
 /**
  * True when SELinux is enforcing (it may refuse execmod: RX on a modified
- * file page). Where SELinux runs (a policy loaded), every inode carries its
- * label: /proc/self/maps, open already, without one means it does not, which
- * one fgetxattr() says without a path walk through /sys (several times
- * dearer on a process's first call). Otherwise /sys/fs/selinux/enforce is read.
+ * file page). A kernel that does not run SELinux says so once for the
+ * process (ap_selinux_absent()). Where SELinux runs (a policy loaded), every
+ * inode carries its label: /proc/self/maps, open already, without one means
+ * it does not, which one fgetxattr() says without a path walk through /sys
+ * (several times dearer on a process's first call). Otherwise
+ * /sys/fs/selinux/enforce is read.
  */
-static bool ap_selinux_enforcing(struct ap_batch *b)
+static bool ap_selinux_enforcing(struct ap_batch *b, bool unfiltered)
 {
+    if (ap_selinux_absent(b, unfiltered))
+        return false;
     if (b->maps.fd >= 0) {
         long n = ap_sys(SYS_fgetxattr, b->maps.fd, (long)"security.selinux", 0, 0, 0);
         b->st->syscalls++;
@@ -631,8 +677,9 @@ static bool ap_exec_restore_unsure(struct ap_batch *b, int prot)
     if (b->exec_probe && b->probe_prot == prot)
         return b->exec_probe > 0;
     bool unsure = false;
-    long sc = ap_sys(SYS_prctl, PR_GET_SECCOMP, 0, 0, 0, 0);
-    b->st->syscalls++;
+    long sc = 0; /* AP_POKE_SECCOMP_OFF: the caller read 0 a moment ago */
+    if (!(b->flags & AP_POKE_SECCOMP_OFF))
+        sc = ap_seccomp_mode(&b->st->syscalls);
     if (sc != 0) {
         void *p = mmap(NULL, b->pgsz, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         b->st->syscalls++;
@@ -648,7 +695,7 @@ static bool ap_exec_restore_unsure(struct ap_batch *b, int prot)
         }
     }
     if (!unsure)
-        unsure = ap_selinux_enforcing(b);
+        unsure = ap_selinux_enforcing(b, sc == 0);
     b->exec_probe = unsure ? 1 : -1;
     b->probe_prot = prot;
     if (unsure)
@@ -750,10 +797,24 @@ static int ap_write_all(struct ap_batch *b, size_t first)
     return ret;
 }
 
-static bool ap_mdwe_active(struct ap_poke_stats *st)
+/*
+ * The kernel does not know PR_GET_MDWE (before Linux 6.3: -EINVAL): kept for
+ * the process, it cannot learn it while running. Kept only from an answer
+ * given without a seccomp filter (a filter may answer -EINVAL itself, and
+ * filters are per thread while MDWE is per process). Any other answer is
+ * asked every time: MDWE may be set later, and once set it stays set, but
+ * PR_MDWE_NO_INHERIT takes it from a child after fork().
+ */
+static bool ap_mdwe_unknown;
+
+static bool ap_mdwe_active(struct ap_poke_stats *st, bool unfiltered)
 {
+    if (__atomic_load_n(&ap_mdwe_unknown, __ATOMIC_RELAXED))
+        return false;
     long r = ap_sys(SYS_prctl, PR_GET_MDWE, 0, 0, 0, 0);
     st->syscalls++;
+    if (r == -EINVAL && unfiltered)
+        __atomic_store_n(&ap_mdwe_unknown, true, __ATOMIC_RELAXED);
     return r > 0 && (r & PR_MDWE_REFUSE_EXEC_GAIN);
 }
 
@@ -782,7 +843,7 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
             if (err == -ENOMEM)
                 ret = err;
         }
-        b.mdwe = ap_mdwe_active(b.st);
+        b.mdwe = ap_mdwe_active(b.st, flags & AP_POKE_SECCOMP_OFF);
     }
     b.stop = first;
     if (!ret)

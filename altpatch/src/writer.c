@@ -35,11 +35,47 @@
  * ends the process (SECCOMP_RET_KILL, RET_TRAP): under any filter the call is
  * not made and the caller counts /proc/self/task instead.
  */
+
+/*
+ * A seccomp mode once set is never cleared: the kernel moves a task only from
+ * SECCOMP_MODE_DISABLED to strict or filter (kernel/seccomp.c,
+ * seccomp_may_assign_mode()), fork() copies it (copy_seccomp()) and execve()
+ * keeps it. A positive answer is kept for the process: the next ask is
+ * skipped. (Modes are per thread: an answer kept from a filtered thread may
+ * be too careful for another, never too bold.) Zero is asked every time.
+ */
+static long ap_seccomp_kept;
+
+/* The mode the last ap_mm_alone() read was 0 (consumed by ap_mm_alone_unfiltered()). */
+static bool ap_mm_unfiltered;
+
+long ap_seccomp_mode(uint64_t *syscalls)
+{
+    long kept = __atomic_load_n(&ap_seccomp_kept, __ATOMIC_RELAXED);
+    if (kept > 0)
+        return kept;
+    long sc = ap_sys(SYS_prctl, PR_GET_SECCOMP, 0, 0, 0, 0);
+    if (syscalls)
+        (*syscalls)++;
+    if (sc > 0)
+        __atomic_store_n(&ap_seccomp_kept, sc, __ATOMIC_RELAXED);
+    return sc;
+}
+
 bool ap_mm_alone(void)
 {
-    if (ap_sys(SYS_prctl, PR_GET_SECCOMP, 0, 0, 0, 0) != 0)
+    long sc = ap_seccomp_mode(NULL);
+    ap_mm_unfiltered = sc == 0;
+    if (sc != 0)
         return false; /* filtered (2), or unknown (-errno: no answer means no proof) */
     return ap_sys(SYS_unshare, CLONE_VM, 0, 0, 0, 0) == 0;
+}
+
+bool ap_mm_alone_unfiltered(void)
+{
+    bool r = ap_mm_unfiltered;
+    ap_mm_unfiltered = false;
+    return r;
 }
 
 long ap_count_threads(void)
