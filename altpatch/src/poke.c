@@ -49,6 +49,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -215,6 +216,8 @@ struct ap_maps {
     struct ap_map *v;
     size_t n, cap;
     int fd;             /* /proc/self/maps while mappings are asked one by one, else -1 */
+    bool kept;          /* fd is the descriptor kept from an earlier batch (never closed) */
+    bool answered;      /* a PROCMAP_QUERY was answered on fd */
     uint64_t *syscalls; /* the batch's counter */
     int err;            /* -ENOMEM once an answer could not be kept: the batch stops */
 };
@@ -329,11 +332,41 @@ static bool ap_maps_line(const char *line, struct ap_map *e)
     return e->end > e->start;
 }
 
-/** Read the whole file from m->fd (which is closed) into m->v. */
+/*
+ * The /proc/self/maps descriptor of an earlier batch, kept where the kernel
+ * answers PROCMAP_QUERY: opening the file walks /proc and costs more than the
+ * rest of a small batch's questions. It is used again only when it is still
+ * this process's (getpid(): a child of fork() inherits it, and it describes
+ * the parent) and still the file it was (fstat(): the program may have closed
+ * it and the number may name another file now). One that fails either check
+ * is forgotten, never closed (the number may be the program's now); it is
+ * O_CLOEXEC. Callers of ap_poke() are serialized (apply.c's lock).
+ */
+static int ap_maps_kept_fd = -1;
+static long ap_maps_kept_pid;
+static dev_t ap_maps_kept_dev;
+static ino_t ap_maps_kept_ino;
+
+static void ap_maps_open_file(struct ap_maps *m)
+{
+    long fd = ap_sys(SYS_openat, AT_FDCWD, (long)"/proc/self/maps", O_RDONLY | O_CLOEXEC, 0, 0);
+    (*m->syscalls)++;
+    m->fd = fd < 0 ? -1 : (int)fd;
+    m->kept = false;
+}
+
+/** Read the whole file from m->fd (which is closed, unless kept: then from a fresh one) into m->v. */
 static int ap_maps_read_all(struct ap_maps *m)
 {
     char *buf = NULL;
     size_t len = 0;
+    if (m->kept) {
+        /* its offset is shared with every copy of it: read a fresh one */
+        ap_maps_kept_fd = -1;
+        ap_maps_open_file(m);
+        if (m->fd < 0)
+            return -EIO;
+    }
     int fd = m->fd;
     m->fd = -1;
     m->n = 0;
@@ -357,19 +390,36 @@ static int ap_maps_read_all(struct ap_maps *m)
 static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls)
 {
     *m = (struct ap_maps){.fd = -1, .syscalls = syscalls};
-    long fd = ap_sys(SYS_openat, AT_FDCWD, (long)"/proc/self/maps", O_RDONLY | O_CLOEXEC, 0, 0);
-    (*syscalls)++;
-    if (fd < 0)
-        return (int)fd;
-    m->fd = (int)fd;
-    return 0;
+    if (ap_maps_kept_fd >= 0) {
+        struct stat st;
+        long pid = ap_sys(SYS_getpid, 0, 0, 0, 0, 0);
+        long r = ap_sys(SYS_fstat, ap_maps_kept_fd, (long)&st, 0, 0, 0);
+        *syscalls += 2;
+        if (pid == ap_maps_kept_pid && r == 0 && st.st_dev == ap_maps_kept_dev &&
+            st.st_ino == ap_maps_kept_ino) {
+            m->fd = ap_maps_kept_fd;
+            m->kept = true;
+            return 0;
+        }
+        ap_maps_kept_fd = -1; /* not this process's, or not the file: forgotten */
+    }
+    ap_maps_open_file(m);
+    return m->fd < 0 ? -EIO : 0;
 }
 
 static void ap_maps_close(struct ap_maps *m)
 {
-    if (m->fd >= 0) {
-        ap_sys(SYS_close, m->fd, 0, 0, 0, 0);
-        (*m->syscalls)++;
+    if (m->fd >= 0 && !m->kept) {
+        struct stat st;
+        if (m->answered && ap_sys(SYS_fstat, m->fd, (long)&st, 0, 0, 0) == 0) {
+            ap_maps_kept_pid = ap_sys(SYS_getpid, 0, 0, 0, 0, 0);
+            ap_maps_kept_dev = st.st_dev;
+            ap_maps_kept_ino = st.st_ino;
+            ap_maps_kept_fd = m->fd; /* asked again next batch */
+        } else {
+            ap_sys(SYS_close, m->fd, 0, 0, 0, 0);
+        }
+        *m->syscalls += m->answered ? 2 : 1;
     }
     free(m->v);
     m->v = NULL;
@@ -410,6 +460,7 @@ static int ap_maps_query(struct ap_maps *m, uintptr_t addr, size_t at)
         return 0;
     if (r != 0 || q.vma_end <= q.vma_start || addr < q.vma_start || addr >= q.vma_end)
         return -ENOTTY;
+    m->answered = true;
     struct ap_map e = {
         .start = (uintptr_t)q.vma_start,
         .end = (uintptr_t)q.vma_end,
