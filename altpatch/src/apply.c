@@ -195,19 +195,11 @@ struct ap_mrun {
 #define AP_WDEC_KEPT 0x40000000u
 #define AP_WDEC_N 0x3fffffffu
 
-/** A write's place in the queue, for a sort by address. */
-struct ap_wkey {
-    uintptr_t addr;
-    size_t k;
-};
-
 struct ap_run {
     struct ap_dec *dec; /* written only where needed: slow sites, the log */
     size_t ndec;
     uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
     struct ap_write *writes; /* in site order until sorted; tag: the decision */
-    struct ap_wkey *wkey;    /* room to sort them (touched only then): dec's, but
-                              * under ALTPATCH_DEBUG, which logs dec afterwards */
     size_t nwrites;
     uintptr_t wlast;         /* the address of the last write queued; 0 before
                               * the first (no site lies at 0) */
@@ -844,10 +836,7 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
     r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
     r->writes = malloc((n ? n : 1) * sizeof(*r->writes));
-    /* the sort's keys in dec (the same size) when dec is not logged afterwards */
-    _Static_assert(sizeof(struct ap_wkey) <= sizeof(struct ap_dec), "sort keys fit in dec");
-    r->wkey = r->debug ? malloc((n ? n : 1) * sizeof(*r->wkey)) : (struct ap_wkey *)r->dec;
-    return r->dec && r->arena && r->writes && r->wkey ? 0 : -ENOMEM;
+    return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
 }
 
 static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
@@ -914,42 +903,23 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     return 0;
 }
 
-static int ap_cmp_wkey(const void *a, const void *b)
+static int ap_cmp_write(const void *a, const void *b)
 {
-    const struct ap_wkey *x = a, *y = b;
+    const struct ap_write *x = a, *y = b;
     return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
 /*
- * Sort the batch by address (sites come per module, modules interleave),
- * each write with its decision: the keys sorted, then the writes moved into
- * place along the permutation's cycles (no memory asked for here).
+ * Sort the batch by address (sites come per module, modules interleave).
+ * Each write carries its decision's number (tag), so the writes alone move;
+ * the decisions stay where they are: ap_write_done() reads a queued site's
+ * chosen entry and reason there after the writer.
  */
 static void ap_batch(struct ap_run *r)
 {
     /* sites come in table order: usually sorted already (seen while queueing) */
-    if (!r->unsorted)
-        return;
-    struct ap_wkey *key = r->wkey;
-    for (size_t i = 0; i < r->nwrites; i++)
-        key[i] = (struct ap_wkey){r->writes[i].addr, i};
-    qsort(key, r->nwrites, sizeof(*key), ap_cmp_wkey);
-    for (size_t i = 0; i < r->nwrites; i++) {
-        if (key[i].k == i)
-            continue;
-        struct ap_write w = r->writes[i];
-        /* place j receives what was at key[j].k */
-        for (size_t j = i;;) {
-            size_t k = key[j].k;
-            key[j].k = j;
-            if (k == i) {
-                r->writes[j] = w;
-                break;
-            }
-            r->writes[j] = r->writes[k];
-            j = k;
-        }
-    }
+    if (r->unsorted)
+        qsort(r->writes, r->nwrites, sizeof(*r->writes), ap_cmp_write);
 }
 
 /** The module whose decisions hold decision @p n (@p hint: a guess). */
@@ -1193,8 +1163,6 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     free(r.dec);
     free(r.arena);
     free(r.writes);
-    if (r.wkey != (struct ap_wkey *)r.dec)
-        free(r.wkey);
     free(r.mods);
     return err;
 }
