@@ -297,6 +297,121 @@ Test(hostile, whole_text_changes_only_at_valid_sites)
                      r->outside[i]);
 }
 
+/* ---- one refused record among valid ones ------------------------------------------ */
+
+/* libaphost_onebad_<k>.so: 32 valid sites and one record the planner refuses
+ * for the reason below (k = 0: a valid one kept original), whose entry would
+ * not apply: the site is refused, not kept by the feature test, and every
+ * other site is decided as in a module without it. */
+static const int onebad_reason[] = {
+    ALTPATCH_REASON_NONE,          ALTPATCH_REASON_REPL_BOUNDS,     ALTPATCH_REASON_REPL_TOO_LONG,
+    ALTPATCH_REASON_UNKNOWN_FLAGS, ALTPATCH_REASON_UNKNOWN_FEATURE, ALTPATCH_REASON_SITE_BOUNDS,
+};
+#define NONEBAD (sizeof(onebad_reason) / sizeof(onebad_reason[0]))
+
+struct onebad_walk {
+    const char *module;
+    uintptr_t bad;
+    int listed, patched, kept, wrong, bad_found, bad_state, bad_reason;
+};
+
+static int onebad_cb(const struct altpatch_site_info *s, void *p)
+{
+    struct onebad_walk *w = p;
+    static const uint8_t add1[3] = {0x83, 0xc0, 0x01}, add3[3] = {0x83, 0xc0, 0x03},
+                         add4[3] = {0x83, 0xc0, 0x04};
+    const char *slash = strrchr(s->module, '/');
+    if (!slash || strcmp(slash + 1, w->module))
+        return 0;
+    w->listed++;
+    if (s->addr == w->bad) {
+        w->bad_found++;
+        w->bad_state = s->state;
+        w->bad_reason = s->reason;
+        /* memory unchanged (a site outside the text has no bytes to show) */
+        w->wrong += s->len != 3 ||
+                    (s->current && s->original && memcmp(s->current, s->original, 3) != 0);
+    } else if (s->len == 3 && !memcmp(s->original, add1, 3)) {
+        bool ok = s->state == ALTPATCH_SITE_PATCHED && s->reason == ALTPATCH_REASON_NONE &&
+                  s->chosen == 0 && !memcmp(s->current, add3, 3);
+        w->patched += ok;
+        w->wrong += !ok;
+    } else if (s->len == 3 && !memcmp(s->original, add4, 3)) {
+        bool ok = s->state == ALTPATCH_SITE_ORIGINAL && s->reason == ALTPATCH_REASON_NONE &&
+                  s->chosen == -1 && !memcmp(s->current, add4, 3);
+        w->kept += ok;
+        w->wrong += !ok;
+    } else {
+        w->wrong++;
+    }
+    return 0;
+}
+
+struct onebad_res {
+    int loaded, apply_rc, segs_ok;
+    char msg[256];
+    long before[NONEBAD], after[NONEBAD], changed[NONEBAD];
+    struct onebad_walk w[NONEBAD];
+};
+
+static void onebad_body(void *out, void *ctx)
+{
+    struct onebad_res *r = out;
+    (void)ctx;
+    static void *h[NONEBAD];
+    static struct segs sg[NONEBAD];
+    static char file[NONEBAD][64];
+    char path[512];
+    for (size_t k = 0; k < NONEBAD; k++) {
+        snprintf(file[k], sizeof(file[k]), "libaphost_onebad_%zu.so", k);
+        snprintf(path, sizeof(path), "%s/%s", APH_LIBDIR, file[k]);
+        if (!(h[k] = dlopen(path, RTLD_NOW))) {
+            snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
+            return;
+        }
+    }
+    r->loaded = 1;
+    r->segs_ok = 1;
+    for (size_t k = 0; k < NONEBAD; k++) {
+        r->segs_ok &= segs_take(&sg[k], file[k]) > 0;
+        r->before[k] = ((fn_t)dlsym(h[k], "aph_onebad_fn"))();
+        r->w[k].module = file[k];
+        r->w[k].bad = (uintptr_t)dlsym(h[k], k == 5 ? "aph_onebad_rodata_site" : "aph_onebad_site");
+    }
+    altpatch_set_print(ap_warn_capture);
+    r->apply_rc = altpatch_apply();
+    for (size_t k = 0; k < NONEBAD; k++) {
+        r->after[k] = ((fn_t)dlsym(h[k], "aph_onebad_fn"))();
+        r->changed[k] = segs_changed_outside(&sg[k], NULL, 0, 0);
+        altpatch_site_foreach(onebad_cb, &r->w[k]);
+    }
+}
+
+Test(hostile, one_bad_record_among_valid_ones)
+{
+    struct onebad_res *r = ap_isolated(sizeof(*r), onebad_body, NULL);
+    cr_assert(r->loaded, "%s", r->msg);
+    cr_assert(r->segs_ok, "executable segments of the modules not found");
+    cr_assert_eq(r->apply_rc, 0);
+    for (size_t k = 0; k < NONEBAD; k++) {
+        const struct onebad_walk *w = &r->w[k];
+        int want = onebad_reason[k];
+        cr_expect_eq(r->before[k], 136, "onebad_%zu", k);
+        cr_expect_eq(r->after[k], 168, "onebad_%zu: the 16 sites under ALWAYS patched", k);
+        cr_expect_eq(r->changed[k], 16, "onebad_%zu: one byte per patched site, not %ld", k,
+                     r->changed[k]);
+        cr_expect_eq(w->listed, 33, "onebad_%zu: %d sites listed", k, w->listed);
+        cr_expect_eq(w->patched, 16, "onebad_%zu: %d patched", k, w->patched);
+        cr_expect_eq(w->kept, 16, "onebad_%zu: %d kept", k, w->kept);
+        cr_expect_eq(w->wrong, 0, "onebad_%zu: %d sites decided otherwise", k, w->wrong);
+        cr_expect_eq(w->bad_found, 1, "onebad_%zu", k);
+        cr_expect_eq(w->bad_state, want ? ALTPATCH_SITE_REFUSED : ALTPATCH_SITE_ORIGINAL,
+                     "onebad_%zu: state %d", k, w->bad_state);
+        cr_expect_eq(w->bad_reason, want, "onebad_%zu: '%s', want '%s'", k,
+                     altpatch_strreason(w->bad_reason), altpatch_strreason(want));
+    }
+}
+
 /* ---- strict W^X ------------------------------------------------------------------ */
 
 __attribute__((noinline)) static long site_wx(void)

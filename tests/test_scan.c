@@ -9,6 +9,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,38 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
     cr_assert_eq(c.feature_high, a.feature_high);
     if (high)
         cr_assert_geq(a.feature_high, AP_SCAN_FEATURES);
+    /* the facts, from the two-step path's entries and sites */
+    bool flags_known = ne > 0, repl_short = ne > 0, text_span = ns > 0;
+    uint64_t rlo = UINT64_MAX, rhi = 0, thi = 0;
+    for (size_t i = 0; i < ne; i++) {
+        flags_known &= e[i].flags <= ALT_FLAG_NOT;
+        repl_short &= e[i].repllen <= e[i].instrlen && e[i].repl <= UINT64_MAX - 255;
+        if (e[i].repl < rlo)
+            rlo = e[i].repl;
+        if (e[i].repl + e[i].repllen > rhi)
+            rhi = e[i].repl + e[i].repllen;
+    }
+    for (size_t k = 0; k < ns; k++) {
+        text_span &= s[k].len > 0 && (k == 0 || s[k].addr >= s[k - 1].addr) &&
+                     s[k].addr < UINT64_MAX - s[k].len;
+        if (s[k].addr + s[k].len > thi)
+            thi = s[k].addr + s[k].len;
+    }
+    for (int w = 0; w < 2; w++) {
+        const struct ap_table_scan *x = w ? &c : &a;
+        cr_assert_eq(x->flags_known, flags_known);
+        cr_assert_eq(x->repl_short, repl_short);
+        cr_assert_eq(x->text_span, text_span);
+        if (ne) {
+            cr_assert_eq(x->repl_lo, rlo);
+            cr_assert_eq(x->repl_hi, rhi);
+        }
+        if (text_span) {
+            cr_assert_eq(x->text_lo, s[0].addr);
+            cr_assert_eq(x->text_hi, thi);
+        }
+    }
+    cr_assert(!b.flags_known && !b.repl_short && !b.text_span, "no facts without the entries");
     free(b.sites);
     free(c.sites);
     free(c.entries);
@@ -471,6 +504,74 @@ Test(scan, hash_sees_a_uniform_shift)
     }
     cr_assert_neq(ap_bytes_hash((const uint8_t *)x, sizeof(x)),
                   ap_bytes_hash((const uint8_t *)y, sizeof(y)));
+}
+
+/*
+ * The facts for a caller's per-site checks: true on a clean table, and each
+ * false when exactly one record breaks it (the others unchanged).
+ */
+Test(scan, facts_fail_for_one_record)
+{
+    enum { N = 40 };
+    static struct rec r[N];
+    /* low addresses: a replacement offset from the table can reach past 2^64 */
+    const uint64_t table = 0x100000, text = 0x10000, repl = 0x200000;
+    for (size_t f = 0; f < 2; f++) {
+        unsigned rs = formats[f];
+        for (int bad = 0; bad < 8; bad++) {
+            for (size_t i = 0; i < N; i++) /* sites 8 apart, 2 records per site at 10 and 11 */
+                r[i] = (struct rec){text + 8 * i - 8 * (i == 11), repl + 6 * i,
+                                    (uint16_t)(i % 300), (uint16_t)(i % 2), 5, 3};
+            struct ap_table_scan a;
+            bool want_flags = true, want_repl = true, want_span = true;
+            switch (bad) {
+            case 1: /* flags beyond ALT_FLAG_NOT (format 1 alone can say so) */
+                if (rs == ALTPATCH_RECORD_SIZE_KERNEL) {
+                    r[20].flags = 2;
+                    want_flags = false;
+                }
+                break;
+            case 2: /* a replacement longer than its own record's site */
+                r[20].repllen = 6;
+                want_repl = false;
+                break;
+            case 3: /* longer than its own record, not than its site */
+                r[11].instrlen = 2;
+                want_repl = false;
+                break;
+            case 4: /* a replacement whose end would pass 2^64 */
+                r[20].repl = UINT64_MAX - 1;
+                want_repl = false;
+                break;
+            case 5: /* an empty site */
+                r[20].instrlen = 0;
+                r[20].repllen = 0;
+                want_span = false;
+                break;
+            case 6: /* a site out of address order */
+                r[20].site = text - 8;
+                want_span = false;
+                break;
+            case 7: /* the lowest replacement start and the highest end move */
+                r[5].repl = repl - 100;
+                r[30].repl = repl + 0x10000;
+                break;
+            }
+            check(r, N, table, rs, &a);
+            cr_assert_eq(a.flags_known, want_flags, "format %u, case %d", rs, bad);
+            cr_assert_eq(a.repl_short, want_repl, "format %u, case %d", rs, bad);
+            cr_assert_eq(a.text_span, want_span, "format %u, case %d", rs, bad);
+            cr_assert_eq(a.repl_lo, bad == 7 ? repl - 100 : repl, "case %d", bad);
+            /* (case 4's end wraps to 1: not the highest) */
+            cr_assert_eq(a.repl_hi, bad == 7 ? repl + 0x10000 + 3 : repl + 6 * (N - 1) + 3,
+                         "case %d", bad);
+            if (want_span) {
+                cr_assert_eq(a.text_lo, text);
+                cr_assert_eq(a.text_hi, text + 8 * (N - 1) + 5);
+            }
+            scan_free(&a);
+        }
+    }
 }
 
 /*

@@ -628,8 +628,9 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
  * plan, when it is queued (AP_WDEC_KEPT). Any other site goes through
  * ap_decide() once its arrays are filled.
  */
-static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct ap_mrun *mr,
-                                                      uint8_t *slot, struct ap_memo *memo)
+static inline __attribute__((always_inline)) void
+ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct ap_memo *memo,
+                     bool plain)
 {
     struct ap_module *m = mr->m;
     /* copies: the stores below (bytes) could alias any field read through m or r */
@@ -649,14 +650,20 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
     bool unsorted = r->unsorted;
     uint8_t *orig = morig, *planned = mplanned; /* the next site's bytes */
     struct ap_region_cursor rc = {0};
+    /* plain: the module's facts hold (host.h): every site lies in one
+     * region, none is empty, every record passes the checks
+     * ap_memo_keeps_original_plain() leaves out */
+    const struct ap_region *text = m->text_all;
+    const uint64_t tbase = plain ? (uint64_t)(uintptr_t)text->data - text->addr : 0;
     m->saved = true; /* every site's arrays are filled below */
     m->shape_gen = ap_shapes_gen;
     for (size_t i = 0; i < nsites; i++, n++) {
         const struct ap_site *s = &sites[i];
         size_t len = s->len;
         /* memory (a module's view of live memory maps every address to itself) */
-        const uint8_t *cur = ap_region_at(&rc, &m->view, s->addr, (uint8_t)len);
-        if (!cur) {
+        const uint8_t *cur = plain ? (const uint8_t *)(uintptr_t)(tbase + s->addr)
+                                   : ap_region_at(&rc, &m->view, s->addr, (uint8_t)len);
+        if (!plain && !cur) {
             orig_off[i] = AP_NO_ORIG32;
             res[i] = ap_res_ok(-1);
             shape[i] = 0;
@@ -670,11 +677,18 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
         int chosen;
         /* no entry applies: the original, after the record checks alone (one
          * entry, the common site: the test without its loop) */
-        if (!s->reason && len &&
-            (count == 1 ? ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
-                                                         &ents[s->first], 1)
-                        : count && ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
-                                                                  &ents[s->first], count))) {
+        bool keeps;
+        if (plain) /* a length, and the scan gives every site an entry */
+            keeps = !s->reason && (count == 1 ? ap_memo_keeps_original_plain(memo, &ents[s->first], 1)
+                                              : ap_memo_keeps_original_plain(memo, &ents[s->first],
+                                                                             count));
+        else
+            keeps = !s->reason && len &&
+                    (count == 1 ? ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
+                                                                 &ents[s->first], 1)
+                                : count && ap_memo_keeps_original_entries(
+                                               memo, &repl, (unsigned)len, &ents[s->first], count));
+        if (keeps) {
             id = AP_SHAPE_ORIGINAL;
             chosen = -1;
         } else {
@@ -749,6 +763,16 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
             slot += len;
     }
     ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
+}
+
+static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct ap_mrun *mr,
+                                                      uint8_t *slot, struct ap_memo *memo)
+{
+    const struct ap_module *m = mr->m;
+    if (m->records_plain && m->text_all)
+        ap_decide_first_loop(r, mr, slot, memo, true);
+    else
+        ap_decide_first_loop(r, mr, slot, memo, false);
 }
 
 /** What the last apply left at site @p i of a settled module @p m. */

@@ -392,6 +392,14 @@ struct ap_module {
                                  * from the table when needed (ap_module_site_entries) */
     size_t nentries;
     bool entries_keep;          /* a site has more than AP_SITE_ENTRIES records */
+    /* What the table pass proved for every record and site (module.c), so
+     * that the first decision (apply.c) skips the checks per site: every
+     * record has known flags, a feature below the feature words and a
+     * replacement inside view.repl no longer than its site; every site lies
+     * in text_all, the region ap_region_at() finds for each of them (NULL:
+     * not proved). */
+    bool records_plain;
+    const struct ap_region *text_all;
     unsigned leaves;            /* CPUID leaf groups its entries' features need (AP_LEAVES_*) */
     struct ap_site *sites;
     size_t nsites;

@@ -184,6 +184,40 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
     return ap_prepatch_originals(m);
 }
 
+/*
+ * The facts of the table pass that hold for the whole module (host.h).
+ * records_plain: each record's replacement starts at or above repl_lo >=
+ * view.repl's start and ends (without a wrap) at or below repl_hi <= its
+ * end, so it lies inside altinstr_replacement, which has bytes; it is no
+ * longer than its own instrlen, so no longer than its site (the largest
+ * instrlen of the site's records); its flags are 0 or ALT_FLAG_NOT and its
+ * feature below AP_SCAN_FEATURES (no feature_high) == 32 * AP_NCAPWORDS.
+ * The REPL_BOUNDS, REPL_TOO_LONG, unknown flag and feature checks of
+ * ap_memo_keeps_original_entries() then pass at every site.
+ * text_all: the sites, none empty and in address order, lie in [text_lo,
+ * text_hi); the first region that holds that range, with bytes, when no
+ * region before it meets the range: ap_view_find() gives it for every
+ * site, so ap_region_at() gives its bytes at every site.
+ */
+static void ap_module_facts(struct ap_module *m, const struct ap_table_scan *sc)
+{
+    const struct ap_region *rr = &m->view.repl;
+    m->records_plain = sc->nsites && sc->flags_known && !sc->feature_high && sc->repl_short &&
+                       rr->data && sc->repl_lo >= rr->addr && rr->size <= UINT64_MAX - rr->addr &&
+                       sc->repl_hi <= rr->addr + rr->size;
+    m->text_all = NULL;
+    if (!sc->text_span || !sc->nsites || sc->text_hi <= sc->text_lo)
+        return;
+    uint64_t lo = sc->text_lo, hi = sc->text_hi;
+    const struct ap_region *t = ap_view_find(&m->view, lo, hi - lo);
+    if (!t || !t->data)
+        return;
+    for (const struct ap_region *q = m->view.text; q < t; q++)
+        if (q->addr < hi && (lo < q->addr || lo - q->addr < q->size))
+            return; /* meets the range: it might hold some site */
+    m->text_all = t;
+}
+
 /** Decode the table and group it into sites (the module is refused on a bad table). */
 static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info)
 {
@@ -233,6 +267,7 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
      * template, the log), unless some site has more than a small buffer
      * holds (ap_module_drop_entries). */
     m->entries_keep = sc.max_count > AP_SITE_ENTRIES;
+    ap_module_facts(m, &sc);
     return ap_save_originals(m, sc.site_bytes);
 }
 

@@ -135,6 +135,16 @@ struct ap_table_scan {
     unsigned feature_high;    /* a feature id >= AP_SCAN_FEATURES the records name, or 0 */
     uint64_t features[AP_SCAN_FEATURES / 64]; /* bit id: some record names feature id */
     uint64_t hash;            /* ap_table_hash() of the table (AP_SCAN_HASH), else 0 */
+    /* Facts about every record, for checks a caller would otherwise make per
+     * site (with AP_SCAN_ENTRIES and at least one record; else all zero): */
+    bool flags_known;         /* every record's flags are 0 or ALT_FLAG_NOT */
+    bool repl_short;          /* no record's replacement is longer than its own instrlen,
+                               * and none starts above 2^64 - 256 (no end wraps) */
+    uint64_t repl_lo, repl_hi; /* the lowest replacement start, the highest end
+                                * (start + repllen) */
+    bool text_span;           /* the sites come in address order and none is empty:
+                               * every site lies in [text_lo, text_hi) */
+    uint64_t text_lo, text_hi; /* the first site's address, the largest site end */
 };
 
 /**

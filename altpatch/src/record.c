@@ -423,6 +423,13 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     uint32_t max_count = count > 0;
     struct ap_site *maxsite = s, *o = s; /* o: past the open site (o[-1]) */
     uint64_t cur = 0;                    /* the open site's address */
+    /* the facts (want): the flags ORed (with the features below them), the
+     * replacements' lowest start and highest end, a replacement longer than
+     * its record's instrlen or ending past 2^64, an empty site */
+    uint32_t fl = 0;
+    uint64_t rlo = UINT64_MAX, rtop = 0, rhi = 0;
+    uint32_t rbad = 0;
+    bool empty = false;
     /* Records by their runtime address @at; the buffer's byte at at + back. */
     const uint64_t back = (uint64_t)(uintptr_t)table - table_addr;
     uint64_t at = table_addr;
@@ -462,6 +469,14 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             x->repl = repl;
             memcpy((uint8_t *)x + offsetof(struct ap_entry, feature), &packed, 8);
             x->index = (uint32_t)ic;
+            uint32_t rl = (uint32_t)(packed >> 40) & 0xffu;
+            uint64_t rend = repl + rl;
+            if (rs != ALTPATCH_RECORD_SIZE_COMPACT) /* else one flag bit, ALT_FLAG_NOT */
+                fl |= (uint32_t)packed;
+            rlo = repl < rlo ? repl : rlo;
+            rtop = repl > rtop ? repl : rtop;
+            rhi = rend > rhi ? rend : rhi;
+            rbad |= (uint32_t)ilen - rl; /* the top bit: rl > ilen */
         }
         uint64_t end = addr + ilen;
         /* the rule of ap_sites_group(): a nonempty record at the address of
@@ -488,6 +503,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             maxsite = o;
         } else if (!ilen) {
             reason = ALTPATCH_REASON_EMPTY_SITE;
+            empty = true;
         } else if (lim != UINT64_MAX) {
             const struct ap_site *q = o; /* the last nonempty site, if any */
             while (q != s && !q[-1].len)
@@ -529,6 +545,19 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     out->max_count = max_count;
     out->hash = hash ? hash_final(h, HASH_SEED1, count * rs) : 0;
     *sorted = lim != UINT64_MAX;
+    if (want && count) {
+        out->flags_known = (fl >> 16) <= ALT_FLAG_NOT;
+        /* an end past 2^64 comes from a start above 2^64 - 256 (rtop) */
+        out->repl_short = !(rbad >> 31) && rtop <= UINT64_MAX - 255;
+        out->repl_lo = rlo;
+        out->repl_hi = rhi;
+        /* in address order with no empty site: the first site starts lowest,
+         * lim is the largest end (no end past 2^64: that sets lim to
+         * UINT64_MAX, as a site out of order does) */
+        out->text_span = lim != UINT64_MAX && !empty;
+        out->text_lo = s[0].addr;
+        out->text_hi = lim;
+    }
     return (size_t)(o - s);
 }
 
