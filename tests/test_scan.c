@@ -143,11 +143,11 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
     if (high)
         cr_assert_geq(a.feature_high, AP_SCAN_FEATURES);
     /* the facts, from the two-step path's entries and sites */
-    bool flags_known = ne > 0, repl_short = ne > 0, text_span = ns > 0;
+    bool flags_known = ne > 0, repl_nowrap = ne > 0, text_span = ns > 0;
     uint64_t rlo = UINT64_MAX, rhi = 0, thi = 0;
     for (size_t i = 0; i < ne; i++) {
         flags_known &= e[i].flags <= ALT_FLAG_NOT;
-        repl_short &= e[i].repllen <= e[i].instrlen && e[i].repl <= UINT64_MAX - 255;
+        repl_nowrap &= e[i].repl <= UINT64_MAX - 255;
         if (e[i].repl < rlo)
             rlo = e[i].repl;
         if (e[i].repl + e[i].repllen > rhi)
@@ -162,7 +162,7 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
     for (int w = 0; w < 2; w++) {
         const struct ap_table_scan *x = w ? &c : &a;
         cr_assert_eq(x->flags_known, flags_known);
-        cr_assert_eq(x->repl_short, repl_short);
+        cr_assert_eq(x->repl_nowrap, repl_nowrap);
         cr_assert_eq(x->text_span, text_span);
         if (ne) {
             cr_assert_eq(x->repl_lo, rlo);
@@ -173,7 +173,7 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
             cr_assert_eq(x->text_hi, thi);
         }
     }
-    cr_assert(!b.flags_known && !b.repl_short && !b.text_span, "no facts without the entries");
+    cr_assert(!b.flags_known && !b.repl_nowrap && !b.text_span, "no facts without the entries");
     free(b.sites);
     free(c.sites);
     free(c.entries);
@@ -531,13 +531,11 @@ Test(scan, facts_fail_for_one_record)
                     want_flags = false;
                 }
                 break;
-            case 2: /* a replacement longer than its own record's site */
+            case 2: /* a replacement longer than its site: a per-site check, no fact */
                 r[20].repllen = 6;
-                want_repl = false;
                 break;
-            case 3: /* longer than its own record, not than its site */
-                r[11].instrlen = 2;
-                want_repl = false;
+            case 3: /* the highest end moves with a longer replacement */
+                r[39].repllen = 9;
                 break;
             case 4: /* a replacement whose end would pass 2^64 */
                 r[20].repl = UINT64_MAX - 1;
@@ -559,11 +557,14 @@ Test(scan, facts_fail_for_one_record)
             }
             check(r, N, table, rs, &a);
             cr_assert_eq(a.flags_known, want_flags, "format %u, case %d", rs, bad);
-            cr_assert_eq(a.repl_short, want_repl, "format %u, case %d", rs, bad);
+            cr_assert_eq(a.repl_nowrap, want_repl, "format %u, case %d", rs, bad);
             cr_assert_eq(a.text_span, want_span, "format %u, case %d", rs, bad);
             cr_assert_eq(a.repl_lo, bad == 7 ? repl - 100 : repl, "case %d", bad);
             /* (case 4's end wraps to 1: not the highest) */
-            cr_assert_eq(a.repl_hi, bad == 7 ? repl + 0x10000 + 3 : repl + 6 * (N - 1) + 3,
+            cr_assert_eq(a.repl_hi,
+                         bad == 7   ? repl + 0x10000 + 3
+                         : bad == 3 ? repl + 6 * (N - 1) + 9
+                                    : repl + 6 * (N - 1) + 3,
                          "case %d", bad);
             if (want_span) {
                 cr_assert_eq(a.text_lo, text);

@@ -395,7 +395,7 @@ struct ap_module {
     /* What the table pass proved for every record and site (module.c), so
      * that the first decision (apply.c) skips the checks per site: every
      * record has known flags, a feature below the feature words and a
-     * replacement inside view.repl no longer than its site; every site lies
+     * replacement inside view.repl; every site lies
      * in text_all, the region ap_region_at() finds for each of them (NULL:
      * not proved). */
     bool records_plain;

@@ -187,13 +187,12 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
 /*
  * The facts of the table pass that hold for the whole module (host.h).
  * records_plain: each record's replacement starts at or above repl_lo >=
- * view.repl's start and ends (without a wrap) at or below repl_hi <= its
- * end, so it lies inside altinstr_replacement, which has bytes; it is no
- * longer than its own instrlen, so no longer than its site (the largest
- * instrlen of the site's records); its flags are 0 or ALT_FLAG_NOT and its
- * feature below AP_SCAN_FEATURES (no feature_high) == 32 * AP_NCAPWORDS.
- * The REPL_BOUNDS, REPL_TOO_LONG, unknown flag and feature checks of
- * ap_memo_keeps_original_entries() then pass at every site.
+ * view.repl's start and ends (without a wrap: repl_nowrap) at or below
+ * repl_hi <= its end, so it lies inside altinstr_replacement, which has
+ * bytes; its flags are 0 or ALT_FLAG_NOT and its feature below
+ * AP_SCAN_FEATURES (no feature_high) == 32 * AP_NCAPWORDS. The REPL_BOUNDS,
+ * unknown flag and feature checks of ap_memo_keeps_original_entries() then
+ * pass at every site (the length check stays per site).
  * text_all: the sites, none empty and in address order, lie in [text_lo,
  * text_hi); the first region that holds that range, with bytes, when no
  * region before it meets the range: ap_view_find() gives it for every
@@ -202,7 +201,7 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
 static void ap_module_facts(struct ap_module *m, const struct ap_table_scan *sc)
 {
     const struct ap_region *rr = &m->view.repl;
-    m->records_plain = sc->nsites && sc->flags_known && !sc->feature_high && sc->repl_short &&
+    m->records_plain = sc->nsites && sc->flags_known && !sc->feature_high && sc->repl_nowrap &&
                        rr->data && sc->repl_lo >= rr->addr && rr->size <= UINT64_MAX - rr->addr &&
                        sc->repl_hi <= rr->addr + rr->size;
     m->text_all = NULL;

@@ -413,15 +413,16 @@ static inline bool ap_memo_keeps_original_entries(const struct ap_memo *m,
 /**
  * ap_memo_keeps_original_entries() for entries known to have flags 0 or
  * ALT_FLAG_NOT, a feature below 32 * AP_NCAPWORDS and a replacement inside
- * altinstr_replacement no longer than the site (a module's records_plain):
- * then its other checks cannot fail, and the keep bits alone answer.
+ * altinstr_replacement (a module's records_plain): then its other checks
+ * cannot fail, and the keep bits and the replacement's length against the
+ * site's @p len answer.
  */
-static inline bool ap_memo_keeps_original_plain(const struct ap_memo *m,
+static inline bool ap_memo_keeps_original_plain(const struct ap_memo *m, unsigned len,
                                                 const struct ap_entry *e, uint32_t count)
 {
     for (uint32_t k = 0; k < count; k++, e++) {
         unsigned f = e->feature;
-        if (!(m->keep[e->flags][f / 32] >> (f % 32) & 1u))
+        if (!(m->keep[e->flags][f / 32] >> (f % 32) & 1u) || e->repllen > len)
             return false;
     }
     return true;

@@ -138,8 +138,8 @@ struct ap_table_scan {
     /* Facts about every record, for checks a caller would otherwise make per
      * site (with AP_SCAN_ENTRIES and at least one record; else all zero): */
     bool flags_known;         /* every record's flags are 0 or ALT_FLAG_NOT */
-    bool repl_short;          /* no record's replacement is longer than its own instrlen,
-                               * and none starts above 2^64 - 256 (no end wraps) */
+    bool repl_nowrap;         /* no replacement starts above 2^64 - 256: no end
+                               * (start + repllen) wraps */
     uint64_t repl_lo, repl_hi; /* the lowest replacement start, the highest end
                                 * (start + repllen) */
     bool text_span;           /* the sites come in address order and none is empty:

@@ -424,11 +424,9 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     struct ap_site *maxsite = s, *o = s; /* o: past the open site (o[-1]) */
     uint64_t cur = 0;                    /* the open site's address */
     /* the facts (want): the flags ORed (with the features below them), the
-     * replacements' lowest start and highest end, a replacement longer than
-     * its record's instrlen or ending past 2^64, an empty site */
+     * replacements' lowest and highest start and highest end, an empty site */
     uint32_t fl = 0;
     uint64_t rlo = UINT64_MAX, rtop = 0, rhi = 0;
-    uint32_t rbad = 0;
     bool empty = false;
     /* Records by their runtime address @at; the buffer's byte at at + back. */
     const uint64_t back = (uint64_t)(uintptr_t)table - table_addr;
@@ -476,7 +474,6 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             rlo = repl < rlo ? repl : rlo;
             rtop = repl > rtop ? repl : rtop;
             rhi = rend > rhi ? rend : rhi;
-            rbad |= (uint32_t)ilen - rl; /* the top bit: rl > ilen */
         }
         uint64_t end = addr + ilen;
         /* the rule of ap_sites_group(): a nonempty record at the address of
@@ -548,7 +545,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     if (want && count) {
         out->flags_known = (fl >> 16) <= ALT_FLAG_NOT;
         /* an end past 2^64 comes from a start above 2^64 - 256 (rtop) */
-        out->repl_short = !(rbad >> 31) && rtop <= UINT64_MAX - 255;
+        out->repl_nowrap = rtop <= UINT64_MAX - 255;
         out->repl_lo = rlo;
         out->repl_hi = rhi;
         /* in address order with no empty site: the first site starts lowest,
