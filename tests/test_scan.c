@@ -154,7 +154,7 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
             rhi = e[i].repl + e[i].repllen;
     }
     for (size_t k = 0; k < ns; k++) {
-        text_span &= s[k].len > 0 && (k == 0 || s[k].addr >= s[k - 1].addr) &&
+        text_span &= s[k].len > 0 && !s[k].reason && (k == 0 || s[k].addr >= s[k - 1].addr) &&
                      s[k].addr < UINT64_MAX - s[k].len;
         if (s[k].addr + s[k].len > thi)
             thi = s[k].addr + s[k].len;
@@ -518,7 +518,7 @@ Test(scan, facts_fail_for_one_record)
     const uint64_t table = 0x100000, text = 0x10000, repl = 0x200000;
     for (size_t f = 0; f < 2; f++) {
         unsigned rs = formats[f];
-        for (int bad = 0; bad < 8; bad++) {
+        for (int bad = 0; bad < 9; bad++) {
             for (size_t i = 0; i < N; i++) /* sites 8 apart, 2 records per site at 10 and 11 */
                 r[i] = (struct rec){text + 8 * i - 8 * (i == 11), repl + 6 * i,
                                     (uint16_t)(i % 300), (uint16_t)(i % 2), 5, 3};
@@ -548,6 +548,10 @@ Test(scan, facts_fail_for_one_record)
                 break;
             case 6: /* a site out of address order */
                 r[20].site = text - 8;
+                want_span = false;
+                break;
+            case 8: /* two sites overlap */
+                r[20].instrlen = 9;
                 want_span = false;
                 break;
             case 7: /* the lowest replacement start and the highest end move */

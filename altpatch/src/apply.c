@@ -651,8 +651,8 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     uint8_t *orig = morig, *planned = mplanned; /* the next site's bytes */
     struct ap_region_cursor rc = {0};
     /* plain: the module's facts hold (host.h): every site lies in one
-     * region, none is empty, every record passes the checks
-     * ap_memo_keeps_original_plain() leaves out */
+     * region, none has a preset reason (so none is empty), every record
+     * passes the checks ap_memo_keeps_original_plain() leaves out */
     const struct ap_region *text = m->text_all;
     const uint64_t tbase = plain ? (uint64_t)(uintptr_t)text->data - text->addr : 0;
     m->saved = true; /* every site's arrays are filled below */
@@ -678,10 +678,10 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         /* no entry applies: the original, after the record checks alone (one
          * entry, the common site: the test without its loop) */
         bool keeps;
-        if (plain) /* a length, and the scan gives every site an entry */
-            keeps = !s->reason && (count == 1 ? ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first], 1)
-                                              : ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first],
-                                                                             count));
+        if (plain) /* no reason, a length; the scan gives every site an entry */
+            keeps = count == 1 ? ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first], 1)
+                               : ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first],
+                                                              count);
         else
             keeps = !s->reason && len &&
                     (count == 1 ? ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,

@@ -142,8 +142,9 @@ struct ap_table_scan {
                                * (start + repllen) wraps */
     uint64_t repl_lo, repl_hi; /* the lowest replacement start, the highest end
                                 * (start + repllen) */
-    bool text_span;           /* the sites come in address order and none is empty:
-                               * every site lies in [text_lo, text_hi) */
+    bool text_span;           /* the sites come in address order and none has a
+                               * preset reason (empty, overlap): every site lies
+                               * in [text_lo, text_hi) */
     uint64_t text_lo, text_hi; /* the first site's address, the largest site end */
 };
 

@@ -424,10 +424,11 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     struct ap_site *maxsite = s, *o = s; /* o: past the open site (o[-1]) */
     uint64_t cur = 0;                    /* the open site's address */
     /* the facts (want): the flags ORed (with the features below them), the
-     * replacements' lowest and highest start and highest end, an empty site */
+     * replacements' lowest and highest start and highest end, a preset
+     * reason (an empty site, an overlap) */
     uint32_t fl = 0;
     uint64_t rlo = UINT64_MAX, rtop = 0, rhi = 0;
-    bool empty = false;
+    bool preset = false;
     /* Records by their runtime address @at; the buffer's byte at at + back. */
     const uint64_t back = (uint64_t)(uintptr_t)table - table_addr;
     uint64_t at = table_addr;
@@ -500,7 +501,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             maxsite = o;
         } else if (!ilen) {
             reason = ALTPATCH_REASON_EMPTY_SITE;
-            empty = true;
+            preset = true;
         } else if (lim != UINT64_MAX) {
             const struct ap_site *q = o; /* the last nonempty site, if any */
             while (q != s && !q[-1].len)
@@ -511,6 +512,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
                 if (addr < lim) {
                     reason = ALTPATCH_REASON_SITE_OVERLAP;
                     maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
+                    preset = true;
                 }
                 if (addr > UINT64_MAX - ilen)
                     end = UINT64_MAX;
@@ -548,10 +550,11 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         out->repl_nowrap = rtop <= UINT64_MAX - 255;
         out->repl_lo = rlo;
         out->repl_hi = rhi;
-        /* in address order with no empty site: the first site starts lowest,
+        /* in address order with no preset reason (no empty site, no
+         * overlap: each is marked here while in order): the first site starts lowest,
          * lim is the largest end (no end past 2^64: that sets lim to
          * UINT64_MAX, as a site out of order does) */
-        out->text_span = lim != UINT64_MAX && !empty;
+        out->text_span = lim != UINT64_MAX && !preset;
         out->text_lo = s[0].addr;
         out->text_hi = lim;
     }
