@@ -186,9 +186,10 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
 
 /*
  * The facts of the table pass that hold for the whole module (host.h).
- * records_plain: each record's replacement starts at or above repl_lo >=
- * view.repl's start and ends (without a wrap: repl_nowrap) at or below
- * repl_hi <= its end, so it lies inside altinstr_replacement, which has
+ * records_plain: each record's replacement starts, as a signed number, at
+ * or above repl_lo >= view.repl's start >= 0: so below 2^63, where its end
+ * (at most 255 bytes on) does not wrap, and that end is at or below
+ * repl_hi <= view.repl's end: it lies inside altinstr_replacement, which has
  * bytes; its flags are 0 or ALT_FLAG_NOT and its feature below
  * AP_SCAN_FEATURES (no feature_high) == 32 * AP_NCAPWORDS. The REPL_BOUNDS,
  * unknown flag and feature checks of ap_memo_keeps_original_entries() then
@@ -202,9 +203,9 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
 static void ap_module_facts(struct ap_module *m, const struct ap_table_scan *sc)
 {
     const struct ap_region *rr = &m->view.repl;
-    m->records_plain = sc->nsites && sc->flags_known && !sc->feature_high && sc->repl_nowrap &&
-                       rr->data && sc->repl_lo >= rr->addr && rr->size <= UINT64_MAX - rr->addr &&
-                       sc->repl_hi <= rr->addr + rr->size;
+    m->records_plain = sc->nsites && sc->flags_known && !sc->feature_high && rr->data &&
+                       sc->repl_lo >= 0 && (uint64_t)sc->repl_lo >= rr->addr &&
+                       rr->size <= UINT64_MAX - rr->addr && sc->repl_hi <= rr->addr + rr->size;
     m->text_all = NULL;
     if (!sc->text_span || !sc->nsites || sc->text_hi <= sc->text_lo)
         return;

@@ -138,10 +138,9 @@ struct ap_table_scan {
     /* Facts about every record, for checks a caller would otherwise make per
      * site (with AP_SCAN_ENTRIES and at least one record; else all zero): */
     bool flags_known;         /* every record's flags are 0 or ALT_FLAG_NOT */
-    bool repl_nowrap;         /* no replacement starts above 2^64 - 256: no end
-                               * (start + repllen) wraps */
-    uint64_t repl_lo, repl_hi; /* the lowest replacement start, the highest end
-                                * (start + repllen) */
+    int64_t repl_lo;          /* the lowest replacement start as a signed number
+                               * (one at or above 2^63 counts below 0) */
+    uint64_t repl_hi;         /* the highest end (start + repllen, mod 2^64) */
     bool text_span;           /* the sites come in address order and none has a
                                * preset reason (empty, overlap): every site lies
                                * in [text_lo, text_hi) */

@@ -424,10 +424,11 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     struct ap_site *maxsite = s, *o = s; /* o: past the open site (o[-1]) */
     uint64_t cur = 0;                    /* the open site's address */
     /* the facts (want): the flags ORed (with the features below them), the
-     * replacements' lowest and highest start and highest end, a preset
+     * replacements' lowest start (signed) and highest end, a preset
      * reason (an empty site, an overlap) */
     uint32_t fl = 0;
-    uint64_t rlo = UINT64_MAX, rtop = 0, rhi = 0;
+    int64_t rlo = INT64_MAX;
+    uint64_t rhi = 0;
     bool preset = false;
     /* Records by their runtime address @at; the buffer's byte at at + back. */
     const uint64_t back = (uint64_t)(uintptr_t)table - table_addr;
@@ -472,8 +473,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             uint64_t rend = repl + rl;
             if (rs != ALTPATCH_RECORD_SIZE_COMPACT) /* else one flag bit, ALT_FLAG_NOT */
                 fl |= (uint32_t)packed;
-            rlo = repl < rlo ? repl : rlo;
-            rtop = repl > rtop ? repl : rtop;
+            rlo = (int64_t)repl < rlo ? (int64_t)repl : rlo;
             rhi = rend > rhi ? rend : rhi;
         }
         uint64_t end = addr + ilen;
@@ -546,8 +546,6 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     *sorted = lim != UINT64_MAX;
     if (want && count) {
         out->flags_known = (fl >> 16) <= ALT_FLAG_NOT;
-        /* an end past 2^64 comes from a start above 2^64 - 256 (rtop) */
-        out->repl_nowrap = rtop <= UINT64_MAX - 255;
         out->repl_lo = rlo;
         out->repl_hi = rhi;
         /* in address order with no preset reason (no empty site, no
