@@ -679,9 +679,10 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
          * entry, the common site: the test without its loop) */
         bool keeps;
         if (plain) /* no reason, a length; the scan gives every site an entry */
-            keeps = count == 1 ? ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first], 1)
-                               : ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first],
-                                                              count);
+            keeps = count == 1
+                        ? ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first], 1)
+                        : ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first],
+                                                       count);
         else
             keeps = !s->reason && len &&
                     (count == 1 ? ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,

@@ -395,9 +395,9 @@ struct ap_module {
     /* What the table pass proved for every record and site (module.c), so
      * that the first decision (apply.c) skips the checks per site: every
      * record has known flags, a feature below the feature words and a
-     * replacement inside view.repl; every site lies
-     * in text_all, the region ap_region_at() finds for each of them, and
-     * none has a preset reason (NULL: not proved). */
+     * replacement inside view.repl; every site lies in text_all, the
+     * region ap_region_at() finds for each of them, and none has a preset
+     * reason (NULL: not proved). */
     bool records_plain;
     const struct ap_region *text_all;
     unsigned leaves;            /* CPUID leaf groups its entries' features need (AP_LEAVES_*) */

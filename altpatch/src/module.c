@@ -194,11 +194,11 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
  * AP_SCAN_FEATURES (no feature_high) == 32 * AP_NCAPWORDS. The REPL_BOUNDS,
  * unknown flag and feature checks of ap_memo_keeps_original_entries() then
  * pass at every site (the length check stays per site).
- * text_all: the sites, in address order and none with a preset reason
- * (so none empty), lie in [text_lo,
- * text_hi); the first region that holds that range, with bytes, when no
- * region before it meets the range: ap_view_find() gives it for every
- * site, so ap_region_at() gives its bytes at every site.
+ * text_all: the sites, in address order and none with a preset reason (so
+ * none empty), lie in [text_lo, text_hi); the first region that holds that
+ * range, with bytes, when no region before it meets the range:
+ * ap_view_find() gives it for every site, so ap_region_at() gives its bytes
+ * at every site.
  */
 static void ap_module_facts(struct ap_module *m, const struct ap_table_scan *sc)
 {

@@ -549,9 +549,9 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         out->repl_lo = rlo;
         out->repl_hi = rhi;
         /* in address order with no preset reason (no empty site, no
-         * overlap: each is marked here while in order): the first site starts lowest,
-         * lim is the largest end (no end past 2^64: that sets lim to
-         * UINT64_MAX, as a site out of order does) */
+         * overlap: each is marked here while in order): the first site
+         * starts lowest, lim is the largest end (no end past 2^64: that sets
+         * lim to UINT64_MAX, as a site out of order does) */
         out->text_span = lim != UINT64_MAX && !preset;
         out->text_lo = s[0].addr;
         out->text_hi = lim;
