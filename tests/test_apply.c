@@ -26,6 +26,7 @@
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
+#include "ap_copyfile.h"
 #include "ap_isolate.h"
 #include "host.h"
 
@@ -1612,22 +1613,6 @@ static int walk_find_cb(const struct altpatch_site_info *info, void *ctx)
     return 0;
 }
 
-static int copy_to(const char *from, const char *to)
-{
-    char tmp[512];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", to);
-    FILE *in = fopen(from, "rb"), *out = fopen(tmp, "wb");
-    int ok = in && out;
-    char buf[8192];
-    for (size_t n; ok && (n = fread(buf, 1, sizeof(buf), in)) > 0;)
-        ok = fwrite(buf, 1, n, out) == n;
-    if (in)
-        fclose(in);
-    if (out && fclose(out))
-        ok = 0;
-    return ok && rename(tmp, to) == 0 ? 0 : -1;
-}
-
 static void walk_enomem_body(void *out, void *ctx)
 {
     (void)ctx;
@@ -1646,7 +1631,7 @@ static void walk_enomem_body(void *out, void *ctx)
     for (int i = 0; i < 2; i++) {
         if (h)
             dlclose(h);
-        h = copy_to(versions[i], path) ? NULL : dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        h = ap_copy_file(versions[i], path) ? NULL : dlopen(path, RTLD_NOW | RTLD_LOCAL);
         fn = h ? (long (*)(void))dlsym(h, "reload_value") : NULL;
         Dl_info di;
         if (!fn || !dladdr((void *)fn, &di)) {

@@ -37,6 +37,7 @@
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
+#include "ap_copyfile.h"
 #include "ap_live_sites.h"
 #include "ap_warnlog.h"
 
@@ -452,22 +453,6 @@ static int find_in(const struct altpatch_site_info *s, void *p)
     return 0;
 }
 
-static int copy_file(const char *from, const char *to)
-{
-    char tmp[512];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", to);
-    FILE *in = fopen(from, "rb"), *out = fopen(tmp, "wb");
-    int ok = in && out;
-    char buf[8192];
-    for (size_t n; ok && (n = fread(buf, 1, sizeof(buf), in)) > 0;)
-        ok = fwrite(buf, 1, n, out) == n;
-    if (in)
-        fclose(in);
-    if (out)
-        fclose(out);
-    return ok && rename(tmp, to) == 0 ? 0 : -1;
-}
-
 static void reload_body(void *out)
 {
     struct reload_res *r = out;
@@ -482,7 +467,7 @@ static void reload_body(void *out)
     static const char *const versions[4] = {RELOAD_V1, RELOAD_V2, RELOAD_V3, RELOAD_V4};
     apply_flags(0);
     for (int i = 0; i < 4; i++) {
-        if (copy_file(versions[i], path)) {
+        if (ap_copy_file(versions[i], path)) {
             snprintf(r->msg, sizeof(r->msg), "copy %s failed", versions[i]);
             break;
         }

@@ -487,6 +487,22 @@ static inline void ap_loop_flush(struct ap_run *r, struct ap_mrun *mr, size_t n,
     mr->patched += patched;
 }
 
+/* A site the loop does not take inline: its counters flushed, ap_decide(),
+ * the queue position read back. The next free bytes of the arena returned. */
+static inline __attribute__((always_inline)) uint8_t *
+ap_loop_slow(struct ap_run *r, struct ap_mrun *mr, size_t n, size_t i, size_t len, uint8_t *slot,
+             struct ap_memo *memo, size_t *nw, uintptr_t *wlast, bool *unsorted,
+             uint64_t *patched, uint64_t *unchanged)
+{
+    ap_loop_flush(r, mr, n, *nw, *wlast, *unsorted, *patched, *unchanged);
+    *patched = *unchanged = 0;
+    ap_decide(r, mr, i, slot, memo);
+    *nw = r->nwrites;
+    *wlast = r->wlast;
+    *unsorted = r->unsorted;
+    return r->dec[n].target == slot ? slot + len : slot;
+}
+
 /*
  * Every site of module @p mr through ap_decide()'s rules (final bytes
  * computed for a site go to @p slot, then the next bytes: only the sites
@@ -605,15 +621,9 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             slot += len; /* used: the next one gets the next bytes */
         continue;
     slow:
-        ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
-        patched = unchanged = 0;
-        ap_decide(r, mr, i, slot, memo);
+        slot = ap_loop_slow(r, mr, n, i, len, slot, memo, &nw, &wlast, &unsorted, &patched,
+                            &unchanged);
         tmpl = memo->tmpl; /* the planner may have stored a template */
-        nw = r->nwrites;
-        wlast = r->wlast;
-        unsorted = r->unsorted;
-        if (r->dec[n].target == slot)
-            slot += len;
     }
     ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
 }
@@ -753,15 +763,9 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             slot += len; /* used: the next one gets the next bytes */
         continue;
     slow:
-        ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
-        patched = unchanged = 0;
-        ap_decide(r, mr, i, slot, memo);
+        slot = ap_loop_slow(r, mr, n, i, len, slot, memo, &nw, &wlast, &unsorted, &patched,
+                            &unchanged);
         tmpl = memo->tmpl; /* the planner may have stored a template */
-        nw = r->nwrites;
-        wlast = r->wlast;
-        unsorted = r->unsorted;
-        if (r->dec[n].target == slot)
-            slot += len;
     }
     ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
 }
