@@ -524,7 +524,9 @@ static inline const uint8_t *ap_region_at(struct ap_region_cursor *c, const stru
         *c = (struct ap_region_cursor){r, r->addr, r->size, r->data};
         at = addr - c->addr;
     }
-    return c->data + at;
+    /* as integers: the empty cursor passes [0, +0) with data NULL, and
+     * NULL + 0 is not defined for pointers (the answer is NULL all the same) */
+    return (const uint8_t *)((uintptr_t)c->data + at);
 }
 
 /** Offset of site @p i's bytes in m->orig and m->planned, or AP_NO_ORIG. */
