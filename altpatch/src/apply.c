@@ -855,8 +855,10 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
  * The run's per-site buffers for @p n sites of @p bytes, once, when a module
  * needs them (an apply where every module is settled allocates none). malloc,
  * not calloc: an item is written whole when it is used, and only those pages
- * are touched (decisions and final bytes of slow sites, the writes queued,
- * the sort's room when needed). 0 or -ENOMEM.
+ * are touched (decisions and final bytes of slow sites, the sort's room when
+ * needed); the write queue's pages are made present at once where allowed
+ * (ap_malloc_filled(): a first apply queues most sites whose entry applies).
+ * 0 or -ENOMEM.
  */
 static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
 {
@@ -864,7 +866,7 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
         return 0;
     r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
-    r->writes = malloc((n ? n : 1) * sizeof(*r->writes));
+    r->writes = ap_malloc_filled(n * sizeof(*r->writes));
     return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
 }
 
@@ -1249,8 +1251,12 @@ static int ap_check_threads(unsigned flags, bool *live)
     *live = false;
     if (flags & ALTPATCH_APPLY_DRY_RUN)
         return 0;
-    if (!(flags & ALTPATCH_APPLY_LIVE) && ap_mm_alone())
+    if (!(flags & ALTPATCH_APPLY_LIVE) && ap_mm_alone()) {
+        /* ap_mm_alone() proved no seccomp filter either: until this call
+         * ends, nothing can install one (ap_malloc_filled()'s madvise) */
+        ap_fill_allow(true);
         return 0; /* the kernel says so: no /proc read */
+    }
     long n = ap_count_threads();
     if (n <= 1 && !(flags & ALTPATCH_APPLY_LIVE))
         return 0; /* unknown (no /proc): the writer needs /proc too and will refuse */
@@ -1291,6 +1297,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     } else if (!(err = ap_check_threads(o.flags, &live))) {
         err = ap_run_locked(o.features, o.flags, live, &pins, &st);
     }
+    ap_fill_allow(false);
     if (err != -EBUSY) {
         st.ns = ap_now_ns() - t0;
         ap_last = st;

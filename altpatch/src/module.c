@@ -165,7 +165,7 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
     _Static_assert(sizeof(struct ap_site_result) % 4 == 0 && _Alignof(struct ap_site_result) <= 4,
                    "per-site arrays share one block of 4-byte alignment");
     size_t size = n * (sizeof(*m->orig_off) + sizeof(*m->shape) + sizeof(*m->res)) + 2 * total;
-    uint8_t *b = malloc(size ? size : 1);
+    uint8_t *b = ap_malloc_filled(size); /* every site's entries written by its first decision */
     if (!b)
         return -ENOMEM;
     m->block = b;

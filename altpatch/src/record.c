@@ -595,9 +595,9 @@ int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32
         out->hash = want_hash ? ap_table_hash(table, 0, record_size) : 0;
         return ALTPATCH_REASON_NONE;
     }
-    s = malloc(count * sizeof(*s));
+    s = ap_malloc_filled(count * sizeof(*s)); /* both written from end to end */
     if (want_entries)
-        e = malloc(count * sizeof(*e));
+        e = ap_malloc_filled(count * sizeof(*e));
     if (!s || (want_entries && !e)) {
         free(s);
         free(e);

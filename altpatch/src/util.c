@@ -2,7 +2,8 @@
 /*
  * util.c - the ground floor: the library's version, its log (through the
  * callback set by altpatch_set_print()), the environment (ignored under
- * AT_SECURE) and the monotonic clock. Calls nothing else of the library.
+ * AT_SECURE), the monotonic clock and the allocation of arrays written whole
+ * (ap_malloc_filled()). Calls nothing else of the library.
  */
 #include "util.h"
 
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define AP_XSTR(x) #x
@@ -82,4 +84,36 @@ void ap_log(enum altpatch_print_level level, const char *fmt, ...)
     va_start(ap, fmt);
     fn(level, f, ap);
     va_end(ap);
+}
+
+/*
+ * A fresh block from malloc() is pages the kernel has not given yet: every
+ * first write to one is a page fault (an exception, then a zeroed page
+ * charged to the memory cgroup). In a KVM guest the exception is most of
+ * that cost; MADV_POPULATE_WRITE (Linux 5.14) makes the whole range present
+ * in one call. A block below AP_FILL_MIN is not worth the system call; a
+ * kernel without the advice answers EINVAL and the pages fault as before.
+ */
+#define AP_FILL_MIN (256u * 1024)
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+static bool ap_fill_on;
+
+void ap_fill_allow(bool on)
+{
+    ap_fill_on = on;
+}
+
+void *ap_malloc_filled(size_t size)
+{
+    void *p = malloc(size ? size : 1);
+    if (p && ap_fill_on && size >= AP_FILL_MIN) {
+        uintptr_t pg = 4096, a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
+        uintptr_t e = ((uintptr_t)p + size) & ~(pg - 1);
+        if (e > a)
+            madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+    }
+    return p;
 }

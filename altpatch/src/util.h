@@ -41,6 +41,19 @@ AP_HIDDEN const char *ap_getenv(const char *name);
 AP_HIDDEN bool ap_env_on(const char *name);
 /** Monotonic nanoseconds. */
 AP_HIDDEN uint64_t ap_now_ns(void);
+/**
+ * malloc(@p size) for an array about to be written from end to end: where
+ * the caller allowed it (ap_fill_allow()) and the block is large, its pages
+ * are made present in one madvise(MADV_POPULATE_WRITE) instead of one page
+ * fault each as the writes reach them. NULL when malloc() fails.
+ */
+AP_HIDDEN void *ap_malloc_filled(size_t size);
+/**
+ * Allow ap_malloc_filled() its madvise() (@p on: the caller knows that no
+ * seccomp filter runs in this single-threaded call, so an advice an older
+ * kernel does not know cannot be fatal), or forbid it again.
+ */
+AP_HIDDEN void ap_fill_allow(bool on);
 
 /* ------------------------------------------------------------------------- */
 /* x86 instructions the library runs itself                                  */
