@@ -856,17 +856,19 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
  * needs them (an apply where every module is settled allocates none). malloc,
  * not calloc: an item is written whole when it is used, and only those pages
  * are touched (decisions and final bytes of slow sites, the sort's room when
- * needed); the write queue's pages are made present at once where allowed
- * (ap_malloc_filled(): a first apply queues most sites whose entry applies).
- * 0 or -ENOMEM.
+ * needed); for a module's first decision (@p first) the write queue's pages
+ * are made present at once where allowed (ap_malloc_filled(): a first apply
+ * queues every site whose entry applies; a later one finds them in pages the
+ * heap has touched already). 0 or -ENOMEM.
  */
-static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
+static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes, bool first)
 {
     if (r->dec)
         return 0;
     r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
-    r->writes = ap_malloc_filled(n * sizeof(*r->writes));
+    r->writes = first ? ap_malloc_filled(n * sizeof(*r->writes))
+                      : malloc((n ? n : 1) * sizeof(*r->writes));
     return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
 }
 
@@ -883,7 +885,7 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     if (n > AP_WDEC_N)
         return -ENOMEM; /* decision numbers are 30-bit */
     r->mods = malloc((nm ? nm : 1) * sizeof(*r->mods));
-    if (!r->mods || (r->debug && ap_run_buffers(r, n, bytes)))
+    if (!r->mods || (r->debug && ap_run_buffers(r, n, bytes, false)))
         return -ENOMEM;
     struct ap_memo *memo = ap_shapes_for(fs);
     r->keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
@@ -906,7 +908,7 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
             mr->path = AP_PATH_SETTLED;
         } else {
             /* before the first decision: a failure leaves nothing half done */
-            if (ap_run_buffers(r, total, total_bytes))
+            if (ap_run_buffers(r, total, total_bytes, first))
                 return -ENOMEM;
             if (settled && r->revert != m->left_orig && r->keep && ap_toggle(r, mr))
                 mr->path = AP_PATH_TOGGLE;
