@@ -1150,7 +1150,7 @@ static unsigned ap_needed_leaves(const struct ap_module *mods)
 /* @p fs: the caller's set, or NULL for this host's effective set (read for
  * the features the records reference, once the modules are known). */
 static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, bool live,
-                         const struct ap_pins *pins, struct altpatch_stats *st)
+                         bool unfiltered, const struct ap_pins *pins, struct altpatch_stats *st)
 {
     struct ap_run r = {0};
     struct altpatch_features host;
@@ -1169,7 +1169,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
                       ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0) |
-                      (ap_mm_alone_unfiltered() ? AP_POKE_SECCOMP_OFF : 0); /* ap_check_threads() */
+                      (unfiltered ? AP_POKE_SECCOMP_OFF : 0); /* ap_check_threads() */
         /* other threads may run the sites (docs/live.md) */
         err = live ? ap_live_poke(r.writes, r.nwrites, &r.pst)
                    : ap_poke(r.writes, r.nwrites, pf, &r.pst);
@@ -1245,18 +1245,18 @@ static int ap_read_opts(const struct altpatch_apply_opts *in, struct altpatch_ap
 
 /**
  * Whether the writes must use the live protocol (*live): asked for, or other
- * threads run (docs/live.md). 0, or -EBUSY when other threads run and
+ * threads run (docs/live.md); *unfiltered: the kernel proved this thread alone
+ * and no seccomp filter on it (ap_mm_alone()). 0, or -EBUSY when other threads run and
  * live patching is refused (ALTPATCH_APPLY_NO_LIVE) or not possible.
  */
-static int ap_check_threads(unsigned flags, bool *live)
+static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered)
 {
     *live = false;
+    *unfiltered = false;
     if (flags & ALTPATCH_APPLY_DRY_RUN)
         return 0;
     if (!(flags & ALTPATCH_APPLY_LIVE) && ap_mm_alone()) {
-        /* ap_mm_alone() proved no seccomp filter either: until this call
-         * ends, nothing can install one (ap_malloc_filled()'s madvise) */
-        ap_fill_allow(true);
+        *unfiltered = true; /* and no seccomp filter: none can come before the call ends */
         return 0; /* the kernel says so: no /proc read */
     }
     long n = ap_count_threads();
@@ -1293,13 +1293,15 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     ap_in = AP_IN_LOCKED;
     uint64_t t0 = ap_now_ns();
     bool live = false; /* other threads run: the live protocol writes */
+    bool unfiltered = false; /* alone and no seccomp filter (ap_mm_alone()) */
     struct altpatch_stats st = {.sz = sizeof(st)};
     if (off) {
         ap_log(ALTPATCH_INFO, "ALTPATCH_OFF is set: nothing patched\n");
-    } else if (!(err = ap_check_threads(o.flags, &live))) {
-        err = ap_run_locked(o.features, o.flags, live, &pins, &st);
+    } else if (!(err = ap_check_threads(o.flags, &live, &unfiltered))) {
+        ap_fill_allow(unfiltered); /* ap_malloc_filled()'s madvise */
+        err = ap_run_locked(o.features, o.flags, live, unfiltered, &pins, &st);
+        ap_fill_allow(false);
     }
-    ap_fill_allow(false);
     if (err != -EBUSY) {
         st.ns = ap_now_ns() - t0;
         ap_last = st;

@@ -111,9 +111,9 @@ enum ap_poke_flags {
     /* learn protections by reading all of /proc/self/maps, not by PROCMAP_QUERY
      * (what a kernel before 6.11 gets; for tests) */
     AP_POKE_MAPS_FILE = 1u << 2,
-    /* the caller read seccomp mode 0 in this call, single-threaded, and ran
-     * nothing since that could install a filter (ap_mm_alone_unfiltered()):
-     * not asked again */
+    /* the caller proved itself alone with ap_mm_alone() in this call (which
+     * read seccomp mode 0) and ran nothing since that could install a
+     * filter: not asked again */
     AP_POKE_SECCOMP_OFF = 1u << 3,
 };
 
@@ -212,15 +212,9 @@ AP_HIDDEN void ap_signals_restore(const uint64_t *saved);
  * it, and no process sharing the memory). False when another task shares it,
  * when a seccomp filter is active (the call is then not made: a filter may
  * kill), or when the kernel does not answer: ap_count_threads() decides then.
+ * True therefore also proves seccomp mode 0 at that moment.
  */
 AP_HIDDEN bool ap_mm_alone(void);
-/**
- * True when the last ap_mm_alone() read seccomp mode 0 (the answer is
- * consumed: a second call says false). For a caller that proved itself alone
- * with ap_mm_alone() in the same call and ran nothing since that could start
- * a thread or install a filter: it passes AP_POKE_SECCOMP_OFF to ap_poke().
- */
-AP_HIDDEN bool ap_mm_alone_unfiltered(void);
 /**
  * prctl(PR_GET_SECCOMP): 0 (no filter), the mode (> 0: kept for the process,
  * a mode is never cleared), or -errno (unknown). *@p syscalls (may be NULL)

@@ -46,8 +46,6 @@
  */
 static long ap_seccomp_kept;
 
-/* The mode the last ap_mm_alone() read was 0 (consumed by ap_mm_alone_unfiltered()). */
-static bool ap_mm_unfiltered;
 
 long ap_seccomp_mode(uint64_t *syscalls)
 {
@@ -65,17 +63,9 @@ long ap_seccomp_mode(uint64_t *syscalls)
 bool ap_mm_alone(void)
 {
     long sc = ap_seccomp_mode(NULL);
-    ap_mm_unfiltered = sc == 0;
     if (sc != 0)
         return false; /* filtered (2), or unknown (-errno: no answer means no proof) */
     return ap_sys(SYS_unshare, CLONE_VM, 0, 0, 0, 0) == 0;
-}
-
-bool ap_mm_alone_unfiltered(void)
-{
-    bool r = ap_mm_unfiltered;
-    ap_mm_unfiltered = false;
-    return r;
 }
 
 long ap_count_threads(void)
