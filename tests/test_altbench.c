@@ -34,6 +34,9 @@
 #define ALTBENCH_XRAY ""
 #define ALTBENCH_N 0
 #endif
+#ifndef ALTBENCH_XRAY_STARTUP
+#define ALTBENCH_XRAY_STARTUP ""
+#endif
 
 #define OUT_MAX (1 << 20)
 
@@ -448,4 +451,29 @@ Test(altbench, startup_inside_reports_the_apply_time)
     /* a program that does not report is refused, not timed */
     free(run(ALTBENCH_BIN " startup --inside -n 2 /bin/true 2>/dev/null", &st));
     cr_assert_eq(st, 1);
+}
+
+/* XRay's peer of the start-up program: the same switch, the same report */
+Test(altbench, startup_xray_peer_reports_its_first_patch)
+{
+    need_tools();
+    if (!ALTBENCH_XRAY_STARTUP[0] || access(ALTBENCH_XRAY_STARTUP, X_OK) != 0)
+        cr_skip_test("no XRay runtime: the peer is not built");
+    int st;
+    char *out = run_ok(ALTBENCH_BIN " startup --inside -n 3 " ALTBENCH_XRAY_STARTUP);
+    const char *p = strstr(out, "startup_inside prog=" ALTBENCH_XRAY_STARTUP " runs=3 ");
+    cr_assert_not_null(p, "%s", out);
+    double mn, p10, med;
+    p = strstr(p, "apply_min_us=");
+    cr_assert_not_null(p, "%s", out);
+    cr_assert_eq(sscanf(p, "apply_min_us=%lf apply_p10_us=%lf apply_med_us=%lf", &mn, &p10, &med),
+                 3, "%s", out);
+    cr_assert(mn > 0 && mn <= p10 && p10 <= med, "%s", out);
+    free(out);
+    out = run_ok(ALTBENCH_BIN " startup -n 3 " ALTBENCH_XRAY_STARTUP);
+    cr_assert(strstr(out, "startup prog=" ALTBENCH_XRAY_STARTUP " runs=3 "), "%s", out);
+    free(out);
+    /* a premain patch would patch both variants: refused */
+    free(run("XRAY_OPTIONS=patch_premain=true " ALTBENCH_XRAY_STARTUP " 2>/dev/null", &st));
+    cr_assert_eq(st, 2);
 }
