@@ -6,9 +6,11 @@
  */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #include "ap_expect.h"
 #include "ap_isolate.h"
@@ -190,4 +192,139 @@ Test(modules, altpatch_dlopen_missing_file)
 {
     cr_assert_null(altpatch_dlopen("/nonexistent/libapfix_none.so", RTLD_NOW));
     cr_assert_not_null(dlerror());
+}
+
+/*
+ * Two modules decided for the first time in one apply: libapfix_dl.so
+ * dlopen'ed before it. Both are the same source, so one module's records are
+ * fewer than the sites of both: every write of the apply still lands, each
+ * site of each module holds what its plan says and runs it.
+ */
+static void body_two_first(void *out, void *ctx)
+{
+    struct mres *r = out;
+    (void)ctx;
+    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
+    if (!h) {
+        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
+        r->rc[0] = -1;
+        return;
+    }
+    call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
+    calls_fn calls = (calls_fn)dlsym(h, "apfix_dl_calls");
+    fs_fn fs = (fs_fn)dlsym(h, "apfix_dl_fs");
+    r->val[0] = call(1) + 10 * apfix_linked_call(1); /* both unpatched first */
+    r->rc[0] = r->rc[1] = altpatch_apply();
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    altpatch_get_stats(&st);
+    size_t n;
+    const struct apx_call *c = calls(&n);
+    walk_module(r, 1, "libapfix_dl", c, n);
+    c = apfix_linked_calls(&n);
+    walk_module(r, 0, "libapfix_linked", c, n);
+    r->val[1] = call(1) + 10 * apfix_linked_call(1);
+    r->flag[0] = fs() == (void *)pthread_self() && apfix_linked_fs() == (void *)pthread_self();
+    r->val[2] = (long)st.sites_seen;
+    r->val[3] = (long)st.sites_patched;
+    r->val[4] = (long)st.modules;
+    r->val[5] = (long)st.sites_refused;
+}
+
+Test(modules, two_modules_first_decided_in_one_apply)
+{
+    struct mres *r = ap_isolated(sizeof(*r), body_two_first, NULL);
+    cr_assert_eq(r->val[0], 22, "both unpatched: old_impl (%s)", r->msg);
+    assert_patched(r, 0, "libapfix_linked.so");
+    assert_patched(r, 1, "libapfix_dl.so");
+    cr_assert_eq(r->sites[0], r->sites[1], "the same module twice");
+    cr_assert_eq(r->val[1], 33, "both patched: new_impl");
+    cr_assert(r->flag[0], "fs_self != pthread_self()");
+    cr_assert_eq(r->val[4], 2, "two modules");
+    cr_assert_eq(r->val[2], (long)(r->sites[0] + r->sites[1]));
+    cr_assert_eq(r->val[3], (long)(r->patched[0] + r->patched[1]));
+    cr_assert_eq(r->val[5], 0);
+}
+
+/* Per module: sites whose write was denied, sites holding their original. */
+struct dwalk {
+    const char *module;
+    unsigned sites, denied, original, patched;
+};
+
+static int denied_one(const struct altpatch_site_info *s, void *p)
+{
+    struct dwalk *w = p;
+    if (!strstr(s->module, w->module))
+        return 0;
+    w->sites++;
+    w->denied += s->state == ALTPATCH_SITE_REFUSED && s->reason == ALTPATCH_REASON_WRITE_DENIED;
+    w->original += s->original && memcmp(s->current, s->original, s->len) == 0;
+    w->patched += s->state == ALTPATCH_SITE_PATCHED;
+    return 0;
+}
+
+struct denied2_result {
+    int set, rc;
+    long val[2];
+    struct altpatch_stats st;
+    struct dwalk w[2];
+    char msg[256];
+};
+
+/*
+ * The same two first decisions with every write denied (PR_SET_MDWE: no
+ * mprotect window; /proc/self/mem not allowed): each module reports its own
+ * sites refused, memory and the next plan's view of it hold the originals.
+ */
+static void body_two_first_denied(void *out, void *ctx)
+{
+    struct denied2_result *r = out;
+    (void)ctx;
+    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
+    if (!h) {
+        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
+        r->rc = -1;
+        return;
+    }
+    call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
+    altpatch_set_print(NULL); /* the refusals are expected */
+    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    if (r->set)
+        return;
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = ALTPATCH_APPLY_NO_PROCMEM};
+    r->rc = altpatch_apply_opts(&o);
+    r->st.sz = sizeof(r->st);
+    altpatch_get_stats(&r->st);
+    r->w[0] = (struct dwalk){.module = "libapfix_linked"};
+    r->w[1] = (struct dwalk){.module = "libapfix_dl"};
+    for (int i = 0; i < 2; i++)
+        if (altpatch_site_foreach(denied_one, &r->w[i]))
+            r->rc = -1;
+    r->val[0] = call(1);
+    r->val[1] = apfix_linked_call(1);
+}
+
+Test(modules, two_first_decisions_with_writes_denied)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    if (pre && strstr(pre, "vgpreload"))
+        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    struct denied2_result *r = ap_isolated(sizeof(*r), body_two_first_denied, NULL);
+    if (r->set == -EINVAL)
+        cr_skip_test("kernel without PR_SET_MDWE");
+    cr_assert_eq(r->set, 0);
+    cr_assert_eq(r->rc, 0, "%s", r->msg);
+    cr_assert_eq(r->st.bytes_written, 0);
+    cr_assert_eq(r->st.sites_patched, 0, "every write denied");
+    for (int i = 0; i < 2; i++) {
+        cr_assert_geq(r->w[i].sites, 4, "%s", r->w[i].module);
+        cr_assert_eq(r->w[i].original, r->w[i].sites, "%s: originals kept", r->w[i].module);
+        cr_assert_eq(r->w[i].patched, 0, "%s", r->w[i].module);
+        /* the fence and call sites need a write under any feature set */
+        cr_assert_geq(r->w[i].denied, 1, "%s: a denied write reported", r->w[i].module);
+    }
+    cr_assert_eq(r->w[0].denied, r->w[1].denied, "the same module twice");
+    cr_assert_eq(r->st.sites_refused, r->w[0].denied + r->w[1].denied);
+    cr_assert_eq(r->val[0], 2, "original call kept");
+    cr_assert_eq(r->val[1], 2, "original call kept");
 }

@@ -195,12 +195,28 @@ struct ap_mrun {
 #define AP_WDEC_KEPT 0x40000000u
 #define AP_WDEC_N 0x3fffffffu
 
+/*
+ * Queue @p w as write @p k: the queue may lie over a module's records
+ * (ap_run.wmod), so the store is a copy of bytes, which may alias them: no
+ * load of a record is moved past the store of a write into its slot.
+ */
+_Static_assert(sizeof(struct ap_write) == sizeof(struct ap_entry),
+               "a queued write takes the slot of one record");
+static inline void ap_queue(struct ap_write *q, size_t k, struct ap_write w)
+{
+    memcpy(q + k, &w, sizeof(w));
+}
+
 struct ap_run {
     struct ap_dec *dec; /* written only where needed: slow sites, the log */
     size_t ndec;
     uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
     struct ap_write *writes; /* in site order until sorted; tag: the decision */
     size_t nwrites;
+    /* The module whose records hold the write queue (its first decision,
+     * decided before every other module), or NULL: writes is its own block.
+     * Its m->entries is the same block until that decision is done. */
+    struct ap_module *wmod;
     uintptr_t wlast;         /* the address of the last write queued; 0 before
                               * the first (no site lies at 0) */
     bool unsorted;           /* some write was queued below one before it */
@@ -459,8 +475,9 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
             d->action = AP_ACT_WRITE;
             r->unsorted |= addr <= r->wlast;
             r->wlast = addr;
-            r->writes[r->nwrites++] = (struct ap_write){.addr = addr, .old = old, .new = target,
-                                                        .tag = (uint32_t)n, .len = len};
+            ap_queue(r->writes, r->nwrites++,
+                     (struct ap_write){.addr = addr, .old = old, .new = target, .tag = (uint32_t)n,
+                                       .len = len});
             return;
         }
         if (!r->debug && d->action == AP_ACT_UNCHANGED) {
@@ -653,6 +670,8 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     const struct ap_entry *ents = m->entries; /* the first apply: every record */
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
     const struct ap_region repl = m->view.repl; /* read once, not per site */
+    /* the queue may lie over ents (ap_run.wmod): the write of site i goes to
+     * a slot at or below i <= s->first, after site i's records are read */
     struct ap_write *writes = r->writes;
     size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites;
     uint64_t patched = 0, unchanged = 0;
@@ -754,10 +773,10 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
              * not) */
             unsorted |= (uintptr_t)s->addr <= wlast;
             wlast = (uintptr_t)s->addr;
-            writes[nw++] = (struct ap_write){.addr = (uintptr_t)s->addr, .old = saved,
-                                             .new = target,
-                                             .tag = (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT,
-                                             .len = (uint16_t)len};
+            ap_queue(writes, nw++,
+                     (struct ap_write){.addr = (uintptr_t)s->addr, .old = saved, .new = target,
+                                       .tag = (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT,
+                                       .len = (uint16_t)len});
         }
         if (target == slot)
             slot += len; /* used: the next one gets the next bytes */
@@ -852,24 +871,115 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
 }
 
 /*
+ * Whether module @p m's decision in run @p r is its first (the per-site
+ * arrays not filled yet, its records parsed by the table pass): each site's
+ * original is then saved as it is decided (ap_decide_first()).
+ */
+static bool ap_first_decision(const struct ap_run *r, const struct ap_module *m)
+{
+    return !m->saved && m->block && m->entries && r->keep && !r->revert && !r->debug &&
+           !m->reason;
+}
+
+/*
+ * The module whose records may hold the run's write queue: one decided for
+ * the first time whose records are dropped after this apply (not kept), the
+ * one with the most records. Decided before any other module, it queues the
+ * write of its site i (if any) into slot k <= i of its records, after it has
+ * read that site's records from slot s->first >= i (each site has at least
+ * one record, and none is read again: ap_module_site_entries() decodes from
+ * the table once m->entries is NULL); the modules after it queue theirs
+ * behind. So a first apply needs no fresh block for its writes.
+ */
+static struct ap_module *ap_queue_module(const struct ap_run *r)
+{
+    struct ap_module *best = NULL;
+    for (struct ap_module *m = ap_mods; m; m = m->next)
+        if (!m->gone && !m->entries_keep && ap_first_decision(r, m) &&
+            (!best || m->nentries > best->nentries))
+            best = m;
+    return best;
+}
+
+/*
  * The run's per-site buffers for @p n sites of @p bytes, once, when a module
  * needs them (an apply where every module is settled allocates none). malloc,
  * not calloc: an item is written whole when it is used, and only those pages
  * are touched (decisions and final bytes of slow sites, the sort's room when
- * needed); for a module's first decision (@p first) the write queue's pages
- * are made present at once where allowed (ap_malloc_filled(): a first apply
- * queues every site whose entry applies; a later one finds them in pages the
- * heap has touched already). 0 or -ENOMEM.
+ * needed). The write queue lies over r->wmod's records when there is one
+ * (grown to @p n slots if it has fewer), else for a module's first decision
+ * (@p first) its pages are made present at once where allowed
+ * (ap_malloc_filled(): a first apply queues every site whose entry applies;
+ * a later one finds them in pages the heap has touched already). 0 or
+ * -ENOMEM, before any decision: a failure leaves nothing half done.
  */
 static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes, bool first)
 {
     if (r->dec)
         return 0;
+    struct ap_module *wm = r->wmod;
+    if (wm && wm->nentries < n) {
+        struct ap_entry *e = realloc(wm->entries, n * sizeof(*e));
+        if (!e)
+            return -ENOMEM;
+        wm->entries = e;
+        wm->nentries = n;
+    }
     r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
-    r->writes = first ? ap_malloc_filled(n * sizeof(*r->writes))
-                      : malloc((n ? n : 1) * sizeof(*r->writes));
+    if (wm)
+        r->writes = (struct ap_write *)(void *)wm->entries;
+    else
+        r->writes = first ? ap_malloc_filled(n * sizeof(*r->writes))
+                          : malloc((n ? n : 1) * sizeof(*r->writes));
     return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
+}
+
+/* Module @p m's part of the run: decided (or found settled, or switched)
+ * with final bytes from arena + *@p bytes; @p total sites of @p total_bytes
+ * in the run. 0 or -ENOMEM (before the module's first decision). */
+static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_memo *memo,
+                             size_t *bytes, size_t total, size_t total_bytes)
+{
+    struct ap_mrun *mr = &r->mods[r->nmods++];
+    *mr = (struct ap_mrun){.m = m, .n0 = r->ndec, .ok = true, .path = AP_PATH_DECIDE};
+    /* a module's first decision fills its per-site arrays as it goes */
+    bool first = ap_first_decision(r, m);
+    if (!first)
+        ap_module_save(m);
+    ap_cache_check(m, ap_shapes_gen);
+    bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
+    if (settled && r->revert == m->left_orig && ap_still_settled(m)) {
+        mr->path = AP_PATH_SETTLED;
+    } else {
+        /* before the first decision: a failure leaves nothing half done */
+        if (ap_run_buffers(r, total, total_bytes, first))
+            return -ENOMEM;
+        if (settled && r->revert != m->left_orig && r->keep && ap_toggle(r, mr))
+            mr->path = AP_PATH_TOGGLE;
+    }
+    if (mr->path == AP_PATH_SETTLED) {
+        r->ndec += m->nsites; /* decided: what the last apply left (ap_record) */
+    } else if (mr->path == AP_PATH_DECIDE) {
+        if (m->left_orig) {
+            /* what the last apply left is the originals (ap_decide's "planned") */
+            for (size_t i = 0; i < m->nsites; i++)
+                if (m->orig_off[i] != AP_NO_ORIG32)
+                    ap_copy_small(m->planned + m->orig_off[i], m->orig + m->orig_off[i],
+                                  m->sites[i].len);
+            m->left_orig = false;
+        }
+        size_t w0 = r->nwrites;
+        if (first)
+            ap_decide_first(r, mr, r->arena + *bytes, memo);
+        else
+            ap_decide_module(r, mr, r->arena + *bytes, memo);
+        mr->writes = r->nwrites - w0;
+        if (m == r->wmod)
+            m->entries = NULL; /* its slots hold writes now */
+    }
+    *bytes += m->site_bytes;
+    return 0;
 }
 
 static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
@@ -890,49 +1000,16 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     struct ap_memo *memo = ap_shapes_for(fs);
     r->keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
     r->revert = flags & ALTPATCH_APPLY_REVERT;
+    if (!r->dec)
+        r->wmod = ap_queue_module(r);
     size_t total = n, total_bytes = bytes;
     bytes = 0;
-    for (struct ap_module *m = ap_mods; m; m = m->next) {
-        if (m->gone)
-            continue;
-        struct ap_mrun *mr = &r->mods[r->nmods++];
-        *mr = (struct ap_mrun){.m = m, .n0 = r->ndec, .ok = true, .path = AP_PATH_DECIDE};
-        /* a module's first decision fills its per-site arrays as it goes */
-        bool first = !m->saved && m->block && m->entries && r->keep && !r->revert &&
-                     !r->debug && !m->reason;
-        if (!first)
-            ap_module_save(m);
-        ap_cache_check(m, ap_shapes_gen);
-        bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
-        if (settled && r->revert == m->left_orig && ap_still_settled(m)) {
-            mr->path = AP_PATH_SETTLED;
-        } else {
-            /* before the first decision: a failure leaves nothing half done */
-            if (ap_run_buffers(r, total, total_bytes, first))
-                return -ENOMEM;
-            if (settled && r->revert != m->left_orig && r->keep && ap_toggle(r, mr))
-                mr->path = AP_PATH_TOGGLE;
-        }
-        if (mr->path == AP_PATH_SETTLED) {
-            r->ndec += m->nsites; /* decided: what the last apply left (ap_record) */
-        } else if (mr->path == AP_PATH_DECIDE) {
-            if (m->left_orig) {
-                /* what the last apply left is the originals (ap_decide's "planned") */
-                for (size_t i = 0; i < m->nsites; i++)
-                    if (m->orig_off[i] != AP_NO_ORIG32)
-                        ap_copy_small(m->planned + m->orig_off[i], m->orig + m->orig_off[i],
-                                      m->sites[i].len);
-                m->left_orig = false;
-            }
-            size_t w0 = r->nwrites;
-            if (first)
-                ap_decide_first(r, mr, r->arena + bytes, memo);
-            else
-                ap_decide_module(r, mr, r->arena + bytes, memo);
-            mr->writes = r->nwrites - w0;
-        }
-        bytes += m->site_bytes;
-    }
+    /* the module that holds the queue first (r->mods stays in decision order) */
+    if (r->wmod && ap_collect_module(r, r->wmod, memo, &bytes, total, total_bytes))
+        return -ENOMEM;
+    for (struct ap_module *m = ap_mods; m; m = m->next)
+        if (!m->gone && m != r->wmod && ap_collect_module(r, m, memo, &bytes, total, total_bytes))
+            return -ENOMEM;
     return 0;
 }
 
@@ -1185,6 +1262,10 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         ap_record(&r, st);
         ap_applied = true;
     }
+    /* the queue's module not decided (a failure before): its records and
+     * the queue are one block, freed below */
+    if (r.wmod && r.wmod->entries == (struct ap_entry *)(void *)r.writes)
+        r.wmod->entries = NULL;
     /* records parsed for this apply: from now on decoded when needed */
     for (struct ap_module *m = ap_mods; m; m = m->next)
         if (m->entries && !m->gone)
