@@ -10,7 +10,14 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <link.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef SYS_mseal
+#define SYS_mseal 462 /* x86-64 */
+#endif
 
 #include "ap_expect.h"
 #include "ap_isolate.h"
@@ -327,4 +334,95 @@ Test(modules, two_first_decisions_with_writes_denied)
     cr_assert_eq(r->st.sites_refused, r->w[0].denied + r->w[1].denied);
     cr_assert_eq(r->val[0], 2, "original call kept");
     cr_assert_eq(r->val[1], 2, "original call kept");
+}
+
+/* The executable segment of the loaded module whose path contains data's name. */
+struct seg_find {
+    const char *name;
+    uintptr_t start, end;
+};
+
+static int seg_one(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    struct seg_find *f = data;
+    if (!info->dlpi_name || !strstr(info->dlpi_name, f->name))
+        return 0;
+    for (size_t i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+            uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+            f->start = (info->dlpi_addr + ph->p_vaddr) & ~(pg - 1);
+            f->end = (info->dlpi_addr + ph->p_vaddr + ph->p_memsz + pg - 1) & ~(pg - 1);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+struct partial_result {
+    int seal, rc;
+    long val[2];
+    struct altpatch_stats st;
+    struct dwalk w[2];
+    struct mres m;
+};
+
+/*
+ * The same two first decisions, libapfix_dl.so's text sealed (mseal(2):
+ * mprotect refused) and /proc/self/mem not allowed: one apply's queue holds
+ * writes that land (libapfix_linked.so) and writes the OS denies. Each
+ * module's sites report what memory holds.
+ */
+static void body_partial(void *out, void *ctx)
+{
+    struct partial_result *r = out;
+    (void)ctx;
+    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
+    struct seg_find f = {"libapfix_dl", 0, 0};
+    if (!h || !dl_iterate_phdr(seg_one, &f)) {
+        r->rc = -1;
+        return;
+    }
+    call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
+    altpatch_set_print(NULL); /* the refusals are expected */
+    r->seal = syscall(SYS_mseal, f.start, f.end - f.start, 0) ? -errno : 0;
+    if (r->seal)
+        return;
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = ALTPATCH_APPLY_NO_PROCMEM};
+    r->rc = altpatch_apply_opts(&o);
+    r->st.sz = sizeof(r->st);
+    altpatch_get_stats(&r->st);
+    r->w[0] = (struct dwalk){.module = "libapfix_linked"};
+    r->w[1] = (struct dwalk){.module = "libapfix_dl"};
+    for (int i = 0; i < 2; i++)
+        if (altpatch_site_foreach(denied_one, &r->w[i]))
+            r->rc = -1;
+    size_t n;
+    const struct apx_call *c = apfix_linked_calls(&n);
+    walk_module(&r->m, 0, "libapfix_linked", c, n);
+    r->val[0] = call(1);
+    r->val[1] = apfix_linked_call(1);
+}
+
+Test(modules, first_decisions_with_some_writes_denied)
+{
+    struct partial_result *r = ap_isolated(sizeof(*r), body_partial, NULL);
+    if (r->seal == -ENOSYS || r->seal == -EPERM || r->seal == -EINVAL)
+        cr_skip_test("no mseal(2) here (%d)", r->seal);
+    cr_assert_eq(r->seal, 0);
+    cr_assert_eq(r->rc, 0);
+    /* libapfix_linked.so: every site as its plan says, nothing refused */
+    cr_assert_eq(r->m.bad[0], 0, "%s", r->m.msg);
+    cr_assert_eq(r->w[0].denied, 0);
+    cr_assert_geq(r->w[0].patched, 1);
+    cr_assert_eq(r->val[1], 3, "patched call in the writable module");
+    /* libapfix_dl.so: the writes denied, the originals kept */
+    cr_assert_geq(r->w[1].denied, 1);
+    cr_assert_eq(r->w[1].patched, 0);
+    cr_assert_eq(r->w[1].original, r->w[1].sites);
+    cr_assert_eq(r->val[0], 2, "original call in the sealed module");
+    cr_assert_eq(r->st.sites_refused, r->w[1].denied);
+    cr_assert_eq(r->st.sites_patched, r->w[0].patched);
+    cr_assert_gt(r->st.bytes_written, 0);
 }

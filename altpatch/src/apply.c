@@ -217,6 +217,11 @@ struct ap_run {
      * decided before every other module), or NULL: writes is its own block.
      * Its m->entries is the same block until that decision is done. */
     struct ap_module *wmod;
+    /* Writes queued with AP_WDEC_KEPT by the loops, and the sum of their
+     * lengths: when every write is one of them and the writer wrote that many
+     * bytes, every write landed and nothing is left to do after the writer. */
+    size_t nkept;
+    uint64_t kept_bytes;
     uintptr_t wlast;         /* the address of the last write queued; 0 before
                               * the first (no site lies at 0) */
     bool unsorted;           /* some write was queued below one before it */
@@ -544,8 +549,8 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
     const struct ap_region repl = m->view.repl; /* read once, not per site */
     struct ap_write *writes = r->writes;
-    size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites;
-    uint64_t patched = 0, unchanged = 0;
+    size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites, nkept = 0;
+    uint64_t patched = 0, unchanged = 0, kept_bytes = 0;
     uintptr_t wlast = r->wlast;
     bool revert = r->revert, keep = r->keep, unsorted = r->unsorted;
     if (m->reason || r->debug) {
@@ -630,6 +635,8 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                 /* nothing to do after the writer when the write lands */
                 ap_copy_small(mplanned + off, target, len);
                 tag |= AP_WDEC_KEPT;
+                nkept++;
+                kept_bytes += len;
             }
             writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = old, .new = target,
                                              .tag = tag, .len = (uint16_t)len};
@@ -643,6 +650,8 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
         tmpl = memo->tmpl; /* the planner may have stored a template */
     }
     ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
+    r->nkept += nkept;
+    r->kept_bytes += kept_bytes;
 }
 
 /*
@@ -673,8 +682,8 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     /* the queue may lie over ents (ap_run.wmod): the write of site i goes to
      * a slot at or below i <= s->first, after site i's records are read */
     struct ap_write *writes = r->writes;
-    size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites;
-    uint64_t patched = 0, unchanged = 0;
+    size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites, nkept = 0;
+    uint64_t patched = 0, unchanged = 0, kept_bytes = 0;
     uintptr_t wlast = r->wlast;
     bool unsorted = r->unsorted;
     uint8_t *orig = morig, *planned = mplanned; /* the next site's bytes */
@@ -777,6 +786,8 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                      (struct ap_write){.addr = (uintptr_t)s->addr, .old = saved, .new = target,
                                        .tag = (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT,
                                        .len = (uint16_t)len});
+            nkept++;
+            kept_bytes += len;
         }
         if (target == slot)
             slot += len; /* used: the next one gets the next bytes */
@@ -787,6 +798,8 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         tmpl = memo->tmpl; /* the planner may have stored a template */
     }
     ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
+    r->nkept += nkept;
+    r->kept_bytes += kept_bytes;
 }
 
 static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct ap_mrun *mr,
@@ -843,6 +856,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     const uint32_t *orig_off = m->orig_off;
     struct ap_write *writes = r->writes;
     size_t n = r->ndec, nw = r->nwrites, w0 = nw;
+    uint64_t kept_bytes = 0;
     uintptr_t wlast = r->wlast;
     bool revert = r->revert, unsorted = r->unsorted;
     const uint8_t *from = revert ? m->planned : m->orig;
@@ -861,7 +875,10 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
         writes[nw++] = (struct ap_write){.addr = addr, .old = from + off, .new = to + off,
                                          .tag = (uint32_t)n | AP_WDEC_KEPT,
                                          .len = (uint16_t)len};
+        kept_bytes += len;
     }
+    r->nkept += nw - w0;
+    r->kept_bytes += kept_bytes;
     r->ndec = n;
     r->nwrites = nw;
     r->wlast = wlast;
@@ -1103,8 +1120,14 @@ static __attribute__((noinline)) void ap_write_done(struct ap_run *r, size_t k, 
  * others were recorded when decided), unless ALTPATCH_DEBUG records every
  * site in order afterwards.
  */
-static void ap_writes_done(struct ap_run *r)
+static void ap_writes_done(struct ap_run *r, bool live)
 {
+    /* every write kept (AP_WDEC_KEPT) and written (the writer counts the
+     * bytes of each write it wrote, and a write's at most once): every
+     * result is ALTPATCH_REASON_NONE, the pass below would find nothing to
+     * do. The live writer counts its own way: not taken from it. */
+    if (r->poked && !live && r->nkept == r->nwrites && r->pst.bytes == r->kept_bytes)
+        return;
     size_t hint = 0, nw = r->nwrites;
     const struct ap_write *w = r->writes;
     /* a write that landed (result 0, or no writer: a dry run) with AP_WDEC_KEPT
@@ -1258,7 +1281,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     /* recorded when the writes were made, or none was needed (the sites
      * without one were recorded as they were decided) */
     if (r.mods && (!err || r.poked)) {
-        ap_writes_done(&r);
+        ap_writes_done(&r, live);
         ap_record(&r, st);
         ap_applied = true;
     }
