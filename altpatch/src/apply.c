@@ -23,6 +23,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,15 +197,26 @@ struct ap_mrun {
 #define AP_WDEC_N 0x3fffffffu
 
 /*
- * Queue @p w as write @p k: the queue may lie over a module's records
- * (ap_run.wmod), so the store is a copy of bytes, which may alias them: no
- * load of a record is moved past the store of a write into its slot.
+ * Queue write @p k (no result yet): the queue may lie over a module's
+ * records (ap_run.wmod), so its words are stored as bytes, which may alias
+ * them: no load of a record is moved past the store of a write into its
+ * slot. Four word stores, no copy through the stack.
  */
 _Static_assert(sizeof(struct ap_write) == sizeof(struct ap_entry),
                "a queued write takes the slot of one record");
-static inline void ap_queue(struct ap_write *q, size_t k, struct ap_write w)
+_Static_assert(offsetof(struct ap_write, old) == 8 && offsetof(struct ap_write, new) == 16 &&
+                   offsetof(struct ap_write, tag) == 24 && offsetof(struct ap_write, len) == 28 &&
+                   offsetof(struct ap_write, result) == 30 && offsetof(struct ap_write, wrote) == 31,
+               "struct ap_write: tag, len, result, wrote in its last word");
+static inline void ap_queue(struct ap_write *q, size_t k, uintptr_t addr, const uint8_t *old,
+                            const uint8_t *new, uint32_t tag, size_t len)
 {
-    memcpy(q + k, &w, sizeof(w));
+    uint8_t *p = (uint8_t *)(q + k);
+    uint64_t last = tag | (uint64_t)(uint16_t)len << 32; /* result 0, wrote false */
+    memcpy(p, &addr, 8);
+    memcpy(p + 8, &old, 8);
+    memcpy(p + 16, &new, 8);
+    memcpy(p + 24, &last, 8);
 }
 
 struct ap_run {
@@ -480,9 +492,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
             d->action = AP_ACT_WRITE;
             r->unsorted |= addr <= r->wlast;
             r->wlast = addr;
-            ap_queue(r->writes, r->nwrites++,
-                     (struct ap_write){.addr = addr, .old = old, .new = target, .tag = (uint32_t)n,
-                                       .len = len});
+            ap_queue(r->writes, r->nwrites++, addr, old, target, (uint32_t)n, len);
             return;
         }
         if (!r->debug && d->action == AP_ACT_UNCHANGED) {
@@ -782,10 +792,8 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
              * not) */
             unsorted |= (uintptr_t)s->addr <= wlast;
             wlast = (uintptr_t)s->addr;
-            ap_queue(writes, nw++,
-                     (struct ap_write){.addr = (uintptr_t)s->addr, .old = saved, .new = target,
-                                       .tag = (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT,
-                                       .len = (uint16_t)len});
+            ap_queue(writes, nw++, (uintptr_t)s->addr, saved, target,
+                     (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT, len);
             nkept++;
             kept_bytes += len;
         }
