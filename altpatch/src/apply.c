@@ -212,7 +212,9 @@ static inline void ap_queue(struct ap_write *q, size_t k, uintptr_t addr, const 
                             const uint8_t *new, uint32_t tag, size_t len)
 {
     uint8_t *p = (uint8_t *)(q + k);
-    uint64_t last = tag | (uint64_t)(uint16_t)len << 32; /* result 0, wrote false */
+    /* tag, len, result 0, wrote false: one word (bytes copied in are read
+     * through any type, as the writer reads each field) */
+    uint64_t last = tag | (uint64_t)(uint16_t)len << 32;
     memcpy(p, &addr, 8);
     memcpy(p + 8, &old, 8);
     memcpy(p + 16, &new, 8);
