@@ -198,12 +198,19 @@ struct ap_mrun {
 
 /*
  * Queue write @p k (no result yet): the queue may lie over a module's
- * records (ap_run.wmod), so its words are stored as bytes, which may alias
- * them: no load of a record is moved past the store of a write into its
- * slot. Four word stores, no copy through the stack.
+ * records (ap_run.wmod). Its four words are stored through a may_alias word
+ * type (GNU C): each store may alias any object, so no load of a record is
+ * moved past the store of a write into its slot, and the writer's reads of
+ * struct ap_write's fields may read what these stores wrote. (A memcpy from a
+ * uint64_t would give the bytes that effective type, C11 6.5p6, not one the
+ * fields' reads may use.) Four word stores, no copy through the stack.
  */
+typedef uint64_t ap_qword __attribute__((may_alias));
 _Static_assert(sizeof(struct ap_write) == sizeof(struct ap_entry),
                "a queued write takes the slot of one record");
+_Static_assert(_Alignof(struct ap_write) >= _Alignof(uint64_t) &&
+                   _Alignof(struct ap_entry) >= _Alignof(uint64_t),
+               "a slot's words are aligned");
 _Static_assert(offsetof(struct ap_write, old) == 8 && offsetof(struct ap_write, new) == 16 &&
                    offsetof(struct ap_write, tag) == 24 && offsetof(struct ap_write, len) == 28 &&
                    offsetof(struct ap_write, result) == 30 && offsetof(struct ap_write, wrote) == 31,
@@ -211,14 +218,12 @@ _Static_assert(offsetof(struct ap_write, old) == 8 && offsetof(struct ap_write, 
 static inline void ap_queue(struct ap_write *q, size_t k, uintptr_t addr, const uint8_t *old,
                             const uint8_t *new, uint32_t tag, size_t len)
 {
-    uint8_t *p = (uint8_t *)(q + k);
-    /* tag, len, result 0, wrote false: one word (bytes copied in are read
-     * through any type, as the writer reads each field) */
-    uint64_t last = tag | (uint64_t)(uint16_t)len << 32;
-    memcpy(p, &addr, 8);
-    memcpy(p + 8, &old, 8);
-    memcpy(p + 16, &new, 8);
-    memcpy(p + 24, &last, 8);
+    ap_qword *p = (ap_qword *)(void *)(q + k);
+    p[0] = (uint64_t)addr;
+    p[1] = (uint64_t)(uintptr_t)old;
+    p[2] = (uint64_t)(uintptr_t)new;
+    /* tag, len, result 0, wrote false: one word (little-endian x86-64) */
+    p[3] = tag | (uint64_t)(uint16_t)len << 32;
 }
 
 struct ap_run {
