@@ -954,8 +954,10 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes, bool first)
         struct ap_entry *e = realloc(wm->entries, n * sizeof(*e));
         if (!e)
             return -ENOMEM;
+        /* n slots now; m->nentries stays the record count (the slots
+         * are the queue's from here, the records are read no more once
+         * the module is decided) */
         wm->entries = e;
-        wm->nentries = n;
     }
     r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
