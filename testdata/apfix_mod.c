@@ -3,11 +3,15 @@
  * Shared-library fixture with its own sites, built twice:
  *   libapfix_linked.so  (APFIX_MOD=linked) linked into test_modules (DT_NEEDED)
  *   libapfix_dl.so      (APFIX_MOD=dl)     dlopen'ed by test_modules
+ *   libapfix_big.so     (APFIX_MOD=big, APFIX_TSC=3) dlopen'ed by test_modules:
+ *                       more records than the others, in sites of two each
  * Exported: apfix_<mod>_call(x)  ALTPATCH_ALT_CALL(old, new, ALWAYS): x+1 / x+2
  *           apfix_<mod>_call2(x) the same with hidden (non-static) targets: x+3 / x+4
  *           apfix_<mod>_fs()     altpatch_fs_self()
  *           apfix_<mod>_fence()  altpatch_weak_fence()
  *           apfix_<mod>_calls(n) the (old, new, ft_flags) pair for ap_expect.h
+ *           apfix_<mod>_tsc()    with APFIX_TSC=N: the sum of N altpatch_rdtsc_ordered()
+ *                                sites (two records each)
  * The ALT_CALL targets are local to the library (static, or hidden globals),
  * as primitives.h requires in position-independent code.
  */
@@ -47,3 +51,24 @@ APFIX_EXPORT const struct apx_call *APFIX_FN(_calls)(size_t *n)
     *n = 2;
     return c;
 }
+
+#ifdef APFIX_TSC
+#define APFIX_TSC_ONE() (t += altpatch_rdtsc_ordered())
+APFIX_EXPORT uint64_t APFIX_FN(_tsc)(void)
+{
+    uint64_t t = 0;
+#if APFIX_TSC >= 1
+    APFIX_TSC_ONE();
+#endif
+#if APFIX_TSC >= 2
+    APFIX_TSC_ONE();
+#endif
+#if APFIX_TSC >= 3
+    APFIX_TSC_ONE();
+#endif
+#if APFIX_TSC > 3
+#error "APFIX_TSC: at most 3"
+#endif
+    return t;
+}
+#endif

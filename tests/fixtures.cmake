@@ -28,11 +28,12 @@ if(TARGET test_fixtures)
 endif()
 
 if(TARGET test_modules)
-  # libapfix_linked.so is a DT_NEEDED of the test; libapfix_dl.so is dlopen'ed.
+  # libapfix_linked.so is a DT_NEEDED of the test; libapfix_dl.so and
+  # libapfix_big.so are dlopen'ed.
   target_link_libraries(test_modules PRIVATE apfix_linked ${CMAKE_DL_LIBS})
-  add_dependencies(test_modules apfix_dl)
+  add_dependencies(test_modules apfix_dl apfix_big)
   target_compile_definitions(test_modules PRIVATE
-    APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>")
+    APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>" APFIX_BIG_PATH="$<TARGET_FILE:apfix_big>")
 endif()
 
 if(TARGET test_corrupt)

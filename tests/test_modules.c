@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Sites in shared libraries: libapfix_linked.so (DT_NEEDED of this test) and
- * libapfix_dl.so (dlopen'ed after the first apply, then dlclose'd). Both are
- * testdata/apfix_mod.c. Bodies that apply run in a fork()ed child.
+ * Sites in shared libraries: libapfix_linked.so (DT_NEEDED of this test),
+ * libapfix_dl.so (dlopen'ed after the first apply, then dlclose'd) and
+ * libapfix_big.so (dlopen'ed). All are testdata/apfix_mod.c. Bodies that
+ * apply run in a fork()ed child.
  */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -250,6 +251,98 @@ Test(modules, two_modules_first_decided_in_one_apply)
     cr_assert_eq(r->val[2], (long)(r->sites[0] + r->sites[1]));
     cr_assert_eq(r->val[3], (long)(r->patched[0] + r->patched[1]));
     cr_assert_eq(r->val[5], 0);
+}
+
+/* Records of the module whose path contains @p p's name (sum of each site's). */
+struct rcount {
+    const char *module;
+    unsigned sites, records;
+};
+
+static int count_one(const struct altpatch_site_info *s, void *p)
+{
+    struct rcount *c = p;
+    if (strstr(s->module, c->module)) {
+        c->sites++;
+        c->records += s->entries;
+    }
+    return 0;
+}
+
+typedef uint64_t (*tsc_fn)(void);
+
+/*
+ * Three modules decided for the first time in one apply: libapfix_big.so
+ * (more records than the others, three of its sites with two each) dlopen'ed
+ * after libapfix_linked.so, then libapfix_dl.so. The write queue lies over
+ * the records of the one with the most, decided before the others though
+ * last but one in load order; it has fewer records than the three have
+ * sites, so its block grows first. Every site of every module holds what its
+ * plan says.
+ */
+static void body_three_first(void *out, void *ctx)
+{
+    struct mres *r = out;
+    (void)ctx;
+    void *big = dlopen(APFIX_BIG_PATH, RTLD_NOW);
+    void *dl = big ? dlopen(APFIX_DL_PATH, RTLD_NOW) : NULL;
+    if (!dl) {
+        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
+        r->rc[3] = -1;
+        return;
+    }
+    call_fn bcall = (call_fn)dlsym(big, "apfix_big_call");
+    call_fn dcall = (call_fn)dlsym(dl, "apfix_dl_call");
+    tsc_fn tsc = (tsc_fn)dlsym(big, "apfix_big_tsc");
+    r->val[0] = bcall(1) + 10 * dcall(1) + 100 * apfix_linked_call(1); /* unpatched */
+    r->rc[0] = r->rc[1] = r->rc[2] = altpatch_apply();
+    struct rcount c[3] = {{"libapfix_linked", 0, 0}, {"libapfix_big", 0, 0}, {"libapfix_dl", 0, 0}};
+    for (int i = 0; i < 3; i++)
+        if (altpatch_site_foreach(count_one, &c[i]))
+            r->rc[3] = -1;
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    altpatch_get_stats(&st);
+    size_t n;
+    const struct apx_call *calls = apfix_linked_calls(&n);
+    walk_module(r, 0, "libapfix_linked", calls, n);
+    calls = ((calls_fn)dlsym(big, "apfix_big_calls"))(&n);
+    walk_module(r, 1, "libapfix_big", calls, n);
+    calls = ((calls_fn)dlsym(dl, "apfix_dl_calls"))(&n);
+    walk_module(r, 2, "libapfix_dl", calls, n);
+    r->val[1] = bcall(1) + 10 * dcall(1) + 100 * apfix_linked_call(1);
+    r->val[2] = tsc() != 0;
+    r->val[3] = (long)st.sites_seen;
+    r->val[4] = (long)st.modules;
+    r->val[5] = (long)st.sites_refused;
+    r->val[6] = (long)c[1].records;
+    r->val[7] = (long)(c[0].sites + c[1].sites + c[2].sites);
+    r->flag[0] = (int)c[0].records;
+    r->flag[1] = (int)c[2].records;
+    r->flag[2] = (int)(c[1].records - c[1].sites);
+}
+
+Test(modules, module_with_most_records_decided_first)
+{
+    struct mres *r = ap_isolated(sizeof(*r), body_three_first, NULL);
+    cr_assert_eq(r->rc[3], 0, "%s", r->msg);
+    /* the premise: libapfix_big.so has the most records, in sites of two
+     * (three of them), and fewer than the three modules have sites */
+    cr_assert_gt(r->val[6], r->flag[0], "libapfix_big: %ld records, libapfix_linked: %d",
+                 r->val[6], r->flag[0]);
+    cr_assert_gt(r->val[6], r->flag[1]);
+    cr_assert_eq(r->flag[2], 3, "three sites of two records");
+    cr_assert_gt(r->val[7], r->val[6], "%ld sites, %ld records in the queue's module", r->val[7],
+                 r->val[6]);
+    cr_assert_eq(r->val[0], 222, "all unpatched: old_impl (%s)", r->msg);
+    assert_patched(r, 0, "libapfix_linked.so");
+    assert_patched(r, 1, "libapfix_big.so");
+    assert_patched(r, 2, "libapfix_dl.so");
+    cr_assert_eq(r->sites[1], r->sites[0] + 3, "three more sites");
+    cr_assert_eq(r->val[3], r->val[7], "every site seen");
+    cr_assert_eq(r->val[4], 3, "three modules");
+    cr_assert_eq(r->val[5], 0, "nothing refused");
+    cr_assert_eq(r->val[1], 333, "all patched: new_impl");
+    cr_assert_eq(r->val[2], 1, "the time stamp sites run");
 }
 
 /* Per module: sites whose write was denied, sites holding their original. */
