@@ -36,6 +36,21 @@ if(TARGET test_modules)
     APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>" APFIX_BIG_PATH="$<TARGET_FILE:apfix_big>")
 endif()
 
+# test_modules_oom: out of memory where a first apply's write queue grows. Its
+# own executable: it interposes realloc() for the whole process, which a
+# sanitizer's allocator does not allow.
+if(TARGET test_modules AND NOT ALTPATCH_SANITIZE)
+  add_executable(test_modules_oom ${CMAKE_CURRENT_SOURCE_DIR}/modules_oom.c)
+  target_compile_definitions(test_modules_oom PRIVATE _GNU_SOURCE
+    APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>")
+  target_include_directories(test_modules_oom PRIVATE ${CMAKE_SOURCE_DIR}/testdata)
+  target_link_libraries(test_modules_oom PRIVATE altpatch_internal PkgConfig::CRITERION apfix_linked
+    ${CMAKE_DL_LIBS})
+  add_dependencies(test_modules_oom apfix_dl)
+  add_test(NAME test_modules_oom COMMAND test_modules_oom --jobs 1)
+  set_tests_properties(test_modules_oom PROPERTIES TIMEOUT 300)
+endif()
+
 if(TARGET test_corrupt)
   add_dependencies(test_corrupt apfix_corrupt apfix_corrupt_badtable apfix_corrupt_badversion)
   target_link_libraries(test_corrupt PRIVATE ${CMAKE_DL_LIBS})

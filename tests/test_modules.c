@@ -22,69 +22,7 @@
 
 #include "ap_expect.h"
 #include "ap_isolate.h"
-
-/* From libapfix_linked.so. */
-long apfix_linked_call(long x);
-long apfix_linked_call2(long x);
-void *apfix_linked_fs(void);
-void apfix_linked_fence(void);
-const struct apx_call *apfix_linked_calls(size_t *n);
-
-struct mres {
-    int rc[4];
-    unsigned sites[4], bad[4], patched[4], kinds_fs[4];
-    long val[8];
-    int flag[8];
-    char msg[512];
-};
-
-struct mwalk {
-    const char *module; /* substring of the module path */
-    const struct apx_call *calls;
-    size_t ncalls;
-    unsigned sites, bad, patched, fs;
-    char *msg;
-    size_t msgsz;
-};
-
-static int mod_one(const struct altpatch_site_info *s, void *p)
-{
-    struct mwalk *w = p;
-    if (!strstr(s->module, w->module))
-        return 0;
-    uint8_t want[AP_EXPECT_MAX];
-    char h1[64], h2[64];
-    enum apx_kind k = apx_expect(s, apx_has_host, NULL, w->calls, w->ncalls, want);
-    w->sites++;
-    w->fs += k == APX_FS;
-    if (k == APX_UNKNOWN || memcmp((const void *)s->addr, want, s->len) != 0) {
-        w->bad++;
-        size_t len = strlen(w->msg);
-        snprintf(w->msg + len, w->msgsz - len, "[%s %s: %s want %s] ", w->module,
-                 apx_kind_names[k], apx_hex((const uint8_t *)s->addr, s->len, h1, sizeof(h1)),
-                 k == APX_UNKNOWN ? "?" : apx_hex(want, s->len, h2, sizeof(h2)));
-    }
-    w->patched += s->state == ALTPATCH_SITE_PATCHED;
-    return 0;
-}
-
-/* Walk the sites of the module whose path contains @p module into slot @p i. */
-static void walk_module(struct mres *r, int i, const char *module, const struct apx_call *calls,
-                        size_t ncalls)
-{
-    struct mwalk w = {module, calls, ncalls, 0, 0, 0, 0, r->msg, sizeof(r->msg)};
-    if (altpatch_site_foreach(mod_one, &w) != 0)
-        w.bad++;
-    r->sites[i] = w.sites, r->bad[i] = w.bad, r->patched[i] = w.patched, r->kinds_fs[i] = w.fs;
-}
-
-static void assert_patched(const struct mres *r, int i, const char *what)
-{
-    cr_assert_eq(r->rc[i], 0, "%s: apply returned %d", what, r->rc[i]);
-    cr_assert_geq(r->sites[i], 4, "%s: %u sites (2 calls, fs, fence expected)", what, r->sites[i]);
-    cr_assert_eq(r->bad[i], 0, "%s: %s", what, r->msg);
-    cr_assert_geq(r->patched[i], 1, "%s: nothing patched", what);
-}
+#include "ap_modwalk.h"
 
 static void body_linked(void *out, void *ctx)
 {
@@ -111,10 +49,6 @@ Test(modules, linked_library_patched)
     cr_assert_eq(r->val[2], 5, "patched call to hidden globals must reach apfix_linked_new2");
     cr_assert(r->flag[0], "fs_self in the library != pthread_self()");
 }
-
-typedef long (*call_fn)(long);
-typedef const struct apx_call *(*calls_fn)(size_t *);
-typedef void *(*fs_fn)(void);
 
 /* dlopen'ed after the first apply: patched at the next apply (or at once
  * with altpatch_dlopen: ctx != NULL). */
@@ -519,68 +453,3 @@ Test(modules, first_decisions_with_some_writes_denied)
     cr_assert_eq(r->st.sites_patched, r->w[0].patched);
     cr_assert_gt(r->st.bytes_written, 0);
 }
-
-#if !defined(__SANITIZE_ADDRESS__) /* the sanitizer owns realloc */
-/*
- * The two first decisions with realloc() failing: the apply's write queue
- * lies over one module's records, grown to a slot per site of both before
- * anything is decided. Out of memory there, the apply returns -ENOMEM with
- * nothing written in either module, and the next apply patches both.
- */
-extern void *__libc_realloc(void *p, size_t size);
-static volatile int realloc_fail; /* armed: the queue's growth fails */
-static volatile int realloc_failed;
-
-void *realloc(void *p, size_t size)
-{
-    /* a block grown to 8 slots of 32 bytes: one per site of both modules
-     * (4 + 4), over the records of one (4) */
-    if (realloc_fail && p && size == 8 * 32) {
-        realloc_failed++;
-        errno = ENOMEM;
-        return NULL;
-    }
-    return __libc_realloc(p, size);
-}
-
-static void body_two_first_enomem(void *out, void *ctx)
-{
-    struct mres *r = out;
-    (void)ctx;
-    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
-    if (!h) {
-        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
-        r->rc[3] = -1;
-        return;
-    }
-    call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
-    realloc_fail = 1;
-    r->rc[2] = altpatch_apply();
-    realloc_fail = 0;
-    r->flag[0] = realloc_failed;
-    r->val[0] = call(1) + 10 * apfix_linked_call(1);
-    r->rc[0] = r->rc[1] = altpatch_apply();
-    r->val[1] = call(1) + 10 * apfix_linked_call(1);
-    size_t n;
-    const struct apx_call *c = apfix_linked_calls(&n);
-    walk_module(r, 0, "libapfix_linked", c, n);
-    c = ((calls_fn)dlsym(h, "apfix_dl_calls"))(&n);
-    walk_module(r, 1, "libapfix_dl", c, n);
-}
-
-Test(modules, two_first_decisions_out_of_memory_write_nothing)
-{
-    struct mres *r = ap_isolated(sizeof(*r), body_two_first_enomem, NULL);
-    cr_assert_eq(r->rc[3], 0, "%s", r->msg);
-    const char *pre = getenv("LD_PRELOAD");
-    if (!r->flag[0] && pre && strstr(pre, "vgpreload"))
-        cr_skip_test("valgrind's realloc replaces this file's: no allocation failed");
-    cr_assert_eq(r->flag[0], 1, "the queue's growth failed once");
-    cr_assert_eq(r->rc[2], -ENOMEM, "%d", r->rc[2]);
-    cr_assert_eq(r->val[0], 22, "nothing written by the failed apply");
-    cr_assert_eq(r->rc[1], 0);
-    cr_assert_eq(r->val[1], 33, "both patched by the next apply");
-    assert_patched(r, 0, "libapfix_linked.so");
-    assert_patched(r, 1, "libapfix_dl.so");
-}
-#endif

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Out of memory where a first apply's write queue grows: libapfix_linked.so
+ * (DT_NEEDED of this test) and libapfix_dl.so (dlopen'ed). An executable of
+ * its own: it interposes realloc() for the whole process (Criterion's
+ * set-up included), which no other test must see, and which a sanitizer's
+ * allocator does not allow (not built with ALTPATCH_SANITIZE; a sanitized
+ * build of this file skips).
+ */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ap_expect.h"
+#include "ap_isolate.h"
+#include "ap_modwalk.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define AP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                      \
+    __has_feature(memory_sanitizer)
+#define AP_SANITIZED 1
+#endif
+#endif
+#ifndef AP_SANITIZED
+#define AP_SANITIZED 0
+#endif
+
+/*
+ * The two first decisions with realloc() failing: the apply's write queue
+ * lies over one module's records, grown to a slot per site of both before
+ * anything is decided. Out of memory there, the apply returns -ENOMEM with
+ * nothing written in either module, and the next apply patches both.
+ */
+#if !AP_SANITIZED
+extern void *__libc_realloc(void *p, size_t size);
+static volatile int realloc_fail; /* armed: the queue's growth fails */
+static volatile int realloc_failed;
+
+/* This executable's realloc: glibc's, but for the queue's growth when armed. */
+void *realloc(void *p, size_t size)
+{
+    /* a block grown to 8 slots of 32 bytes: one per site of both modules
+     * (4 + 4), over the records of one (4) */
+    if (realloc_fail && p && size == 8 * 32) {
+        realloc_failed++;
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __libc_realloc(p, size);
+}
+
+#else
+static volatile int realloc_fail, realloc_failed;
+#endif
+
+static void body_two_first_enomem(void *out, void *ctx)
+{
+    struct mres *r = out;
+    (void)ctx;
+    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
+    if (!h) {
+        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
+        r->rc[3] = -1;
+        return;
+    }
+    call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
+    realloc_fail = 1;
+    r->rc[2] = altpatch_apply();
+    realloc_fail = 0;
+    r->flag[0] = realloc_failed;
+    r->val[0] = call(1) + 10 * apfix_linked_call(1);
+    r->rc[0] = r->rc[1] = altpatch_apply();
+    r->val[1] = call(1) + 10 * apfix_linked_call(1);
+    size_t n;
+    const struct apx_call *c = apfix_linked_calls(&n);
+    walk_module(r, 0, "libapfix_linked", c, n);
+    c = ((calls_fn)dlsym(h, "apfix_dl_calls"))(&n);
+    walk_module(r, 1, "libapfix_dl", c, n);
+}
+
+Test(modules_oom, two_first_decisions_out_of_memory_write_nothing)
+{
+    if (AP_SANITIZED)
+        cr_skip_test("a sanitizer's realloc is not interposed here");
+    struct mres *r = ap_isolated(sizeof(*r), body_two_first_enomem, NULL);
+    cr_assert_eq(r->rc[3], 0, "%s", r->msg);
+    const char *pre = getenv("LD_PRELOAD");
+    if (!r->flag[0] && pre && strstr(pre, "vgpreload"))
+        cr_skip_test("valgrind's realloc replaces this file's: no allocation failed");
+    cr_assert_eq(r->flag[0], 1, "the queue's growth failed once");
+    cr_assert_eq(r->rc[2], -ENOMEM, "%d", r->rc[2]);
+    cr_assert_eq(r->val[0], 22, "nothing written by the failed apply");
+    cr_assert_eq(r->rc[1], 0);
+    cr_assert_eq(r->val[1], 33, "both patched by the next apply");
+    assert_patched(r, 0, "libapfix_linked.so");
+    assert_patched(r, 1, "libapfix_dl.so");
+}
