@@ -5,6 +5,9 @@
  *   libapfix_dl.so      (APFIX_MOD=dl)     dlopen'ed by test_modules
  *   libapfix_big.so     (APFIX_MOD=big, APFIX_TSC=3) dlopen'ed by test_modules:
  *                       more records than the others, in sites of two each
+ *   libapfix_shapes.so  (APFIX_MOD=shapes, APFIX_TSC=1, APFIX_ONE_CALL) dlopen'ed by
+ *                       test_modules: more records than libapfix_linked.so, no two
+ *                       sites of one shape (no _call2)
  * Exported: apfix_<mod>_call(x)  ALTPATCH_ALT_CALL(old, new, ALWAYS): x+1 / x+2
  *           apfix_<mod>_call2(x) the same with hidden (non-static) targets: x+3 / x+4
  *           apfix_<mod>_fs()     altpatch_fs_self()
@@ -30,6 +33,7 @@ APFIX_EXPORT long APFIX_FN(_call)(long x)
     return ALTPATCH_ALT_CALL(old_impl, new_impl, X86_FEATURE_ALWAYS, x);
 }
 
+#ifndef APFIX_ONE_CALL
 __attribute__((visibility("hidden"))) long APFIX_FN(_old2)(long x) { return x + 3; }
 __attribute__((visibility("hidden"))) long APFIX_FN(_new2)(long x) { return x + 4; }
 
@@ -37,6 +41,7 @@ APFIX_EXPORT long APFIX_FN(_call2)(long x)
 {
     return ALTPATCH_ALT_CALL(APFIX_FN(_old2), APFIX_FN(_new2), X86_FEATURE_ALWAYS, x);
 }
+#endif
 
 APFIX_EXPORT void *APFIX_FN(_fs)(void) { return altpatch_fs_self(); }
 
@@ -46,9 +51,13 @@ APFIX_EXPORT const struct apx_call *APFIX_FN(_calls)(size_t *n)
 {
     static struct apx_call c[2];
     c[0] = (struct apx_call){(uintptr_t)old_impl, (uintptr_t)new_impl, X86_FEATURE_ALWAYS};
+#ifdef APFIX_ONE_CALL
+    *n = 1;
+#else
     c[1] = (struct apx_call){(uintptr_t)APFIX_FN(_old2), (uintptr_t)APFIX_FN(_new2),
                              X86_FEATURE_ALWAYS};
     *n = 2;
+#endif
     return c;
 }
 

@@ -28,12 +28,13 @@ if(TARGET test_fixtures)
 endif()
 
 if(TARGET test_modules)
-  # libapfix_linked.so is a DT_NEEDED of the test; libapfix_dl.so and
-  # libapfix_big.so are dlopen'ed.
+  # libapfix_linked.so is a DT_NEEDED of the test; libapfix_dl.so,
+  # libapfix_big.so and libapfix_shapes.so are dlopen'ed.
   target_link_libraries(test_modules PRIVATE apfix_linked ${CMAKE_DL_LIBS})
-  add_dependencies(test_modules apfix_dl apfix_big)
+  add_dependencies(test_modules apfix_dl apfix_big apfix_shapes)
   target_compile_definitions(test_modules PRIVATE
-    APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>" APFIX_BIG_PATH="$<TARGET_FILE:apfix_big>")
+    APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>" APFIX_BIG_PATH="$<TARGET_FILE:apfix_big>"
+    APFIX_SHAPES_PATH="$<TARGET_FILE:apfix_shapes>")
 endif()
 
 # test_modules_oom: out of memory where a first apply's write queue grows. Its

@@ -2,7 +2,8 @@
 /*
  * Sites in shared libraries: libapfix_linked.so (DT_NEEDED of this test),
  * libapfix_dl.so (dlopen'ed after the first apply, then dlclose'd) and
- * libapfix_big.so (dlopen'ed). All are testdata/apfix_mod.c. Bodies that
+ * libapfix_big.so and libapfix_shapes.so (dlopen'ed). All are
+ * testdata/apfix_mod.c. Bodies that
  * apply run in a fork()ed child.
  */
 #include <criterion/criterion.h>
@@ -395,23 +396,38 @@ struct partial_result {
     struct mres m;
 };
 
+/* Which module is sealed: the dlopen'ed one (at @c path, its symbols
+ * apfix_<name>_*) or libapfix_linked.so. */
+struct partial_case {
+    const char *path, *name;
+    bool seal_linked;
+};
+
 /*
- * The same two first decisions, libapfix_dl.so's text sealed (mseal(2):
- * mprotect refused) and /proc/self/mem not allowed: one apply's queue holds
- * writes that land (libapfix_linked.so) and writes the OS denies. Each
- * module's sites report what memory holds.
+ * Two first decisions, one module's text sealed (mseal(2): mprotect refused)
+ * and /proc/self/mem not allowed: one apply's queue holds writes that land
+ * and writes the OS denies. Each module's sites report what memory holds;
+ * w[0], m and val[1] are the writable module's, w[1] and val[0] the sealed
+ * one's.
  */
 static void body_partial(void *out, void *ctx)
 {
     struct partial_result *r = out;
-    (void)ctx;
-    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
-    struct seg_find f = {"libapfix_dl", 0, 0};
+    const struct partial_case *pc = ctx;
+    void *h = dlopen(pc->path, RTLD_NOW);
+    char dlname[64], sym[96];
+    snprintf(dlname, sizeof(dlname), "libapfix_%s", pc->name);
+    const char *sealed = pc->seal_linked ? "libapfix_linked" : dlname;
+    const char *open = pc->seal_linked ? dlname : "libapfix_linked";
+    struct seg_find f = {sealed, 0, 0};
     if (!h || !dl_iterate_phdr(seg_one, &f)) {
         r->rc = -1;
         return;
     }
-    call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
+    snprintf(sym, sizeof(sym), "apfix_%s_call", pc->name);
+    call_fn call = (call_fn)dlsym(h, sym);
+    snprintf(sym, sizeof(sym), "apfix_%s_calls", pc->name);
+    calls_fn calls = (calls_fn)dlsym(h, sym);
     altpatch_set_print(NULL); /* the refusals are expected */
     r->seal = syscall(SYS_mseal, f.start, f.end - f.start, 0) ? -errno : 0;
     if (r->seal)
@@ -420,31 +436,33 @@ static void body_partial(void *out, void *ctx)
     r->rc = altpatch_apply_opts(&o);
     r->st.sz = sizeof(r->st);
     altpatch_get_stats(&r->st);
-    r->w[0] = (struct dwalk){.module = "libapfix_linked"};
-    r->w[1] = (struct dwalk){.module = "libapfix_dl"};
+    r->w[0] = (struct dwalk){.module = open};
+    r->w[1] = (struct dwalk){.module = sealed};
     for (int i = 0; i < 2; i++)
         if (altpatch_site_foreach(denied_one, &r->w[i]))
             r->rc = -1;
     size_t n;
-    const struct apx_call *c = apfix_linked_calls(&n);
-    walk_module(&r->m, 0, "libapfix_linked", c, n);
-    r->val[0] = call(1);
-    r->val[1] = apfix_linked_call(1);
+    const struct apx_call *c = pc->seal_linked ? calls(&n) : apfix_linked_calls(&n);
+    walk_module(&r->m, 0, open, c, n);
+    long dl = call(1), linked = apfix_linked_call(1);
+    r->val[0] = pc->seal_linked ? linked : dl;
+    r->val[1] = pc->seal_linked ? dl : linked;
 }
 
-Test(modules, first_decisions_with_some_writes_denied)
+static void assert_partial(const struct partial_case *pc)
 {
-    struct partial_result *r = ap_isolated(sizeof(*r), body_partial, NULL);
+    struct partial_result *r = ap_isolated(sizeof(*r), body_partial, (void *)pc);
     if (r->seal == -ENOSYS || r->seal == -EPERM || r->seal == -EINVAL)
         cr_skip_test("no mseal(2) here (%d)", r->seal);
     cr_assert_eq(r->seal, 0);
     cr_assert_eq(r->rc, 0);
-    /* libapfix_linked.so: every site as its plan says, nothing refused */
+    /* the writable module: every site as its plan says, nothing refused */
     cr_assert_eq(r->m.bad[0], 0, "%s", r->m.msg);
+    cr_assert_geq(r->m.sites[0], 4);
     cr_assert_eq(r->w[0].denied, 0);
     cr_assert_geq(r->w[0].patched, 1);
     cr_assert_eq(r->val[1], 3, "patched call in the writable module");
-    /* libapfix_dl.so: the writes denied, the originals kept */
+    /* the sealed module: the writes denied, the originals kept */
     cr_assert_geq(r->w[1].denied, 1);
     cr_assert_eq(r->w[1].patched, 0);
     cr_assert_eq(r->w[1].original, r->w[1].sites);
@@ -452,4 +470,34 @@ Test(modules, first_decisions_with_some_writes_denied)
     cr_assert_eq(r->st.sites_refused, r->w[1].denied);
     cr_assert_eq(r->st.sites_patched, r->w[0].patched);
     cr_assert_gt(r->st.bytes_written, 0);
+}
+
+/* Sealed: libapfix_dl.so, decided second (its sites follow the plans made
+ * for libapfix_linked.so's of the same shapes). */
+Test(modules, first_decisions_with_some_writes_denied)
+{
+    static const struct partial_case pc = {APFIX_DL_PATH, "dl", false};
+    assert_partial(&pc);
+}
+
+/* Sealed: libapfix_linked.so, decided first (the same records as the other
+ * module, loaded before it): writes planned one by one and writes that
+ * follow a plan denied in the module whose records hold the queue. */
+Test(modules, first_decided_module_with_writes_denied)
+{
+    static const struct partial_case pc = {APFIX_DL_PATH, "dl", true};
+    assert_partial(&pc);
+}
+
+/*
+ * Sealed: libapfix_shapes.so, decided first (more records), each of its
+ * sites the first of its shape: every write it needs is planned one by one
+ * and denied. libapfix_linked.so's sites follow those plans and their writes
+ * land: the writer wrote as many bytes as the writes that need no look after
+ * it, yet the denied ones must still report.
+ */
+Test(modules, planned_writes_denied_where_the_others_land)
+{
+    static const struct partial_case pc = {APFIX_SHAPES_PATH, "shapes", false};
+    assert_partial(&pc);
 }

@@ -1142,7 +1142,10 @@ static void ap_writes_done(struct ap_run *r, bool live)
     /* every write kept (AP_WDEC_KEPT) and written (the writer counts the
      * bytes of each write it wrote, and a write's at most once): every
      * result is ALTPATCH_REASON_NONE, the pass below would find nothing to
-     * do. The live writer counts its own way: not taken from it. */
+     * do. Both counts: the bytes alone match when writes not kept (a
+     * module's first sites of their shapes, planned one by one) are denied
+     * while the kept ones (later sites of those shapes, elsewhere) land. The
+     * live writer counts its own way: not taken from it. */
     if (r->poked && !live && r->nkept == r->nwrites && r->pst.bytes == r->kept_bytes)
         return;
     size_t hint = 0, nw = r->nwrites;
