@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Shared-library fixture with its own sites, built twice:
+ * Shared-library fixture with its own sites, built four times:
  *   libapfix_linked.so  (APFIX_MOD=linked) linked into test_modules (DT_NEEDED)
  *   libapfix_dl.so      (APFIX_MOD=dl)     dlopen'ed by test_modules
  *   libapfix_big.so     (APFIX_MOD=big, APFIX_TSC=3) dlopen'ed by test_modules:
- *                       more records than the others, in sites of two each
+ *                       more records than the others (three more sites, two
+ *                       records each)
  *   libapfix_shapes.so  (APFIX_MOD=shapes, APFIX_TSC=1, APFIX_ONE_CALL) dlopen'ed by
  *                       test_modules: more records than libapfix_linked.so, no two
  *                       sites of one shape (no _call2)
