@@ -659,6 +659,25 @@ Test(cpu, host_holds_only_known_ids)
             cr_assert(ap_feature_known(id), "unknown id %u set", id);
 }
 
+/* The known words are exactly the table's ids: every bit, no other. */
+Test(cpu, mask_known_keeps_exactly_the_table)
+{
+    struct altpatch_features f;
+    ap_features_init(&f);
+    memset(f.word, 0xff, sizeof(f.word));
+    ap_mask_known(&f);
+    unsigned known = 0;
+    for (unsigned id = 0; id < AP_NCAPWORDS * 32; id++) {
+        cr_assert_eq(ap_features_test(&f, id), ap_feature_known(id), "id %u", id);
+        known += ap_feature_known(id);
+    }
+    cr_assert_gt(known, 100u);
+    memset(f.word, 0, sizeof(f.word));
+    ap_mask_known(&f);
+    for (unsigned w = 0; w < AP_NCAPWORDS; w++)
+        cr_assert_eq(f.word[w], 0u);
+}
+
 static uint64_t xgetbv0(void)
 {
     uint32_t lo, hi;

@@ -164,27 +164,19 @@ void ap_features_init(struct altpatch_features *f)
 }
 
 /*
- * The bits the table names, per word: made from the table on first use and
- * published with atomic stores (threads that meet it unmade make the same
- * words, so there is nothing to lock).
+ * The bits the table names, per word: features.inc's AP_KNOWN_WORDS, made
+ * by the same generator from the same lines as the table (a constant, so no
+ * walk of the table on a process's first apply). The words past
+ * AP_KNOWN_NWORDS are zero.
  */
-static uint32_t ap_known_words[AP_NCAPWORDS];
-static int ap_known_ready;
+_Static_assert(AP_KNOWN_NWORDS <= AP_NCAPWORDS, "feature words");
+static const uint32_t ap_known_words[AP_NCAPWORDS] = {AP_KNOWN_WORDS};
 
 /* Keep only the bits the table names. */
 void ap_mask_known(struct altpatch_features *f)
 {
-    if (!__atomic_load_n(&ap_known_ready, __ATOMIC_ACQUIRE)) {
-        struct altpatch_features m;
-        memset(m.word, 0, sizeof(m.word));
-        for (size_t i = 0; i < AP_NFEAT; i++)
-            ap_bit_set(&m, ap_feat_table[i].id);
-        for (size_t w = 0; w < AP_NCAPWORDS; w++)
-            __atomic_store_n(&ap_known_words[w], m.word[w], __ATOMIC_RELAXED);
-        __atomic_store_n(&ap_known_ready, 1, __ATOMIC_RELEASE);
-    }
     for (size_t w = 0; w < AP_NCAPWORDS; w++)
-        f->word[w] &= __atomic_load_n(&ap_known_words[w], __ATOMIC_RELAXED);
+        f->word[w] &= ap_known_words[w];
 }
 
 ALTPATCH_API struct altpatch_features *altpatch_features_new(void)
