@@ -10,11 +10,13 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "host.h"
@@ -676,6 +678,81 @@ Test(cpu, mask_known_keeps_exactly_the_table)
     ap_mask_known(&f);
     for (unsigned w = 0; w < AP_NCAPWORDS; w++)
         cr_assert_eq(f.word[w], 0u);
+}
+
+/* The vendor rules match the whole vendor string: not a prefix, not a longer one. */
+Test(cpu, synthetic_bits_need_the_exact_vendor)
+{
+    static const struct {
+        const char *vendor;
+        bool amd_like, lfence_rule;
+    } cases[] = {
+        {"AuthenticAMD", true, true},     {"HygonGenuine", true, true},
+        {"GenuineIntel", false, true},    {"CentaurHauls", false, true},
+        {"  Shanghai  ", false, true},    {"AuthenticAM", false, false},
+        {"AuthenticAMDx", false, false},  {"authenticAMD", false, false},
+        {"GenuineIntelXYZ", false, false}, {"", false, false},
+        {"unknown", false, false},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct altpatch_features f;
+        ap_features_init(&f);
+        ap_set_vendor(&f, cases[i].vendor);
+        ap_bit_set(&f, X86_FEATURE_XMM2);
+        ap_bit_set(&f, X86_FEATURE_LM);
+        ap_derive_synthetic(&f);
+        const char *v = cases[i].vendor;
+        cr_expect(ap_features_test(&f, X86_FEATURE_ALWAYS), "%s", v);
+        cr_expect_eq(ap_features_test(&f, X86_FEATURE_APIC_MSRS_FENCE), !cases[i].amd_like,
+                     "'%s'", v);
+        cr_expect_eq(ap_features_test(&f, X86_FEATURE_3DNOWPREFETCH), cases[i].amd_like, "'%s'",
+                     v);
+        cr_expect_eq(ap_features_test(&f, X86_FEATURE_LFENCE_RDTSC), cases[i].lfence_rule,
+                     "'%s'", v);
+    }
+}
+
+static volatile int ill_seen;
+
+static void ill_skip_ud2(int sig, siginfo_t *si, void *ucv)
+{
+    (void)sig;
+    (void)si;
+    ucontext_t *uc = ucv;
+    ill_seen++;
+    uc->uc_mcontext.gregs[REG_RIP] += 2; /* ud2 */
+}
+
+/*
+ * The probes' SIGILL guard leaves the program's own SIGILL action exactly as
+ * it was (handler, flags, mask), and that action still runs and returns
+ * through its own restorer afterwards.
+ */
+Test(cpu, probe_guard_restores_the_sigill_action)
+{
+    struct sigaction sa, before, after;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = ill_skip_ud2;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGUSR2);
+    cr_assert_eq(sigaction(SIGILL, &sa, NULL), 0);
+    cr_assert_eq(sigaction(SIGILL, NULL, &before), 0);
+
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_ALL, &f); /* runs the probes where CPUID claims RDTSCP or RDPID */
+    cr_assert_eq(altpatch_features_has(&f, X86_FEATURE_RDPID),
+                 altpatch_features_has(ap_host_features(), X86_FEATURE_RDPID));
+
+    cr_assert_eq(sigaction(SIGILL, NULL, &after), 0);
+    cr_assert_eq((void *)after.sa_sigaction, (void *)ill_skip_ud2);
+    cr_assert_eq(after.sa_flags, before.sa_flags);
+    cr_assert(sigismember(&after.sa_mask, SIGUSR2));
+    cr_assert_not(sigismember(&after.sa_mask, SIGUSR1));
+    ill_seen = 0;
+    __asm__ volatile("ud2" ::: "memory");
+    __asm__ volatile("ud2" ::: "memory");
+    cr_assert_eq(ill_seen, 2);
 }
 
 static uint64_t xgetbv0(void)

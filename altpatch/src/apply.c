@@ -72,7 +72,8 @@ static __thread bool ap_fork_took, ap_fork_gated;
  */
 static pthread_mutex_t ap_gate_mx = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ap_gate_cv = PTHREAD_COND_INITIALIZER;
-static unsigned ap_gate_in; /* threads taking or releasing pins */
+static unsigned ap_gate_in;      /* threads taking or releasing pins */
+static unsigned ap_gate_waiting; /* fork handlers waiting for ap_gate_in == 0 */
 
 void ap_gate_enter(void)
 {
@@ -84,7 +85,7 @@ void ap_gate_enter(void)
 void ap_gate_leave(void)
 {
     pthread_mutex_lock(&ap_gate_mx);
-    if (--ap_gate_in == 0)
+    if (--ap_gate_in == 0 && ap_gate_waiting) /* a fork waits (rare): wake it */
         pthread_cond_broadcast(&ap_gate_cv);
     pthread_mutex_unlock(&ap_gate_mx);
 }
@@ -93,8 +94,10 @@ static void ap_atfork_prepare(void)
 {
     if (ap_in == AP_IN_NONE) {
         pthread_mutex_lock(&ap_gate_mx);
+        ap_gate_waiting++;
         while (ap_gate_in)
             pthread_cond_wait(&ap_gate_cv, &ap_gate_mx);
+        ap_gate_waiting--;
         ap_fork_gated = true;
         pthread_mutex_lock(&ap_lock);
         ap_fork_took = true;

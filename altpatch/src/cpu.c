@@ -15,7 +15,7 @@
  *   - PKU unless OSPKE (CR4.PKE); SHSTK unless the shadow stack is enabled
  *     (arch_prctl(ARCH_SHSTK_STATUS), as seen by the detecting thread);
  *   - RDTSCP unless the instruction executes in this process, RDPID unless it
- *     executes and returns the CPU number sched_getcpu() reports (probed under
+ *     executes and returns the CPU number getcpu() reports (probed under
  *     a SIGILL guard, only when CPUID claims them: emulators such as valgrind
  *     claim RDTSCP without running it, and Linux maintains TSC_AUX only where
  *     it enumerates RDTSCP or RDPID).
@@ -26,7 +26,6 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -396,7 +395,44 @@ static void ap_apply_os_enablement(struct altpatch_features *f, unsigned asked)
 static const void *volatile ap_probe_at;     /* the probed instruction */
 static const void *volatile ap_probe_resume; /* the instruction after it */
 static volatile sig_atomic_t ap_probe_ill;
-static struct sigaction ap_probe_prev;
+
+/*
+ * The guard is set and taken down with the rt_sigaction system call itself
+ * (the C library's sigaction() would be one more symbol for the dynamic
+ * linker to resolve on a process's first apply): the kernel's struct
+ * sigaction on x86-64, and a restorer of our own that makes the
+ * rt_sigreturn call the kernel expects when a handler returns. The previous
+ * action is read and put back in the kernel's form, exactly as it was.
+ */
+struct ap_ksigaction {
+    void *handler;
+    unsigned long flags;
+    void (*restorer)(void);
+    uint64_t mask; /* one bit per signal: the kernel's sigset on x86-64 */
+};
+#define AP_SA_RESTORER 0x04000000ul
+#define AP_STR_(x) #x
+#define AP_STR(x) AP_STR_(x)
+
+AP_HIDDEN void ap_probe_restorer(void);
+__asm__(".pushsection .text\n"
+        ".p2align 4\n"
+        ".globl ap_probe_restorer\n"
+        ".hidden ap_probe_restorer\n"
+        ".type ap_probe_restorer, @function\n"
+        "ap_probe_restorer:\n"
+        "\tmovl $" AP_STR(SYS_rt_sigreturn) ", %eax\n"
+        "\tsyscall\n"
+        "\tud2\n"
+        ".size ap_probe_restorer, . - ap_probe_restorer\n"
+        ".popsection");
+
+static struct ap_ksigaction ap_probe_prev;
+
+static long ap_ksigaction(int sig, const struct ap_ksigaction *act, struct ap_ksigaction *old)
+{
+    return ap_sys(SYS_rt_sigaction, sig, (long)act, (long)old, sizeof(uint64_t), 0);
+}
 
 static void ap_probe_sigill(int sig, siginfo_t *si, void *ucv)
 {
@@ -407,7 +443,7 @@ static void ap_probe_sigill(int sig, siginfo_t *si, void *ucv)
         uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)ap_probe_resume;
         return;
     }
-    sigaction(SIGILL, &ap_probe_prev, NULL);
+    ap_ksigaction(SIGILL, &ap_probe_prev, NULL);
     if (si->si_code <= 0)
         raise(sig); /* sent, not raised by an instruction: deliver it after we return */
 }
@@ -440,17 +476,18 @@ static uint32_t ap_exec_rdtscp(void)
     return c;
 }
 
-/* RDPID counts when it executes and TSC_AUX holds the number sched_getcpu()
- * reports (a few tries, in case the thread migrates in between). */
+/* RDPID counts when it executes and TSC_AUX holds the number the kernel
+ * reports (getcpu; a few tries, in case the thread migrates in between). */
 static bool ap_rdpid_usable(void)
 {
     for (int i = 0; i < 4; i++) {
         uint64_t a = ap_exec_rdpid();
         if (ap_probe_ill)
             return false;
-        int cpu = sched_getcpu();
+        unsigned cpu = 0;
+        long r = ap_sys(SYS_getcpu, (long)&cpu, 0, 0, 0, 0);
         uint64_t b = ap_exec_rdpid();
-        if (cpu >= 0 && a == b && (a & 0xfff) == (uint64_t)cpu)
+        if (r == 0 && a == b && (a & 0xfff) == (uint64_t)cpu)
             return true;
     }
     return false;
@@ -463,13 +500,15 @@ static void ap_run_probes(const struct altpatch_features *f)
     bool pid = ap_rdpid_ok < 0 && ap_features_test(f, X86_FEATURE_RDPID);
     if (!tscp && !pid)
         return;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_sigaction = ap_probe_sigill;
-    sa.sa_flags = SA_SIGINFO; /* sa_mask: empty (memset) */
+    struct ap_ksigaction sa = {
+        .handler = (void *)ap_probe_sigill,
+        .flags = SA_SIGINFO | AP_SA_RESTORER,
+        .restorer = ap_probe_restorer,
+        .mask = 0,
+    };
     /* the kernel's sigset: one bit per signal, SIGILL is bit SIGILL - 1 */
     uint64_t ill = 1ull << (SIGILL - 1), old = 0;
-    if (sigaction(SIGILL, &sa, &ap_probe_prev) != 0) {
+    if (ap_ksigaction(SIGILL, &sa, &ap_probe_prev) != 0) {
         /* cannot tell: claim neither */
         if (tscp)
             ap_rdtscp_ok = 0;
@@ -497,7 +536,7 @@ static void ap_run_probes(const struct altpatch_features *f)
             ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&old, 0, sizeof(old), 0);
     }
     ap_probe_at = NULL;
-    sigaction(SIGILL, &ap_probe_prev, NULL);
+    ap_ksigaction(SIGILL, &ap_probe_prev, NULL);
 }
 
 static void ap_probe_instructions(struct altpatch_features *f, unsigned asked)

@@ -295,9 +295,23 @@ ALTPATCH_API int altpatch_features_edit(struct altpatch_features *f, const char 
 /* Synthetic bits (vendor rules, see the comment at the top)                 */
 /* ------------------------------------------------------------------------- */
 
-static bool ap_vendor_is(const struct altpatch_features *f, const char *v)
+/*
+ * Every vendor string CPUID leaf 0 gives is 12 characters: equal when the 12
+ * and the terminator match (as strcmp() would say), compared as three words
+ * (fixed-size copies the compiler makes inline: no call into the C library).
+ */
+_Static_assert(sizeof(((struct altpatch_features *)0)->vendor) >= 13, "vendor holds 12 + NUL");
+
+static bool ap_vendor_is(const struct altpatch_features *f, const char v[13])
 {
-    return strcmp(f->vendor, v) == 0;
+    uint64_t a8, b8;
+    uint32_t a4, b4;
+
+    memcpy(&a8, f->vendor, 8);
+    memcpy(&b8, v, 8);
+    memcpy(&a4, f->vendor + 8, 4);
+    memcpy(&b4, v + 8, 4);
+    return a8 == b8 && a4 == b4 && f->vendor[12] == v[12];
 }
 
 static bool ap_vendor_amd_like(const struct altpatch_features *f)
@@ -307,8 +321,8 @@ static bool ap_vendor_amd_like(const struct altpatch_features *f)
 
 static bool ap_vendor_lfence_rule(const struct altpatch_features *f)
 {
-    static const char *const v[] = {"GenuineIntel", "AuthenticAMD", "HygonGenuine",
-                                    "CentaurHauls", "  Shanghai  "};
+    static const char v[][13] = {"GenuineIntel", "AuthenticAMD", "HygonGenuine",
+                                 "CentaurHauls", "  Shanghai  "};
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
         if (ap_vendor_is(f, v[i]))
             return true;

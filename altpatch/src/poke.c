@@ -477,7 +477,8 @@ static int ap_maps_query(struct ap_maps *m, uintptr_t addr, size_t at)
         m->err = -ENOMEM;
         return 0;
     }
-    memmove(&m->v[at + 1], &m->v[at], (m->n - 1 - at) * sizeof(*m->v));
+    if (at + 1 < m->n) /* else appended: nothing to move (and no call made) */
+        memmove(&m->v[at + 1], &m->v[at], (m->n - 1 - at) * sizeof(*m->v));
     m->v[at] = e;
     return 1;
 }

@@ -26,17 +26,45 @@ const char *altpatch_version(void)
 /* Environment, clock                                                        */
 /* ------------------------------------------------------------------------- */
 
+extern char **environ;
+
+/*
+ * getenv()'s answer, read from environ here: the library's few variables are
+ * asked on every apply, and one more C library function to resolve on a
+ * process's first apply costs more than this loop.
+ */
+/* AT_SECURE, fixed at exec: 0 not read yet, 1 clear, 2 set. */
+static int ap_secure;
+
 const char *ap_getenv(const char *name)
 {
-    if (getauxval(AT_SECURE))
+    int sec = __atomic_load_n(&ap_secure, __ATOMIC_RELAXED);
+    if (!sec) {
+        sec = getauxval(AT_SECURE) ? 2 : 1;
+        __atomic_store_n(&ap_secure, sec, __ATOMIC_RELAXED);
+    }
+    if (sec == 2)
         return NULL;
-    return getenv(name);
+    char **env = environ;
+    const char c0 = name[0];
+    if (!env || !c0)
+        return NULL;
+    for (const char *e; (e = *env); env++) {
+        if (e[0] != c0) /* most entries: one byte read */
+            continue;
+        size_t k = 1;
+        while (name[k] && e[k] == name[k])
+            k++;
+        if (!name[k] && e[k] == '=')
+            return e + k + 1;
+    }
+    return NULL;
 }
 
 bool ap_env_on(const char *name)
 {
     const char *v = ap_getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
+    return v && *v && !(v[0] == '0' && v[1] == '\0');
 }
 
 uint64_t ap_now_ns(void)
