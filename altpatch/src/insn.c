@@ -99,7 +99,7 @@ static int find_rel_imm(const ZydisDecodedInstruction *in, struct ap_insn *out)
         out->rel_is_branch = true;
         out->rel_off = in->raw.imm[i].offset;
         out->rel_size = (uint8_t)(in->raw.imm[i].size / 8);
-        out->rel_value = in->raw.imm[i].value.s;
+        out->rel_value = (int32_t)in->raw.imm[i].value.s; /* rel8/16/32: see ap_insn_decode */
         return 1;
     }
     return 0;
@@ -123,7 +123,7 @@ static int find_rip_disp(const ZydisDecodedInstruction *in, const ZydisDecodedOp
         out->rel_is_branch = false;
         out->rel_off = in->raw.disp.offset;
         out->rel_size = (uint8_t)(in->raw.disp.size / 8);
-        out->rel_value = in->raw.disp.value;
+        out->rel_value = (int32_t)in->raw.disp.value; /* disp32 */
         return 1;
     }
     return 0;
@@ -198,6 +198,8 @@ int ap_insn_decode(const uint8_t *buf, size_t avail, struct ap_insn *out)
             return status_to_errno(st);
         r = decode_rel(&in, ops, out);
     }
+    if (r == 0 && out->has_rel && (out->rel_size == 0 || out->rel_size > 4))
+        r = -EILSEQ; /* no such relative field in 64-bit code: never truncated */
     if (r < 0) {
         memset(out, 0, sizeof(*out));
         return r;

@@ -79,7 +79,7 @@ size_t ap_nop_fill_insns(size_t len, struct ap_insn *out)
     jlen = len <= AP_JMP8_MAX_FILL ? 2 : 5;
     out[n++] = (struct ap_insn){.len = (uint8_t)jlen, .has_rel = true, .rel_is_branch = true,
                                 .rel_off = 1, .rel_size = (uint8_t)(jlen - 1),
-                                .rel_value = (int64_t)(len - jlen)};
+                                .rel_value = (int32_t)(len - jlen)};
     for (size_t i = jlen; i < len; i++)
         out[n++] = (struct ap_insn){.len = 1, .is_int3 = true};
     return n;

@@ -343,21 +343,25 @@ AP_HIDDEN const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t alig
 /* Instructions (insn.c: the only place that includes Zydis)                 */
 /* ------------------------------------------------------------------------- */
 
-/** One decoded instruction, reduced to what the planner needs. */
+/**
+ * One decoded instruction, reduced to what the planner needs: 8 bytes (the
+ * planner keeps up to one per byte of two replacements on its stack).
+ */
 struct ap_insn {
     uint8_t len;
-    bool is_nop;        /* a true NOP (90, 66 90, 0f 1f /0, ...); not PAUSE (f3 90), not 41 90 */
-    bool is_int3;       /* cc */
-    bool is_call;       /* call of any form (near, far, direct, indirect) */
-    bool is_fence;      /* lfence, mfence, sfence: no register or memory effect of its own */
+    uint8_t rel_off;         /* byte offset of the relative field within the instruction */
+    uint8_t rel_size;        /* 1, 2 or 4 */
+    bool is_nop : 1;         /* a true NOP (90, 66 90, 0f 1f /0, ...); not PAUSE (f3 90), not 41 90 */
+    bool is_int3 : 1;        /* cc */
+    bool is_call : 1;        /* call of any form (near, far, direct, indirect) */
+    bool is_fence : 1;       /* lfence, mfence, sfence: no register or memory effect of its own */
     /* The relative field, if any: a rel8/rel32 branch immediate or a
      * RIP-relative displacement. Target = address + len + rel_value. */
-    bool has_rel;
-    bool rel_is_branch; /* immediate of jmp/call/jcc/loop/jrcxz; else RIP-relative disp */
-    uint8_t rel_off;    /* byte offset of the field within the instruction */
-    uint8_t rel_size;   /* 1, 2 or 4 */
-    int64_t rel_value;  /* sign-extended */
+    bool has_rel : 1;
+    bool rel_is_branch : 1;  /* immediate of jmp/call/jcc/loop/jrcxz; else RIP-relative disp */
+    int32_t rel_value;       /* sign-extended (fields are at most 32 bits in 64-bit code) */
 };
+_Static_assert(sizeof(struct ap_insn) == 8, "struct ap_insn: 8 bytes");
 
 /**
  * Decode one instruction of 64-bit code from @p buf (@p avail bytes readable).
