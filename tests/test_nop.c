@@ -248,3 +248,30 @@ Test(nop_fold, stops_at_undecodable)
     /* a call cut short by the end of the buffer */
     cr_assert_eq(fold_hex("90 90 90 e8 01", "0f 1f 00 e8 01"), 1);
 }
+
+/*
+ * The copies and fills the planner and the memo make without a library call
+ * (util.h): every length up to past the longest key, at every alignment, the
+ * bytes around the destination untouched.
+ */
+Test(nop, small_copy_and_fill_match_memcpy_and_memset)
+{
+    uint8_t src[600], dst[640], ref[640];
+
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (uint8_t)(i * 131u + 7u);
+    for (size_t al = 0; al < 8; al++) {
+        for (size_t n = 0; n <= 520; n++) {
+            memset(dst, 0x5a, sizeof(dst));
+            memset(ref, 0x5a, sizeof(ref));
+            ap_copy_small(dst + 16 + al, src + (n % 7), n);
+            memcpy(ref + 16 + al, src + (n % 7), n);
+            cr_assert_arr_eq(dst, ref, sizeof(dst), "copy of %zu bytes at +%zu", n, al);
+            memset(dst, 0x5a, sizeof(dst));
+            memset(ref, 0x5a, sizeof(ref));
+            ap_fill_small(dst + 16 + al, (uint8_t)(0xc3 + n), n);
+            memset(ref + 16 + al, (uint8_t)(0xc3 + n), n);
+            cr_assert_arr_eq(dst, ref, sizeof(dst), "fill of %zu bytes at +%zu", n, al);
+        }
+    }
+}

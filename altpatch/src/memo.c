@@ -420,7 +420,7 @@ static size_t key_build(const struct ap_view *v, const struct ap_site *s,
     size_t len = 1 + (size_t)s->len;
 
     key[0] = s->len;
-    memcpy(key + 1, orig, s->len);
+    ap_copy_small(key + 1, orig, s->len);
     for (uint32_t k = 0; k < s->count; k++) {
         const struct ap_entry *e = &entries[s->first + k];
 
@@ -432,7 +432,7 @@ static size_t key_build(const struct ap_view *v, const struct ap_site *s,
         key[len + 3] = (uint8_t)(e->flags >> 8);
         key[len + 4] = e->repllen;
         if (e->repllen)
-            memcpy(key + len + 5, repl_at(v, e), e->repllen);
+            ap_copy_small(key + len + 5, repl_at(v, e), e->repllen);
         len += 5 + (size_t)e->repllen;
     }
     return len;
@@ -618,14 +618,15 @@ static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_m
 {
     struct ap_insn in;
 
-    memset(mk, 0xff, keylen);
+    ap_fill_small(mk, 0xff, keylen); /* no call into the C library */
     *masked = nf > 0;
     if (!p->fields_over) {
         /* the original's fields as the planner listed them */
         for (size_t j = 0; j < p->nfields; j++) {
             if (p->fields[j].entry >= 0)
                 continue;
-            memset(mk + 1 + p->fields[j].off + p->fields[j].rel_off, 0, p->fields[j].rel_size);
+            ap_fill_small(mk + 1 + p->fields[j].off + p->fields[j].rel_off, 0,
+                          p->fields[j].rel_size);
             *masked = true;
         }
     } else {
@@ -634,12 +635,12 @@ static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_m
                 return false; /* cannot happen: the planner decoded it */
             if (!in.has_rel)
                 continue;
-            memset(mk + 1 + off + in.rel_off, 0, in.rel_size);
+            ap_fill_small(mk + 1 + off + in.rel_off, 0, in.rel_size);
             *masked = true;
         }
     }
     for (int j = 0; j < nf; j++)
-        memset(mk + f[j].kpos, 0, f[j].size);
+        ap_fill_small(mk + f[j].kpos, 0, f[j].size);
     for (size_t i = 0; i < keylen; i++)
         key[i] &= mk[i];
     return true;
@@ -673,10 +674,10 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     at = m->arena + m->arena_len;
     if (!key_mask(key, at + keylen, keylen, f, nf, p, &masked))
         return 0;
-    memcpy(at, key, keylen);
-    memcpy(at + 2 * keylen, p->final, p->len);
+    ap_copy_small(at, key, keylen); /* no call into the C library: see util.h */
+    ap_copy_small(at + 2 * keylen, p->final, p->len);
     if (fsz)
-        memcpy(at + 2 * keylen + p->len, f, fsz);
+        ap_copy_small(at + 2 * keylen + p->len, (const uint8_t *)f, fsz);
     m->tmpl[m->nplans] = (struct ap_memo_tmpl){.key = at,
                                                .keylen = (uint16_t)keylen,
                                                .count = (uint16_t)s->count, .len = p->len,

@@ -302,15 +302,15 @@ static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, u
     struct ap_module *m = calloc(1, sizeof(*m));
     if (!m)
         return -ENOMEM;
-    /* a copy of the path: malloc() and memcpy(), which the apply calls anyway
-     * (strdup() would be one more function to resolve on a first apply) */
+    /* a copy of the path without strdup() (one more function for the dynamic
+     * linker to resolve on a process's first apply) */
     const char *name = info->dlpi_name ? info->dlpi_name : "";
     size_t len = 0;
     while (name[len])
         len++;
     m->path = malloc(len + 1);
     if (m->path)
-        memcpy(m->path, name, len + 1);
+        ap_copy_small((uint8_t *)m->path, (const uint8_t *)name, len + 1);
     m->base = info->dlpi_addr;
     m->phdr = info->dlpi_phdr;
     m->present = true;

@@ -48,7 +48,7 @@ void ap_nop_fill(uint8_t *buf, size_t len)
     if (len == 0)
         return;
     if (len <= AP_NOP_MAX) {
-        memcpy(buf, ap_nops[len], len);
+        ap_copy_small(buf, ap_nops[len], len);
         return;
     }
     if (len <= AP_JMP8_MAX_FILL) {
@@ -63,7 +63,7 @@ void ap_nop_fill(uint8_t *buf, size_t len)
         buf[0] = AP_JMP32;
         memcpy(buf + 1, &rel, sizeof(rel)); /* x86-64: little-endian */
     }
-    memset(buf + jlen, AP_INT3, len - jlen);
+    ap_fill_small(buf + jlen, AP_INT3, len - jlen);
 }
 
 size_t ap_nop_fill_insns(size_t len, struct ap_insn *out)

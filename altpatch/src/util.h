@@ -133,13 +133,28 @@ static inline void ap_serialize_iret(void)
 /* ------------------------------------------------------------------------- */
 
 /**
- * Copy @p n bytes (a site or a replacement: usually a few) without a library
- * call: overlapping word moves for 4..16, single bytes below.
+ * Copy @p n bytes (a site, a replacement, a key: usually a few, at most a
+ * few hundred) without a library call: overlapping word moves for 4..16,
+ * single bytes below, a word loop above (the empty asm keeps the compiler
+ * from turning it back into a memcpy() call, which a process's first apply
+ * would then have the dynamic linker resolve). No overlap of @p dst and
+ * @p src.
  */
 static inline void ap_copy_small(uint8_t *dst, const uint8_t *src, size_t n)
 {
     if (n > 16) {
-        memcpy(dst, src, n);
+        uint64_t a;
+        size_t i = 0;
+
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&a, src + i, 8);
+            memcpy(dst + i, &a, 8);
+            __asm__("" : "+r"(i));
+        }
+        if (i < n) {
+            memcpy(&a, src + n - 8, 8);
+            memcpy(dst + n - 8, &a, 8);
+        }
     } else if (n >= 8) {
         uint64_t a, b;
 
@@ -160,6 +175,37 @@ static inline void ap_copy_small(uint8_t *dst, const uint8_t *src, size_t n)
             dst[1] = src[1];
             if (n > 2)
                 dst[2] = src[2];
+        }
+    }
+}
+
+/**
+ * Set @p n bytes to @p c without a library call (a key's mask: tens of bytes):
+ * word stores, the last one overlapping. The empty asm keeps the compiler
+ * from turning the loop back into a memset() call.
+ */
+static inline void ap_fill_small(uint8_t *dst, uint8_t c, size_t n)
+{
+    uint64_t w = 0x0101010101010101ull * c;
+
+    if (n >= 8) {
+        size_t i = 0;
+
+        for (; i + 8 <= n; i += 8) {
+            memcpy(dst + i, &w, 8);
+            __asm__("" : "+r"(i));
+        }
+        if (i < n)
+            memcpy(dst + n - 8, &w, 8);
+    } else if (n >= 4) {
+        uint32_t v = (uint32_t)w;
+
+        memcpy(dst, &v, 4);
+        memcpy(dst + n - 4, &v, 4);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = c;
+            __asm__("" : "+r"(i));
         }
     }
 }
