@@ -401,8 +401,10 @@ static volatile sig_atomic_t ap_probe_ill;
  * (the C library's sigaction() would be one more symbol for the dynamic
  * linker to resolve on a process's first apply): the kernel's struct
  * sigaction on x86-64, and a restorer of our own that makes the
- * rt_sigreturn call the kernel expects when a handler returns. The previous
- * action is read and put back in the kernel's form, exactly as it was.
+ * rt_sigreturn call the kernel expects when a handler returns (the same
+ * bytes as the C library's, which debuggers and unwinders recognise as a
+ * signal frame). The previous action is read and put back in the kernel's
+ * form, exactly as it was.
  */
 struct ap_ksigaction {
     void *handler;
@@ -421,7 +423,7 @@ __asm__(".pushsection .text\n"
         ".hidden ap_probe_restorer\n"
         ".type ap_probe_restorer, @function\n"
         "ap_probe_restorer:\n"
-        "\tmovl $" AP_STR(SYS_rt_sigreturn) ", %eax\n"
+        "\tmovq $" AP_STR(SYS_rt_sigreturn) ", %rax\n" /* 48 c7 c0 0f 00 00 00 */
         "\tsyscall\n"
         "\tud2\n"
         ".size ap_probe_restorer, . - ap_probe_restorer\n"
