@@ -144,3 +144,53 @@ Test(threads, a_process_sharing_the_memory_is_seen)
         cr_expect(r->alone_after);
     }
 }
+
+/* ---- fork while another thread passes the pins' gate ------------------------- */
+
+static volatile int gate_stop;
+
+static int gate_site_cb(const struct altpatch_site_info *site, void *ctx)
+{
+    (void)site;
+    (void)ctx;
+    return 0;
+}
+
+static void *gate_walker(void *arg)
+{
+    long *walks = arg;
+    while (!gate_stop) { /* each walk takes and releases the pins: two passes of the gate */
+        altpatch_site_foreach(gate_site_cb, NULL);
+        (*walks)++;
+    }
+    return NULL;
+}
+
+/*
+ * fork() waits in its prepare handler until no thread is between entering and
+ * leaving the gate; the last thread to leave wakes it. Forks racing walks
+ * that pass the gate all complete (a missed wake-up would hang a fork: the
+ * test's timeout), and every child runs.
+ */
+Test(threads, fork_racing_the_gate_completes, .timeout = 60)
+{
+    long walks = 0;
+    pthread_t t;
+    int expect = altpatch_site_foreach(gate_site_cb, NULL); /* what a walk answers here */
+    gate_stop = 0;
+    cr_assert_eq(pthread_create(&t, NULL, gate_walker, &walks), 0);
+    int children = 0;
+    for (int i = 0; i < 300; i++) {
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0)
+            _exit(altpatch_site_foreach(gate_site_cb, NULL) == expect ? 0 : 1);
+        int st = 0;
+        cr_assert_eq(waitpid(pid, &st, 0), pid);
+        children += WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    }
+    gate_stop = 1;
+    pthread_join(t, NULL);
+    cr_assert_eq(children, 300);
+    cr_assert_gt(walks, 0);
+}
