@@ -976,3 +976,31 @@ Test(cpu, clearcpuid_warns_on_unknown_names)
     cr_assert_eq(memcmp(&eff, ap_host_features(), sizeof(eff)), 0);
     altpatch_set_print(NULL);
 }
+
+/* ap_getenv() reads environ itself: getenv()'s answers, names matched whole. */
+Test(cpu, getenv_matches_the_c_library)
+{
+    cr_assert_eq(setenv("ALTPATCH_TESTVAR", "abc", 1), 0);
+    cr_assert_eq(setenv("ALTPATCH_TESTVAR_LONGER", "x", 1), 0);
+    cr_assert_eq(setenv("BLTPATCH_TESTVAR", "y", 1), 0);
+    cr_assert_eq(setenv("ALTPATCH_EMPTY", "", 1), 0);
+    static const char *const names[] = {"ALTPATCH_TESTVAR", "ALTPATCH_TESTVA", "ALTPATCH_TESTVAR_",
+                                        "ALTPATCH_TESTVAR_LONGER", "ALTPATCH_EMPTY",
+                                        "ALTPATCH_NOT_SET", "A", ""};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        const char *a = ap_getenv(names[i]), *b = getauxval(AT_SECURE) ? NULL : getenv(names[i]);
+        if (!names[i][0])
+            b = NULL; /* an empty name is never set */
+        cr_assert_eq(a == NULL, b == NULL, "'%s'", names[i]);
+        if (a)
+            cr_assert_str_eq(a, b, "'%s'", names[i]);
+    }
+    cr_assert(ap_env_on("ALTPATCH_TESTVAR"));
+    cr_assert_eq(setenv("ALTPATCH_TESTVAR", "0", 1), 0);
+    cr_assert_not(ap_env_on("ALTPATCH_TESTVAR"));
+    cr_assert_eq(setenv("ALTPATCH_TESTVAR", "00", 1), 0);
+    cr_assert(ap_env_on("ALTPATCH_TESTVAR"));
+    cr_assert_not(ap_env_on("ALTPATCH_EMPTY"));
+    cr_assert_eq(clearenv(), 0);
+    cr_assert_null(ap_getenv("ALTPATCH_TESTVAR"));
+}
