@@ -1004,3 +1004,33 @@ Test(cpu, getenv_matches_the_c_library)
     cr_assert_eq(clearenv(), 0);
     cr_assert_null(ap_getenv("ALTPATCH_TESTVAR"));
 }
+
+/*
+ * The leaves taken from the C library (when it has them) are exactly what
+ * CPUID answers here; the host set does not depend on where they came from.
+ */
+Test(cpu, libc_leaves_are_the_cpus_answers)
+{
+    static const uint32_t leaves[] = {1, 7, 0x80000001u};
+    uint32_t max = ap_cpuid(0, 0).a;
+    for (size_t i = 0; i < sizeof(leaves) / sizeof(leaves[0]); i++) {
+        struct ap_regs g, c = ap_cpuid(leaves[i], 0);
+        if (!ap_libc_leaf(leaves[i], &g)) {
+            cr_log_info("leaf %#x: not from the C library", leaves[i]);
+            continue;
+        }
+        if (leaves[i] < 0x80000000u)
+            cr_assert_leq(leaves[i], max, "leaf %#x given above the highest leaf", leaves[i]);
+        /* the registers cpu.c reads: leaf 1's EAX/EBX describe the CPU the
+         * thread runs on (signature, initial APIC id), and may differ */
+        if (leaves[i] == 7) {
+            cr_assert_eq(g.a, c.a, "leaf %#x eax", leaves[i]);
+            cr_assert_eq(g.b, c.b, "leaf %#x ebx", leaves[i]);
+        }
+        cr_assert_eq(g.c, c.c, "leaf %#x ecx", leaves[i]);
+        cr_assert_eq(g.d, c.d, "leaf %#x edx", leaves[i]);
+    }
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_ALL, &f);
+    cr_assert_arr_eq(f.word, ap_host_features()->word, sizeof(f.word));
+}

@@ -109,6 +109,69 @@ static unsigned ap_feature_cpuid_leaves(unsigned id, unsigned w)
     }
 }
 
+/*
+ * The leaves the C library read when the process started. glibc 2.33 and
+ * later keep the CPUID leaves 1, 7.0 and 0x80000001 (among others) as the CPU
+ * answered them, and hand them out through __x86_get_cpuid_feature_leaf()
+ * (<sys/platform/x86.h>, its manual's "X86"): the same registers, without a
+ * CPUID instruction, which in a virtual machine is an exit to the hypervisor
+ * costing microseconds (a function call instead, resolved once). The
+ * registers are the CPU's raw answer (glibc keeps what it decides usable
+ * apart); test_cpu compares them with CPUID on every run. A leaf glibc did
+ * not read is all zero there, and is asked with CPUID; so is leaf 0 (the
+ * vendor), which is not among them, and every leaf without that header.
+ */
+#if defined(__has_include)
+#if __has_include(<sys/platform/x86.h>)
+#include <sys/platform/x86.h>
+#define AP_HAVE_LIBC_LEAVES 1
+#endif
+#endif
+
+bool ap_libc_leaf(unsigned leaf, struct ap_regs *r)
+{
+#ifdef AP_HAVE_LIBC_LEAVES
+    unsigned index;
+    switch (leaf) {
+    case 1:
+        index = CPUID_INDEX_1;
+        break;
+    case 7:
+        index = CPUID_INDEX_7;
+        break;
+    case 0x80000001u:
+        index = CPUID_INDEX_80000001;
+        break;
+    default:
+        return false;
+    }
+    const struct cpuid_feature *c = __x86_get_cpuid_feature_leaf(index);
+    if (!c)
+        return false;
+    r->a = c->cpuid_array[0];
+    r->b = c->cpuid_array[1];
+    r->c = c->cpuid_array[2];
+    r->d = c->cpuid_array[3];
+    /* All zero: glibc did not read it (it skips leaf 1 and the extended
+     * leaves for a vendor it does not know, and leaf 7 below its highest
+     * leaf); the caller asks the CPU, which may say the same. */
+    return (r->a | r->b | r->c | r->d) != 0;
+#else
+    (void)leaf;
+    (void)r;
+    return false;
+#endif
+}
+
+/* Leaf @p leaf (subleaf 0) from the C library when it has it, else CPUID. */
+static struct ap_regs ap_leaf(uint32_t leaf)
+{
+    struct ap_regs r;
+    if (ap_libc_leaf(leaf, &r))
+        return r;
+    return ap_cpuid(leaf, 0);
+}
+
 /* Leaf 0 (vendor, highest leaf) and leaf 1 into words 0 and 4. */
 static void ap_read_base(struct altpatch_features *f)
 {
@@ -121,7 +184,7 @@ static void ap_read_base(struct altpatch_features *f)
     v[12] = '\0';
     ap_set_vendor(f, v);
     if (ap_std_max >= 1) {
-        r = ap_cpuid(1, 0);
+        r = ap_leaf(1);
         f->word[0] = r.d;
         f->word[4] = r.c;
     }
@@ -141,7 +204,7 @@ static void ap_read_std7(struct altpatch_features *f)
 {
     if (ap_std_max < 7)
         return;
-    struct ap_regs r = ap_cpuid(7, 0);
+    struct ap_regs r = ap_leaf(7);
     ap_std7_maxsub = r.a;
     f->word[9] = r.b;
     f->word[16] = r.c;
@@ -194,7 +257,7 @@ static uint32_t ap_read_ext_max(void)
 static void ap_read_ext(struct altpatch_features *f, unsigned group)
 {
     if (group == AP_LEAVES_EXT1) {
-        struct ap_regs r = ap_cpuid(0x80000001u, 0);
+        struct ap_regs r = ap_leaf(0x80000001u);
         f->word[1] = r.d;
         f->word[6] = r.c;
         return;
