@@ -1011,24 +1011,26 @@ Test(cpu, getenv_matches_the_c_library)
  */
 Test(cpu, libc_leaves_are_the_cpus_answers)
 {
-    static const uint32_t leaves[] = {1, 7, 0x80000001u};
-    uint32_t max = ap_cpuid(0, 0).a;
+    /* leaf, subleaf, and the registers cpu.c reads (a, b, c, d): leaf 1's
+     * EAX/EBX name the CPU the thread runs on (signature, APIC id) */
+    static const struct {
+        uint32_t leaf, sub;
+        const char *regs;
+    } leaves[] = {{1, 0, "cd"},          {7, 0, "abcd"},        {7, 1, "a"},
+                  {0xd, 1, "a"},         {0x80000001u, 0, "cd"}, {0x80000007u, 0, "bd"},
+                  {0x80000008u, 0, "b"}};
+    uint32_t max = ap_cpuid(0, 0).a, emax = ap_cpuid(0x80000000u, 0).a;
     for (size_t i = 0; i < sizeof(leaves) / sizeof(leaves[0]); i++) {
-        struct ap_regs g, c = ap_cpuid(leaves[i], 0);
-        if (!ap_libc_leaf(leaves[i], &g)) {
-            cr_log_info("leaf %#x: not from the C library", leaves[i]);
+        uint32_t l = leaves[i].leaf;
+        struct ap_regs g, c = ap_cpuid(l, leaves[i].sub);
+        if (!ap_libc_leaf(l, leaves[i].sub, &g)) {
+            cr_log_info("leaf %#x.%u: not from the C library", l, leaves[i].sub);
             continue;
         }
-        if (leaves[i] < 0x80000000u)
-            cr_assert_leq(leaves[i], max, "leaf %#x given above the highest leaf", leaves[i]);
-        /* the registers cpu.c reads: leaf 1's EAX/EBX describe the CPU the
-         * thread runs on (signature, initial APIC id), and may differ */
-        if (leaves[i] == 7) {
-            cr_assert_eq(g.a, c.a, "leaf %#x eax", leaves[i]);
-            cr_assert_eq(g.b, c.b, "leaf %#x ebx", leaves[i]);
-        }
-        cr_assert_eq(g.c, c.c, "leaf %#x ecx", leaves[i]);
-        cr_assert_eq(g.d, c.d, "leaf %#x edx", leaves[i]);
+        cr_assert_leq(l, l < 0x80000000u ? max : emax, "leaf %#x given above the highest", l);
+        const uint32_t gv[4] = {g.a, g.b, g.c, g.d}, cv[4] = {c.a, c.b, c.c, c.d};
+        for (const char *r = leaves[i].regs; *r; r++)
+            cr_assert_eq(gv[*r - 'a'], cv[*r - 'a'], "leaf %#x.%u e%cx", l, leaves[i].sub, *r);
     }
     struct altpatch_features f;
     ap_host_leaves(AP_LEAVES_ALL, &f);

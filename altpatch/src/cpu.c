@@ -111,7 +111,7 @@ static unsigned ap_feature_cpuid_leaves(unsigned id, unsigned w)
 
 /*
  * The leaves the C library read when the process started. glibc 2.33 and
- * later keep the CPUID leaves 1, 7.0 and 0x80000001 (among others) as the CPU
+ * later keep the CPUID leaves 1, 7.0, 7.1, 0xd.1 and 0x80000001/7/8 as the CPU
  * answered them, and hand them out through __x86_get_cpuid_feature_leaf()
  * (<sys/platform/x86.h>, its manual's "X86"): the same registers, without a
  * CPUID instruction, which in a virtual machine is an exit to the hypervisor
@@ -128,23 +128,26 @@ static unsigned ap_feature_cpuid_leaves(unsigned id, unsigned w)
 #endif
 #endif
 
-bool ap_libc_leaf(unsigned leaf, struct ap_regs *r)
+bool ap_libc_leaf(unsigned leaf, unsigned sub, struct ap_regs *r)
 {
 #ifdef AP_HAVE_LIBC_LEAVES
     unsigned index;
-    switch (leaf) {
-    case 1:
+    if (leaf == 1 && sub == 0)
         index = CPUID_INDEX_1;
-        break;
-    case 7:
+    else if (leaf == 7 && sub == 0)
         index = CPUID_INDEX_7;
-        break;
-    case 0x80000001u:
+    else if (leaf == 7 && sub == 1)
+        index = CPUID_INDEX_7_ECX_1;
+    else if (leaf == 0xd && sub == 1)
+        index = CPUID_INDEX_D_ECX_1;
+    else if (leaf == 0x80000001u && sub == 0)
         index = CPUID_INDEX_80000001;
-        break;
-    default:
+    else if (leaf == 0x80000007u && sub == 0)
+        index = CPUID_INDEX_80000007;
+    else if (leaf == 0x80000008u && sub == 0)
+        index = CPUID_INDEX_80000008;
+    else
         return false;
-    }
     const struct cpuid_feature *c = __x86_get_cpuid_feature_leaf(index);
     if (!c)
         return false;
@@ -158,18 +161,19 @@ bool ap_libc_leaf(unsigned leaf, struct ap_regs *r)
     return (r->a | r->b | r->c | r->d) != 0;
 #else
     (void)leaf;
+    (void)sub;
     (void)r;
     return false;
 #endif
 }
 
-/* Leaf @p leaf (subleaf 0) from the C library when it has it, else CPUID. */
-static struct ap_regs ap_leaf(uint32_t leaf)
+/* Leaf @p leaf, subleaf @p sub from the C library when it has it, else CPUID. */
+static struct ap_regs ap_leaf(uint32_t leaf, uint32_t sub)
 {
     struct ap_regs r;
-    if (ap_libc_leaf(leaf, &r))
+    if (ap_libc_leaf(leaf, sub, &r))
         return r;
-    return ap_cpuid(leaf, 0);
+    return ap_cpuid(leaf, sub);
 }
 
 /* Leaf 0 (vendor, highest leaf) and leaf 1 into words 0 and 4. */
@@ -184,7 +188,7 @@ static void ap_read_base(struct altpatch_features *f)
     v[12] = '\0';
     ap_set_vendor(f, v);
     if (ap_std_max >= 1) {
-        r = ap_leaf(1);
+        r = ap_leaf(1, 0);
         f->word[0] = r.d;
         f->word[4] = r.c;
     }
@@ -204,7 +208,7 @@ static void ap_read_std7(struct altpatch_features *f)
 {
     if (ap_std_max < 7)
         return;
-    struct ap_regs r = ap_leaf(7);
+    struct ap_regs r = ap_leaf(7, 0);
     ap_std7_maxsub = r.a;
     f->word[9] = r.b;
     f->word[16] = r.c;
@@ -221,14 +225,14 @@ static void ap_read_std7(struct altpatch_features *f)
 static void ap_read_std71(struct altpatch_features *f)
 {
     if (ap_std_max >= 7 && ap_std7_maxsub >= 1)
-        f->word[12] = ap_cpuid(7, 1).a;
+        f->word[12] = ap_leaf(7, 1).a;
 }
 
 /* Leaf 0xd.1 into word 10. */
 static void ap_read_stdd(struct altpatch_features *f)
 {
     if (ap_std_max >= 0xd)
-        f->word[10] = ap_cpuid(0xd, 1).a;
+        f->word[10] = ap_leaf(0xd, 1).a;
 }
 
 /* The highest extended leaf, 0 when there are none. */
@@ -257,14 +261,20 @@ static uint32_t ap_read_ext_max(void)
 static void ap_read_ext(struct altpatch_features *f, unsigned group)
 {
     if (group == AP_LEAVES_EXT1) {
-        struct ap_regs r = ap_leaf(0x80000001u);
+        struct ap_regs r = ap_leaf(0x80000001u, 0);
         f->word[1] = r.d;
         f->word[6] = r.c;
         return;
     }
-    uint32_t max = ap_read_ext_max();
+    /* glibc read these only below the highest extended leaf: what it has
+     * needs no question about that leaf */
+    struct ap_regs r;
+    bool libc = (group == AP_LEAVES_EXT7 && ap_libc_leaf(0x80000007u, 0, &r)) ||
+                (group == AP_LEAVES_EXT8 && ap_libc_leaf(0x80000008u, 0, &r));
+    uint32_t max = libc ? 0x80000008u : ap_read_ext_max();
     if (group == AP_LEAVES_EXT7 && max >= 0x80000007u) {
-        struct ap_regs r = ap_cpuid(0x80000007u, 0);
+        if (!libc)
+            r = ap_cpuid(0x80000007u, 0);
         f->word[17] = r.b;
         if (r.d & (1u << 8)) { /* invariant TSC */
             ap_bit_set(f, X86_FEATURE_CONSTANT_TSC);
@@ -272,7 +282,7 @@ static void ap_read_ext(struct altpatch_features *f, unsigned group)
         }
     }
     if (group == AP_LEAVES_EXT8 && max >= 0x80000008u)
-        f->word[13] = ap_cpuid(0x80000008u, 0).b;
+        f->word[13] = (libc ? r : ap_cpuid(0x80000008u, 0)).b;
     if (group == AP_LEAVES_EXT21 && max >= 0x80000021u)
         f->word[20] = ap_cpuid(0x80000021u, 0).a;
 }

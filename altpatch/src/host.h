@@ -52,11 +52,11 @@ AP_HIDDEN void ap_effective_features(struct altpatch_features *out);
 /** The groups of leaves that decide feature @p id (any id; BASE when none). */
 AP_HIDDEN unsigned ap_feature_leaves(unsigned id);
 /**
- * Leaf @p leaf (1, 7 subleaf 0 or 0x80000001) as the C library read it when
- * the process started, without a CPUID instruction; false when it cannot say
- * (then cpu.c executes CPUID).
+ * Leaf @p leaf, subleaf @p sub (1, 7.0, 7.1, 0xd.1, 0x80000001, 0x80000007 or
+ * 0x80000008) as the C library read it when the process started, without a
+ * CPUID instruction; false when it cannot say (then cpu.c executes CPUID).
  */
-AP_HIDDEN bool ap_libc_leaf(unsigned leaf, struct ap_regs *r);
+AP_HIDDEN bool ap_libc_leaf(unsigned leaf, unsigned sub, struct ap_regs *r);
 /**
  * This process's features with at least the leaves of @p groups read: every
  * bit those groups decide is what ap_host_features() holds; bits of groups
