@@ -755,6 +755,31 @@ Test(cpu, probe_guard_restores_the_sigill_action)
     cr_assert_eq(ill_seen, 2);
 }
 
+/*
+ * A SIGILL the program blocked and left pending: the probe does not unblock
+ * it (it would be delivered at once, to the program's action: the default
+ * kills), the signal stays pending and blocked, neither instruction is
+ * claimed. Where CPUID claims neither, nothing is probed either way.
+ */
+Test(cpu, pending_blocked_sigill_is_left_alone)
+{
+    sigset_t ill, mask, pend;
+    sigemptyset(&ill);
+    sigaddset(&ill, SIGILL);
+    cr_assert_eq(sigprocmask(SIG_BLOCK, &ill, NULL), 0);
+    cr_assert_eq(raise(SIGILL), 0);
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_ALL, &f);
+    cr_assert_not(altpatch_features_has(&f, X86_FEATURE_RDTSCP));
+    cr_assert_not(altpatch_features_has(&f, X86_FEATURE_RDPID));
+    cr_assert_eq(sigpending(&pend), 0);
+    cr_assert(sigismember(&pend, SIGILL), "the program's SIGILL is still pending");
+    cr_assert_eq(sigprocmask(SIG_BLOCK, NULL, &mask), 0);
+    cr_assert(sigismember(&mask, SIGILL), "and still blocked");
+    signal(SIGILL, SIG_IGN); /* drop it */
+    cr_assert_eq(sigprocmask(SIG_UNBLOCK, &ill, NULL), 0);
+}
+
 static uint64_t xgetbv0(void)
 {
     uint32_t lo, hi;

@@ -489,17 +489,22 @@ struct ap_ksigaction {
 #define AP_STR_(x) #x
 #define AP_STR(x) AP_STR_(x)
 
-AP_HIDDEN void ap_probe_restorer(void);
+/*
+ * The restorer is named __restore_rt, as the C library's is, and kept local to
+ * this object (no clash with the C library's, nothing exported): debuggers
+ * recognise a signal frame by that name (gdb also by these bytes when a frame
+ * has no name), so a backtrace through the probe's handler shows "<signal
+ * handler called>" and goes on into the interrupted code.
+ */
+extern void ap_probe_restorer(void) __asm__("__restore_rt") __attribute__((visibility("hidden")));
 __asm__(".pushsection .text\n"
         ".p2align 4\n"
-        ".globl ap_probe_restorer\n"
-        ".hidden ap_probe_restorer\n"
-        ".type ap_probe_restorer, @function\n"
-        "ap_probe_restorer:\n"
+        ".type __restore_rt, @function\n"
+        "__restore_rt:\n"
         "\tmovq $" AP_STR(SYS_rt_sigreturn) ", %rax\n" /* 48 c7 c0 0f 00 00 00 */
         "\tsyscall\n"
         "\tud2\n"
-        ".size ap_probe_restorer, . - ap_probe_restorer\n"
+        ".size __restore_rt, . - __restore_rt\n"
         ".popsection");
 
 static struct ap_ksigaction ap_probe_prev;
@@ -591,8 +596,16 @@ static void ap_run_probes(const struct altpatch_features *f)
             ap_rdpid_ok = 0;
         return;
     }
+    /* A SIGILL the program blocked and left pending would be delivered to the
+     * probe's handler the moment it is unblocked, and put back to the
+     * program's action -- the default, often: the process would die. Then
+     * nothing is probed and neither instruction is claimed. */
+    uint64_t pending = 0;
+    bool held = ap_sys(SYS_rt_sigpending, (long)&pending, sizeof(pending), 0, 0, 0) != 0 ||
+                (pending & ill);
     /* a blocked SIGILL raised by an instruction would kill the process */
-    if (ap_sys(SYS_rt_sigprocmask, SIG_UNBLOCK, (long)&ill, (long)&old, sizeof(ill), 0) != 0) {
+    if (held ||
+        ap_sys(SYS_rt_sigprocmask, SIG_UNBLOCK, (long)&ill, (long)&old, sizeof(ill), 0) != 0) {
         if (tscp)
             ap_rdtscp_ok = 0;
         if (pid)
