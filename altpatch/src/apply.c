@@ -200,8 +200,8 @@ struct ap_mrun {
 #define AP_WDEC_N 0x3fffffffu
 
 /*
- * Queue write @p k (no result yet): the queue may lie over a module's
- * records (ap_run.wmod). Its four words are stored through a may_alias word
+ * Queue write @p k (no result yet): every queued write goes through here, as
+ * the queue may lie over a module's records (ap_run.wmod). Its four words are stored through a may_alias word
  * type (GNU C): each store may alias any object, so no load of a record is
  * moved past the store of a write into its slot, and the writer's reads of
  * struct ap_write's fields may read what these stores wrote. (A memcpy from a
@@ -658,8 +658,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                 nkept++;
                 kept_bytes += len;
             }
-            writes[nw++] = (struct ap_write){.addr = (uintptr_t)cur, .old = old, .new = target,
-                                             .tag = tag, .len = (uint16_t)len};
+            ap_queue(writes, nw++, (uintptr_t)cur, old, target, tag, len);
         }
         if (target == slot)
             slot += len; /* used: the next one gets the next bytes */
@@ -890,9 +889,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
         unsorted |= addr <= wlast;
         wlast = addr;
         /* the entry is read again only for a refused write (ap_toggle_decisions) */
-        writes[nw++] = (struct ap_write){.addr = addr, .old = from + off, .new = to + off,
-                                         .tag = (uint32_t)n | AP_WDEC_KEPT,
-                                         .len = (uint16_t)len};
+        ap_queue(writes, nw++, addr, from + off, to + off, (uint32_t)n | AP_WDEC_KEPT, len);
         kept_bytes += len;
     }
     r->nkept += nw - w0;

@@ -28,14 +28,14 @@ const char *altpatch_version(void)
 
 extern char **environ;
 
+/* AT_SECURE, fixed at exec: 0 not read yet, 1 clear, 2 set. */
+static int ap_secure;
+
 /*
  * getenv()'s answer, read from environ here: the library's few variables are
  * asked on every apply, and one more C library function to resolve on a
  * process's first apply costs more than this loop.
  */
-/* AT_SECURE, fixed at exec: 0 not read yet, 1 clear, 2 set. */
-static int ap_secure;
-
 const char *ap_getenv(const char *name)
 {
     int sec = __atomic_load_n(&ap_secure, __ATOMIC_RELAXED);
