@@ -146,3 +146,38 @@ Test(insn, format_bad)
     cr_assert_eq(ap_insn_format(b, 2, 0, false, out, sizeof(out)), -ENODATA);
     cr_assert_str_eq(out, "(bad)");
 }
+
+/* ap_nop1_at(): a 0x90 at an instruction boundary is exactly what Zydis
+ * decodes there, whatever follows it; any other first byte is left to Zydis. */
+Test(insn, one_byte_nop_known_without_decoding)
+{
+    for (unsigned next = 0; next < 256; next++) {
+        uint8_t b[16];
+        struct ap_insn in, known;
+
+        memset(b, (int)next, sizeof(b));
+        b[0] = 0x90;
+        for (size_t avail = 1; avail <= sizeof(b); avail += 15) {
+            cr_assert_eq(ap_insn_decode(b, avail, &in), 0, "90 %02x decodes", next);
+            memset(&known, 0xa5, sizeof(known));
+            cr_assert(ap_nop1_at(b, &known), "90 %02x: known", next);
+            cr_assert(known.len == in.len && known.rel_off == in.rel_off &&
+                          known.rel_size == in.rel_size && known.is_nop == in.is_nop &&
+                          known.is_int3 == in.is_int3 && known.is_call == in.is_call &&
+                          known.is_fence == in.is_fence && known.has_rel == in.has_rel &&
+                          known.rel_is_branch == in.rel_is_branch &&
+                          known.rel_value == in.rel_value,
+                      "90 %02x (%zu bytes): as Zydis decodes it", next, avail);
+            cr_assert(in.len == 1 && in.is_nop);
+        }
+        b[0] = (uint8_t)next;
+        memset(&known, 0xa5, sizeof(known));
+        cr_assert_eq(ap_nop1_at(b, &known), next == 0x90, "%02x: not the one-byte NOP", next);
+        if (next != 0x90)
+            for (size_t i = 0; i < sizeof(known); i++)
+                cr_assert_eq(((uint8_t *)&known)[i], 0xa5, "%02x: out untouched", next);
+    }
+    /* the prefixed forms are not it (f3 90: PAUSE, 41 90: XCHG) */
+    cr_assert_not(ap_nop1_at((const uint8_t[]){0xf3, 0x90}, &(struct ap_insn){0}));
+    cr_assert_not(ap_nop1_at((const uint8_t[]){0x41, 0x90}, &(struct ap_insn){0}));
+}

@@ -155,7 +155,8 @@ static int decode_exact(const uint8_t *buf, size_t len, int undecodable, int cro
 
         if (list)
             in = &list->in[list->n];
-        r = ap_insn_decode(buf + off, len - off, in);
+        /* padding (0x90 at a boundary): the one-byte NOP, known without Zydis */
+        r = ap_nop1_at(buf + off, in) ? 0 : ap_insn_decode(buf + off, len - off, in);
         if (r < 0) {
             *bad_off = off;
             return r == -ENODATA ? crosses : undecodable;

@@ -402,6 +402,23 @@ AP_HIDDEN void ap_nop_fill(uint8_t *buf, size_t len);
 AP_HIDDEN size_t ap_nop_fill_insns(size_t len, struct ap_insn *out);
 
 /**
+ * Whether the instruction starting at @p buf is ap_nop_fill(1)'s one-byte
+ * NOP (ap_nops[1]: the assembler's padding of an original, `.fill n,1,0x90`);
+ * then *@p out is what ap_insn_decode() reports for it, whatever bytes follow
+ * (a one-byte opcode without prefix, ModRM or immediate ends where it starts;
+ * test_insn checks it against Zydis for every following byte). For a caller
+ * that is at an instruction boundary of @p avail >= 1 bytes: a run of
+ * padding costs a compare per byte instead of a decode.
+ */
+static inline bool ap_nop1_at(const uint8_t *buf, struct ap_insn *out)
+{
+    if (buf[0] != ap_nops[1][0])
+        return false;
+    *out = (struct ap_insn){.len = 1, .is_nop = true}; /* ap_nop_fill_insns(1) */
+    return true;
+}
+
+/**
  * Re-fill every maximal run of NOP instructions (ap_insn.is_nop) in @p buf with
  * ap_nop_fill(). Stops at the first byte that does not decode and leaves the
  * rest untouched. Returns the number of runs rewritten.
