@@ -778,3 +778,23 @@ Test(memo, lookup_by_records_follows_the_bytes)
     cr_assert_gt(got, n * 3 / 4, "answered %zu of %zu", got, n);
     ap_memo_free(&memo);
 }
+
+/* A memo of zero bytes (a static never used) made empty for a feature set
+ * without clearing it: the same memo as ap_memo_init() makes of any bytes,
+ * and it answers as the planner does. */
+Test(memo, init_of_zero_bytes_is_init)
+{
+    static struct ap_memo zero;
+    struct ap_memo *any = malloc(sizeof(*any));
+
+    cr_assert_not_null(any);
+    module_make(&mod, 200);
+    memset(any, 0x5a, sizeof(*any));
+    ap_memo_init(any, &mod.fs);
+    ap_memo_init_zeroed(&zero, &mod.fs);
+    cr_assert_eq(memcmp(any, &zero, sizeof(zero)), 0, "not the memo ap_memo_init() makes");
+    compare_all(&mod, &zero, &mod.fs);
+    cr_assert_gt(zero.nplans, 0);
+    ap_memo_free(&zero);
+    free(any);
+}

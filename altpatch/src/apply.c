@@ -146,8 +146,12 @@ static struct ap_memo *ap_shapes_for(const struct altpatch_features *fs)
         ap_memo_hints_drop(&ap_shapes);
         return &ap_shapes;
     }
-    ap_memo_free(&ap_shapes);
-    ap_memo_init(&ap_shapes, fs);
+    if (ap_shapes_gen) {
+        ap_memo_free(&ap_shapes);
+        ap_memo_init(&ap_shapes, fs);
+    } else {
+        ap_memo_init_zeroed(&ap_shapes, fs); /* the static, never used yet */
+    }
     ap_shapes.fs_at = &ap_shapes.fs;
     ap_shapes_gen++;
     return &ap_shapes;

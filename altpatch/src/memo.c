@@ -103,9 +103,14 @@ struct ap_memo_slot {
 
 void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs)
 {
+    memset(m, 0, sizeof(*m));
+    ap_memo_init_zeroed(m, fs);
+}
+
+void ap_memo_init_zeroed(struct ap_memo *m, const struct altpatch_features *fs)
+{
     struct altpatch_features known;
 
-    memset(m, 0, sizeof(*m));
     if (fs) {
         m->fs = *fs;
         m->fs_at = fs;

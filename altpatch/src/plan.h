@@ -238,6 +238,9 @@ static inline void ap_memo_hints_drop(struct ap_memo *m)
 
 /** An empty memo for plans made under @p fs. */
 AP_HIDDEN void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs);
+/** ap_memo_init() of a memo whose bytes are all zero already (a static one
+ * never used): its 3 KiB are not written again, nor its pages touched. */
+AP_HIDDEN void ap_memo_init_zeroed(struct ap_memo *m, const struct altpatch_features *fs);
 /** Free what @p m holds; it is then empty (and may be used again). */
 AP_HIDDEN void ap_memo_free(struct ap_memo *m);
 /**
