@@ -30,10 +30,10 @@
 #include <sys/auxv.h>
 #include <time.h>
 
-static pthread_mutex_t ap_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct ap_module *ap_mods;    /* modules with tables, load order */
-static struct altpatch_stats ap_last; /* stats of the last apply */
-static bool ap_applied;              /* an apply has planned at least once */
+AP_STATE static pthread_mutex_t ap_lock = PTHREAD_MUTEX_INITIALIZER;
+AP_STATE static struct ap_module *ap_mods;    /* modules with tables, load order */
+AP_STATE static struct altpatch_stats ap_last; /* stats of the last apply */
+AP_STATE static bool ap_applied;              /* an apply has planned at least once */
 /*
  * Where this thread is in the entry points: AP_IN_NONE outside, AP_IN_ENTRY
  * inside one without ap_lock (pins being taken or released), AP_IN_LOCKED
@@ -70,10 +70,10 @@ static __thread bool ap_fork_took, ap_fork_gated;
  * none while a fork holds it. The prepare handler waits until no thread is
  * in one, then keeps the gate's mutex across the fork, so none can start.
  */
-static pthread_mutex_t ap_gate_mx = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t ap_gate_cv = PTHREAD_COND_INITIALIZER;
-static unsigned ap_gate_in;      /* threads taking or releasing pins */
-static unsigned ap_gate_waiting; /* fork handlers waiting for ap_gate_in == 0 */
+AP_STATE static pthread_mutex_t ap_gate_mx = PTHREAD_MUTEX_INITIALIZER;
+AP_STATE static pthread_cond_t ap_gate_cv = PTHREAD_COND_INITIALIZER;
+AP_STATE static unsigned ap_gate_in;      /* threads taking or releasing pins */
+AP_STATE static unsigned ap_gate_waiting; /* fork handlers waiting for ap_gate_in == 0 */
 
 void ap_gate_enter(void)
 {
@@ -135,8 +135,8 @@ __attribute__((constructor)) static void ap_atfork_register(void)
  * feature set stays the same (each module remembers its sites' templates,
  * for generation ap_shapes_gen). Guarded by ap_lock.
  */
-static struct ap_memo ap_shapes;
-static uint64_t ap_shapes_gen;
+AP_STATE static struct ap_memo ap_shapes;
+AP_STATE static uint64_t ap_shapes_gen;
 
 /** The memo for @p fs: the kept one, or a new generation when the set changed.
  * Its lookups by records are dropped: libraries may have come and gone. */

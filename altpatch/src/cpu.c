@@ -67,12 +67,12 @@
  * step depending only on words of the groups read or on the base group, so a
  * bit of a group that was read is the same whichever other groups were.
  */
-static pthread_mutex_t ap_leaves_mx = PTHREAD_MUTEX_INITIALIZER;
-static struct altpatch_features ap_raw; /* the words of ap_raw_groups; others zero */
-static unsigned ap_raw_groups;
-static uint32_t ap_std_max; /* CPUID.0:EAX (base group) */
-static uint32_t ap_ext_max; /* CPUID.80000000h:EAX, 0 when not yet read or absent */
-static bool ap_ext_max_read;
+AP_STATE static pthread_mutex_t ap_leaves_mx = PTHREAD_MUTEX_INITIALIZER;
+AP_STATE static struct altpatch_features ap_raw; /* the words of ap_raw_groups; others zero */
+AP_STATE static unsigned ap_raw_groups;
+AP_STATE static uint32_t ap_std_max; /* CPUID.0:EAX (base group) */
+AP_STATE static uint32_t ap_ext_max; /* CPUID.80000000h:EAX, 0 when not yet read or absent */
+AP_STATE static bool ap_ext_max_read;
 
 /* The CPUID leaves of feature @p id (in word @p w). */
 static unsigned ap_feature_cpuid_leaves(unsigned id, unsigned w)
@@ -200,8 +200,8 @@ static void ap_read_base(struct altpatch_features *f)
  * AP_SYNC_CPUID until then.
  */
 enum { AP_SYNC_CPUID, AP_SYNC_SERIALIZE, AP_SYNC_IRET, AP_SYNC_IRET_UNLESS_SHSTK };
-static int ap_sync_kind = AP_SYNC_CPUID;
-static uint32_t ap_std7_maxsub; /* CPUID.(7,0):EAX (STD7 group) */
+AP_STATE static int ap_sync_kind = AP_SYNC_CPUID;
+AP_STATE static uint32_t ap_std7_maxsub; /* CPUID.(7,0):EAX (STD7 group) */
 
 /* Leaf 7.0 into words 9, 16, 18; how to serialize. */
 static void ap_read_std7(struct altpatch_features *f)
@@ -372,7 +372,7 @@ static void ap_clear_list(struct altpatch_features *f, const uint16_t *ids, size
 
 /* Facts asked of the kernel or learnt by a probe, once each and only when a
  * set read so far holds the bit they decide (-1: not asked yet). */
-static int ap_amx_perm = -1, ap_shstk_on = -1, ap_rdtscp_ok = -1, ap_rdpid_ok = -1;
+AP_STATE static int ap_amx_perm = -1, ap_shstk_on = -1, ap_rdtscp_ok = -1, ap_rdpid_ok = -1;
 
 static bool ap_amx_permitted(void)
 {
@@ -465,9 +465,9 @@ static void ap_apply_os_enablement(struct altpatch_features *f, unsigned asked)
  * the probe; a SIGILL elsewhere meanwhile is handed back to the previous
  * action (the faulting instruction runs again under it).
  */
-static const void *volatile ap_probe_at;     /* the probed instruction */
-static const void *volatile ap_probe_resume; /* the instruction after it */
-static volatile sig_atomic_t ap_probe_ill;
+AP_STATE static const void *volatile ap_probe_at;     /* the probed instruction */
+AP_STATE static const void *volatile ap_probe_resume; /* the instruction after it */
+AP_STATE static volatile sig_atomic_t ap_probe_ill;
 
 /*
  * The guard is set and taken down with the rt_sigaction system call itself
@@ -507,7 +507,7 @@ __asm__(".pushsection .text\n"
         ".size __restore_rt, . - __restore_rt\n"
         ".popsection");
 
-static struct ap_ksigaction ap_probe_prev;
+AP_STATE static struct ap_ksigaction ap_probe_prev;
 
 static long ap_ksigaction(int sig, const struct ap_ksigaction *act, struct ap_ksigaction *old)
 {
@@ -642,7 +642,7 @@ static void ap_probe_instructions(struct altpatch_features *f, unsigned asked)
 }
 
 /* The facts asked of the OS so far (AP_LEAVES_XCOMP, AP_LEAVES_SHSTK, AP_LEAVES_PROBE). */
-static unsigned ap_os_asked;
+AP_STATE static unsigned ap_os_asked;
 
 void ap_host_leaves(unsigned groups, struct altpatch_features *out)
 {
@@ -690,8 +690,8 @@ void ap_sync_core(void)
     ap_serialize_cpuid();
 }
 
-static struct altpatch_features ap_host;
-static pthread_once_t ap_host_once = PTHREAD_ONCE_INIT;
+AP_STATE static struct altpatch_features ap_host;
+AP_STATE static pthread_once_t ap_host_once = PTHREAD_ONCE_INIT;
 
 static void ap_host_detect(void)
 {

@@ -345,8 +345,8 @@ struct ap_walk {
 };
 
 /* Loader counters at the last complete walk, and the list they describe. */
-static unsigned long long ap_last_adds, ap_last_subs;
-static struct ap_module **ap_last_list;
+AP_STATE static unsigned long long ap_last_adds, ap_last_subs;
+AP_STATE static struct ap_module **ap_last_list;
 
 static bool ap_same_identity(const struct ap_module *m, const struct dl_phdr_info *info)
 {

@@ -342,10 +342,10 @@ static bool ap_maps_line(const char *line, struct ap_map *e)
  * is forgotten, never closed (the number may be the program's now); it is
  * O_CLOEXEC. Callers of ap_poke() are serialized (apply.c's lock).
  */
-static int ap_maps_kept_fd = -1;
-static long ap_maps_kept_pid;
-static dev_t ap_maps_kept_dev;
-static ino_t ap_maps_kept_ino;
+AP_STATE static int ap_maps_kept_fd = -1;
+AP_STATE static long ap_maps_kept_pid;
+AP_STATE static dev_t ap_maps_kept_dev;
+AP_STATE static ino_t ap_maps_kept_ino;
 
 static void ap_maps_open_file(struct ap_maps *m)
 {
@@ -659,7 +659,7 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
  * until its policy is loaded (security/selinux/hooks.c,
  * selinux_inode_getsecurity()), and a process may live through that.
  */
-static int ap_selinux_listed;
+AP_STATE static int ap_selinux_listed;
 
 /**
  * Ask the kernel's list of security modules once (@p unfiltered: seccomp mode
@@ -857,7 +857,7 @@ static int ap_write_all(struct ap_batch *b, size_t first)
  * asked every time: MDWE may be set later, and once set it stays set, but
  * PR_MDWE_NO_INHERIT takes it from a child after fork().
  */
-static bool ap_mdwe_unknown;
+AP_STATE static bool ap_mdwe_unknown;
 
 static bool ap_mdwe_active(struct ap_poke_stats *st, bool unfiltered)
 {

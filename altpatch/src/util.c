@@ -29,7 +29,7 @@ const char *altpatch_version(void)
 extern char **environ;
 
 /* AT_SECURE, fixed at exec: 0 not read yet, 1 clear, 2 set. */
-static int ap_secure;
+AP_STATE static int ap_secure;
 
 /*
  * getenv()'s answer, read from environ here: the library's few variables are
@@ -129,7 +129,7 @@ void ap_log(enum altpatch_print_level level, const char *fmt, ...)
 #define MADV_POPULATE_WRITE 23
 #endif
 
-static bool ap_fill_on;
+AP_STATE static bool ap_fill_on;
 
 void ap_fill_allow(bool on)
 {

@@ -31,6 +31,14 @@
 #include <altpatch/altpatch.h>
 
 #define AP_HIDDEN __attribute__((visibility("hidden")))
+/*
+ * The library's small mutable state that an apply reads and writes: in the
+ * data section (a page the loader has written already, with its relocated
+ * pointers and lazily bound slots), not spread over the zero pages of .bss
+ * between large buffers, where each page costs a first apply two faults
+ * (the first read maps the zero page, the first write copies it).
+ */
+#define AP_STATE __attribute__((section(".data.altpatch_state")))
 
 /** Log through the callback set by altpatch_set_print(). */
 AP_HIDDEN void ap_log(enum altpatch_print_level level, const char *fmt, ...)

@@ -44,7 +44,7 @@
  * skipped. (Modes are per thread: an answer kept from a filtered thread may
  * be too careful for another, never too bold.) Zero is asked every time.
  */
-static long ap_seccomp_kept;
+AP_STATE static long ap_seccomp_kept;
 
 
 long ap_seccomp_mode(uint64_t *syscalls)
