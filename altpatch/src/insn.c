@@ -4,11 +4,13 @@
  *
  * Every decision about instruction boundaries, NOPs and relative operands is
  * made here by Zydis 4; no other file includes <Zydis/Zydis.h> and none keeps
- * a byte table of opcodes. The decoder and formatter are plain structs that
+ * a byte table of opcodes (the planner knows a 0x90 at an instruction
+ * boundary as the NOP table's one-byte NOP, ap_nop1_at(), which test_insn
+ * holds to Zydis for every byte that may follow). The decoder and formatter are plain structs that
  * are initialised on the stack at every call: no global state, thread-safe.
  *
  * Speed (the planner decodes each instruction of a site's original and of
- * each replacement once per plan, and never its own padding; the decoder is
+ * each replacement once per plan, and never padding; the decoder is
  * initialised per call, about twenty instructions, which for a small program
  * is cheaper than a process-wide decoder's first touch): ap_insn_decode()
  * first decodes in ZYDIS_DECODER_MODE_MINIMAL (length, mnemonic, raw fields

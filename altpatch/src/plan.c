@@ -27,7 +27,9 @@
  * (ap_nop_fill_insns), and NOP runs are folded from the kept instructions
  * (the same result as ap_nop_fold() on each stretch between branch
  * targets). So a site costs one Zydis decode per instruction of its original
- * and of each replacement, and none more. The relative fields met on the way
+ * and of each replacement, and none more; none for a 0x90 at an instruction
+ * boundary (the padding of an original): that is the NOP table's one-byte
+ * NOP whatever follows it (ap_nop1_at()). The relative fields met on the way
  * are listed in the plan (ap_plan.fields: block, offsets, size, kind, value
  * as encoded), so a caller that derives an address-free template from the
  * plan need not decode again. Only the header fields, the listed fields and
