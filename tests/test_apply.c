@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1446,6 +1447,74 @@ Test(apply, modules_refresh_finds_this_program)
     cr_assert_eq(ap_modules_refresh(&list), 0);
     cr_assert_eq(list, first);
     ap_modules_free(list);
+}
+
+struct seen_walk {
+    struct ap_notes_seen seen;
+    size_t main; /* the index of the object with the empty name */
+};
+
+static int seen_walk_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+    struct seen_walk *w = data;
+    if (!info->dlpi_name || !info->dlpi_name[0])
+        w->main = w->seen.n;
+    ap_module_note_seen(info, size, true, &w->seen);
+    return 0;
+}
+
+static size_t list_count(const struct ap_module *m, const struct ap_module **main_mod)
+{
+    size_t n = 0;
+    *main_mod = NULL;
+    for (; m; m = m->next, n++)
+        if (!m->path[0])
+            *main_mod = m;
+    return n;
+}
+
+/* The module walk takes each object's note from the walk just before it
+ * (the pins' walk) when the loader's counters are the same, and searches the
+ * program headers itself when they differ. */
+Test(apply, modules_refresh_takes_the_notes_of_the_walk_before)
+{
+    struct seen_walk w = {.main = SIZE_MAX};
+    ap_notes_seen_init(&w.seen);
+    w.seen.complete = dl_iterate_phdr(seen_walk_cb, &w) == 0;
+    if (w.seen.idle)
+        cr_skip_test("a module walk ran before in this process");
+    cr_assert(w.seen.complete && w.seen.counted);
+    cr_assert_gt(w.seen.n, 0);
+    cr_assert_lt(w.main, w.seen.n);
+    cr_assert_lt(w.main, AP_NOTES_SEEN);
+    cr_assert_not_null(w.seen.obj[w.main].desc, "the executable carries a note");
+
+    struct ap_module *plain = NULL, *taken = NULL, *lost = NULL, *stale = NULL;
+    const struct ap_module *mp, *mt, *ml, *ms;
+    cr_assert_eq(ap_modules_refresh(&plain), 0);
+    cr_assert_eq(ap_modules_refresh_seen(&taken, &w.seen), 0);
+    size_t np = list_count(plain, &mp), nt = list_count(taken, &mt);
+    cr_assert_eq(nt, np, "the same modules");
+    cr_assert_not_null(mt);
+    cr_assert_eq(mt->nsites, mp->nsites);
+    cr_assert_eq(mt->note.table_start, mp->note.table_start);
+
+    /* the walk before "found no note" on the executable: believed under the
+     * same counters (so it is what the module walk used)... */
+    w.seen.obj[w.main].desc = NULL;
+    cr_assert_eq(ap_modules_refresh_seen(&lost, &w.seen), 0);
+    cr_assert_eq(list_count(lost, &ml), np - 1);
+    cr_assert_null(ml);
+    /* ...and not when the counters differ: searched again */
+    w.seen.adds++;
+    cr_assert_eq(ap_modules_refresh_seen(&stale, &w.seen), 0);
+    cr_assert_eq(list_count(stale, &ms), np);
+    cr_assert_not_null(ms);
+    cr_assert_eq(ms->nsites, mp->nsites);
+    ap_modules_free(plain);
+    ap_modules_free(taken);
+    ap_modules_free(lost);
+    ap_modules_free(stale);
 }
 
 /* ---- threads ---------------------------------------------------------------- */

@@ -1278,7 +1278,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
 {
     struct ap_run r = {0};
     struct altpatch_features host;
-    int err = ap_modules_refresh(&ap_mods);
+    int err = ap_modules_refresh_seen(&ap_mods, &pins->seen);
     if (!err)
         ap_pin(ap_mods, pins);
     if (!err && !fs) {
@@ -1413,7 +1413,8 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     if (ap_in != AP_IN_NONE)
         return -EDEADLK; /* from a callback, or a signal handler that interrupted a call */
     ap_in = AP_IN_ENTRY;
-    struct ap_pins pins = {0};
+    struct ap_pins pins;
+    ap_pins_empty(&pins);
     bool off = ap_env_on("ALTPATCH_OFF"); /* nothing at all: not even the pins */
     if (!off)
         ap_pins_take(&pins); /* before ap_lock: see ap_pins */
@@ -1539,7 +1540,7 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     ap_in = AP_IN_LOCKED;
     /* Drop modules dlclose'd since the last apply (their memory is gone); a
      * module loaded since is listed with its original bytes, as memory holds. */
-    int ret = ap_applied ? ap_modules_refresh(&ap_mods) : -ENODATA;
+    int ret = ap_applied ? ap_modules_refresh_seen(&ap_mods, &pins.seen) : -ENODATA;
     if (!ret)
         ap_pin(ap_mods, &pins); /* the callback may read info.current */
     for (struct ap_module *m = ap_mods; m && !ret; m = m->next) {

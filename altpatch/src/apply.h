@@ -48,7 +48,18 @@ struct ap_pins {
     uintptr_t *base;
     char **name;
     size_t n, cap;
+    struct ap_notes_seen seen; /* every object's note, as the pins' walk found it */
 };
+
+/** No pins, no object seen (the notes' array is not cleared: never read). */
+static inline void ap_pins_empty(struct ap_pins *p)
+{
+    p->h = NULL;
+    p->base = NULL;
+    p->name = NULL;
+    p->n = p->cap = 0;
+    ap_notes_seen_init(&p->seen);
+}
 
 /** Pin every loaded library (never called with apply's lock held). */
 AP_HIDDEN void ap_pins_take(struct ap_pins *p);

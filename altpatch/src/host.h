@@ -584,6 +584,45 @@ struct dl_phdr_info;
 AP_HIDDEN bool ap_module_has_note(const struct dl_phdr_info *info);
 
 /**
+ * The altpatch notes one walk of the loaded objects found (the pins' walk,
+ * before apply's lock), for the walk of ap_modules_refresh_seen() right
+ * after it: when that walk sees the same loader counters, nothing was loaded
+ * or unloaded in between, so the same objects come in the same order with
+ * the same notes, and each object's program headers need not be searched
+ * again. Objects past AP_NOTES_SEEN are searched as before.
+ */
+#define AP_NOTES_SEEN 16
+struct ap_notes_seen {
+    bool started;  /* the walk's first object was seen */
+    bool counted;  /* the loader's counters were given to it */
+    bool complete; /* the walk saw every object (set by its caller) */
+    bool idle;     /* nothing remembered: the module walk will not need it */
+    unsigned long long adds, subs;
+    size_t n;      /* objects seen */
+    struct {
+        uintptr_t base;
+        const void *phdr;
+        const uint8_t *desc; /* the note's descriptor, or NULL: no note */
+        uint32_t descsz;
+        bool searched;       /* false: desc not known (not looked for) */
+    } obj[AP_NOTES_SEEN];
+};
+/** Empty @p s (no object seen yet). */
+static inline void ap_notes_seen_init(struct ap_notes_seen *s)
+{
+    s->started = s->counted = s->complete = s->idle = false;
+    s->n = 0;
+}
+/** ap_module_has_note() for the next object of a walk (@p size: the
+ * callback's), remembered in @p s; @p search false: not looked for (false
+ * returned), only the object and the walk's counters remembered. */
+AP_HIDDEN bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool search,
+                                   struct ap_notes_seen *s);
+/** ap_modules_refresh(), taking the notes from @p seen (NULL: none) where
+ * they still hold. */
+AP_HIDDEN int ap_modules_refresh_seen(struct ap_module **list, const struct ap_notes_seen *seen);
+
+/**
  * Module @p m's note says version 2 (prepatch_load.c), so its sites hold a
  * profile's bytes. Read the originals from the module's file, check that they
  * belong to these bytes (same table, same sites, memory holding exactly what

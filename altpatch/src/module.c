@@ -104,6 +104,40 @@ bool ap_module_has_note(const struct dl_phdr_info *info)
     return ap_find_note(info, &descsz) != NULL;
 }
 
+/* Whether the callback's @p size covers the loader's counters. */
+static bool ap_walk_counted(size_t size)
+{
+    return size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(unsigned long long);
+}
+
+static bool ap_walk_unchanged(const struct dl_phdr_info *info);
+
+bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool search,
+                         struct ap_notes_seen *s)
+{
+    uint32_t descsz = 0;
+    const uint8_t *desc = search ? ap_find_note(info, &descsz) : NULL;
+    if (!s->started) {
+        s->started = true;
+        s->counted = ap_walk_counted(size);
+        if (s->counted) {
+            s->adds = info->dlpi_adds;
+            s->subs = info->dlpi_subs;
+            /* The kept list is up to date with these counters: the module
+             * walk will stop at its first object and needs no note (a hint
+             * only: a walk that finds it wrong searches the headers). */
+            s->idle = ap_walk_unchanged(info);
+        }
+    }
+    if (s->idle)
+        return desc != NULL;
+    if (s->n < AP_NOTES_SEEN)
+        s->obj[s->n].base = info->dlpi_addr, s->obj[s->n].phdr = info->dlpi_phdr,
+        s->obj[s->n].desc = desc, s->obj[s->n].descsz = descsz, s->obj[s->n].searched = search;
+    s->n++;
+    return desc != NULL;
+}
+
 /* ------------------------------------------------------------------------- */
 /* Building and freeing one module                                           */
 /* ------------------------------------------------------------------------- */
@@ -337,6 +371,8 @@ static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, u
 
 struct ap_walk {
     struct ap_module **list;
+    const struct ap_notes_seen *seen; /* the notes of a walk just before (NULL: none) */
+    size_t index;                     /* objects seen by this walk */
     int err;
     bool skip;      /* counters unchanged: nothing to do */
     bool first;     /* first callback of this walk */
@@ -347,6 +383,19 @@ struct ap_walk {
 /* Loader counters at the last complete walk, and the list they describe. */
 AP_STATE static unsigned long long ap_last_adds, ap_last_subs;
 AP_STATE static struct ap_module **ap_last_list;
+/* Written under apply's lock; read without it too (ap_module_note_seen's
+ * hint), so every access is atomic. */
+static inline struct ap_module **ap_last_list_get(void)
+{
+    return __atomic_load_n(&ap_last_list, __ATOMIC_RELAXED);
+}
+
+/* The loader's counters of @p info (counted) are those of the last complete walk. */
+static bool ap_walk_unchanged(const struct dl_phdr_info *info)
+{
+    return ap_last_list_get() && info->dlpi_adds == __atomic_load_n(&ap_last_adds, __ATOMIC_RELAXED) &&
+           info->dlpi_subs == __atomic_load_n(&ap_last_subs, __ATOMIC_RELAXED);
+}
 
 static bool ap_same_identity(const struct ap_module *m, const struct dl_phdr_info *info)
 {
@@ -421,18 +470,24 @@ static void ap_list_put(struct ap_module **list, struct ap_module *old, struct a
 static int ap_walk_one(struct dl_phdr_info *info, size_t size, void *data)
 {
     struct ap_walk *w = data;
+    size_t index = w->index++;
     if (w->first) {
         w->first = false;
-        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs) &&
-            ap_last_list == w->list && *w->list && info->dlpi_adds == ap_last_adds &&
-            info->dlpi_subs == ap_last_subs) {
+        bool counted = ap_walk_counted(size);
+        if (counted && ap_last_list_get() == w->list && *w->list &&
+            info->dlpi_adds == __atomic_load_n(&ap_last_adds, __ATOMIC_RELAXED) &&
+            info->dlpi_subs == __atomic_load_n(&ap_last_subs, __ATOMIC_RELAXED)) {
             w->skip = true;
             return 1;
         }
+        /* the walk before saw these same objects only under the same counters */
+        if (w->seen && !(w->seen->complete && w->seen->counted && counted &&
+                         info->dlpi_adds == w->seen->adds && info->dlpi_subs == w->seen->subs))
+            w->seen = NULL;
         /* Recorded only when the walk completes (ap_modules_refresh): a walk
          * that fails part way leaves modules it never reached unchecked, so
          * the next one must still see the unload and check their sites. */
-        w->reload = info->dlpi_subs != ap_last_subs;
+        w->reload = info->dlpi_subs != __atomic_load_n(&ap_last_subs, __ATOMIC_RELAXED);
         w->adds = info->dlpi_adds;
         w->subs = info->dlpi_subs;
     }
@@ -444,7 +499,15 @@ static int ap_walk_one(struct dl_phdr_info *info, size_t size, void *data)
         return 0;
     }
     uint32_t descsz = 0;
-    const uint8_t *desc = ap_find_note(info, &descsz);
+    const uint8_t *desc;
+    if (w->seen && index < AP_NOTES_SEEN && index < w->seen->n && w->seen->obj[index].searched &&
+        w->seen->obj[index].base == info->dlpi_addr &&
+        w->seen->obj[index].phdr == (const void *)info->dlpi_phdr) {
+        desc = w->seen->obj[index].desc; /* this object, as the walk before found it */
+        descsz = w->seen->obj[index].descsz;
+    } else {
+        desc = ap_find_note(info, &descsz);
+    }
     if (!desc)
         return 0;
     struct ap_module *nm;
@@ -457,9 +520,14 @@ static int ap_walk_one(struct dl_phdr_info *info, size_t size, void *data)
 
 int ap_modules_refresh(struct ap_module **list)
 {
+    return ap_modules_refresh_seen(list, NULL);
+}
+
+int ap_modules_refresh_seen(struct ap_module **list, const struct ap_notes_seen *seen)
+{
     for (struct ap_module *m = *list; m; m = m->next)
         m->present = false;
-    struct ap_walk w = {.list = list, .first = true};
+    struct ap_walk w = {.list = list, .first = true, .seen = seen};
     dl_iterate_phdr(ap_walk_one, &w);
     if (w.skip) {
         for (struct ap_module *m = *list; m; m = m->next)
@@ -467,7 +535,8 @@ int ap_modules_refresh(struct ap_module **list)
         return 0;
     }
     if (w.err) {
-        ap_last_list = NULL; /* walk again next time, against the last complete walk's counters */
+        /* walk again next time, against the last complete walk's counters */
+        __atomic_store_n(&ap_last_list, NULL, __ATOMIC_RELAXED);
         return w.err;        /* keep every module: the marks are incomplete */
     }
     for (struct ap_module **pp = list; *pp;) {
@@ -479,9 +548,9 @@ int ap_modules_refresh(struct ap_module **list)
         *pp = m->next;
         ap_module_free(m);
     }
-    ap_last_adds = w.adds;
-    ap_last_subs = w.subs;
-    ap_last_list = list;
+    __atomic_store_n(&ap_last_adds, w.adds, __ATOMIC_RELAXED);
+    __atomic_store_n(&ap_last_subs, w.subs, __ATOMIC_RELAXED);
+    __atomic_store_n(&ap_last_list, list, __ATOMIC_RELAXED);
     return 0;
 }
 

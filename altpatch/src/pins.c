@@ -29,8 +29,11 @@
 static int ap_pins_collect(struct dl_phdr_info *info, size_t size, void *data)
 {
     struct ap_pins *p = data;
-    (void)size;
-    if (!info->dlpi_name || !info->dlpi_name[0] || !ap_module_has_note(info))
+    /* a library's note is remembered for the module walk that follows
+     * (ap_modules_refresh_seen); the main program (empty name) needs no pin
+     * and is not searched here */
+    bool lib = info->dlpi_name && info->dlpi_name[0];
+    if (!ap_module_note_seen(info, size, lib, &p->seen))
         return 0;
     if (p->n == p->cap) {
         size_t cap = p->cap ? 2 * p->cap : 32;
@@ -50,8 +53,9 @@ static int ap_pins_collect(struct dl_phdr_info *info, size_t size, void *data)
 void ap_pins_take(struct ap_pins *p)
 {
     ap_gate_enter(); /* see ap_gate_mx in apply.c */
-    *p = (struct ap_pins){0};
-    dl_iterate_phdr(ap_pins_collect, p); /* dlopen() is not allowed inside the walk */
+    ap_pins_empty(p);
+    /* dlopen() is not allowed inside the walk */
+    p->seen.complete = dl_iterate_phdr(ap_pins_collect, p) == 0;
     if (p->n == 0) { /* nothing to pin (the main program needs none) */
         ap_gate_leave();
         return;
@@ -83,7 +87,7 @@ void ap_pins_release(struct ap_pins *p)
     free(p->h);
     free(p->base);
     free(p->name);
-    *p = (struct ap_pins){0};
+    ap_pins_empty(p);
     ap_gate_leave();
 }
 
