@@ -1030,6 +1030,55 @@ Test(cpu, getenv_matches_the_c_library)
     cr_assert_null(ap_getenv("ALTPATCH_TESTVAR"));
 }
 
+/* ap_env_read(): in one pass, what ap_getenv() answers for each of apply's
+ * variables, with look-alike names around them. */
+static void expect_env_read(void)
+{
+    struct ap_env e;
+    memset(&e, 0x5a, sizeof(e));
+    ap_env_read(&e);
+    const char *want[3] = {ap_getenv("ALTPATCH_OFF"), ap_getenv("ALTPATCH_DEBUG"),
+                           ap_getenv("ALTPATCH_CLEARCPUID")};
+    const char *got[3] = {e.off, e.debug, e.clearcpuid};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(got[i] == NULL, want[i] == NULL, "variable %d", i);
+        if (got[i])
+            cr_assert_eq(got[i], want[i], "variable %d: the same string", i);
+    }
+}
+
+Test(cpu, env_read_matches_getenv)
+{
+    cr_assert_eq(clearenv(), 0);
+    expect_env_read();
+    cr_assert_eq(setenv("ALTPATCH_OFFX", "1", 1), 0);
+    cr_assert_eq(setenv("ALTPATCH_DEBU", "1", 1), 0);
+    cr_assert_eq(setenv("ALTPATCH_CLEARCPUI", "avx2", 1), 0);
+    cr_assert_eq(setenv("ALTPATCHX_OFF", "1", 1), 0);
+    cr_assert_eq(setenv("AL", "1", 1), 0);
+    cr_assert_eq(setenv("A", "1", 1), 0);
+    expect_env_read();
+    cr_assert_eq(setenv("ALTPATCH_DEBUG", "0", 1), 0);
+    expect_env_read();
+    cr_assert_eq(setenv("ALTPATCH_CLEARCPUID", "fsgsbase,rdpid", 1), 0);
+    cr_assert_eq(setenv("ALTPATCH_OFF", "", 1), 0);
+    expect_env_read();
+    struct ap_env e;
+    ap_env_read(&e);
+    if (!getauxval(AT_SECURE)) {
+        cr_assert_str_eq(e.clearcpuid, "fsgsbase,rdpid");
+        cr_assert_str_eq(e.debug, "0");
+        cr_assert_str_eq(e.off, "");
+        cr_assert_not(ap_env_value_on(e.debug));
+        cr_assert_not(ap_env_value_on(e.off));
+    }
+    cr_assert_eq(setenv("ALTPATCH_OFF", "1", 1), 0);
+    expect_env_read();
+    cr_assert_eq(unsetenv("ALTPATCH_DEBUG"), 0);
+    expect_env_read();
+    cr_assert_eq(clearenv(), 0);
+}
+
 /*
  * The leaves taken from the C library (when it has them) are exactly what
  * CPUID answers here; the host set does not depend on where they came from.

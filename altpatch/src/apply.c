@@ -1274,7 +1274,8 @@ static unsigned ap_needed_leaves(const struct ap_module *mods)
 /* @p fs: the caller's set, or NULL for this host's effective set (read for
  * the features the records reference, once the modules are known). */
 static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, bool live,
-                         bool unfiltered, const struct ap_pins *pins, struct altpatch_stats *st)
+                         bool unfiltered, const struct ap_pins *pins, const struct ap_env *env,
+                         struct altpatch_stats *st)
 {
     struct ap_run r = {0};
     struct altpatch_features host;
@@ -1282,10 +1283,10 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     if (!err)
         ap_pin(ap_mods, pins);
     if (!err && !fs) {
-        ap_effective_leaves(ap_needed_leaves(ap_mods), &host);
+        ap_effective_leaves_cleared(ap_needed_leaves(ap_mods), env->clearcpuid, &host);
         fs = &host;
     }
-    r.debug = ap_env_on("ALTPATCH_DEBUG");
+    r.debug = ap_env_value_on(env->debug);
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
@@ -1415,7 +1416,9 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     ap_in = AP_IN_ENTRY;
     struct ap_pins pins;
     ap_pins_empty(&pins);
-    bool off = ap_env_on("ALTPATCH_OFF"); /* nothing at all: not even the pins */
+    struct ap_env env; /* ALTPATCH_OFF, _DEBUG, _CLEARCPUID: one pass */
+    ap_env_read(&env);
+    bool off = ap_env_value_on(env.off); /* nothing at all: not even the pins */
     if (!off)
         ap_pins_take(&pins); /* before ap_lock: see ap_pins */
     pthread_mutex_lock(&ap_lock);
@@ -1425,16 +1428,17 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     bool unfiltered = false; /* alone and no seccomp filter (ap_mm_alone()) */
     struct altpatch_stats st = {.sz = sizeof(st)};
     if (off) {
-        ap_log(ALTPATCH_INFO, "ALTPATCH_OFF is set: nothing patched\n");
+        ap_log_env(ap_env_value_on(env.debug), ALTPATCH_INFO,
+                   "ALTPATCH_OFF is set: nothing patched\n");
     } else if (!(err = ap_check_threads(o.flags, &live, &unfiltered))) {
         ap_fill_allow(unfiltered); /* ap_malloc_filled()'s madvise */
-        err = ap_run_locked(o.features, o.flags, live, unfiltered, &pins, &st);
+        err = ap_run_locked(o.features, o.flags, live, unfiltered, &pins, &env, &st);
         ap_fill_allow(false);
     }
     if (err != -EBUSY) {
         st.ns = ap_now_ns() - t0;
         ap_last = st;
-        ap_log(ALTPATCH_INFO,
+        ap_log_env(ap_env_value_on(env.debug), ALTPATCH_INFO,
                "%lu modules, %lu sites: %lu patched, %lu unchanged, %lu refused; %lu bytes in "
                "%lu pages, %lu syscalls, %lu ns%s\n",
                (unsigned long)st.modules, (unsigned long)st.sites_seen,

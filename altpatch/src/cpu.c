@@ -720,11 +720,16 @@ void ap_effective_features(struct altpatch_features *out)
 
 void ap_effective_leaves(unsigned groups, struct altpatch_features *out)
 {
+    ap_effective_leaves_cleared(groups, ap_getenv("ALTPATCH_CLEARCPUID"), out);
+}
+
+void ap_effective_leaves_cleared(unsigned groups, const char *list,
+                                 struct altpatch_features *out)
+{
     if (groups == AP_LEAVES_ALL)
         *out = *ap_host_features();
     else
         ap_host_leaves(groups, out);
-    const char *list = ap_getenv("ALTPATCH_CLEARCPUID");
     if (list)
         ap_clearcpuid(out, list);
 }

@@ -65,6 +65,10 @@ AP_HIDDEN bool ap_libc_leaf(unsigned leaf, unsigned sub, struct ap_regs *r);
 AP_HIDDEN void ap_host_leaves(unsigned groups, struct altpatch_features *out);
 /** ap_effective_features() for at least the leaves of @p groups. */
 AP_HIDDEN void ap_effective_leaves(unsigned groups, struct altpatch_features *out);
+/** ap_effective_leaves() with ALTPATCH_CLEARCPUID's value @p list (NULL: unset)
+ * read by the caller. */
+AP_HIDDEN void ap_effective_leaves_cleared(unsigned groups, const char *list,
+                                           struct altpatch_features *out);
 /**
  * Serialize this CPU after code was written (the kernel's sync_core()):
  * SERIALIZE where CPUID says so, else an IRET to self, else CPUID. Never

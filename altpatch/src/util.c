@@ -36,14 +36,19 @@ AP_STATE static int ap_secure;
  * asked on every apply, and one more C library function to resolve on a
  * process's first apply costs more than this loop.
  */
-const char *ap_getenv(const char *name)
+static bool ap_env_secure(void)
 {
     int sec = __atomic_load_n(&ap_secure, __ATOMIC_RELAXED);
     if (!sec) {
         sec = getauxval(AT_SECURE) ? 2 : 1;
         __atomic_store_n(&ap_secure, sec, __ATOMIC_RELAXED);
     }
-    if (sec == 2)
+    return sec == 2;
+}
+
+const char *ap_getenv(const char *name)
+{
+    if (ap_env_secure())
         return NULL;
     char **env = environ;
     const char c0 = name[0];
@@ -63,8 +68,42 @@ const char *ap_getenv(const char *name)
 
 bool ap_env_on(const char *name)
 {
-    const char *v = ap_getenv(name);
-    return v && *v && !(v[0] == '0' && v[1] == '\0');
+    return ap_env_value_on(ap_getenv(name));
+}
+
+/* The value of entry @p e when it is @p name=..., else NULL (no strncmp():
+ * one function less for the dynamic linker to resolve). */
+static inline const char *ap_env_is(const char *e, const char *name)
+{
+    size_t k = 0;
+    while (name[k] && e[k] == name[k])
+        k++;
+    return !name[k] && e[k] == '=' ? e + k + 1 : NULL;
+}
+
+void ap_env_read(struct ap_env *out)
+{
+    *out = (struct ap_env){0};
+    char **env = environ;
+    if (ap_env_secure() || !env)
+        return;
+    /* The same answers as ap_getenv() for each name: the first entry wins. */
+    for (const char *e; (e = *env); env++) {
+        if (e[0] != 'A' || e[1] != 'L') /* most entries: one byte read */
+            continue;
+        size_t k = 0;
+        while (k < 9 && e[k] == "ALTPATCH_"[k])
+            k++;
+        if (k < 9)
+            continue;
+        const char *n = e + 9, *v;
+        if (!out->off && (v = ap_env_is(n, "OFF")))
+            out->off = v;
+        else if (!out->debug && (v = ap_env_is(n, "DEBUG")))
+            out->debug = v;
+        else if (!out->clearcpuid && (v = ap_env_is(n, "CLEARCPUID")))
+            out->clearcpuid = v;
+    }
 }
 
 uint64_t ap_now_ns(void)
@@ -98,20 +137,41 @@ altpatch_print_fn altpatch_set_print(altpatch_print_fn fn)
     return __atomic_exchange_n(&ap_print, fn, __ATOMIC_ACQ_REL);
 }
 
+static void ap_vlog(altpatch_print_fn fn, enum altpatch_print_level level, const char *fmt,
+                    va_list ap);
+
 void ap_log(enum altpatch_print_level level, const char *fmt, ...)
 {
     altpatch_print_fn fn = __atomic_load_n(&ap_print, __ATOMIC_ACQUIRE);
     if (!fn || ap_default_drops(fn, level))
         return;
+    va_list ap;
+    va_start(ap, fmt);
+    ap_vlog(fn, level, fmt, ap);
+    va_end(ap);
+}
+
+void ap_log_env(bool debug, enum altpatch_print_level level, const char *fmt, ...)
+{
+    altpatch_print_fn fn = __atomic_load_n(&ap_print, __ATOMIC_ACQUIRE);
+    /* ap_default_drops() with the caller's answer for ALTPATCH_DEBUG */
+    if (!fn || (fn == ap_default_print && level != ALTPATCH_WARN && !debug))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    ap_vlog(fn, level, fmt, ap);
+    va_end(ap);
+}
+
+static void ap_vlog(altpatch_print_fn fn, enum altpatch_print_level level, const char *fmt,
+                    va_list ap)
+{
     /* Every message starts with "altpatch: ", whatever the callback. */
     char prefixed[256];
     const char *f = fmt;
     if (snprintf(prefixed, sizeof(prefixed), "altpatch: %s", fmt) < (int)sizeof(prefixed))
         f = prefixed;
-    va_list ap;
-    va_start(ap, fmt);
     fn(level, f, ap);
-    va_end(ap);
 }
 
 /*

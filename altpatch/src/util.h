@@ -47,6 +47,21 @@ AP_HIDDEN void ap_log(enum altpatch_print_level level, const char *fmt, ...)
 AP_HIDDEN const char *ap_getenv(const char *name);
 /** An environment switch: set (ap_getenv()), non-empty and not "0". */
 AP_HIDDEN bool ap_env_on(const char *name);
+/** The variables an apply reads, in one pass over the environment (each
+ * ap_getenv()'s answer: NULL when unset, or when AT_SECURE is set). */
+struct ap_env {
+    const char *off, *debug, *clearcpuid;
+};
+AP_HIDDEN void ap_env_read(struct ap_env *e);
+/** A switch's value @p v (from ap_env_read()) is on: ap_env_on()'s rule. */
+static inline bool ap_env_value_on(const char *v)
+{
+    return v && *v && !(v[0] == '0' && v[1] == '\0');
+}
+/** ap_log() by a caller that has just read ALTPATCH_DEBUG (@p debug: the
+ * switch is on): the environment is not read again. */
+AP_HIDDEN void ap_log_env(bool debug, enum altpatch_print_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /** Monotonic nanoseconds. */
 AP_HIDDEN uint64_t ap_now_ns(void);
 /**
