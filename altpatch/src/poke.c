@@ -212,14 +212,18 @@ struct ap_map {
  * ioctl (before 6.11, or an emulator's own maps file), all at once by reading
  * the file. v: the mappings learnt so far, sorted by address, disjoint.
  */
+/* Mappings kept without an allocation: a first apply asks about one or two. */
+#define AP_MAPS_INLINE 4
+
 struct ap_maps {
-    struct ap_map *v;
+    struct ap_map *v;   /* inl, or an allocation once more are kept */
     size_t n, cap;
     int fd;             /* /proc/self/maps while mappings are asked one by one, else -1 */
     bool kept;          /* fd is the descriptor kept from an earlier batch (never closed) */
     bool answered;      /* a PROCMAP_QUERY was answered on fd */
     uint64_t *syscalls; /* the batch's counter */
     int err;            /* -ENOMEM once an answer could not be kept: the batch stops */
+    struct ap_map inl[AP_MAPS_INLINE];
 };
 
 /* PROCMAP_QUERY (include/uapi/linux/fs.h, Linux 6.11): the layout is ABI. */
@@ -280,8 +284,17 @@ static int ap_read_fd(int fd, char **out, size_t *outlen, uint64_t *syscalls)
 static int ap_maps_add(struct ap_maps *m, const struct ap_map *e)
 {
     if (m->n == m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
-        struct ap_map *v = realloc(m->v, cap * sizeof(*v));
+        size_t cap = m->cap > AP_MAPS_INLINE ? m->cap * 2 : 64;
+        struct ap_map *v;
+        if (m->v == m->inl) {
+            v = malloc(cap * sizeof(*v));
+            for (size_t i = 0; v && i < m->n; i++) {
+                v[i] = m->inl[i];
+                __asm__("" : "+r"(i)); /* not a memcpy() call */
+            }
+        } else {
+            v = realloc(m->v, cap * sizeof(*v));
+        }
         if (!v)
             return -ENOMEM;
         m->v = v;
@@ -389,7 +402,13 @@ static int ap_maps_read_all(struct ap_maps *m)
 /** Open /proc/self/maps for ap_maps_find(). 0 or -errno (then nothing is known). */
 static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls)
 {
-    *m = (struct ap_maps){.fd = -1, .syscalls = syscalls};
+    m->v = m->inl; /* the fields one by one: the inline array needs no clearing */
+    m->n = 0;
+    m->cap = AP_MAPS_INLINE;
+    m->fd = -1;
+    m->kept = m->answered = false;
+    m->syscalls = syscalls;
+    m->err = 0;
     if (ap_maps_kept_fd >= 0) {
         struct stat st;
         long pid = ap_sys(SYS_getpid, 0, 0, 0, 0, 0);
@@ -421,7 +440,8 @@ static void ap_maps_close(struct ap_maps *m)
         }
         *m->syscalls += m->answered ? 2 : 1;
     }
-    free(m->v);
+    if (m->v != m->inl)
+        free(m->v);
     m->v = NULL;
     m->n = m->cap = 0;
     m->fd = -1;
