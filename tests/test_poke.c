@@ -617,6 +617,67 @@ Test(poke, seccomp_mode_asked_once_under_a_filter)
 }
 
 /*
+ * Where the kernel refuses PROCMAP_QUERY (a filter answers ENOTTY to every
+ * ioctl here, as a kernel before 6.11 does), the whole maps file is read:
+ * every mapping of the process is learnt (more than the few kept without an
+ * allocation), and writes into two mappings land with their protection
+ * restored.
+ */
+struct noquery_result {
+    int set;
+    int rc;
+    bool wrote[2];
+    char perms[2][5];
+};
+
+static void noquery_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct noquery_result *r = out;
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOTTY),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
+    uint8_t *p[2] = {rx_pages(1), rx_pages(3)};
+    r->set = prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L) ||
+                     prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)
+                 ? -errno
+                 : 0;
+    if (r->set)
+        return;
+    struct ap_write w[2] = {wr(p[0] + 10, CC3, NEW3, 3), wr(p[1] + 2 * pgsz() + 7, CC3, NEW3, 3)};
+    if (w[1].addr < w[0].addr) { /* a batch is in address order */
+        struct ap_write t = w[0];
+        w[0] = w[1];
+        w[1] = t;
+    }
+    struct ap_poke_stats st = {0};
+    r->rc = ap_poke(w, 2, 0, &st);
+    for (int i = 0; i < 2; i++) {
+        r->wrote[i] = w[i].wrote && w[i].result == ALTPATCH_REASON_NONE &&
+                      memcmp((const void *)(uintptr_t)w[i].addr, NEW3, 3) == 0;
+        perms_of((const void *)(uintptr_t)w[i].addr, r->perms[i]);
+    }
+}
+
+Test(poke, whole_maps_file_where_procmap_query_is_refused)
+{
+    struct noquery_result *r = ap_isolated(sizeof(*r), noquery_body, NULL);
+    cr_assert_eq(r->set, 0, "seccomp filter: %s", strerror(-r->set));
+    cr_assert_eq(r->rc, 0);
+    for (int i = 0; i < 2; i++) {
+        cr_assert(r->wrote[i], "write %d", i);
+        cr_assert_str_eq(r->perms[i], "r-xp", "write %d: %s", i, r->perms[i]);
+    }
+}
+
+/*
  * The maps descriptor kept between batches: one, not one per batch; one the
  * program replaced behind the library's back is neither used nor closed; a
  * child of fork() asks about its own mappings, not its parent's.
