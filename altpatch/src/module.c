@@ -131,9 +131,13 @@ bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool sear
     }
     if (s->idle)
         return desc != NULL;
-    if (s->n < AP_NOTES_SEEN)
-        s->obj[s->n].base = info->dlpi_addr, s->obj[s->n].phdr = info->dlpi_phdr,
-        s->obj[s->n].desc = desc, s->obj[s->n].descsz = descsz, s->obj[s->n].searched = search;
+    if (s->n < AP_NOTES_SEEN) {
+        s->obj[s->n].base = info->dlpi_addr;
+        s->obj[s->n].phdr = info->dlpi_phdr;
+        s->obj[s->n].desc = desc;
+        s->obj[s->n].descsz = descsz;
+        s->obj[s->n].searched = search;
+    }
     s->n++;
     return desc != NULL;
 }
@@ -393,7 +397,8 @@ static inline struct ap_module **ap_last_list_get(void)
 /* The loader's counters of @p info (counted) are those of the last complete walk. */
 static bool ap_walk_unchanged(const struct dl_phdr_info *info)
 {
-    return ap_last_list_get() && info->dlpi_adds == __atomic_load_n(&ap_last_adds, __ATOMIC_RELAXED) &&
+    return ap_last_list_get() &&
+           info->dlpi_adds == __atomic_load_n(&ap_last_adds, __ATOMIC_RELAXED) &&
            info->dlpi_subs == __atomic_load_n(&ap_last_subs, __ATOMIC_RELAXED);
 }
 
