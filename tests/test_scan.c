@@ -173,6 +173,49 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
         }
     }
     cr_assert(!b.flags_known && b.repl_lo == 0 && !b.text_span, "no facts without the entries");
+    /* the facts without the entries: the same sites and facts, no entries,
+     * the hash only when asked */
+    for (int h = 0; h < 2; h++) {
+        struct ap_table_scan d;
+        cr_assert_eq(ap_table_scan(t, size, table_addr, rs, AP_SCAN_FACTS | (h ? AP_SCAN_HASH : 0),
+                                   &d),
+                     ALTPATCH_REASON_NONE);
+        cr_assert_null(d.entries);
+        cr_assert_eq(d.nentries, 0);
+        cr_assert_eq(d.hash, h ? a.hash : 0);
+        cr_assert_eq(d.nsites, ns);
+        for (size_t k = 0; k < ns; k++) {
+            cr_assert_eq(d.sites[k].addr, a.sites[k].addr, "site %zu", k);
+            cr_assert_eq(d.sites[k].first, a.sites[k].first, "site %zu", k);
+            cr_assert_eq(d.sites[k].count, a.sites[k].count, "site %zu", k);
+            cr_assert_eq(d.sites[k].len, a.sites[k].len, "site %zu", k);
+            cr_assert_eq(d.sites[k].reason, a.sites[k].reason, "site %zu", k);
+        }
+        cr_assert_eq(d.site_bytes, a.site_bytes);
+        cr_assert_eq(d.max_count, a.max_count);
+        cr_assert_eq(memcmp(d.features, a.features, sizeof(d.features)), 0);
+        cr_assert_eq(d.feature_high, a.feature_high);
+        cr_assert_eq(d.flags_known, a.flags_known);
+        cr_assert_eq(d.repl_lo, a.repl_lo);
+        cr_assert_eq(d.repl_hi, a.repl_hi);
+        cr_assert_eq(d.text_span, a.text_span);
+        cr_assert_eq(d.text_lo, a.text_lo);
+        cr_assert_eq(d.text_hi, a.text_hi);
+        free(d.sites);
+    }
+    /* one record decoded inline, as a first decision reads its site's */
+    for (size_t i = 0; i < ne; i++) {
+        struct ap_entry x;
+        memset(&x, 0xa5, sizeof(x));
+        ap_record_at(t, table_addr, rs, i, &x);
+        cr_assert_eq(x.site, e[i].site, "entry %zu", i);
+        cr_assert_eq(x.repl, e[i].repl, "entry %zu", i);
+        cr_assert_eq(x.feature, e[i].feature, "entry %zu", i);
+        cr_assert_eq(x.flags, e[i].flags, "entry %zu", i);
+        cr_assert_eq(x.instrlen, e[i].instrlen, "entry %zu", i);
+        cr_assert_eq(x.repllen, e[i].repllen, "entry %zu", i);
+        cr_assert_eq(x.index, e[i].index, "entry %zu", i);
+    }
     free(b.sites);
     free(c.sites);
     free(c.entries);

@@ -204,20 +204,15 @@ struct ap_mrun {
 #define AP_WDEC_N 0x3fffffffu
 
 /*
- * Queue write @p k (no result yet): every queued write goes through here, as
- * the queue may lie over a module's records (ap_run.wmod). Its four words are stored through a may_alias word
- * type (GNU C): each store may alias any object, so no load of a record is
- * moved past the store of a write into its slot, and the writer's reads of
- * struct ap_write's fields may read what these stores wrote. (A memcpy from a
- * uint64_t would give the bytes that effective type, C11 6.5p6, not one the
- * fields' reads may use.) Four word stores, no copy through the stack.
+ * Queue write @p k (no result yet): every queued write goes through here.
+ * Its four words are stored through a may_alias word type (GNU C), so the
+ * writer's reads of struct ap_write's fields may read what these stores
+ * wrote. (A memcpy from a uint64_t would give the bytes that effective type,
+ * C11 6.5p6, not one the fields' reads may use.) Four word stores, no copy
+ * through the stack.
  */
 typedef uint64_t ap_qword __attribute__((may_alias));
-_Static_assert(sizeof(struct ap_write) == sizeof(struct ap_entry),
-               "a queued write takes the slot of one record");
-_Static_assert(_Alignof(struct ap_write) >= _Alignof(uint64_t) &&
-                   _Alignof(struct ap_entry) >= _Alignof(uint64_t),
-               "a slot's words are aligned");
+_Static_assert(_Alignof(struct ap_write) >= _Alignof(uint64_t), "a write's words are aligned");
 _Static_assert(offsetof(struct ap_write, old) == 8 && offsetof(struct ap_write, new) == 16 &&
                    offsetof(struct ap_write, tag) == 24 && offsetof(struct ap_write, len) == 28 &&
                    offsetof(struct ap_write, result) == 30 && offsetof(struct ap_write, wrote) == 31,
@@ -239,10 +234,17 @@ struct ap_run {
     uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
     struct ap_write *writes; /* in site order until sorted; tag: the decision */
     size_t nwrites;
-    /* The module whose records hold the write queue (its first decision,
-     * decided before every other module), or NULL: writes is its own block.
-     * Its m->entries is the same block until that decision is done. */
-    struct ap_module *wmod;
+    /* A run with a module's first decision (first_any) writes its queue in
+     * parts while it decides (ap_part_write()): the queue's block has room
+     * for a write per site, its first ap_part_writes slots' pages made present,
+     * and each part written goes back to slot 0. */
+    bool first_any;
+    bool live;            /* written by the live writer (docs/live.md) */
+    bool parts_off;       /* a quick switch queued writes: no part written */
+    int part_err;         /* the writer's first error over the parts */
+    size_t nparted;       /* writes written in parts so far */
+    uint64_t part_bytes;  /* pst.bytes after the last part */
+    unsigned pf;          /* the writer's flags (ap_poke()) */
     /* Writes queued with AP_WDEC_KEPT by the loops, and the sum of their
      * lengths: when every write is one of them and the writer wrote that many
      * bytes, every write landed and nothing is left to do after the writer. */
@@ -518,6 +520,45 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
         ap_site_refused(r, mr, i, n);
 }
 
+/* Writes in a part of a first decision's queue (host.h): 128 KiB of them. */
+unsigned ap_part_writes = 4096;
+
+static void ap_write_done(struct ap_run *r, size_t k, size_t *hint);
+
+/*
+ * Write the queue r->writes[0 .. r->nwrites) as one part (a first
+ * decision's, in address order, ap_poke() with r->pf; a part after the first
+ * continues its page count) and fold the answers in at once, exactly as
+ * ap_writes_done() would after the last; then its slots are free again
+ * (r->nwrites 0). The writer's first error is kept in r->part_err; after
+ * -ENOMEM (the writer stopped) no part is handed to it any more: each of its
+ * pending writes is WRITE_DENIED, as ap_poke() reports its own rest.
+ */
+static __attribute__((noinline)) void ap_part_write(struct ap_run *r)
+{
+    struct ap_write *w = r->writes;
+    size_t nw = r->nwrites;
+    if (r->part_err == -ENOMEM) {
+        for (size_t k = 0; k < nw; k++)
+            if (ap_write_pending(&w[k]))
+                w[k].result = ALTPATCH_REASON_WRITE_DENIED;
+    } else {
+        int err = ap_poke(w, nw, r->pf | (r->poked ? AP_POKE_CONTINUE : 0), &r->pst);
+        if (err && !r->part_err)
+            r->part_err = err;
+    }
+    r->poked = true;
+    size_t hint = 0;
+    for (size_t k = 0; k < nw; k++)
+        if ((uint32_t)(uint8_t)w[k].result | (~w[k].tag & AP_WDEC_KEPT))
+            ap_write_done(r, k, &hint);
+    r->nparted += nw;
+    r->nwrites = 0;
+    r->nkept = 0;
+    r->kept_bytes = 0;
+    r->part_bytes = r->pst.bytes;
+}
+
 /* The decision loop's counters and queue position, kept in registers while
  * it runs, back into the run (before ap_decide() and at the end). */
 static inline void ap_loop_flush(struct ap_run *r, struct ap_mrun *mr, size_t n, size_t nw,
@@ -689,7 +730,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
  */
 static inline __attribute__((always_inline)) void
 ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct ap_memo *memo,
-                     bool plain)
+                     bool plain, uint32_t rs)
 {
     struct ap_module *m = mr->m;
     /* copies: the stores below (bytes) could alias any field read through m or r */
@@ -699,12 +740,18 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     uint8_t *mplanned = m->planned;
     uint32_t *shape = m->shape;
     struct ap_site_result *res = m->res;
-    const struct ap_entry *ents = m->entries; /* the first apply: every record */
+    /* the records, when the module keeps them all (a site with many);
+     * else each site's are decoded from the mapped table as it is decided */
+    const struct ap_entry *ments = m->entries;
+    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
+    const uint64_t table_addr = m->note.table_start;
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
     const struct ap_region repl = m->view.repl; /* read once, not per site */
-    /* the queue may lie over ents (ap_run.wmod): the write of site i goes to
-     * a slot at or below i <= s->first, after site i's records are read */
+    /* the queue: written in parts of ap_part_writes writes while every write so
+     * far is in address order (ap_part_write()) */
     struct ap_write *writes = r->writes;
+    const bool parts = r->first_any && !r->live && !r->parts_off;
+    const size_t part = ap_part_writes ? ap_part_writes : 1;
     size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites, nkept = 0;
     uint64_t patched = 0, unchanged = 0, kept_bytes = 0;
     uintptr_t wlast = r->wlast;
@@ -736,25 +783,40 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         orig_off[i] = (uint32_t)(orig - morig);
         uint32_t count = s->count, id;
         int chosen;
+        /* the site's records: decoded (at most AP_SITE_ENTRIES: module.c
+         * keeps them all when a site has more), the site given first = 0 */
+        struct ap_site_entries eb;
+        const struct ap_site *es = s;
+        const struct ap_entry *ents = ments;
+        if (!ments) {
+            size_t first = s->first;
+            eb.site = *s;
+            eb.site.first = 0;
+            if (count == 1)
+                ap_record_at(table, table_addr, rs, first, &eb.e[0]);
+            else
+                for (uint32_t k = 0; k < count && k < AP_SITE_ENTRIES; k++)
+                    ap_record_at(table, table_addr, rs, first + k, &eb.e[k]);
+            es = &eb.site;
+            ents = eb.e;
+        }
+        const struct ap_entry *se = &ents[es->first];
         /* no entry applies: the original, after the record checks alone (one
          * entry, the common site: the test without its loop) */
         bool keeps;
         if (plain) /* no reason, a length; the scan gives every site an entry */
-            keeps = count == 1
-                        ? ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first], 1)
-                        : ap_memo_keeps_original_plain(memo, (unsigned)len, &ents[s->first],
-                                                       count);
+            keeps = count == 1 ? ap_memo_keeps_original_plain(memo, (unsigned)len, se, 1)
+                               : ap_memo_keeps_original_plain(memo, (unsigned)len, se, count);
         else
             keeps = !s->reason && len &&
-                    (count == 1 ? ap_memo_keeps_original_entries(memo, &repl, (unsigned)len,
-                                                                 &ents[s->first], 1)
-                                : count && ap_memo_keeps_original_entries(
-                                               memo, &repl, (unsigned)len, &ents[s->first], count));
+                    (count == 1 ? ap_memo_keeps_original_entries(memo, &repl, (unsigned)len, se, 1)
+                                : count && ap_memo_keeps_original_entries(memo, &repl,
+                                                                          (unsigned)len, se, count));
         if (keeps) {
             id = AP_SHAPE_ORIGINAL;
             chosen = -1;
         } else {
-            id = ap_memo_find_text(memo, &m->view, s, ents, cur);
+            id = ap_memo_find_text(memo, &m->view, es, ents, cur);
             if (!id) {
                 ap_copy2_small(orig, planned, cur, len);
                 orig += len;
@@ -766,7 +828,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             /* a lookup stores nothing: tmpl is still memo->tmpl */
             const struct ap_memo_tmpl *t = &tmpl[id - 1];
             if (t->nfields) {
-                chosen = ap_memo_inst_fields(memo, id, &m->view, s, ents, slot, &target);
+                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, slot, &target);
                 if (chosen < -1) {
                     ap_copy2_small(orig, planned, cur, len);
                     orig += len;
@@ -809,6 +871,18 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                      (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT, len);
             nkept++;
             kept_bytes += len;
+            if (__builtin_expect(nw >= part, 0) && parts && !unsorted) {
+                /* a part in address order: written while its sites' bytes
+                 * are in the caches, its slots used again */
+                ap_loop_flush(r, mr, n + 1, nw, wlast, unsorted, patched, unchanged);
+                patched = unchanged = 0;
+                r->nkept += nkept;
+                r->kept_bytes += kept_bytes;
+                nkept = 0;
+                kept_bytes = 0;
+                ap_part_write(r);
+                nw = 0;
+            }
         }
         if (target == slot)
             slot += len; /* used: the next one gets the next bytes */
@@ -827,10 +901,12 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
                                                       uint8_t *slot, struct ap_memo *memo)
 {
     const struct ap_module *m = mr->m;
+    bool compact = m->note.record_size == ALTPATCH_RECORD_SIZE_COMPACT;
     if (m->records_plain && m->text_all)
-        ap_decide_first_loop(r, mr, slot, memo, true);
+        compact ? ap_decide_first_loop(r, mr, slot, memo, true, ALTPATCH_RECORD_SIZE_COMPACT)
+                : ap_decide_first_loop(r, mr, slot, memo, true, ALTPATCH_RECORD_SIZE_KERNEL);
     else
-        ap_decide_first_loop(r, mr, slot, memo, false);
+        ap_decide_first_loop(r, mr, slot, memo, false, m->note.record_size);
 }
 
 /** What the last apply left at site @p i of a settled module @p m. */
@@ -908,33 +984,12 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
 
 /*
  * Whether module @p m's decision in run @p r is its first (the per-site
- * arrays not filled yet, its records parsed by the table pass): each site's
+ * arrays not filled yet, its sites found by the table pass): each site's
  * original is then saved as it is decided (ap_decide_first()).
  */
 static bool ap_first_decision(const struct ap_run *r, const struct ap_module *m)
 {
-    return !m->saved && m->block && m->entries && r->keep && !r->revert && !r->debug &&
-           !m->reason;
-}
-
-/*
- * The module whose records may hold the run's write queue: one decided for
- * the first time whose records are dropped after this apply (not kept), the
- * one with the most records. Decided before any other module, it queues the
- * write of its site i (if any) into slot k <= i of its records, after it has
- * read that site's records from slot s->first >= i (each site has at least
- * one record, and none is read again: ap_module_site_entries() decodes from
- * the table once m->entries is NULL); the modules after it queue theirs
- * behind. So a first apply needs no fresh block for its writes.
- */
-static struct ap_module *ap_queue_module(const struct ap_run *r)
-{
-    struct ap_module *best = NULL;
-    for (struct ap_module *m = ap_mods; m; m = m->next)
-        if (!m->gone && !m->entries_keep && ap_first_decision(r, m) &&
-            (!best || m->nentries > best->nentries))
-            best = m;
-    return best;
+    return !m->saved && m->block && r->keep && !r->revert && !r->debug && !m->reason;
 }
 
 /*
@@ -942,34 +997,24 @@ static struct ap_module *ap_queue_module(const struct ap_run *r)
  * needs them (an apply where every module is settled allocates none). malloc,
  * not calloc: an item is written whole when it is used, and only those pages
  * are touched (decisions and final bytes of slow sites, the sort's room when
- * needed). The write queue lies over r->wmod's records when there is one
- * (grown to @p n slots if it has fewer), else for a module's first decision
- * (@p first) its pages are made present at once where allowed
- * (ap_malloc_filled(): a first apply queues every site whose entry applies;
- * a later one finds them in pages the heap has touched already). 0 or
- * -ENOMEM, before any decision: a failure leaves nothing half done.
+ * needed). The write queue has a slot per site; in a run with a module's
+ * first decision the pages of its first ap_part_writes slots are made present at
+ * once where allowed (ap_malloc_filled()): that decision queues most sites
+ * and writes them in parts of that many (ap_part_write()), the slots after
+ * them touched only by writes queued outside its parts. A later apply finds
+ * its queue in pages the heap has touched already. 0 or -ENOMEM, before any
+ * decision: a failure leaves nothing half done.
  */
-static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes, bool first)
+static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
 {
     if (r->dec)
         return 0;
-    struct ap_module *wm = r->wmod;
-    if (wm && wm->nentries < n) {
-        struct ap_entry *e = realloc(wm->entries, n * sizeof(*e));
-        if (!e)
-            return -ENOMEM;
-        /* n slots now; m->nentries stays the record count (the slots
-         * are the queue's from here, the records are read no more once
-         * the module is decided) */
-        wm->entries = e;
-    }
     r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
-    if (wm)
-        r->writes = (struct ap_write *)(void *)wm->entries;
-    else
-        r->writes = first ? ap_malloc_filled(n * sizeof(*r->writes))
-                          : malloc((n ? n : 1) * sizeof(*r->writes));
+    size_t size = (n ? n : 1) * sizeof(*r->writes);
+    r->writes = r->first_any
+                    ? ap_malloc_filled_head(size, (size_t)ap_part_writes * sizeof(*r->writes))
+                    : malloc(size);
     return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
 }
 
@@ -991,10 +1036,14 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
         mr->path = AP_PATH_SETTLED;
     } else {
         /* before the first decision: a failure leaves nothing half done */
-        if (ap_run_buffers(r, total, total_bytes, first))
+        if (ap_run_buffers(r, total, total_bytes))
             return -ENOMEM;
-        if (settled && r->revert != m->left_orig && r->keep && ap_toggle(r, mr))
+        if (settled && r->revert != m->left_orig && r->keep && ap_toggle(r, mr)) {
             mr->path = AP_PATH_TOGGLE;
+            /* its writes are read again by their place in the queue
+             * (ap_toggle_decisions()): none written in a part */
+            r->parts_off = true;
+        }
     }
     if (mr->path == AP_PATH_SETTLED) {
         r->ndec += m->nsites; /* decided: what the last apply left (ap_record) */
@@ -1007,14 +1056,12 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
                                   m->sites[i].len);
             m->left_orig = false;
         }
-        size_t w0 = r->nwrites;
+        size_t w0 = r->nparted + r->nwrites;
         if (first)
             ap_decide_first(r, mr, r->arena + *bytes, memo);
         else
             ap_decide_module(r, mr, r->arena + *bytes, memo);
-        mr->writes = r->nwrites - w0;
-        if (m == r->wmod)
-            m->entries = NULL; /* its slots hold writes now */
+        mr->writes = r->nparted + r->nwrites - w0;
     }
     *bytes += m->site_bytes;
     return 0;
@@ -1033,20 +1080,18 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     if (n > AP_WDEC_N)
         return -ENOMEM; /* decision numbers are 30-bit */
     r->mods = malloc((nm ? nm : 1) * sizeof(*r->mods));
-    if (!r->mods || (r->debug && ap_run_buffers(r, n, bytes, false)))
+    if (!r->mods || (r->debug && ap_run_buffers(r, n, bytes)))
         return -ENOMEM;
     struct ap_memo *memo = ap_shapes_for(fs);
     r->keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
     r->revert = flags & ALTPATCH_APPLY_REVERT;
-    if (!r->dec)
-        r->wmod = ap_queue_module(r);
+    for (struct ap_module *m = ap_mods; m && !r->dec; m = m->next)
+        if (!m->gone && ap_first_decision(r, m))
+            r->first_any = true;
     size_t total = n, total_bytes = bytes;
     bytes = 0;
-    /* the module that holds the queue first (r->mods stays in decision order) */
-    if (r->wmod && ap_collect_module(r, r->wmod, memo, &bytes, total, total_bytes))
-        return -ENOMEM;
     for (struct ap_module *m = ap_mods; m; m = m->next)
-        if (!m->gone && m != r->wmod && ap_collect_module(r, m, memo, &bytes, total, total_bytes))
+        if (!m->gone && ap_collect_module(r, m, memo, &bytes, total, total_bytes))
             return -ENOMEM;
     return 0;
 }
@@ -1150,7 +1195,8 @@ static void ap_writes_done(struct ap_run *r, bool live)
      * module's first sites of their shapes, planned one by one) are denied
      * while the kept ones (later sites of those shapes, elsewhere) land. The
      * live writer counts its own way: not taken from it. */
-    if (r->poked && !live && r->nkept == r->nwrites && r->pst.bytes == r->kept_bytes)
+    if (r->poked && !live && r->nkept == r->nwrites &&
+        r->pst.bytes - r->part_bytes == r->kept_bytes)
         return;
     size_t hint = 0, nw = r->nwrites;
     const struct ap_write *w = r->writes;
@@ -1287,22 +1333,35 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         fs = &host;
     }
     r.debug = ap_env_value_on(env->debug);
+    r.live = live;
+    r.pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
+           ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0) |
+           (unfiltered ? AP_POKE_SECCOMP_OFF : 0); /* ap_check_threads() */
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
         ap_batch(&r);
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
-        unsigned pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
-                      ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0) |
-                      (unfiltered ? AP_POKE_SECCOMP_OFF : 0); /* ap_check_threads() */
-        /* other threads may run the sites (docs/live.md) */
-        err = live ? ap_live_poke(r.writes, r.nwrites, &r.pst)
-                   : ap_poke(r.writes, r.nwrites, pf, &r.pst);
+        /* other threads may run the sites (docs/live.md); after parts
+         * (ap_part_write()), the rest: the page count continues when every
+         * write came in address order */
+        if (live) {
+            err = ap_live_poke(r.writes, r.nwrites, &r.pst);
+        } else if (r.part_err == -ENOMEM) {
+            for (size_t k = 0; k < r.nwrites; k++)
+                if (ap_write_pending(&r.writes[k]))
+                    r.writes[k].result = ALTPATCH_REASON_WRITE_DENIED;
+        } else {
+            err = ap_poke(r.writes, r.nwrites,
+                          r.pf | (r.poked && !r.unsorted ? AP_POKE_CONTINUE : 0), &r.pst);
+        }
         st->live = live;
         r.poked = true;
-        if (err)
-            ap_log(ALTPATCH_WARN, "writer stopped: %s\n", strerror(-err));
     }
+    if (!err)
+        err = r.part_err;
+    if (err && r.poked)
+        ap_log(ALTPATCH_WARN, "writer stopped: %s\n", strerror(-err));
     /* recorded when the writes were made, or none was needed (the sites
      * without one were recorded as they were decided) */
     if (r.mods && (!err || r.poked)) {
@@ -1310,10 +1369,6 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         ap_record(&r, st);
         ap_applied = true;
     }
-    /* the queue's module not decided (a failure before): its records and
-     * the queue are one block, freed below */
-    if (r.wmod && r.wmod->entries == (struct ap_entry *)(void *)r.writes)
-        r.wmod->entries = NULL;
     /* records parsed for this apply: from now on decoded when needed */
     for (struct ap_module *m = ap_mods; m; m = m->next)
         if (m->entries && !m->gone)

@@ -125,11 +125,16 @@ enum ap_poke_flags {
      * read seccomp mode 0) and ran nothing since that could install a
      * filter: not asked again */
     AP_POKE_SECCOMP_OFF = 1u << 3,
+    /* this batch continues, in address order, the one written last with the
+     * same stats (st->pg_done): a page both touch is counted once */
+    AP_POKE_CONTINUE = 1u << 4,
 };
 
 struct ap_poke_stats {
     uint64_t bytes, pages, syscalls;
     unsigned mprotect_writes, procmem_writes; /* number of windows opened / pwrite calls that succeeded */
+    /* the end of the last page counted in pages (AP_POKE_CONTINUE) */
+    uintptr_t pg_done;
 };
 
 /**
@@ -142,6 +147,14 @@ struct ap_poke_stats {
  * are in w[i].result either way).
  */
 AP_HIDDEN int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *st);
+
+/**
+ * Writes in one part of a first apply's queue (apply.c): a module's first
+ * decision hands its queue to ap_poke() each time this many writes are
+ * queued in address order, and uses their slots again. 4096 (128 KiB of
+ * queue); tests set fewer to write many parts.
+ */
+AP_HIDDEN extern unsigned ap_part_writes;
 
 /*
  * Shared by both writers (writer.c; the pending check and ap_sys() inline here).
@@ -390,11 +403,12 @@ struct ap_module {
     uint64_t table_hash;        /* of the table as first seen: identity check after dlclose
                                  * (0 for the main program: never unloaded) */
     uint64_t repl_hash;         /* of the replacement bytes as first seen: identity too */
-    struct ap_entry *entries;   /* every record until the first apply is done; kept
-                                 * only when a site has more than AP_SITE_ENTRIES of
-                                 * them, else NULL and a site's records are decoded
-                                 * from the table when needed (ap_module_site_entries) */
-    size_t nentries;
+    struct ap_entry *entries;   /* every record, only when a site has more than
+                                 * AP_SITE_ENTRIES of them, else NULL: a site's
+                                 * records are decoded from the mapped table when
+                                 * needed, by its first decision too
+                                 * (ap_module_site_entries) */
+    size_t nentries;            /* the table's records, kept or not */
     bool entries_keep;          /* a site has more than AP_SITE_ENTRIES records */
     /* What the table pass proved for every record and site (module.c), so
      * that the first decision (apply.c) skips the checks per site: every
@@ -557,10 +571,23 @@ struct ap_site_entries {
 static inline const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
                                                             struct ap_site_entries *buf,
                                                             const struct ap_site **sp);
-/** ap_module_site_entries() for a module that does not keep its records. */
-AP_HIDDEN const struct ap_entry *ap_module_decode_entries(const struct ap_module *m, size_t i,
-                                                          struct ap_site_entries *buf,
-                                                          const struct ap_site **sp);
+/** ap_module_site_entries() for a module that does not keep its records:
+ * at most AP_SITE_ENTRIES of site @p i's (module.c keeps them all when a
+ * site has more). */
+static inline const struct ap_entry *ap_module_decode_entries(const struct ap_module *m, size_t i,
+                                                              struct ap_site_entries *buf,
+                                                              const struct ap_site **sp)
+{
+    const struct ap_site *s = &m->sites[i];
+    buf->site = *s;
+    buf->site.first = 0;
+    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
+    uint32_t rs = m->note.record_size;
+    for (uint32_t k = 0; k < s->count && k < AP_SITE_ENTRIES; k++)
+        ap_record_at(table, m->note.table_start, rs, (size_t)s->first + k, &buf->e[k]);
+    *sp = &buf->site;
+    return buf->e;
+}
 
 static inline const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
                                                             struct ap_site_entries *buf,

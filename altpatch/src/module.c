@@ -278,11 +278,14 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     bool main_program = !m->path[0];
     if (!main_program)
         m->repl_hash = ap_bytes_hash(m->view.repl.data, m->view.repl.size);
-    /* One pass: sites, their preset reasons, the entries (the first apply
-     * reads them), the features named and the table's hash. */
+    /* One pass: sites, their preset reasons, the module-wide facts, the
+     * features named and the table's hash. The records stay in the mapped
+     * table: a site decodes its own when they are read (the first decision
+     * too), unless some site has more than a small buffer holds: then a
+     * second pass keeps them all (ap_module_drop_entries). */
     struct ap_table_scan sc;
     int r = ap_table_scan(table, m->table_size, n->table_start, n->record_size,
-                          AP_SCAN_ENTRIES | (main_program ? 0 : AP_SCAN_HASH), &sc);
+                          AP_SCAN_FACTS | (main_program ? 0 : AP_SCAN_HASH), &sc);
     m->table_hash = sc.hash;
     if (r < 0)
         return r;
@@ -290,8 +293,17 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
         m->reason = r;
         return 0;
     }
+    if (sc.max_count > AP_SITE_ENTRIES) {
+        free(sc.sites);
+        uint64_t hash = sc.hash;
+        r = ap_table_scan(table, m->table_size, n->table_start, n->record_size, AP_SCAN_ENTRIES,
+                          &sc);
+        if (r < 0)
+            return r;
+        sc.hash = hash;
+    }
     m->entries = sc.entries;
-    m->nentries = sc.nentries;
+    m->nentries = m->table_size / n->record_size; /* the records, kept or not */
     m->sites = sc.sites;
     m->nsites = sc.nsites;
     /* The CPUID leaf groups: once per distinct feature. */
@@ -301,10 +313,6 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
             m->leaves |= ap_feature_leaves((unsigned)(w * 64 + (unsigned)__builtin_ctzll(bits)));
     if (sc.feature_high)
         m->leaves |= ap_feature_leaves(sc.feature_high);
-    /* After the first apply the records stay in the mapped table only: a
-     * site decodes its own when they are needed (a new shape, a relative
-     * template, the log), unless some site has more than a small buffer
-     * holds (ap_module_drop_entries). */
     m->entries_keep = sc.max_count > AP_SITE_ENTRIES;
     ap_module_facts(m, &sc);
     return ap_save_originals(m, sc.site_bytes);
@@ -316,21 +324,6 @@ void ap_module_drop_entries(struct ap_module *m)
         return;
     free(m->entries);
     m->entries = NULL;
-}
-
-const struct ap_entry *ap_module_decode_entries(const struct ap_module *m, size_t i,
-                                                struct ap_site_entries *buf,
-                                                const struct ap_site **sp)
-{
-    const struct ap_site *s = &m->sites[i];
-    buf->site = *s;
-    buf->site.first = 0;
-    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
-    for (uint32_t k = 0; k < s->count && k < AP_SITE_ENTRIES; k++)
-        ap_record_get(table, m->note.table_start, m->note.record_size, (size_t)s->first + k,
-                      &buf->e[k]);
-    *sp = &buf->site;
-    return buf->e;
 }
 
 /** Build the module for @p info (which carries the note descriptor @p desc). */

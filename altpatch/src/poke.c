@@ -897,6 +897,8 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
         .w = w, .n = n, .flags = flags, .st = st ? st : &dummy, .memfd = -1,
         .pgsz = (uintptr_t)getauxval(AT_PAGESZ),
     };
+    if (flags & AP_POKE_CONTINUE)
+        b.pg_done = b.st->pg_done;
     if (!b.pgsz)
         b.pgsz = (uintptr_t)sysconf(_SC_PAGESIZE);
     /* step 1 until a write is pending: none, no system call at all */
@@ -929,6 +931,7 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
         b.st->syscalls++;
     }
     ap_maps_close(&b.maps);
+    b.st->pg_done = b.pg_done;
     if (b.wrote_any)
         ap_sync_core();
     return ret;

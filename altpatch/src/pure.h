@@ -110,6 +110,45 @@ AP_HIDDEN int ap_records_parse(const uint8_t *table, size_t size, uint64_t table
  */
 AP_HIDDEN void ap_record_get(const uint8_t *table, uint64_t table_addr, uint32_t record_size,
                              size_t i, struct ap_entry *e);
+/**
+ * ap_record_get() inline, for a caller that decodes a site's records from
+ * the table as it goes (@p record_size ALTPATCH_RECORD_SIZE_KERNEL or
+ * ALTPATCH_RECORD_SIZE_COMPACT). Format 1: s32 site, s32 replacement (each
+ * relative to its own field), u32 feature | flags << 16, u8 site length, u8
+ * replacement length; format 3: the same with a u16 feature word (bits 0..14
+ * the feature, bit 15 ALT_FLAG_NOT).
+ */
+static inline void ap_record_at(const uint8_t *table, uint64_t table_addr, uint32_t record_size,
+                                size_t i, struct ap_entry *e)
+{
+    const uint8_t *p = table + i * record_size;
+    uint64_t at = table_addr + (uint64_t)i * record_size;
+    int32_t so, ro;
+    uint32_t w;
+    uint64_t packed; /* feature | flags << 16 | instrlen << 32 | repllen << 40 */
+    memcpy(&so, p, 4);
+    memcpy(&ro, p + 4, 4);
+    memcpy(&w, p + 8, 4);
+    if (record_size == ALTPATCH_RECORD_SIZE_COMPACT) {
+        packed = (w & 0x7fffu) | (uint64_t)((w >> 15) & 1u) * ((uint64_t)ALT_FLAG_NOT << 16) |
+                 (uint64_t)(w >> 16) << 32;
+    } else {
+        uint16_t lens;
+        memcpy(&lens, p + 12, 2);
+        packed = w | (uint64_t)lens << 32;
+    }
+    e->site = at + (uint64_t)(int64_t)so;
+    e->repl = at + 4 + (uint64_t)(int64_t)ro;
+    /* bytes 16..23 in one store (22 and 23 are padding) */
+    _Static_assert(offsetof(struct ap_entry, feature) == 16 &&
+                       offsetof(struct ap_entry, flags) == 18 &&
+                       offsetof(struct ap_entry, instrlen) == 20 &&
+                       offsetof(struct ap_entry, repllen) == 21 &&
+                       offsetof(struct ap_entry, index) == 24,
+                   "struct ap_entry: feature, flags, instrlen, repllen in bytes 16..21");
+    memcpy((uint8_t *)e + 16, &packed, 8);
+    e->index = (uint32_t)i;
+}
 
 /**
  * Group consecutive entries with the same site address into sites (in table
@@ -136,7 +175,8 @@ struct ap_table_scan {
     uint64_t features[AP_SCAN_FEATURES / 64]; /* bit id: some record names feature id */
     uint64_t hash;            /* ap_table_hash() of the table (AP_SCAN_HASH), else 0 */
     /* Facts about every record, for checks a caller would otherwise make per
-     * site (with AP_SCAN_ENTRIES and at least one record; else all zero): */
+     * site (with AP_SCAN_ENTRIES or AP_SCAN_FACTS and at least one record;
+     * else all zero): */
     bool flags_known;         /* every record's flags are 0 or ALT_FLAG_NOT */
     int64_t repl_lo;          /* the lowest replacement start as a signed number
                                * (one at or above 2^63 counts below 0) */
@@ -162,6 +202,9 @@ AP_HIDDEN int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_ad
 /** ap_table_scan()'s @c what: the entries, the table's hash. */
 #define AP_SCAN_ENTRIES 0x1u
 #define AP_SCAN_HASH 0x2u
+/** ap_table_scan()'s @c what: the facts about every record (struct
+ * ap_table_scan) without keeping the entries (AP_SCAN_ENTRIES gives both). */
+#define AP_SCAN_FACTS 0x4u
 /**
  * A 64-bit hash of a table of records of @p record_size bytes (any size:
  * bytes past the last whole record count too), the one ap_table_scan() gives.

@@ -413,7 +413,7 @@ _Static_assert(offsetof(struct ap_entry, feature) == 16 && offsetof(struct ap_en
 
 static inline __attribute__((always_inline)) size_t
 scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, bool want,
-             bool hash, struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out,
+             bool store, bool hash, struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out,
              bool *sorted)
 {
     uint64_t h = HASH_SEED0;
@@ -463,12 +463,14 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         else
             high = feature;
         if (want) {
-            struct ap_entry *x = e++;
             uint64_t repl = at + 4 + (uint64_t)(int64_t)(int32_t)(uint32_t)(w0 >> 32);
-            x->site = addr;
-            x->repl = repl;
-            memcpy((uint8_t *)x + offsetof(struct ap_entry, feature), &packed, 8);
-            x->index = (uint32_t)ic;
+            if (store) {
+                struct ap_entry *x = e++;
+                x->site = addr;
+                x->repl = repl;
+                memcpy((uint8_t *)x + offsetof(struct ap_entry, feature), &packed, 8);
+                x->index = (uint32_t)ic;
+            }
             uint32_t rl = (uint32_t)(packed >> 40) & 0xffu;
             uint64_t rend = repl + rl;
             if (rs != ALTPATCH_RECORD_SIZE_COMPACT) /* else one flag bit, ALT_FLAG_NOT */
@@ -559,17 +561,24 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     return (size_t)(o - s);
 }
 
-/* The pass for one record size: with the entries and the hash, with the
- * entries only, or with the hash only (also what a pass with neither runs). */
+/* The pass for one record size: with the entries (and the facts), with the
+ * facts alone, each with or without the hash, or with the hash only (also
+ * what a pass with none of them runs). */
 static inline __attribute__((always_inline)) size_t
 scan_dispatch(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, unsigned what,
               struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out, bool *sorted)
 {
-    if (!(what & AP_SCAN_ENTRIES))
-        return scan_records(table, count, table_addr, rs, false, true, s, e, out, sorted);
-    if (what & AP_SCAN_HASH)
-        return scan_records(table, count, table_addr, rs, true, true, s, e, out, sorted);
-    return scan_records(table, count, table_addr, rs, true, false, s, e, out, sorted);
+    bool hash = what & AP_SCAN_HASH;
+    if (what & AP_SCAN_ENTRIES)
+        return hash ? scan_records(table, count, table_addr, rs, true, true, true, s, e, out, sorted)
+                    : scan_records(table, count, table_addr, rs, true, true, false, s, e, out,
+                                   sorted);
+    if (what & AP_SCAN_FACTS)
+        return hash ? scan_records(table, count, table_addr, rs, true, false, true, s, e, out,
+                                   sorted)
+                    : scan_records(table, count, table_addr, rs, true, false, false, s, e, out,
+                                   sorted);
+    return scan_records(table, count, table_addr, rs, false, false, true, s, e, out, sorted);
 }
 
 int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,

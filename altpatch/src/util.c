@@ -196,14 +196,21 @@ void ap_fill_allow(bool on)
     ap_fill_on = on;
 }
 
-void *ap_malloc_filled(size_t size)
+void *ap_malloc_filled_head(size_t size, size_t head)
 {
     void *p = malloc(size ? size : 1);
-    if (p && ap_fill_on && size >= AP_FILL_MIN) {
+    if (head > size)
+        head = size;
+    if (p && ap_fill_on && head >= AP_FILL_MIN) {
         uintptr_t pg = 4096, a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
-        uintptr_t e = ((uintptr_t)p + size) & ~(pg - 1);
+        uintptr_t e = ((uintptr_t)p + head) & ~(pg - 1);
         if (e > a)
             madvise((void *)a, e - a, MADV_POPULATE_WRITE);
     }
     return p;
+}
+
+void *ap_malloc_filled(size_t size)
+{
+    return ap_malloc_filled_head(size, size);
 }

@@ -72,6 +72,12 @@ AP_HIDDEN uint64_t ap_now_ns(void);
  */
 AP_HIDDEN void *ap_malloc_filled(size_t size);
 /**
+ * ap_malloc_filled() for a block of @p size whose first @p head bytes are
+ * about to be written (and written again: a queue whose slots are used over):
+ * only their pages are made present; the rest get theirs when touched.
+ */
+AP_HIDDEN void *ap_malloc_filled_head(size_t size, size_t head);
+/**
  * Allow ap_malloc_filled() its madvise() (@p on: the caller knows that no
  * seccomp filter runs in this single-threaded call, so an advice an older
  * kernel does not know cannot be fatal), or forbid it again.

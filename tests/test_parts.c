@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A first apply writes its queue in parts (ap_part_writes writes each, in
+ * address order, while the module is decided): the parts agree with one
+ * batch -- every site's bytes and state, the stats, the page count -- for
+ * parts of one write, of three and of the whole queue; writes denied in
+ * every part are each refused and leave memory as it was; the next apply
+ * finds every site settled.
+ *
+ * Applying needs a single-threaded process: each body runs in a fork()ed
+ * child (ap_isolate.h).
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+
+#include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+
+#include "ap_isolate.h"
+#include "host.h"
+
+#define F_KEEP X86_FEATURE_AVX512F /* never in the sets below: the original stays */
+
+/* W: a write under every set (ALWAYS); K: no entry applies, nothing written. */
+#define W ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", X86_FEATURE_ALWAYS) "\n\t"
+#define K ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", F_KEEP) "\n\t"
+
+/* 40 sites of 5 bytes in one function: 30 writes, 10 kept (their pattern
+ * puts a part's end both on a write and beside a kept site). */
+__attribute__((noinline)) static long many(void)
+{
+    long v;
+    __asm__ __volatile__(W W W K W W K W W W W K W W W K W W K W
+                         W W W K W W K W W W W K W W W K W W K W
+                         : "=a"(v));
+    return v;
+}
+
+enum { N_SITES = 40, N_WRITES = 30, MAX_SITES = 64 };
+
+static const uint8_t MOV1[5] = {0xb8, 1, 0, 0, 0};
+static const uint8_t MOV2[5] = {0xb8, 2, 0, 0, 0};
+
+struct site_seen {
+    uintptr_t addr;
+    unsigned feature;
+    int state, reason, chosen;
+    uint8_t current[5];
+};
+
+struct run {
+    int rc, rc2, mdwe;
+    struct altpatch_stats st, st2;
+    unsigned n;
+    struct site_seen s[MAX_SITES];
+    long value;
+};
+
+struct ctx {
+    unsigned part;
+    bool deny; /* PR_SET_MDWE and ALTPATCH_APPLY_NO_PROCMEM: every write denied */
+};
+
+static int seen_cb(const struct altpatch_site_info *si, void *p)
+{
+    struct run *r = p;
+    uintptr_t fn = (uintptr_t)many;
+    if (si->addr < fn || si->addr >= fn + 16 + 5 * N_SITES || r->n >= MAX_SITES)
+        return 0;
+    struct site_seen *v = &r->s[r->n++];
+    *v = (struct site_seen){.addr = si->addr, .feature = si->feature, .state = si->state,
+                            .reason = si->reason, .chosen = si->chosen};
+    if (si->current && si->len == 5)
+        memcpy(v->current, si->current, 5);
+    return 0;
+}
+
+static void get_stats(struct altpatch_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->sz = sizeof(*st);
+    if (altpatch_get_stats(st))
+        abort();
+}
+
+static void body(void *out, void *cv)
+{
+    struct run *r = out;
+    const struct ctx *c = cv;
+    ap_part_writes = c->part;
+    unsigned flags = 0;
+    if (c->deny) {
+        altpatch_set_print(NULL); /* the refusals are expected */
+        r->mdwe = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+        flags = ALTPATCH_APPLY_NO_PROCMEM;
+    }
+    struct altpatch_features *f = altpatch_features_new();
+    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
+        abort();
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f, .flags = flags};
+    r->rc = altpatch_apply_opts(&o);
+    get_stats(&r->st);
+    altpatch_site_foreach(seen_cb, r);
+    r->value = many();
+    r->rc2 = altpatch_apply_opts(&o); /* nothing left to do */
+    get_stats(&r->st2);
+    altpatch_features_free(f);
+}
+
+static struct run *run_parts(unsigned part, bool deny)
+{
+    struct ctx c = {part, deny};
+    struct run *r = ap_isolated(sizeof(*r), body, &c);
+    if (deny && r->mdwe == -EINVAL)
+        cr_skip_test("kernel without PR_SET_MDWE");
+    cr_assert_eq(r->mdwe, 0);
+    cr_assert_eq(r->rc, 0, "part of %u: apply %d", part, r->rc);
+    cr_assert_eq(r->rc2, 0, "part of %u: the next apply %d", part, r->rc2);
+    cr_assert_eq(r->n, N_SITES, "part of %u: %u sites listed", part, r->n);
+    return r;
+}
+
+/* Every site as the feature set says: W patched and written, K original. */
+static void assert_written(const struct run *r, unsigned part)
+{
+    unsigned w = 0;
+    for (unsigned i = 0; i < r->n; i++) {
+        const struct site_seen *v = &r->s[i];
+        if (v->feature == X86_FEATURE_ALWAYS) {
+            w++;
+            cr_assert_eq(v->state, ALTPATCH_SITE_PATCHED, "part of %u: site %u", part, i);
+            cr_assert_arr_eq(v->current, MOV2, 5, "part of %u: site %u written", part, i);
+        } else {
+            cr_assert_eq(v->state, ALTPATCH_SITE_ORIGINAL, "part of %u: site %u", part, i);
+            cr_assert_arr_eq(v->current, MOV1, 5, "part of %u: site %u kept", part, i);
+        }
+    }
+    cr_assert_eq(w, N_WRITES);
+    cr_assert_eq(r->value, 2, "the last site (a write) runs its replacement");
+    cr_assert_geq(r->st.sites_patched, N_WRITES);
+    cr_assert_eq(r->st.sites_refused, 0);
+    cr_assert_geq(r->st.bytes_written, 5 * N_WRITES);
+    /* the next apply: every module settled, nothing written */
+    cr_assert_eq(r->st2.bytes_written, 0, "part of %u: the next apply wrote", part);
+    cr_assert_eq(r->st2.sites_refused, 0);
+    cr_assert_eq(r->st2.sites_patched, r->st.sites_patched);
+}
+
+Test(parts, parts_of_one_three_and_all_agree)
+{
+    struct run *all = run_parts(1u << 20, false);
+    assert_written(all, 1u << 20);
+    static const unsigned parts[] = {1, 2, 3, 7};
+    for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]); k++) {
+        struct run *r = run_parts(parts[k], false);
+        assert_written(r, parts[k]);
+        cr_assert_eq(r->st.sites_seen, all->st.sites_seen);
+        cr_assert_eq(r->st.sites_patched, all->st.sites_patched);
+        cr_assert_eq(r->st.sites_unchanged, all->st.sites_unchanged);
+        cr_assert_eq(r->st.bytes_written, all->st.bytes_written);
+        cr_assert_eq(r->st.pages_written, all->st.pages_written,
+                     "part of %u: a page two parts write is counted once", parts[k]);
+        /* one window per part at least: the parts were written apart */
+        cr_assert_geq(r->st.mprotect_windows + r->st.procmem_writes,
+                      parts[k] == 1 ? N_WRITES / 2 : 2, "part of %u", parts[k]);
+        for (unsigned i = 0; i < r->n; i++) {
+            cr_assert_eq(r->s[i].addr, all->s[i].addr);
+            cr_assert_eq(r->s[i].state, all->s[i].state);
+            cr_assert_eq(r->s[i].chosen, all->s[i].chosen);
+        }
+    }
+}
+
+Test(parts, writes_denied_in_every_part_are_each_refused)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    if (pre && strstr(pre, "vgpreload"))
+        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    static const unsigned parts[] = {1, 3, 1u << 20};
+    for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]); k++) {
+        struct run *r = run_parts(parts[k], true);
+        unsigned refused = 0;
+        for (unsigned i = 0; i < r->n; i++) {
+            const struct site_seen *v = &r->s[i];
+            cr_assert_arr_eq(v->current, MOV1, 5, "part of %u: site %u untouched", parts[k], i);
+            if (v->feature != X86_FEATURE_ALWAYS) {
+                cr_assert_eq(v->state, ALTPATCH_SITE_ORIGINAL);
+                continue;
+            }
+            refused++;
+            cr_assert_eq(v->state, ALTPATCH_SITE_REFUSED, "part of %u: site %u", parts[k], i);
+            cr_assert_eq(v->reason, ALTPATCH_REASON_WRITE_DENIED);
+        }
+        cr_assert_eq(refused, N_WRITES);
+        cr_assert_eq(r->value, 1, "the original runs");
+        cr_assert_eq(r->st.bytes_written, 0);
+        cr_assert_geq(r->st.sites_refused, N_WRITES);
+        cr_assert_eq(r->st.sites_refused + r->st.sites_unchanged, r->st.sites_seen);
+    }
+}
