@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Out of memory where a first apply's write queue is made:
- * libapfix_linked.so (DT_NEEDED of this test) and libapfix_dl.so
- * (dlopen'ed). An executable of its own: it interposes malloc() for the whole process (Criterion's
+ * Out of memory where a first apply's write queue grows: libapfix_linked.so
+ * (DT_NEEDED of this test) and libapfix_dl.so (dlopen'ed). An executable of
+ * its own: it interposes realloc() for the whole process (Criterion's
  * set-up included), which no other test must see, and which a sanitizer's
  * allocator does not allow (not built with ALTPATCH_SANITIZE; a sanitized
  * build of this file skips).
@@ -30,30 +30,31 @@
 #endif
 
 /*
- * The two first decisions with malloc() failing for the apply's write queue
- * (a slot per site of both), made before anything is decided.
- * Out of memory there, the apply returns -ENOMEM with nothing written in
- * either module, and the next apply patches both.
+ * The two first decisions with realloc() failing: the apply's write queue
+ * lies over one module's records, grown to a slot per site of both before
+ * anything is decided. Out of memory there, the apply returns -ENOMEM with
+ * nothing written in either module, and the next apply patches both.
  */
 #if !AP_SANITIZED
-extern void *__libc_malloc(size_t size);
-static volatile int alloc_fail; /* armed: the queue's block fails */
-static volatile int alloc_failed;
+extern void *__libc_realloc(void *p, size_t size);
+static volatile int realloc_fail; /* armed: the queue's growth fails */
+static volatile int realloc_failed;
 
-/* This executable's malloc: glibc's, but for the queue when armed. */
-void *malloc(size_t size)
+/* This executable's realloc: glibc's, but for the queue's growth when armed. */
+void *realloc(void *p, size_t size)
 {
-    /* a slot of 32 bytes per site of both modules (4 + 4) */
-    if (alloc_fail && size == 8 * 32) {
-        alloc_failed++;
+    /* a block grown to 8 slots of 32 bytes: one per site of both modules
+     * (4 + 4), over the records of one (4) */
+    if (realloc_fail && p && size == 8 * 32) {
+        realloc_failed++;
         errno = ENOMEM;
         return NULL;
     }
-    return __libc_malloc(size);
+    return __libc_realloc(p, size);
 }
 
 #else
-static volatile int alloc_fail, alloc_failed;
+static volatile int realloc_fail, realloc_failed;
 #endif
 
 static void body_two_first_enomem(void *out, void *ctx)
@@ -67,10 +68,10 @@ static void body_two_first_enomem(void *out, void *ctx)
         return;
     }
     call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
-    alloc_fail = 1;
+    realloc_fail = 1;
     r->rc[2] = altpatch_apply();
-    alloc_fail = 0;
-    r->flag[0] = alloc_failed;
+    realloc_fail = 0;
+    r->flag[0] = realloc_failed;
     r->val[0] = call(1) + 10 * apfix_linked_call(1);
     r->rc[0] = r->rc[1] = altpatch_apply();
     r->val[1] = call(1) + 10 * apfix_linked_call(1);
@@ -84,13 +85,13 @@ static void body_two_first_enomem(void *out, void *ctx)
 Test(modules_oom, two_first_decisions_out_of_memory_write_nothing)
 {
     if (AP_SANITIZED)
-        cr_skip_test("a sanitizer's malloc is not interposed here");
+        cr_skip_test("a sanitizer's realloc is not interposed here");
     struct mres *r = ap_isolated(sizeof(*r), body_two_first_enomem, NULL);
     cr_assert_eq(r->rc[3], 0, "%s", r->msg);
     const char *pre = getenv("LD_PRELOAD");
     if (!r->flag[0] && pre && strstr(pre, "vgpreload"))
-        cr_skip_test("valgrind's malloc replaces this file's: no allocation failed");
-    cr_assert_eq(r->flag[0], 1, "the queue's block failed once");
+        cr_skip_test("valgrind's realloc replaces this file's: no allocation failed");
+    cr_assert_eq(r->flag[0], 1, "the queue's growth failed once");
     cr_assert_eq(r->rc[2], -ENOMEM, "%d", r->rc[2]);
     cr_assert_eq(r->val[0], 22, "nothing written by the failed apply");
     cr_assert_eq(r->rc[1], 0);

@@ -354,10 +354,16 @@ struct onebad_res {
     struct onebad_walk w[NONEBAD];
 };
 
+/* Records of a table kept in an array for its first apply (module.c): the
+ * default, or 0, so that the first decision decodes each site's records from
+ * the mapped table (host.h's ap_records_keep_max; the test links the library
+ * whole). */
+extern unsigned ap_records_keep_max;
+
 static void onebad_body(void *out, void *ctx)
 {
     struct onebad_res *r = out;
-    (void)ctx;
+    ap_records_keep_max = *(const unsigned *)ctx;
     static void *h[NONEBAD];
     static struct segs sg[NONEBAD];
     static char file[NONEBAD][64];
@@ -387,9 +393,9 @@ static void onebad_body(void *out, void *ctx)
     }
 }
 
-Test(hostile, one_bad_record_among_valid_ones)
+static void onebad_check(unsigned records)
 {
-    struct onebad_res *r = ap_isolated(sizeof(*r), onebad_body, NULL);
+    struct onebad_res *r = ap_isolated(sizeof(*r), onebad_body, &records);
     cr_assert(r->loaded, "%s", r->msg);
     cr_assert(r->segs_ok, "executable segments of the modules not found");
     cr_assert_eq(r->apply_rc, 0);
@@ -410,6 +416,16 @@ Test(hostile, one_bad_record_among_valid_ones)
         cr_expect_eq(w->bad_reason, want, "onebad_%zu: '%s', want '%s'", k,
                      altpatch_strreason(w->bad_reason), altpatch_strreason(want));
     }
+}
+
+Test(hostile, one_bad_record_among_valid_ones)
+{
+    onebad_check(ap_records_keep_max);
+}
+
+Test(hostile, one_bad_record_among_valid_ones_records_decoded)
+{
+    onebad_check(0);
 }
 
 /* ---- strict W^X ------------------------------------------------------------------ */

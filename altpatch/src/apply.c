@@ -204,15 +204,21 @@ struct ap_mrun {
 #define AP_WDEC_N 0x3fffffffu
 
 /*
- * Queue write @p k (no result yet): every queued write goes through here.
- * Its four words are stored through a may_alias word type (GNU C), so the
- * writer's reads of struct ap_write's fields may read what these stores
- * wrote. (A memcpy from a uint64_t would give the bytes that effective type,
+ * Queue write @p k (no result yet): every queued write goes through here, as
+ * the queue may lie over a module's records (ap_run.wmod). Its four words
+ * are stored through a may_alias word type (GNU C): each store may alias any
+ * object, so no load of a record is moved past the store of a write into its
+ * slot, and the writer's reads of struct ap_write's fields may read what
+ * these stores wrote. (A memcpy from a uint64_t would give the bytes that effective type,
  * C11 6.5p6, not one the fields' reads may use.) Four word stores, no copy
  * through the stack.
  */
 typedef uint64_t ap_qword __attribute__((may_alias));
-_Static_assert(_Alignof(struct ap_write) >= _Alignof(uint64_t), "a write's words are aligned");
+_Static_assert(sizeof(struct ap_write) == sizeof(struct ap_entry),
+               "a queued write takes the slot of one record");
+_Static_assert(_Alignof(struct ap_write) >= _Alignof(uint64_t) &&
+                   _Alignof(struct ap_entry) >= _Alignof(uint64_t),
+               "a slot's words are aligned");
 _Static_assert(offsetof(struct ap_write, old) == 8 && offsetof(struct ap_write, new) == 16 &&
                    offsetof(struct ap_write, tag) == 24 && offsetof(struct ap_write, len) == 28 &&
                    offsetof(struct ap_write, result) == 30 && offsetof(struct ap_write, wrote) == 31,
@@ -234,10 +240,15 @@ struct ap_run {
     uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
     struct ap_write *writes; /* in site order until sorted; tag: the decision */
     size_t nwrites;
+    /* The module whose records hold the write queue (its first decision,
+     * decided before every other module, from a table small enough to keep
+     * its records: ap_records_keep_max), or NULL: writes is its own block.
+     * Its m->entries is the same block until that decision is done. */
+    struct ap_module *wmod;
     /* A run with a module's first decision (first_any) writes its queue in
      * parts while it decides (ap_part_write()): the queue's block has room
-     * for a write per site, its first ap_part_writes slots' pages made present,
-     * and each part written goes back to slot 0. */
+     * for a write per site, its first ap_part_writes slots' pages made
+     * present (its own block), and each part written goes back to slot 0. */
     bool first_any;
     bool live;            /* written by the live writer (docs/live.md) */
     bool parts_off;       /* a quick switch queued writes: no part written */
@@ -993,6 +1004,28 @@ static bool ap_first_decision(const struct ap_run *r, const struct ap_module *m)
 }
 
 /*
+ * The module whose records may hold the run's write queue: one decided for
+ * the first time whose records are dropped after this apply (kept for it
+ * only: a small table), the one with the most records. Decided before any
+ * other module, it queues the write of its site i (if any) into slot k <= i
+ * of its records, after it has read that site's records from slot s->first
+ * >= i (each site has at least one record, and none is read again:
+ * ap_module_site_entries() decodes from the table once m->entries is NULL);
+ * a part written (ap_part_write()) starts the queue at slot 0 again, so k
+ * stays at or below i; the modules after it queue theirs behind. So a first
+ * apply of a small program needs no fresh block for its writes.
+ */
+static struct ap_module *ap_queue_module(const struct ap_run *r)
+{
+    struct ap_module *best = NULL;
+    for (struct ap_module *m = ap_mods; m; m = m->next)
+        if (!m->gone && m->entries && !m->entries_keep && ap_first_decision(r, m) &&
+            (!best || m->nentries > best->nentries))
+            best = m;
+    return best;
+}
+
+/*
  * The run's per-site buffers for @p n sites of @p bytes, once, when a module
  * needs them (an apply where every module is settled allocates none). malloc,
  * not calloc: an item is written whole when it is used, and only those pages
@@ -1009,10 +1042,21 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
 {
     if (r->dec)
         return 0;
+    struct ap_module *wm = r->wmod;
+    if (wm && wm->nentries < n) {
+        struct ap_entry *e = realloc(wm->entries, n * sizeof(*e));
+        if (!e)
+            return -ENOMEM;
+        /* n slots now; m->nentries stays the record count (the slots
+         * are the queue's from here, the records are read no more once
+         * the module is decided) */
+        wm->entries = e;
+    }
     r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
     size_t size = (n ? n : 1) * sizeof(*r->writes);
-    r->writes = r->first_any
+    r->writes = wm             ? (struct ap_write *)(void *)wm->entries
+                : r->first_any
                     ? ap_malloc_filled_head(size, (size_t)ap_part_writes * sizeof(*r->writes))
                     : malloc(size);
     return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
@@ -1062,6 +1106,8 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
         else
             ap_decide_module(r, mr, r->arena + *bytes, memo);
         mr->writes = r->nparted + r->nwrites - w0;
+        if (m == r->wmod)
+            m->entries = NULL; /* its slots hold writes now */
     }
     *bytes += m->site_bytes;
     return 0;
@@ -1088,10 +1134,15 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     for (struct ap_module *m = ap_mods; m && !r->dec; m = m->next)
         if (!m->gone && ap_first_decision(r, m))
             r->first_any = true;
+    if (!r->dec)
+        r->wmod = ap_queue_module(r);
     size_t total = n, total_bytes = bytes;
     bytes = 0;
+    /* the module that holds the queue first (r->mods stays in decision order) */
+    if (r->wmod && ap_collect_module(r, r->wmod, memo, &bytes, total, total_bytes))
+        return -ENOMEM;
     for (struct ap_module *m = ap_mods; m; m = m->next)
-        if (!m->gone && ap_collect_module(r, m, memo, &bytes, total, total_bytes))
+        if (!m->gone && m != r->wmod && ap_collect_module(r, m, memo, &bytes, total, total_bytes))
             return -ENOMEM;
     return 0;
 }
@@ -1369,6 +1420,10 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         ap_record(&r, st);
         ap_applied = true;
     }
+    /* the queue's module not decided (a failure before): its records and
+     * the queue are one block, freed below */
+    if (r.wmod && r.wmod->entries == (struct ap_entry *)(void *)r.writes)
+        r.wmod->entries = NULL;
     /* records parsed for this apply: from now on decoded when needed */
     for (struct ap_module *m = ap_mods; m; m = m->next)
         if (m->entries && !m->gone)

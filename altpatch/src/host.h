@@ -156,6 +156,16 @@ AP_HIDDEN int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_po
  */
 AP_HIDDEN extern unsigned ap_part_writes;
 
+/**
+ * The most records of a table whose first apply reads them from an array the
+ * table pass fills (module.c; dropped after that apply, its slots the write
+ * queue's meanwhile: apply.c): 4096 (128 KiB). A larger table's first
+ * decision decodes each site's records from the mapped table as it goes:
+ * below this size the decoding costs more than the array's fresh memory.
+ * Tests set 0 to decode every table.
+ */
+AP_HIDDEN extern unsigned ap_records_keep_max;
+
 /*
  * Shared by both writers (writer.c; the pending check and ap_sys() inline here).
  */
@@ -403,11 +413,12 @@ struct ap_module {
     uint64_t table_hash;        /* of the table as first seen: identity check after dlclose
                                  * (0 for the main program: never unloaded) */
     uint64_t repl_hash;         /* of the replacement bytes as first seen: identity too */
-    struct ap_entry *entries;   /* every record, only when a site has more than
-                                 * AP_SITE_ENTRIES of them, else NULL: a site's
-                                 * records are decoded from the mapped table when
-                                 * needed, by its first decision too
-                                 * (ap_module_site_entries) */
+    struct ap_entry *entries;   /* every record: until the first apply is done for
+                                 * a table of at most ap_records_keep_max, for good
+                                 * when a site has more than AP_SITE_ENTRIES; else
+                                 * NULL: a site's records are decoded from the
+                                 * mapped table when needed, by its first decision
+                                 * too (ap_module_site_entries) */
     size_t nentries;            /* the table's records, kept or not */
     bool entries_keep;          /* a site has more than AP_SITE_ENTRIES records */
     /* What the table pass proved for every record and site (module.c), so

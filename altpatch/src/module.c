@@ -257,6 +257,9 @@ static void ap_module_facts(struct ap_module *m, const struct ap_table_scan *sc)
     m->text_all = t;
 }
 
+/* Records of a table whose first apply reads them kept in an array (host.h). */
+unsigned ap_records_keep_max = 4096;
+
 /** Decode the table and group it into sites (the module is refused on a bad table). */
 static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info)
 {
@@ -279,13 +282,18 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     if (!main_program)
         m->repl_hash = ap_bytes_hash(m->view.repl.data, m->view.repl.size);
     /* One pass: sites, their preset reasons, the module-wide facts, the
-     * features named and the table's hash. The records stay in the mapped
-     * table: a site decodes its own when they are read (the first decision
-     * too), unless some site has more than a small buffer holds: then a
-     * second pass keeps them all (ap_module_drop_entries). */
+     * features named and the table's hash; the entries too for a table of
+     * at most ap_records_keep_max records (the first apply reads them, then
+     * they are dropped). A larger table's records stay in the mapped table:
+     * a site decodes its own when they are read (its first decision too),
+     * unless some site has more than a small buffer holds: then a second
+     * pass keeps them all (ap_module_drop_entries). */
     struct ap_table_scan sc;
+    bool keep = m->table_size / n->record_size <= ap_records_keep_max;
     int r = ap_table_scan(table, m->table_size, n->table_start, n->record_size,
-                          AP_SCAN_FACTS | (main_program ? 0 : AP_SCAN_HASH), &sc);
+                          (keep ? AP_SCAN_ENTRIES : AP_SCAN_FACTS) |
+                              (main_program ? 0 : AP_SCAN_HASH),
+                          &sc);
     m->table_hash = sc.hash;
     if (r < 0)
         return r;
@@ -293,7 +301,7 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
         m->reason = r;
         return 0;
     }
-    if (sc.max_count > AP_SITE_ENTRIES) {
+    if (!keep && sc.max_count > AP_SITE_ENTRIES) {
         free(sc.sites);
         uint64_t hash = sc.hash;
         r = ap_table_scan(table, m->table_size, n->table_start, n->record_size, AP_SCAN_ENTRIES,
