@@ -6,7 +6,8 @@
  * parts of one write, of three and of the whole queue, with each site's
  * records decoded from the mapped table or read from the table pass's array
  * (ap_records_keep_max); writes denied in every part are each refused and
- * leave memory as it was; the next apply finds every site settled.
+ * leave memory as it was; the next apply finds every site settled. And a
+ * site's template id in two bytes.
  *
  * Applying needs a single-threaded process: each body runs in a fork()ed
  * child (ap_isolate.h).
@@ -210,4 +211,17 @@ Test(parts, writes_denied_in_every_part_are_each_refused)
         cr_assert_geq(r->st.sites_refused, N_WRITES);
         cr_assert_eq(r->st.sites_refused + r->st.sites_unchanged, r->st.sites_seen);
     }
+}
+
+/* A site's template id is kept in two bytes: one that does not fit is not
+ * remembered (0: looked up again), the original's has a value of its own. */
+Test(parts, template_ids_in_two_bytes)
+{
+    cr_assert_eq(ap_shape_load(ap_shape_store(AP_SHAPE_ORIGINAL)), AP_SHAPE_ORIGINAL);
+    cr_assert_eq(ap_shape_store(AP_SHAPE_ORIGINAL), AP_SHAPE_ORIGINAL16);
+    cr_assert_eq(ap_shape_load(ap_shape_store(0)), 0);
+    cr_assert_eq(ap_shape_load(ap_shape_store(1)), 1);
+    cr_assert_eq(ap_shape_load(ap_shape_store(AP_SHAPE_ORIGINAL16 - 1)), AP_SHAPE_ORIGINAL16 - 1);
+    cr_assert_eq(ap_shape_store(AP_SHAPE_ORIGINAL16), 0);
+    cr_assert_eq(ap_shape_store(70000), 0);
 }

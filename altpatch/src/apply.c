@@ -466,7 +466,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
         struct ap_site_entries eb;
         const struct ap_site *es = s;
         const struct ap_entry *ents = NULL;
-        uint32_t id = m->shape[i];
+        uint32_t id = ap_shape_load(m->shape[i]);
         if (!id) { /* orig saved: the site lies in the module's text (module.c) */
             ents = ap_module_site_entries(m, i, &eb, &es);
             /* no entry applies: the original, after the record checks alone */
@@ -482,7 +482,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
             chosen = ap_memo_inst(memo, id, &m->view, es, ents, slot, &final);
         }
         if (chosen >= -1)
-            m->shape[i] = id;
+            m->shape[i] = ap_shape_store(id);
     }
     if (chosen < -1) {
         char *detail = NULL;
@@ -619,7 +619,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     const uint32_t *orig_off = m->orig_off;
     const uint8_t *morig = m->orig;
     uint8_t *mplanned = m->planned;
-    uint32_t *shape = m->shape;
+    uint16_t *shape = m->shape;
     struct ap_site_result *res = m->res;
     const struct ap_entry *ments = m->entries;
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
@@ -639,7 +639,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     }
     for (size_t i = 0; i < nsites; i++, n++) {
         const struct ap_site *s = &sites[i];
-        uint32_t off = orig_off[i], id = shape[i];
+        uint32_t off = orig_off[i], id = ap_shape_load(shape[i]);
         size_t len = s->len;
         const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
         if (off == AP_NO_ORIG32)
@@ -685,7 +685,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                 target = orig;
             }
         }
-        shape[i] = id;
+        shape[i] = ap_shape_store(id);
         if (ap_same_site(cur, target, len)) {
             bool p = chosen >= 0;
             res[i] = ap_res_ok(chosen);
@@ -749,7 +749,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     uint32_t *orig_off = m->orig_off;
     uint8_t *morig = m->orig;
     uint8_t *mplanned = m->planned;
-    uint32_t *shape = m->shape;
+    uint16_t *shape = m->shape;
     struct ap_site_result *res = m->res;
     /* the records, when the module keeps them all (a site with many);
      * else each site's are decoded from the mapped table as it is decided */
@@ -854,7 +854,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                     orig += len;
                     planned += len;
                     res[i] = ap_res_ok(-1);
-                    shape[i] = id;
+                    shape[i] = ap_shape_store(id);
                     goto slow; /* a field does not fit here: the planner says why */
                 }
             } else {
@@ -862,7 +862,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                 target = t->key + 2 * (size_t)t->keylen; /* the same bytes at every site */
             }
         }
-        shape[i] = id;
+        shape[i] = ap_shape_store(id);
         if (chosen < 0) {
             /* memory holds the original: saved from it, nothing else changes */
             ap_copy2_small(orig, planned, cur, len);

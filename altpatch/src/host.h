@@ -451,9 +451,9 @@ struct ap_module {
     /* Each site's template (sitecache.c): the planner is pure, so under the
      * same feature set a site's plan does not change. Id of the template in
      * apply's memo (memo.c) of generation shape_gen, 0: none (planned, or
-     * refused, every time). */
+     * refused, every time). Two bytes a site (ap_shape_store()). */
     uint64_t shape_gen;         /* or AP_SHAPE_GEN_ANY */
-    uint32_t *shape;            /* or AP_SHAPE_ORIGINAL */
+    uint16_t *shape;            /* or AP_SHAPE_ORIGINAL16 */
     /* Settled (apply.c): the last apply under memo generation settled_gen
      * left every site non-refused with memory holding what it planned
      * (planned; the originals when left_orig); settled_patched of them hold
@@ -475,8 +475,23 @@ struct ap_module {
     bool saved;
 };
 
-/** m->shape[i] of a site none of whose entries applies: its plan is its original. */
+/** The template id of a site none of whose entries applies: its plan is its original. */
 #define AP_SHAPE_ORIGINAL UINT32_MAX
+/** AP_SHAPE_ORIGINAL as m->shape[i] holds it. */
+#define AP_SHAPE_ORIGINAL16 UINT16_MAX
+
+/** Template id @p id as m->shape[i] holds it: an id that does not fit in two
+ * bytes is not remembered (0: the site's template is looked up again). */
+static inline uint16_t ap_shape_store(uint32_t id)
+{
+    return id == AP_SHAPE_ORIGINAL ? AP_SHAPE_ORIGINAL16 : id < AP_SHAPE_ORIGINAL16 ? (uint16_t)id : 0;
+}
+
+/** The template id m->shape[i] (@p v) holds. */
+static inline uint32_t ap_shape_load(uint16_t v)
+{
+    return v == AP_SHAPE_ORIGINAL16 ? AP_SHAPE_ORIGINAL : v;
+}
 /** m->shape_gen while no site has a template: valid for every generation. */
 #define AP_SHAPE_GEN_ANY UINT64_MAX
 

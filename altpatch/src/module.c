@@ -164,7 +164,7 @@ void ap_module_save_all(struct ap_module *m)
     const struct ap_site *sites = m->sites;
     uint32_t *orig_off = m->orig_off;
     struct ap_site_result *res = m->res;
-    uint32_t *shape = m->shape;
+    uint16_t *shape = m->shape;
     uint8_t *orig = m->orig, *planned = m->planned;
     uint32_t off = 0;
     struct ap_region_cursor rc = {0};
@@ -201,7 +201,8 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
     if (total >= AP_NO_ORIG32)
         return -ENOMEM; /* 32-bit offsets: 16 million sites of 255 bytes */
     _Static_assert(sizeof(struct ap_site_result) % 4 == 0 && _Alignof(struct ap_site_result) <= 4,
-                   "per-site arrays share one block of 4-byte alignment");
+                   "per-site arrays share one block of 4-byte alignment: offsets and results, "
+                   "then template ids (2 bytes), then bytes");
     size_t size = n * (sizeof(*m->orig_off) + sizeof(*m->shape) + sizeof(*m->res)) + 2 * total;
     uint8_t *b = ap_malloc_filled(size); /* every site's entries written by its first decision */
     if (!b)
@@ -209,8 +210,8 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
     m->block = b;
     m->site_bytes = total;
     m->orig_off = (uint32_t *)(void *)b;
-    m->shape = (uint32_t *)(void *)(b + n * sizeof(*m->orig_off));
-    m->res = (struct ap_site_result *)(void *)(b + n * (sizeof(*m->orig_off) + sizeof(*m->shape)));
+    m->res = (struct ap_site_result *)(void *)(b + n * sizeof(*m->orig_off));
+    m->shape = (uint16_t *)(void *)(b + n * (sizeof(*m->orig_off) + sizeof(*m->res)));
     m->orig = b + n * (sizeof(*m->orig_off) + sizeof(*m->shape) + sizeof(*m->res));
     m->planned = m->orig + total;
     m->shape_gen = AP_SHAPE_GEN_ANY;

@@ -33,7 +33,7 @@ int ap_plan_slow(struct ap_module *m, size_t i, const uint8_t *orig, struct ap_m
         return -2;
     }
     if (orig && id)
-        m->shape[i] = id;
+        m->shape[i] = ap_shape_store(id);
     if (plan.chosen >= 0)
         ap_copy_small(final, plan.final, m->sites[i].len);
     return plan.chosen;
