@@ -16,7 +16,7 @@ if(TARGET test_fixtures)
 endif()
 
 if(TARGET test_primitives OR TARGET test_modules OR TARGET test_corrupt)
-  foreach(t test_primitives test_modules test_corrupt)
+  foreach(t test_primitives test_modules test_corrupt test_parts)
     if(TARGET ${t})
       target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR}/testdata)
       target_compile_definitions(${t} PRIVATE APFIX_DIR="${APFIX_DIR}")
@@ -70,7 +70,7 @@ find_program(VALGRIND_EXECUTABLE valgrind)
 if(VALGRIND_EXECUTABLE AND NOT ALTPATCH_SANITIZE) # ASan binaries do not run under valgrind
   set(apfix_vg ${VALGRIND_EXECUTABLE} --quiet --trace-children=yes --error-exitcode=1
     --leak-check=no)
-  foreach(t test_primitives test_modules test_corrupt)
+  foreach(t test_primitives test_modules test_corrupt test_parts)
     if(TARGET ${t})
       add_test(NAME valgrind_${t} COMMAND ${apfix_vg} $<TARGET_FILE:${t}> --jobs 1)
       set_tests_properties(valgrind_${t} PROPERTIES TIMEOUT 600
