@@ -741,7 +741,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
  */
 static inline __attribute__((always_inline)) void
 ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct ap_memo *memo,
-                     bool plain, uint32_t rs)
+                     bool plain, bool decode, uint32_t rs)
 {
     struct ap_module *m = mr->m;
     /* copies: the stores below (bytes) could alias any field read through m or r */
@@ -751,9 +751,10 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     uint8_t *mplanned = m->planned;
     uint16_t *shape = m->shape;
     struct ap_site_result *res = m->res;
-    /* the records, when the module keeps them all (a site with many);
-     * else each site's are decoded from the mapped table as it is decided */
-    const struct ap_entry *ments = m->entries;
+    /* @p decode: each site's records decoded from the mapped table as it is
+     * decided (ap_record_at(), records of @p rs bytes); else the table
+     * pass's array (a small table, or one with a site of many records) */
+    const struct ap_entry *ments = decode ? NULL : m->entries;
     const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
     const uint64_t table_addr = m->note.table_start;
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
@@ -799,7 +800,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         struct ap_site_entries eb;
         const struct ap_site *es = s;
         const struct ap_entry *ents = ments;
-        if (!ments) {
+        if (decode) {
             size_t first = s->first;
             /* the site with first = 0, stored as the memo loads it: its
              * bytes 12..19 (count, reason, len) in one word, which a load
@@ -921,12 +922,12 @@ static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct a
                                                       uint8_t *slot, struct ap_memo *memo)
 {
     const struct ap_module *m = mr->m;
-    bool compact = m->note.record_size == ALTPATCH_RECORD_SIZE_COMPACT;
-    if (m->records_plain && m->text_all)
-        compact ? ap_decide_first_loop(r, mr, slot, memo, true, ALTPATCH_RECORD_SIZE_COMPACT)
-                : ap_decide_first_loop(r, mr, slot, memo, true, ALTPATCH_RECORD_SIZE_KERNEL);
+    if (!(m->records_plain && m->text_all))
+        ap_decide_first_loop(r, mr, slot, memo, false, !m->entries, m->note.record_size);
+    else if (m->entries) /* a small table: its records in the table pass's array */
+        ap_decide_first_loop(r, mr, slot, memo, true, false, ALTPATCH_RECORD_SIZE_KERNEL);
     else
-        ap_decide_first_loop(r, mr, slot, memo, false, m->note.record_size);
+        ap_decide_first_loop(r, mr, slot, memo, true, true, m->note.record_size);
 }
 
 /** What the last apply left at site @p i of a settled module @p m. */

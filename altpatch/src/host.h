@@ -484,7 +484,8 @@ struct ap_module {
  * bytes is not remembered (0: the site's template is looked up again). */
 static inline uint16_t ap_shape_store(uint32_t id)
 {
-    return id == AP_SHAPE_ORIGINAL ? AP_SHAPE_ORIGINAL16 : id < AP_SHAPE_ORIGINAL16 ? (uint16_t)id : 0;
+    /* AP_SHAPE_ORIGINAL + 1 wraps to 0: it is kept, as 0xffff */
+    return (uint16_t)(id + 1u <= AP_SHAPE_ORIGINAL16 ? id : 0);
 }
 
 /** The template id m->shape[i] (@p v) holds. */
