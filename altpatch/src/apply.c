@@ -800,6 +800,26 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         struct ap_site_entries eb;
         const struct ap_site *es = s;
         const struct ap_entry *ents = ments;
+        if (decode && plain && rs == ALTPATCH_RECORD_SIZE_COMPACT && count == 1) {
+            /* one format-3 record: the keep bit from its raw feature word
+             * (bit 15 ALT_FLAG_NOT, the feature below AP_SCAN_FEATURES:
+             * plain) and its replacement length, decoded only when it may
+             * apply */
+            const uint8_t *p = table + (size_t)s->first * ALTPATCH_RECORD_SIZE_COMPACT;
+            uint16_t fw;
+            memcpy(&fw, p + 8, 2);
+            _Static_assert(ALT_FLAG_NOT == 1 && AP_SCAN_FEATURES == 32 * AP_NCAPWORDS &&
+                               AP_NCAPWORDS == 32,
+                           "keep[bit 15][feature / 32]: word bit 15 >> 10 | bits 5..9");
+            /* keep[fw >> 15][(fw & 0x7fff) / 32], the feature below 1024 */
+            const uint32_t *keep = &memo->keep[0][0];
+            uint32_t kw = keep[(fw >> 10 & AP_NCAPWORDS) | (fw >> 5 & (AP_NCAPWORDS - 1))];
+            if ((kw >> (fw & 31u) & 1u) && p[11] <= len) {
+                id = AP_SHAPE_ORIGINAL;
+                chosen = -1;
+                goto keep_original;
+            }
+        }
         if (decode) {
             size_t first = s->first;
             /* the site with first = 0, stored as the memo loads it: its
@@ -863,6 +883,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                 target = t->key + 2 * (size_t)t->keylen; /* the same bytes at every site */
             }
         }
+    keep_original:
         shape[i] = ap_shape_store(id);
         if (chosen < 0) {
             /* memory holds the original: saved from it, nothing else changes */

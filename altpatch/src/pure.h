@@ -130,8 +130,10 @@ static inline void ap_record_at(const uint8_t *table, uint64_t table_addr, uint3
     memcpy(&ro, p + 4, 4);
     memcpy(&w, p + 8, 4);
     if (record_size == ALTPATCH_RECORD_SIZE_COMPACT) {
-        packed = (w & 0x7fffu) | (uint64_t)((w >> 15) & 1u) * ((uint64_t)ALT_FLAG_NOT << 16) |
-                 (uint64_t)(w >> 16) << 32;
+        /* bit 15 to bit 16 (ALT_FLAG_NOT), the lengths to bits 32..47 */
+        _Static_assert(ALT_FLAG_NOT == 1, "ALT_FLAG_NOT: bit 0 of the flags");
+        uint64_t x = w;
+        packed = (x & 0x7fffu) | (x & 0x8000u) << 1 | (x & 0xffff0000u) << 16;
     } else {
         uint16_t lens;
         memcpy(&lens, p + 12, 2);
