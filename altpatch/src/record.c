@@ -456,7 +456,11 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
                      (w1 >> 16) << 32;
         else
             packed = w1;
-        unsigned feature = (unsigned)(packed & 0xffffu);
+        /* the feature and the replacement length straight from the record's
+         * word (packed is built only for an entry stored) */
+        unsigned feature = rs == ALTPATCH_RECORD_SIZE_COMPACT
+                               ? (unsigned)(w1 & REC_COMPACT_FEATURE)
+                               : (unsigned)(w1 & 0xffffu);
         ilen = p[rs - 2]; /* (packed >> 32) & 0xff, read again: one load */
         if (__builtin_expect(feature < AP_SCAN_FEATURES, 1))
             seen[feature] = 0x80;
@@ -471,10 +475,11 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
                 memcpy((uint8_t *)x + offsetof(struct ap_entry, feature), &packed, 8);
                 x->index = (uint32_t)ic;
             }
-            uint32_t rl = (uint32_t)(packed >> 40) & 0xffu;
+            uint32_t rl = rs == ALTPATCH_RECORD_SIZE_COMPACT ? (uint32_t)(w1 >> 24) & 0xffu
+                                                             : (uint32_t)(w1 >> 40) & 0xffu;
             uint64_t rend = repl + rl;
             if (rs != ALTPATCH_RECORD_SIZE_COMPACT) /* else one flag bit, ALT_FLAG_NOT */
-                fl |= (uint32_t)packed;
+                fl |= (uint32_t)w1;
             rlo = (int64_t)repl < rlo ? (int64_t)repl : rlo;
             rhi = rend > rhi ? rend : rhi;
         }
