@@ -939,16 +939,39 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     r->kept_bytes += kept_bytes;
 }
 
+/* Each kind of module in a function of its own: the inline helpers the loop
+ * calls (the memo's lookup, the copies) stay inline in each. */
+#define AP_DECIDE_FIRST_KIND(name, plain, decode, rs)                                            \
+    static __attribute__((noinline)) void name(struct ap_run *r, struct ap_mrun *mr,             \
+                                               uint8_t *slot, struct ap_memo *memo)              \
+    {                                                                                            \
+        ap_decide_first_loop(r, mr, slot, memo, plain, decode, rs);                              \
+    }
+/* a module whose facts do not hold: records kept or decoded, of its own size */
+static __attribute__((noinline)) void ap_decide_first_any(struct ap_run *r, struct ap_mrun *mr,
+                                                          uint8_t *slot, struct ap_memo *memo)
+{
+    ap_decide_first_loop(r, mr, slot, memo, false, !mr->m->entries, mr->m->note.record_size);
+}
+/* a small table: its records in the table pass's array */
+AP_DECIDE_FIRST_KIND(ap_decide_first_kept, true, false, ALTPATCH_RECORD_SIZE_KERNEL)
+/* a large table: each site's records decoded, format 3 or format 1 */
+AP_DECIDE_FIRST_KIND(ap_decide_first_compact, true, true, ALTPATCH_RECORD_SIZE_COMPACT)
+AP_DECIDE_FIRST_KIND(ap_decide_first_kernel, true, true, ALTPATCH_RECORD_SIZE_KERNEL)
+#undef AP_DECIDE_FIRST_KIND
+
 static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct ap_mrun *mr,
                                                       uint8_t *slot, struct ap_memo *memo)
 {
     const struct ap_module *m = mr->m;
     if (!(m->records_plain && m->text_all))
-        ap_decide_first_loop(r, mr, slot, memo, false, !m->entries, m->note.record_size);
-    else if (m->entries) /* a small table: its records in the table pass's array */
-        ap_decide_first_loop(r, mr, slot, memo, true, false, ALTPATCH_RECORD_SIZE_KERNEL);
+        ap_decide_first_any(r, mr, slot, memo);
+    else if (m->entries)
+        ap_decide_first_kept(r, mr, slot, memo);
+    else if (m->note.record_size == ALTPATCH_RECORD_SIZE_COMPACT)
+        ap_decide_first_compact(r, mr, slot, memo);
     else
-        ap_decide_first_loop(r, mr, slot, memo, true, true, m->note.record_size);
+        ap_decide_first_kernel(r, mr, slot, memo);
 }
 
 /** What the last apply left at site @p i of a settled module @p m. */
