@@ -27,17 +27,22 @@
 
 #define F_KEEP X86_FEATURE_AVX512F /* never in the sets below: the original stays */
 
-/* W: a write under every set (ALWAYS); K: no entry applies, nothing written. */
+/* W: a write under every set (ALWAYS); K: no entry applies, nothing written;
+ * N, L: the same with ALT_FLAG_NOT (a write when F_KEEP is absent, none
+ * while ALWAYS is present). */
 #define W ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", X86_FEATURE_ALWAYS) "\n\t"
 #define K ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", F_KEEP) "\n\t"
+#define N ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", ALT_NOT(F_KEEP)) "\n\t"
+#define L ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", ALT_NOT(X86_FEATURE_ALWAYS)) "\n\t"
 
 /* 40 sites of 5 bytes in one function: 30 writes, 10 kept (their pattern
- * puts a part's end both on a write and beside a kept site). */
+ * puts a part's end both on a write and beside a kept site), some of each
+ * with ALT_FLAG_NOT. */
 __attribute__((noinline)) static long many(void)
 {
     long v;
-    __asm__ __volatile__(W W W K W W K W W W W K W W W K W W K W
-                         W W W K W W K W W W W K W W W K W W K W
+    __asm__ __volatile__(W W W K W W K W N W W L W W W K W W K W
+                         W N W K W W L W W W W K W N W K W W L W
                          : "=a"(v));
     return v;
 }
@@ -49,7 +54,7 @@ static const uint8_t MOV2[5] = {0xb8, 2, 0, 0, 0};
 
 struct site_seen {
     uintptr_t addr;
-    unsigned feature;
+    unsigned feature, flags;
     int state, reason, chosen;
     uint8_t current[5];
 };
@@ -75,7 +80,8 @@ static int seen_cb(const struct altpatch_site_info *si, void *p)
     if (si->addr < fn || si->addr >= fn + 16 + 5 * N_SITES || r->n >= MAX_SITES)
         return 0;
     struct site_seen *v = &r->s[r->n++];
-    *v = (struct site_seen){.addr = si->addr, .feature = si->feature, .state = si->state,
+    *v = (struct site_seen){.addr = si->addr, .feature = si->feature,
+                            .flags = si->flags, .state = si->state,
                             .reason = si->reason, .chosen = si->chosen};
     if (si->current && si->len == 5)
         memcpy(v->current, si->current, 5);
@@ -128,13 +134,20 @@ static struct run *run_parts(unsigned part, unsigned records, bool deny)
     return r;
 }
 
-/* Every site as the feature set says: W patched and written, K original. */
+/* Written under the set {ALWAYS}: W and N. */
+static bool written(const struct site_seen *v)
+{
+    bool present = v->feature == X86_FEATURE_ALWAYS;
+    return (v->flags & ALT_FLAG_NOT) ? !present : present;
+}
+
+/* Every site as the feature set says: W and N patched and written, K and L original. */
 static void assert_written(const struct run *r, unsigned part)
 {
     unsigned w = 0;
     for (unsigned i = 0; i < r->n; i++) {
         const struct site_seen *v = &r->s[i];
-        if (v->feature == X86_FEATURE_ALWAYS) {
+        if (written(v)) {
             w++;
             cr_assert_eq(v->state, ALTPATCH_SITE_PATCHED, "part of %u: site %u", part, i);
             cr_assert_arr_eq(v->current, MOV2, 5, "part of %u: site %u written", part, i);
@@ -197,7 +210,7 @@ Test(parts, writes_denied_in_every_part_are_each_refused)
         for (unsigned i = 0; i < r->n; i++) {
             const struct site_seen *v = &r->s[i];
             cr_assert_arr_eq(v->current, MOV1, 5, "part of %u: site %u untouched", parts[k], i);
-            if (v->feature != X86_FEATURE_ALWAYS) {
+            if (!written(v)) {
                 cr_assert_eq(v->state, ALTPATCH_SITE_ORIGINAL);
                 continue;
             }

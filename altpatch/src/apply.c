@@ -531,6 +531,17 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
         ap_site_refused(r, mr, i, n);
 }
 
+/* Bit b of @p x at bit 2 * b. */
+static inline uint64_t ap_bits_spread(uint32_t x)
+{
+    uint64_t v = x;
+    v = (v | v << 16) & 0x0000ffff0000ffffull;
+    v = (v | v << 8) & 0x00ff00ff00ff00ffull;
+    v = (v | v << 4) & 0x0f0f0f0f0f0f0f0full;
+    v = (v | v << 2) & 0x3333333333333333ull;
+    return (v | v << 1) & 0x5555555555555555ull;
+}
+
 /* Writes in a part of a first decision's queue (host.h): 128 KiB of them. */
 unsigned ap_part_writes = 4096;
 
@@ -775,6 +786,16 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
      * passes the checks ap_memo_keeps_original_plain() leaves out */
     const struct ap_region *text = m->text_all;
     const uint64_t tbase = plain ? (uint64_t)(uintptr_t)text->data - text->addr : 0;
+    /* A large format-3 table's keep bits, the memo's keep[flag][w] bit b
+     * at keep2[w] bit 2 * b + flag: a one-record site's test is then one
+     * word at its feature word turned left by one (ALT_FLAG_NOT, bit 15,
+     * to bit 0; the feature, below AP_SCAN_FEATURES when plain, above it) */
+    _Static_assert(ALT_FLAG_NOT == 1 && AP_SCAN_FEATURES == 32 * AP_NCAPWORDS,
+                   "format 3: bit 15 ALT_FLAG_NOT, features below 32 * AP_NCAPWORDS");
+    uint64_t keep2[AP_NCAPWORDS];
+    if (decode && plain && rs == ALTPATCH_RECORD_SIZE_COMPACT)
+        for (unsigned w = 0; w < AP_NCAPWORDS; w++)
+            keep2[w] = ap_bits_spread(memo->keep[0][w]) | ap_bits_spread(memo->keep[1][w]) << 1;
     m->saved = true; /* every site's arrays are filled below */
     m->shape_gen = ap_shapes_gen;
     for (size_t i = 0; i < nsites; i++, n++) {
@@ -808,13 +829,11 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             const uint8_t *p = table + (size_t)s->first * ALTPATCH_RECORD_SIZE_COMPACT;
             uint16_t fw;
             memcpy(&fw, p + 8, 2);
-            _Static_assert(ALT_FLAG_NOT == 1 && AP_SCAN_FEATURES == 32 * AP_NCAPWORDS &&
-                               AP_NCAPWORDS == 32,
-                           "keep[bit 15][feature / 32]: word bit 15 >> 10 | bits 5..9");
-            /* keep[fw >> 15][(fw & 0x7fff) / 32], the feature below 1024 */
-            const uint32_t *keep = &memo->keep[0][0];
-            uint32_t kw = keep[(fw >> 10 & AP_NCAPWORDS) | (fw >> 5 & (AP_NCAPWORDS - 1))];
-            if ((kw >> (fw & 31u) & 1u) && p[11] <= len) {
+            /* the feature word turned left by one: the feature times two,
+             * plus the flag; its bit in keep2 */
+            unsigned rw = (unsigned)(uint16_t)(fw << 1 | fw >> 15);
+            uint64_t kw = keep2[rw >> 6] >> (rw & 63u);
+            if ((kw & 1u) && p[11] <= len) {
                 id = AP_SHAPE_ORIGINAL;
                 chosen = -1;
                 goto keep_original;
