@@ -864,7 +864,9 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         /* no entry applies: the original, after the record checks alone (one
          * entry, the common site: the test without its loop) */
         bool keeps;
-        if (plain) /* no reason, a length; the scan gives every site an entry */
+        if (decode && plain && rs == ALTPATCH_RECORD_SIZE_COMPACT && count == 1)
+            keeps = false; /* its record's test above */
+        else if (plain) /* no reason, a length; the scan gives every site an entry */
             keeps = count == 1 ? ap_memo_keeps_original_plain(memo, (unsigned)len, se, 1)
                                : ap_memo_keeps_original_plain(memo, (unsigned)len, se, count);
         else
