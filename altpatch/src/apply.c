@@ -261,6 +261,14 @@ struct ap_run {
      * bytes, every write landed and nothing is left to do after the writer. */
     size_t nkept;
     uint64_t kept_bytes;
+    /* Writes queued without AP_WDEC_KEPT by ap_decide() (a site planned
+     * one by one): how many, their slots' range [unkept_lo, unkept_hi) and
+     * their bytes; unkept_any: a loop queued some too (not tracked). When
+     * none is untracked and the writer wrote the bytes of all, only that
+     * range has anything left to do after the writer. */
+    size_t nunkept, unkept_lo, unkept_hi;
+    uint64_t unkept_bytes;
+    bool unkept_any;
     uintptr_t wlast;         /* the address of the last write queued; 0 before
                               * the first (no site lies at 0) */
     bool unsorted;           /* some write was queued below one before it */
@@ -519,7 +527,12 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
             d->action = AP_ACT_WRITE;
             r->unsorted |= addr <= r->wlast;
             r->wlast = addr;
-            ap_queue(r->writes, r->nwrites++, addr, old, target, (uint32_t)n, len);
+            size_t k = r->nwrites++;
+            ap_queue(r->writes, k, addr, old, target, (uint32_t)n, len);
+            if (!r->nunkept++)
+                r->unkept_lo = k;
+            r->unkept_hi = k + 1;
+            r->unkept_bytes += len;
             return;
         }
         if (!r->debug && d->action == AP_ACT_UNCHANGED) {
@@ -548,6 +561,33 @@ unsigned ap_part_writes = 4096;
 static void ap_write_done(struct ap_run *r, size_t k, size_t *hint);
 
 /*
+ * The writes of r->writes[0 .. r->nwrites) with anything left to do after
+ * the writer (ap_write_done()): each not written (its result), each queued
+ * without AP_WDEC_KEPT (@p poked false: each but one queued with
+ * AP_WDEC_KEPT, the writer has not run). When the writer ran, every write
+ * not kept is one ap_decide() queued and the writer wrote the bytes of
+ * every write (each counted at most once), only those slots are looked at.
+ */
+static void ap_writes_fold(struct ap_run *r, bool poked)
+{
+    size_t hint = 0, lo = 0, hi = r->nwrites;
+    const struct ap_write *w = r->writes;
+    if (poked && !r->unkept_any && r->nkept + r->nunkept == hi &&
+        r->pst.bytes - r->part_bytes == r->kept_bytes + r->unkept_bytes) {
+        if (!r->nunkept)
+            return;
+        lo = r->unkept_lo;
+        hi = r->unkept_hi;
+    }
+    /* a write that landed (result 0, or no writer: a dry run) with
+     * AP_WDEC_KEPT has nothing left to do */
+    uint32_t mask = poked ? 0xffu : 0;
+    for (size_t k = lo; k < hi; k++)
+        if (((uint32_t)(uint8_t)w[k].result & mask) | (~w[k].tag & AP_WDEC_KEPT))
+            ap_write_done(r, k, &hint);
+}
+
+/*
  * Write the queue r->writes[0 .. r->nwrites) as one part (a first
  * decision's, in address order, ap_poke() with r->pf; a part after the first
  * continues its page count) and fold the answers in at once, exactly as
@@ -570,14 +610,14 @@ static __attribute__((noinline)) void ap_part_write(struct ap_run *r)
             r->part_err = err;
     }
     r->poked = true;
-    size_t hint = 0;
-    for (size_t k = 0; k < nw; k++)
-        if ((uint32_t)(uint8_t)w[k].result | (~w[k].tag & AP_WDEC_KEPT))
-            ap_write_done(r, k, &hint);
+    ap_writes_fold(r, true);
     r->nparted += nw;
     r->nwrites = 0;
     r->nkept = 0;
     r->kept_bytes = 0;
+    r->nunkept = 0;
+    r->unkept_bytes = 0;
+    r->unkept_any = false;
     r->part_bytes = r->pst.bytes;
 }
 
@@ -640,6 +680,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     uint64_t patched = 0, unchanged = 0, kept_bytes = 0;
     uintptr_t wlast = r->wlast;
     bool revert = r->revert, keep = r->keep, unsorted = r->unsorted;
+    const size_t nw0 = nw, nunkept0 = r->nunkept;
     if (m->reason || r->debug) {
         for (size_t i = 0; i < nsites; i++) {
             ap_decide(r, mr, i, slot, memo);
@@ -738,6 +779,10 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
     r->nkept += nkept;
     r->kept_bytes += kept_bytes;
+    /* writes of the loop without AP_WDEC_KEPT: the queue's growth less
+     * ap_decide()'s (tracked) and the kept ones */
+    if (nw - nw0 - (r->nunkept - nunkept0) != nkept)
+        r->unkept_any = true;
 }
 
 /*
@@ -1237,8 +1282,11 @@ static int ap_cmp_write(const void *a, const void *b)
 static void ap_batch(struct ap_run *r)
 {
     /* sites come in table order: usually sorted already (seen while queueing) */
-    if (r->unsorted)
+    if (r->unsorted) {
         qsort(r->writes, r->nwrites, sizeof(*r->writes), ap_cmp_write);
+        if (r->nunkept) /* the writes not kept moved: every slot is looked at */
+            r->unkept_any = true;
+    }
 }
 
 /** The module whose decisions hold decision @p n (@p hint: a guess). */
@@ -1321,17 +1369,9 @@ static void ap_writes_done(struct ap_run *r, bool live)
      * module's first sites of their shapes, planned one by one) are denied
      * while the kept ones (later sites of those shapes, elsewhere) land. The
      * live writer counts its own way: not taken from it. */
-    if (r->poked && !live && r->nkept == r->nwrites &&
-        r->pst.bytes - r->part_bytes == r->kept_bytes)
-        return;
-    size_t hint = 0, nw = r->nwrites;
-    const struct ap_write *w = r->writes;
-    /* a write that landed (result 0, or no writer: a dry run) with AP_WDEC_KEPT
-     * has nothing left to do */
-    uint32_t poked = r->poked ? 0xffu : 0;
-    for (size_t k = 0; k < nw; k++)
-        if (((uint32_t)(uint8_t)w[k].result & poked) | (~w[k].tag & AP_WDEC_KEPT))
-            ap_write_done(r, k, &hint);
+    if (live)
+        r->unkept_any = true; /* the live writer's byte count is its own */
+    ap_writes_fold(r, r->poked);
 }
 
 /*
