@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
@@ -38,12 +39,32 @@
 /* 40 sites of 5 bytes in one function: 30 writes, 10 kept (their pattern
  * puts a part's end both on a write and beside a kept site), some of each
  * with ALT_FLAG_NOT. */
-__attribute__((noinline)) static long many(void)
+__attribute__((noinline, aligned(4096))) static long many(void)
 {
     long v;
     __asm__ __volatile__(W W W K W W K W N W W L W W W K W W K W
                          W N W K W W L W W W W K W N W K W W L W
                          : "=a"(v));
+    return v;
+}
+
+/* A write out of address order: its record follows many()'s in the table,
+ * its code lies below them (the link puts .text.hot before .text), so the
+ * queue turns out of order after many()'s parts were written. */
+__attribute__((noinline, used, section(".text.hot.parts_low"))) static long low(void)
+{
+    long v;
+    __asm__ __volatile__(W : "=a"(v));
+    return v;
+}
+
+/* Then a write on the page of many()'s last writes (it follows many() in
+ * .text; many() starts a page): the last batch, sorted, writes a page a part
+ * wrote before. */
+__attribute__((noinline, used)) static long tail(void)
+{
+    long v;
+    __asm__ __volatile__(W : "=a"(v));
     return v;
 }
 
@@ -64,7 +85,7 @@ struct run {
     struct altpatch_stats st, st2;
     unsigned n;
     struct site_seen s[MAX_SITES];
-    long value;
+    long value, low_value, tail_value;
 };
 
 struct ctx {
@@ -77,7 +98,10 @@ static int seen_cb(const struct altpatch_site_info *si, void *p)
 {
     struct run *r = p;
     uintptr_t fn = (uintptr_t)many;
-    if (si->addr < fn || si->addr >= fn + 16 + 5 * N_SITES || r->n >= MAX_SITES)
+    uintptr_t end = fn + 16 + 5 * N_SITES;
+    if ((uintptr_t)tail > fn && (uintptr_t)tail < end)
+        end = (uintptr_t)tail; /* many()'s sites only */
+    if (si->addr < fn || si->addr >= end || r->n >= MAX_SITES)
         return 0;
     struct site_seen *v = &r->s[r->n++];
     *v = (struct site_seen){.addr = si->addr, .feature = si->feature,
@@ -116,6 +140,8 @@ static void body(void *out, void *cv)
     get_stats(&r->st);
     altpatch_site_foreach(seen_cb, r);
     r->value = many();
+    r->low_value = low();
+    r->tail_value = tail();
     r->rc2 = altpatch_apply_opts(&o); /* nothing left to do */
     get_stats(&r->st2);
     altpatch_features_free(f);
@@ -158,6 +184,8 @@ static void assert_written(const struct run *r, unsigned part)
     }
     cr_assert_eq(w, N_WRITES);
     cr_assert_eq(r->value, 2, "the last site (a write) runs its replacement");
+    cr_assert_eq(r->low_value, 2, "the site out of address order written");
+    cr_assert_eq(r->tail_value, 2, "the site after it written");
     cr_assert_geq(r->st.sites_patched, N_WRITES);
     cr_assert_eq(r->st.sites_refused, 0);
     cr_assert_geq(r->st.bytes_written, 5 * N_WRITES);
@@ -172,6 +200,11 @@ static const unsigned records[] = {0, 1u << 20};
 
 Test(parts, parts_of_one_three_and_all_agree)
 {
+    /* the layout the out-of-order writes need (GNU ld's default script) */
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    cr_assert_lt((uintptr_t)low, (uintptr_t)many, "low() below many()");
+    cr_assert_eq((uintptr_t)tail / pg, ((uintptr_t)many + 5 * N_SITES) / pg,
+                 "tail() on the page of many()'s last sites");
     struct run *all = run_parts(1u << 20, 1u << 20, false);
     assert_written(all, 1u << 20);
     static const unsigned parts[] = {1, 2, 3, 7, 1u << 20};

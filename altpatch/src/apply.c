@@ -605,7 +605,10 @@ static __attribute__((noinline)) void ap_part_write(struct ap_run *r)
             if (ap_write_pending(&w[k]))
                 w[k].result = ALTPATCH_REASON_WRITE_DENIED;
     } else {
-        int err = ap_poke(w, nw, r->pf | (r->poked ? AP_POKE_CONTINUE : 0), &r->pst);
+        /* the pages each part counts remembered: a last batch out of
+         * address order does not count them again */
+        int err = ap_poke(w, nw, r->pf | AP_POKE_RUNS | (r->poked ? AP_POKE_CONTINUE : 0),
+                          &r->pst);
         if (err && !r->part_err)
             r->part_err = err;
     }
@@ -1519,7 +1522,10 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
                     r.writes[k].result = ALTPATCH_REASON_WRITE_DENIED;
         } else {
             err = ap_poke(r.writes, r.nwrites,
-                          r.pf | (r.poked && !r.unsorted ? AP_POKE_CONTINUE : 0), &r.pst);
+                          r.pf | (!r.poked     ? 0
+                                  : r.unsorted ? AP_POKE_NOT_RUNS
+                                               : AP_POKE_CONTINUE),
+                          &r.pst);
         }
         st->live = live;
         r.poked = true;
@@ -1551,6 +1557,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     free(r.arena);
     free(r.writes);
     free(r.mods);
+    free(r.pst.runs);
     return err;
 }
 

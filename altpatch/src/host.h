@@ -128,6 +128,16 @@ enum ap_poke_flags {
     /* this batch continues, in address order, the one written last with the
      * same stats (st->pg_done): a page both touch is counted once */
     AP_POKE_CONTINUE = 1u << 4,
+    /* remember the runs of pages counted (st->runs), for a later batch that
+     * does not continue in address order (AP_POKE_NOT_RUNS) */
+    AP_POKE_RUNS = 1u << 5,
+    /* a page in st->runs was counted already: not counted again */
+    AP_POKE_NOT_RUNS = 1u << 6,
+};
+
+/** Pages [start, end) counted by earlier batches (AP_POKE_RUNS). */
+struct ap_page_run {
+    uintptr_t start, end;
 };
 
 struct ap_poke_stats {
@@ -135,6 +145,12 @@ struct ap_poke_stats {
     unsigned mprotect_writes, procmem_writes; /* number of windows opened / pwrite calls that succeeded */
     /* the end of the last page counted in pages (AP_POKE_CONTINUE) */
     uintptr_t pg_done;
+    /* AP_POKE_RUNS: the runs counted, in address order (malloc'ed; the
+     * caller frees runs); runs_lost: one could not be kept (no memory), so
+     * a page AP_POKE_NOT_RUNS meets may be counted twice */
+    struct ap_page_run *runs;
+    size_t nruns, runs_cap;
+    bool runs_lost;
 };
 
 /**

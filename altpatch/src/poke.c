@@ -568,6 +568,7 @@ struct ap_batch {
     bool memfd_tried;
     bool wrote_any;
     uintptr_t pg_done; /* end of the last page counted in st->pages (address order) */
+    size_t run_at;     /* AP_POKE_NOT_RUNS: the first of st->runs that may still meet a page */
     size_t stop;       /* the walk stopped (-ENOMEM) before w[stop] */
 };
 
@@ -581,13 +582,57 @@ static uintptr_t ap_pg_up(const struct ap_batch *b, uintptr_t a)
     return (a + b->pgsz - 1) & ~(b->pgsz - 1);
 }
 
+/* Pages of [s, e) in the runs earlier batches counted (AP_POKE_NOT_RUNS):
+ * this batch's ranges come in address order, so do the runs they meet. */
+static uint64_t ap_runs_met(struct ap_batch *b, uintptr_t s, uintptr_t e)
+{
+    const struct ap_page_run *ru = b->st->runs;
+    size_t k = b->run_at, n = b->st->nruns;
+    uint64_t met = 0;
+    while (k < n && ru[k].end <= s)
+        k++;
+    b->run_at = k;
+    for (; k < n && ru[k].start < e; k++) {
+        uintptr_t lo = ru[k].start > s ? ru[k].start : s;
+        uintptr_t hi = ru[k].end < e ? ru[k].end : e;
+        met += (hi - lo) / b->pgsz;
+    }
+    return met;
+}
+
+/* [s, e) counted (AP_POKE_RUNS): joined to the last run when it follows it. */
+static void ap_runs_add(struct ap_poke_stats *st, uintptr_t s, uintptr_t e)
+{
+    if (st->nruns && st->runs[st->nruns - 1].end == s) {
+        st->runs[st->nruns - 1].end = e;
+        return;
+    }
+    if (st->nruns == st->runs_cap) {
+        size_t cap = st->runs_cap ? 2 * st->runs_cap : 16;
+        struct ap_page_run *t = realloc(st->runs, cap * sizeof(*t));
+        if (!t) {
+            st->runs_lost = true;
+            return;
+        }
+        st->runs = t;
+        st->runs_cap = cap;
+    }
+    st->runs[st->nruns++] = (struct ap_page_run){s, e};
+}
+
 /** Count the pages of [s, e) (page-aligned) not counted yet: writes come in address order. */
 static void ap_count_pages(struct ap_batch *b, uintptr_t s, uintptr_t e)
 {
     if (s < b->pg_done)
         s = b->pg_done;
-    if (e > s)
-        b->st->pages += (e - s) / b->pgsz;
+    if (e > s) {
+        uint64_t np = (e - s) / b->pgsz;
+        if (b->flags & AP_POKE_NOT_RUNS)
+            np -= ap_runs_met(b, s, e);
+        b->st->pages += np;
+        if (b->flags & AP_POKE_RUNS)
+            ap_runs_add(b->st, s, e);
+    }
     if (e > b->pg_done)
         b->pg_done = e;
 }
