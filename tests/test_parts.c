@@ -6,8 +6,10 @@
  * parts of one write, of three and of the whole queue, with each site's
  * records decoded from the mapped table or read from the table pass's array
  * (ap_records_keep_max); writes denied in every part are each refused and
- * leave memory as it was; the next apply finds every site settled. And a
- * site's template id in two bytes.
+ * leave memory as it was; the next apply finds every site settled; a write
+ * out of address order after the parts does not count a page twice. A site
+ * of ten records in a table of more than 4096 has every record considered.
+ * And a site's template id in two bytes.
  *
  * Applying needs a single-threaded process: each body runs in a fork()ed
  * child (ap_isolate.h).
@@ -66,6 +68,36 @@ __attribute__((noinline, used)) static long tail(void)
     long v;
     __asm__ __volatile__(W : "=a"(v));
     return v;
+}
+
+/* A site of ten records (nested as ALTERNATIVE_2() nests): the last that
+ * applies under {ALWAYS} is the ninth (index 8, movl $18), after the third
+ * (index 2, movl $12) that the first eight alone would choose. */
+#define R(o, v, f) ALTERNATIVE(o, "movl $" #v ", %%eax", f)
+#define WIDE                                                                                     \
+    R(R(R(R(R(R(R(R(R(R("movl $1, %%eax", 10, F_KEEP), 11, ALT_NOT(X86_FEATURE_ALWAYS)), 12,     \
+                      X86_FEATURE_ALWAYS),                                                       \
+                    13, F_KEEP),                                                                 \
+                  14, F_KEEP),                                                                   \
+                15, ALT_NOT(X86_FEATURE_ALWAYS)),                                                \
+              16, F_KEEP),                                                                       \
+            17, F_KEEP),                                                                         \
+          18, ALT_NOT(F_KEEP)),                                                                  \
+      19, F_KEEP)
+
+__attribute__((noinline, used)) static long wide(void)
+{
+    long v;
+    __asm__ __volatile__(WIDE : "=a"(v));
+    return v;
+}
+
+/* 4100 more sites: the table holds more than ap_records_keep_max (4096)
+ * records, so a first apply decodes each site's records from it, and the
+ * pass keeps every record for wide()'s ten (more than AP_SITE_ENTRIES). */
+__attribute__((noinline, used)) static void bulk(void)
+{
+    __asm__ __volatile__(".rept 4100\n\t" K ".endr" ::: "eax");
 }
 
 enum { N_SITES = 40, N_WRITES = 30, MAX_SITES = 64 };
@@ -270,4 +302,69 @@ Test(parts, template_ids_in_two_bytes)
     cr_assert_eq(ap_shape_load(ap_shape_store(AP_SHAPE_ORIGINAL16 - 1)), AP_SHAPE_ORIGINAL16 - 1);
     cr_assert_eq(ap_shape_store(AP_SHAPE_ORIGINAL16), 0);
     cr_assert_eq(ap_shape_store(70000), 0);
+}
+
+/* wide()'s site after a first apply, and how many sites the module has. */
+struct wide_run {
+    int rc;
+    unsigned nsites, entries, feature, flags;
+    int chosen, state, reason;
+    uint8_t current[5];
+    long value;
+};
+
+static int wide_cb(const struct altpatch_site_info *si, void *p)
+{
+    struct wide_run *r = p;
+    if (si->module[0])
+        return 0; /* the test program's sites only */
+    r->nsites++;
+    uintptr_t fn = (uintptr_t)wide;
+    if (si->addr < fn || si->addr >= fn + 32)
+        return 0;
+    r->entries = si->entries;
+    r->feature = si->feature;
+    r->flags = si->flags;
+    r->chosen = si->chosen;
+    r->state = si->state;
+    r->reason = si->reason;
+    if (si->current && si->len == 5)
+        memcpy(r->current, si->current, 5);
+    return 0;
+}
+
+static void wide_body(void *out, void *cv)
+{
+    struct wide_run *r = out;
+    ap_records_keep_max = *(const unsigned *)cv;
+    struct altpatch_features *f = altpatch_features_new();
+    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
+        abort();
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f};
+    r->rc = altpatch_apply_opts(&o);
+    altpatch_site_foreach(wide_cb, r);
+    r->value = wide();
+    altpatch_features_free(f);
+}
+
+/* A site of ten records in a table of more than 4096: every record
+ * considered (the ninth chosen), decoded from the table or kept. */
+Test(parts, a_site_of_ten_records_in_a_large_table)
+{
+    static const uint8_t MOV18[5] = {0xb8, 18, 0, 0, 0};
+    static const unsigned keep_max[] = {4096, 1u << 20};
+    for (size_t q = 0; q < 2; q++) {
+        struct wide_run *r = ap_isolated(sizeof(*r), wide_body, (void *)&keep_max[q]);
+        cr_assert_eq(r->rc, 0, "apply %d", r->rc);
+        cr_assert_gt(r->nsites, 4096, "the table holds %u sites", r->nsites);
+        cr_assert_eq(r->entries, 10);
+        cr_assert_eq(r->state, ALTPATCH_SITE_PATCHED);
+        cr_assert_eq(r->reason, ALTPATCH_REASON_NONE);
+        cr_assert_eq(r->chosen, 8, "records kept up to %u: entry %d chosen", keep_max[q],
+                     r->chosen);
+        cr_assert_eq(r->feature, F_KEEP);
+        cr_assert_eq(r->flags, ALT_FLAG_NOT);
+        cr_assert_arr_eq(r->current, MOV18, 5);
+        cr_assert_eq(r->value, 18, "the ninth replacement runs");
+    }
 }
