@@ -38,35 +38,24 @@
 #define N ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", ALT_NOT(F_KEEP)) "\n\t"
 #define L ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", ALT_NOT(X86_FEATURE_ALWAYS)) "\n\t"
 
-/* 40 sites of 5 bytes in one function: 30 writes, 10 kept (their pattern
- * puts a part's end both on a write and beside a kept site), some of each
- * with ALT_FLAG_NOT. */
+/* A write out of address order: its code lies below many() (the link puts
+ * .text.hot before .text) and is never run; its record follows many()'s
+ * sites' in the table, so the queue turns out of order after their parts. */
+#define LOW ".pushsection .text.hot.parts_low, \"ax\", @progbits\n" "parts_low_site:\n\t" W ".popsection\n\t"
+extern const char parts_low_site[];
+
+/* 41 sites of 5 bytes in one function that starts a page: 30 writes, 10
+ * kept (their pattern puts a part's end both on a write and beside a kept
+ * site), some of each with ALT_FLAG_NOT; then the write out of order and a
+ * last write (W) after it in the table, on the page of many()'s parts: the
+ * last batch, sorted, writes a page a part wrote before. */
 __attribute__((noinline, aligned(4096))) static long many(void)
 {
     long v;
     __asm__ __volatile__(W W W K W W K W N W W L W W W K W W K W
                          W N W K W W L W W W W K W N W K W W L W
+                         LOW W
                          : "=a"(v));
-    return v;
-}
-
-/* A write out of address order: its record follows many()'s in the table,
- * its code lies below them (the link puts .text.hot before .text), so the
- * queue turns out of order after many()'s parts were written. */
-__attribute__((noinline, used, section(".text.hot.parts_low"))) static long low(void)
-{
-    long v;
-    __asm__ __volatile__(W : "=a"(v));
-    return v;
-}
-
-/* Then a write on the page of many()'s last writes (it follows many() in
- * .text; many() starts a page): the last batch, sorted, writes a page a part
- * wrote before. */
-__attribute__((noinline, used)) static long tail(void)
-{
-    long v;
-    __asm__ __volatile__(W : "=a"(v));
     return v;
 }
 
@@ -100,7 +89,7 @@ __attribute__((noinline, used)) static void bulk(void)
     __asm__ __volatile__(".rept 4100\n\t" K ".endr" ::: "eax");
 }
 
-enum { N_SITES = 40, N_WRITES = 30, MAX_SITES = 64 };
+enum { N_SITES = 41, N_WRITES = 31, MAX_SITES = 64 };
 
 static const uint8_t MOV1[5] = {0xb8, 1, 0, 0, 0};
 static const uint8_t MOV2[5] = {0xb8, 2, 0, 0, 0};
@@ -117,7 +106,7 @@ struct run {
     struct altpatch_stats st, st2;
     unsigned n;
     struct site_seen s[MAX_SITES];
-    long value, low_value, tail_value;
+    long value;
 };
 
 struct ctx {
@@ -131,8 +120,8 @@ static int seen_cb(const struct altpatch_site_info *si, void *p)
     struct run *r = p;
     uintptr_t fn = (uintptr_t)many;
     uintptr_t end = fn + 16 + 5 * N_SITES;
-    if ((uintptr_t)tail > fn && (uintptr_t)tail < end)
-        end = (uintptr_t)tail; /* many()'s sites only */
+    if ((uintptr_t)wide > fn && (uintptr_t)wide < end)
+        end = (uintptr_t)wide; /* many()'s sites only: the function after it */
     if (si->addr < fn || si->addr >= end || r->n >= MAX_SITES)
         return 0;
     struct site_seen *v = &r->s[r->n++];
@@ -172,8 +161,6 @@ static void body(void *out, void *cv)
     get_stats(&r->st);
     altpatch_site_foreach(seen_cb, r);
     r->value = many();
-    r->low_value = low();
-    r->tail_value = tail();
     r->rc2 = altpatch_apply_opts(&o); /* nothing left to do */
     get_stats(&r->st2);
     altpatch_features_free(f);
@@ -202,6 +189,7 @@ static bool written(const struct site_seen *v)
 /* Every site as the feature set says: W and N patched and written, K and L original. */
 static void assert_written(const struct run *r, unsigned part)
 {
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     unsigned w = 0;
     for (unsigned i = 0; i < r->n; i++) {
         const struct site_seen *v = &r->s[i];
@@ -216,8 +204,7 @@ static void assert_written(const struct run *r, unsigned part)
     }
     cr_assert_eq(w, N_WRITES);
     cr_assert_eq(r->value, 2, "the last site (a write) runs its replacement");
-    cr_assert_eq(r->low_value, 2, "the site out of address order written");
-    cr_assert_eq(r->tail_value, 2, "the site after it written");
+    cr_assert_eq(r->s[0].addr / pg, r->s[N_SITES - 1].addr / pg, "many()'s sites on one page");
     cr_assert_geq(r->st.sites_patched, N_WRITES);
     cr_assert_eq(r->st.sites_refused, 0);
     cr_assert_geq(r->st.bytes_written, 5 * N_WRITES);
@@ -232,11 +219,8 @@ static const unsigned records[] = {0, 1u << 20};
 
 Test(parts, parts_of_one_three_and_all_agree)
 {
-    /* the layout the out-of-order writes need (GNU ld's default script) */
-    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-    cr_assert_lt((uintptr_t)low, (uintptr_t)many, "low() below many()");
-    cr_assert_eq((uintptr_t)tail / pg, ((uintptr_t)many + 5 * N_SITES) / pg,
-                 "tail() on the page of many()'s last sites");
+    /* the layout the write out of order needs (GNU ld's default script) */
+    cr_assert_lt((uintptr_t)parts_low_site, (uintptr_t)many, "its site below many()");
     struct run *all = run_parts(1u << 20, 1u << 20, false);
     assert_written(all, 1u << 20);
     static const unsigned parts[] = {1, 2, 3, 7, 1u << 20};
@@ -319,8 +303,8 @@ static int wide_cb(const struct altpatch_site_info *si, void *p)
     if (si->module[0])
         return 0; /* the test program's sites only */
     r->nsites++;
-    uintptr_t fn = (uintptr_t)wide;
-    if (si->addr < fn || si->addr >= fn + 32)
+    uintptr_t fn = (uintptr_t)wide; /* its site, the next function 16 bytes on at least */
+    if (si->addr < fn || si->addr >= fn + 16)
         return 0;
     r->entries = si->entries;
     r->feature = si->feature;
