@@ -6,10 +6,13 @@
  * parts of one write, of three and of the whole queue, with each site's
  * records decoded from the mapped table or read from the table pass's array
  * (ap_records_keep_max); writes denied in every part are each refused and
- * leave memory as it was; the next apply finds every site settled; a write
- * out of address order after the parts does not count a page twice. A site
- * of ten records in a table of more than 4096 has every record considered.
- * And a site's template id in two bytes.
+ * leave memory as it was; the next apply finds every site settled. And a
+ * site's template id in two bytes. Built as test_parts_k1 with format-1
+ * records; as test_parts_order with a write out of address order after the
+ * parts (then a page a part wrote and the last batch writes again is
+ * counted once); as test_parts_wide with a site of ten records in a table of
+ * more than 4096 (every record considered; the table pass then keeps every
+ * record, so the other builds are the ones whose records are decoded).
  *
  * Applying needs a single-threaded process: each body runs in a fork()ed
  * child (ap_isolate.h).
@@ -38,11 +41,19 @@
 #define N ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", ALT_NOT(F_KEEP)) "\n\t"
 #define L ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", ALT_NOT(X86_FEATURE_ALWAYS)) "\n\t"
 
+#ifdef PARTS_OUT_OF_ORDER
 /* A write out of address order: its code lies below many() (the link puts
  * .text.hot before .text) and is never run; its record follows many()'s
- * sites' in the table, so the queue turns out of order after their parts. */
+ * sites' in the table, so the queue turns out of order after their parts
+ * (and the module's sites are not in address order: its first decision
+ * takes every check per site). */
 #define LOW ".pushsection .text.hot.parts_low, \"ax\", @progbits\n" "parts_low_site:\n\t" W ".popsection\n\t"
 extern const char parts_low_site[];
+#else
+/* Every site in address order: a first decision on the module's facts (a
+ * one-record site's keep bit from its raw record where decoded). */
+#define LOW ""
+#endif
 
 /* 41 sites of 5 bytes in one function that starts a page: 30 writes, 10
  * kept (their pattern puts a part's end both on a write and beside a kept
@@ -59,6 +70,7 @@ __attribute__((noinline, aligned(4096))) static long many(void)
     return v;
 }
 
+#ifdef PARTS_WIDE
 /* A site of ten records (nested as ALTERNATIVE_2() nests): the last that
  * applies under {ALWAYS} is the ninth (index 8, movl $18), after the third
  * (index 2, movl $12) that the first eight alone would choose. */
@@ -88,6 +100,27 @@ __attribute__((noinline, used)) static void bulk(void)
 {
     __asm__ __volatile__(".rept 4100\n\t" K ".endr" ::: "eax");
 }
+#endif
+
+/* A site whose replacement (7 bytes) is longer than it (5), its record made
+ * by hand (ALTERNATIVE() pads the original): the record names F_KEEP, so no
+ * entry applies, yet the planner refuses the site (REPL_TOO_LONG) and memory
+ * stays. A first decision that tests a record's keep bit from the raw record
+ * must read its replacement length too. */
+#define TOO_LONG                                                                                 \
+    "771:\n\tmovl $1, %%eax\n772:\n773:\n"                                                        \
+    ".pushsection altinstr_replacement,\"axR\"\n774:\n\tmovl $2, %%eax\n\tnop\n\tnop\n775:\n"     \
+    ".popsection\n"                                                                              \
+    ".pushsection " ALTPATCH_STR(ALTPATCH_TABLE_NAME_) ",\"a?R\"\n"                                \
+    " .long 771b - .\n .long 774b - .\n" ALTPATCH_FT_(ALTPATCH_STR(F_KEEP))                     \
+    " .byte 773b-771b\n .byte 775b-774b\n.popsection\n"
+
+__attribute__((noinline, used)) static long too_long(void)
+{
+    long v;
+    __asm__ __volatile__(TOO_LONG : "=a"(v));
+    return v;
+}
 
 enum { N_SITES = 41, N_WRITES = 31, MAX_SITES = 64 };
 
@@ -106,7 +139,8 @@ struct run {
     struct altpatch_stats st, st2;
     unsigned n;
     struct site_seen s[MAX_SITES];
-    long value;
+    struct site_seen tl; /* too_long()'s site */
+    long value, tl_value;
 };
 
 struct ctx {
@@ -119,9 +153,22 @@ static int seen_cb(const struct altpatch_site_info *si, void *p)
 {
     struct run *r = p;
     uintptr_t fn = (uintptr_t)many;
+    uintptr_t tl = (uintptr_t)too_long; /* its site, the next function 16 bytes on at least */
+    if (si->addr >= tl && si->addr < tl + 16) {
+        r->tl = (struct site_seen){.addr = si->addr, .feature = si->feature,
+                                   .flags = si->flags, .state = si->state,
+                                   .reason = si->reason, .chosen = si->chosen};
+        if (si->current && si->len == 5)
+            memcpy(r->tl.current, si->current, 5);
+        return 0;
+    }
     uintptr_t end = fn + 16 + 5 * N_SITES;
+    if (tl > fn && tl < end)
+        end = tl; /* many()'s sites only: the function after it */
+#ifdef PARTS_WIDE
     if ((uintptr_t)wide > fn && (uintptr_t)wide < end)
         end = (uintptr_t)wide; /* many()'s sites only: the function after it */
+#endif
     if (si->addr < fn || si->addr >= end || r->n >= MAX_SITES)
         return 0;
     struct site_seen *v = &r->s[r->n++];
@@ -161,6 +208,7 @@ static void body(void *out, void *cv)
     get_stats(&r->st);
     altpatch_site_foreach(seen_cb, r);
     r->value = many();
+    r->tl_value = too_long();
     r->rc2 = altpatch_apply_opts(&o); /* nothing left to do */
     get_stats(&r->st2);
     altpatch_features_free(f);
@@ -206,11 +254,16 @@ static void assert_written(const struct run *r, unsigned part)
     cr_assert_eq(r->value, 2, "the last site (a write) runs its replacement");
     cr_assert_eq(r->s[0].addr / pg, r->s[N_SITES - 1].addr / pg, "many()'s sites on one page");
     cr_assert_geq(r->st.sites_patched, N_WRITES);
-    cr_assert_eq(r->st.sites_refused, 0);
+    /* too_long(): refused, memory as it was, whatever part or records */
+    cr_assert_eq(r->tl.state, ALTPATCH_SITE_REFUSED, "part of %u: the site too short", part);
+    cr_assert_eq(r->tl.reason, ALTPATCH_REASON_REPL_TOO_LONG);
+    cr_assert_arr_eq(r->tl.current, MOV1, 5);
+    cr_assert_eq(r->tl_value, 1, "its original runs");
+    cr_assert_eq(r->st.sites_refused, 1, "part of %u: too_long() alone refused", part);
     cr_assert_geq(r->st.bytes_written, 5 * N_WRITES);
     /* the next apply: every module settled, nothing written */
     cr_assert_eq(r->st2.bytes_written, 0, "part of %u: the next apply wrote", part);
-    cr_assert_eq(r->st2.sites_refused, 0);
+    cr_assert_eq(r->st2.sites_refused, 1);
     cr_assert_eq(r->st2.sites_patched, r->st.sites_patched);
 }
 
@@ -219,8 +272,10 @@ static const unsigned records[] = {0, 1u << 20};
 
 Test(parts, parts_of_one_three_and_all_agree)
 {
+#ifdef PARTS_OUT_OF_ORDER
     /* the layout the write out of order needs (GNU ld's default script) */
     cr_assert_lt((uintptr_t)parts_low_site, (uintptr_t)many, "its site below many()");
+#endif
     struct run *all = run_parts(1u << 20, 1u << 20, false);
     assert_written(all, 1u << 20);
     static const unsigned parts[] = {1, 2, 3, 7, 1u << 20};
@@ -288,6 +343,7 @@ Test(parts, template_ids_in_two_bytes)
     cr_assert_eq(ap_shape_store(70000), 0);
 }
 
+#ifdef PARTS_WIDE
 /* wide()'s site after a first apply, and how many sites the module has. */
 struct wide_run {
     int rc;
@@ -352,3 +408,4 @@ Test(parts, a_site_of_ten_records_in_a_large_table)
         cr_assert_eq(r->value, 18, "the ninth replacement runs");
     }
 }
+#endif

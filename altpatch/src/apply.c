@@ -834,14 +834,14 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
      * passes the checks ap_memo_keeps_original_plain() leaves out */
     const struct ap_region *text = m->text_all;
     const uint64_t tbase = plain ? (uint64_t)(uintptr_t)text->data - text->addr : 0;
-    /* A large format-3 table's keep bits, the memo's keep[flag][w] bit b
-     * at keep2[w] bit 2 * b + flag: a one-record site's test is then one
-     * word at its feature word turned left by one (ALT_FLAG_NOT, bit 15,
-     * to bit 0; the feature, below AP_SCAN_FEATURES when plain, above it) */
+    /* A decoded table's keep bits, the memo's keep[flag][w] bit b at
+     * keep2[w] bit 2 * b + flag: a one-record site's test is then one word
+     * at its feature times two plus its flag (plain: the feature below
+     * AP_SCAN_FEATURES, the flag ALT_FLAG_NOT or none) */
     _Static_assert(ALT_FLAG_NOT == 1 && AP_SCAN_FEATURES == 32 * AP_NCAPWORDS,
-                   "format 3: bit 15 ALT_FLAG_NOT, features below 32 * AP_NCAPWORDS");
+                   "ALT_FLAG_NOT bit 0, features below 32 * AP_NCAPWORDS");
     uint64_t keep2[AP_NCAPWORDS];
-    if (decode && plain && rs == ALTPATCH_RECORD_SIZE_COMPACT)
+    if (decode && plain)
         for (unsigned w = 0; w < AP_NCAPWORDS; w++)
             keep2[w] = ap_bits_spread(memo->keep[0][w]) | ap_bits_spread(memo->keep[1][w]) << 1;
     m->saved = true; /* every site's arrays are filled below */
@@ -869,19 +869,27 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         struct ap_site_entries eb;
         const struct ap_site *es = s;
         const struct ap_entry *ents = ments;
-        if (decode && plain && rs == ALTPATCH_RECORD_SIZE_COMPACT && count == 1) {
-            /* one format-3 record: the keep bit from its raw feature word
-             * (bit 15 ALT_FLAG_NOT, the feature below AP_SCAN_FEATURES:
-             * plain) and its replacement length, decoded only when it may
-             * apply */
-            const uint8_t *p = table + (size_t)s->first * ALTPATCH_RECORD_SIZE_COMPACT;
-            uint16_t fw;
-            memcpy(&fw, p + 8, 2);
-            /* the feature word turned left by one: the feature times two,
-             * plus the flag; its bit in keep2 */
-            unsigned rw = (unsigned)(uint16_t)(fw << 1 | fw >> 15);
+        if (decode && plain && count == 1) {
+            /* one record: the keep bit from its raw feature word and its
+             * replacement length (the last byte), decoded only when it may
+             * apply. The word turned into the feature times two plus the
+             * flag (plain: the feature below AP_SCAN_FEATURES, no flag but
+             * ALT_FLAG_NOT): its bit in keep2. Format 3: a u16, bit 15
+             * ALT_FLAG_NOT (turned left by one); format 1: a u32, the flags
+             * in the high half. */
+            const uint8_t *p = table + (size_t)s->first * rs;
+            unsigned rw;
+            if (rs == ALTPATCH_RECORD_SIZE_COMPACT) {
+                uint16_t fw;
+                memcpy(&fw, p + 8, 2);
+                rw = (unsigned)(uint16_t)(fw << 1 | fw >> 15);
+            } else {
+                uint32_t fw;
+                memcpy(&fw, p + 8, 4);
+                rw = (fw & 0xffffu) << 1 | fw >> 16;
+            }
             uint64_t kw = keep2[rw >> 6] >> (rw & 63u);
-            if ((kw & 1u) && p[11] <= len) {
+            if ((kw & 1u) && p[rs - 1] <= len) {
                 id = AP_SHAPE_ORIGINAL;
                 chosen = -1;
                 goto keep_original;
@@ -912,7 +920,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         /* no entry applies: the original, after the record checks alone (one
          * entry, the common site: the test without its loop) */
         bool keeps;
-        if (decode && plain && rs == ALTPATCH_RECORD_SIZE_COMPACT && count == 1)
+        if (decode && plain && count == 1)
             keeps = false; /* its record's test above */
         else if (plain) /* no reason, a length; the scan gives every site an entry */
             keeps = count == 1 ? ap_memo_keeps_original_plain(memo, (unsigned)len, se, 1)
