@@ -120,3 +120,10 @@ if(TARGET altdemo)
     message(STATUS "qemu-x86_64 not found (Debian package qemu-user): qemu_altdemo_* not run")
   endif()
 endif()
+
+# test_parts_mods: the test program and libapfix_dl.so (dlopen'ed) in one apply.
+if(TARGET test_parts_mods)
+  target_link_libraries(test_parts_mods PRIVATE ${CMAKE_DL_LIBS})
+  add_dependencies(test_parts_mods apfix_dl)
+  target_compile_definitions(test_parts_mods PRIVATE APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>")
+endif()

@@ -821,7 +821,9 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     /* the queue: written in parts of ap_part_writes writes while every write so
      * far is in address order (ap_part_write()) */
     struct ap_write *writes = r->writes;
-    const bool parts = r->first_any && !r->live && !r->parts_off;
+    /* (m->parts_apart: its sites lie apart from its records and
+     * replacements, so no part changes what a later site of it reads) */
+    const bool parts = r->first_any && !r->live && !r->parts_off && m->parts_apart;
     const size_t part = ap_part_writes ? ap_part_writes : 1;
     size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites, nkept = 0;
     uint64_t patched = 0, unchanged = 0, kept_bytes = 0;
@@ -1135,24 +1137,30 @@ static bool ap_first_decision(const struct ap_run *r, const struct ap_module *m)
 }
 
 /*
- * The module whose records may hold the run's write queue: one decided for
- * the first time whose records are dropped after this apply (kept for it
- * only: a small table), the one with the most records. Decided before any
- * other module, it queues the write of its site i (if any) into slot k <= i
- * of its records, after it has read that site's records from slot s->first
- * >= i (each site has at least one record, and none is read again:
- * ap_module_site_entries() decodes from the table once m->entries is NULL);
- * a part written (ap_part_write()) starts the queue at slot 0 again, so k
- * stays at or below i; the modules after it queue theirs behind. So a first
- * apply of a small program needs no fresh block for its writes.
+ * The module decided first: of the modules decided for the first time, the
+ * one with the most records. Its writes, most of the run's, then go out in
+ * parts in address order (ap_part_write()) whatever the other modules hold:
+ * a module decided before it at a higher address would put every one of its
+ * writes out of order, and the whole queue would wait for the sort.
+ *
+ * When its records are kept in an array for this apply only (a small table),
+ * that array also holds the run's write queue (*wmod): it queues the write of
+ * its site i (if any) into slot k <= i of its records, after it has read that
+ * site's records from slot s->first >= i (each site has at least one record,
+ * and none is read again: ap_module_site_entries() decodes from the table
+ * once m->entries is NULL); a part written starts the queue at slot 0 again,
+ * so k stays at or below i; the modules after it queue theirs behind. So a
+ * first apply of a small program needs no fresh block for its writes. A
+ * module whose records are decoded, or kept for good, holds no queue (*wmod
+ * NULL: the queue is a block of its own).
  */
-static struct ap_module *ap_queue_module(const struct ap_run *r)
+static struct ap_module *ap_first_module(const struct ap_run *r, struct ap_module **wmod)
 {
     struct ap_module *best = NULL;
     for (struct ap_module *m = ap_mods; m; m = m->next)
-        if (!m->gone && m->entries && !m->entries_keep && ap_first_decision(r, m) &&
-            (!best || m->nentries > best->nentries))
+        if (!m->gone && ap_first_decision(r, m) && (!best || m->nentries > best->nentries))
             best = m;
+    *wmod = best && !r->dec && best->entries && !best->entries_keep ? best : NULL;
     return best;
 }
 
@@ -1265,15 +1273,14 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     for (struct ap_module *m = ap_mods; m && !r->dec; m = m->next)
         if (!m->gone && ap_first_decision(r, m))
             r->first_any = true;
-    if (!r->dec)
-        r->wmod = ap_queue_module(r);
+    struct ap_module *first = ap_first_module(r, &r->wmod);
     size_t total = n, total_bytes = bytes;
     bytes = 0;
-    /* the module that holds the queue first (r->mods stays in decision order) */
-    if (r->wmod && ap_collect_module(r, r->wmod, memo, &bytes, total, total_bytes))
+    /* that module first (r->mods stays in decision order) */
+    if (first && ap_collect_module(r, first, memo, &bytes, total, total_bytes))
         return -ENOMEM;
     for (struct ap_module *m = ap_mods; m; m = m->next)
-        if (!m->gone && m != r->wmod && ap_collect_module(r, m, memo, &bytes, total, total_bytes))
+        if (!m->gone && m != first && ap_collect_module(r, m, memo, &bytes, total, total_bytes))
             return -ENOMEM;
     return 0;
 }

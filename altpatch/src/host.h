@@ -445,6 +445,11 @@ struct ap_module {
      * reason (NULL: not proved). */
     bool records_plain;
     const struct ap_region *text_all;
+    /* The sites' range [lowest site, highest site end) meets neither the
+     * record table nor altinstr_replacement: a write to a site changes no
+     * record and no replacement, so a first decision may write its queue in
+     * parts while later sites of it are still to be read (module.c) */
+    bool parts_apart;
     unsigned leaves;            /* CPUID leaf groups its entries' features need (AP_LEAVES_*) */
     struct ap_site *sites;
     size_t nsites;

@@ -258,6 +258,31 @@ static void ap_module_facts(struct ap_module *m, const struct ap_table_scan *sc)
     m->text_all = t;
 }
 
+/*
+ * parts_apart: the range from the lowest site to the highest site end meets
+ * neither the record table nor the replacement section (sites in address
+ * order: the scan's text_lo/text_hi; else every site looked at). No write to
+ * a site can then change a record or a replacement that a later site reads.
+ */
+static void ap_module_apart(struct ap_module *m, const struct ap_table_scan *sc)
+{
+    uint64_t lo = UINT64_MAX, hi = 0;
+    if (sc->text_span) {
+        lo = sc->text_lo;
+        hi = sc->text_hi;
+    } else {
+        for (size_t i = 0; i < sc->nsites; i++) {
+            uint64_t a = sc->sites[i].addr, e = a + sc->sites[i].len;
+            lo = a < lo ? a : lo;
+            hi = e < a ? UINT64_MAX : e > hi ? e : hi;
+        }
+    }
+    const struct ap_note *no = &m->note;
+    const struct ap_region *rr = &m->view.repl;
+    m->parts_apart = hi <= lo || ((hi <= no->table_start || lo >= no->table_end) &&
+                                  (hi <= rr->addr || (lo >= rr->addr && lo - rr->addr >= rr->size)));
+}
+
 /* Records of a table whose first apply reads them kept in an array (host.h). */
 unsigned ap_records_keep_max = 4096;
 
@@ -324,6 +349,7 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
         m->leaves |= ap_feature_leaves(sc.feature_high);
     m->entries_keep = sc.max_count > AP_SITE_ENTRIES;
     ap_module_facts(m, &sc);
+    ap_module_apart(m, &sc);
     return ap_save_originals(m, sc.site_bytes);
 }
 

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A first decision writes its queue in parts only while no write can change
+ * what a later site of the same module reads: here one site lies in a
+ * section the link puts after altinstr_replacement, so the range of the
+ * program's sites covers its replacements, and every write waits for the
+ * one batch at the end (a part of one write would otherwise open a window
+ * per write). Every site is checked.
+ *
+ * Applying needs a single-threaded process: each body runs in a fork()ed
+ * child (ap_isolate.h).
+ */
+#include <criterion/criterion.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+
+#include "ap_isolate.h"
+#include "host.h"
+
+/* W: a write under the set below (ALWAYS). */
+#define W ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", X86_FEATURE_ALWAYS) "\n\t"
+#define W4 W W W W
+
+enum { N_TEXT = 24, N_WRITES = N_TEXT + 1 };
+
+extern const char parts_after_repl[], parts_in_repl[];
+
+/* a label at the start of this file's replacements */
+__asm__(".pushsection altinstr_replacement,\"axR\"\n" /* the flags the macro gives it */
+        "parts_in_repl:\n\t"
+        ".popsection\n\t");
+
+__attribute__((noinline)) static long writes(void)
+{
+    long v;
+    __asm__ __volatile__(W4 W4 W4 W4 W4 W4
+                         /* a site in an executable section placed after it
+                          * (GNU ld puts orphan sections in the order met);
+                          * never run */
+                         ".pushsection altpatch_test_after_repl, \"ax\", @progbits\n"
+                         "parts_after_repl:\n\t" W ".popsection\n\t"
+                         : "=a"(v));
+    return v;
+}
+
+struct run {
+    int rc;
+    struct altpatch_stats st;
+    unsigned seen, patched;
+    long value;
+};
+
+static int seen_cb(const struct altpatch_site_info *si, void *p)
+{
+    struct run *r = p;
+    uintptr_t fn = (uintptr_t)writes, after = (uintptr_t)parts_after_repl;
+    if (!(si->addr >= fn && si->addr < fn + 16 + 5 * N_TEXT) && si->addr != after)
+        return 0;
+    r->seen++;
+    if (si->state == ALTPATCH_SITE_PATCHED && si->len == 5 && si->current &&
+        !memcmp(si->current, "\xb8\x02\x00\x00\x00", 5))
+        r->patched++;
+    return 0;
+}
+
+static void body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct run *r = out;
+    ap_part_writes = 1;
+    struct altpatch_features *f = altpatch_features_new();
+    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
+        abort();
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f};
+    r->rc = altpatch_apply_opts(&o);
+    r->st.sz = sizeof(r->st);
+    if (altpatch_get_stats(&r->st))
+        abort();
+    altpatch_site_foreach(seen_cb, r);
+    r->value = writes();
+    altpatch_features_free(f);
+}
+
+Test(parts_apart, no_part_while_the_sites_range_covers_the_replacements)
+{
+    cr_assert_lt((uintptr_t)writes, (uintptr_t)parts_in_repl, "premise: the layout");
+    cr_assert_lt((uintptr_t)parts_in_repl, (uintptr_t)parts_after_repl, "premise: the layout");
+    struct run *r = ap_isolated(sizeof(*r), body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->seen, N_WRITES);
+    cr_assert_eq(r->patched, N_WRITES, "every site holds its replacement");
+    cr_assert_eq(r->value, 2);
+    cr_assert_eq(r->st.sites_refused, 0);
+    /* one batch: a window per run of pages (the text's one or two, the
+     * section's), not one per write */
+    cr_assert_leq(r->st.mprotect_windows + r->st.procmem_writes, 4,
+                  "%llu windows, %llu /proc/self/mem writes: written in parts",
+                  (unsigned long long)r->st.mprotect_windows,
+                  (unsigned long long)r->st.procmem_writes);
+}

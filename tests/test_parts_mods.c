@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A first apply decides the module with the most records first, so that
+ * its writes go out in parts in address order: here the test program, whose
+ * records are decoded from its table (more than ap_records_keep_max), with
+ * a small library loaded above it whose records are kept in an array. Were
+ * the library decided first, every write of the program would come below
+ * its writes, out of address order: none would be written in a part, all of
+ * them would wait for the sort. Every site of both is checked, and a part
+ * of one write each means one window (or /proc/self/mem write) per write
+ * of the program.
+ *
+ * Applying needs a single-threaded process: each body runs in a fork()ed
+ * child (ap_isolate.h).
+ */
+#include <criterion/criterion.h>
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+
+#include "ap_isolate.h"
+#include "host.h"
+
+/* W: a write under the set below (ALWAYS). */
+#define W ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax", X86_FEATURE_ALWAYS) "\n\t"
+#define W4 W W W W
+
+enum { N_WRITES = 24, LIB_RECORDS = 4 /* libapfix_dl.so */ };
+
+__attribute__((noinline)) static long writes24(void)
+{
+    long v;
+    __asm__ __volatile__(W4 W4 W4 W4 W4 W4 : "=a"(v));
+    return v;
+}
+
+struct run {
+    int rc, loaded;
+    struct altpatch_stats st;
+    unsigned seen, patched;
+    long value, lib_value;
+    uintptr_t lib_site, prog_site;
+};
+
+static int seen_cb(const struct altpatch_site_info *si, void *p)
+{
+    struct run *r = p;
+    uintptr_t fn = (uintptr_t)writes24;
+    if (si->addr < fn || si->addr >= fn + 16 + 5 * N_WRITES)
+        return 0;
+    r->seen++;
+    r->prog_site = si->addr;
+    if (si->state == ALTPATCH_SITE_PATCHED && si->len == 5 && si->current &&
+        !memcmp(si->current, "\xb8\x02\x00\x00\x00", 5))
+        r->patched++;
+    return 0;
+}
+
+typedef long (*call_fn)(long);
+
+static void body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct run *r = out;
+    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
+    call_fn call = h ? (call_fn)dlsym(h, "apfix_dl_call") : NULL;
+    if (!call)
+        return;
+    r->loaded = 1;
+    r->lib_site = (uintptr_t)call;
+    ap_part_writes = 1;
+    ap_records_keep_max = LIB_RECORDS; /* the library's kept, the program's decoded */
+    struct altpatch_features *f = altpatch_features_new();
+    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
+        abort();
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f};
+    r->rc = altpatch_apply_opts(&o);
+    r->st.sz = sizeof(r->st);
+    if (altpatch_get_stats(&r->st))
+        abort();
+    altpatch_site_foreach(seen_cb, r);
+    r->value = writes24();
+    r->lib_value = call(1);
+    altpatch_features_free(f);
+}
+
+Test(parts_mods, the_largest_table_is_decided_first_and_written_in_parts)
+{
+    struct run *r = ap_isolated(sizeof(*r), body, NULL);
+    cr_assert(r->loaded, "dlopen %s", APFIX_DL_PATH);
+    cr_assert(r->lib_site > r->prog_site, "premise: the library lies above the program");
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->seen, N_WRITES);
+    cr_assert_eq(r->patched, N_WRITES, "every site of the program holds its replacement");
+    cr_assert_eq(r->value, 2);
+    cr_assert_eq(r->lib_value, 3, "the library's ALT_CALL site calls its replacement");
+    cr_assert_eq(r->st.sites_refused, 0);
+    /* a part of one write: a window each (the program's writes share one or
+     * two pages, so one batch would open one or two) */
+    cr_assert_geq(r->st.mprotect_windows + r->st.procmem_writes, N_WRITES,
+                  "%llu windows, %llu /proc/self/mem writes: the program's writes were not "
+                  "written in parts",
+                  (unsigned long long)r->st.mprotect_windows,
+                  (unsigned long long)r->st.procmem_writes);
+}
