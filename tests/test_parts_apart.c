@@ -13,12 +13,12 @@
 #include <criterion/criterion.h>
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
+#include "ap_apply_one.h"
 #include "ap_isolate.h"
 #include "host.h"
 
@@ -73,17 +73,9 @@ static void body(void *out, void *ctx)
     (void)ctx;
     struct run *r = out;
     ap_part_writes = 1;
-    struct altpatch_features *f = altpatch_features_new();
-    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
-        abort();
-    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f};
-    r->rc = altpatch_apply_opts(&o);
-    r->st.sz = sizeof(r->st);
-    if (altpatch_get_stats(&r->st))
-        abort();
+    r->rc = ap_apply_one(X86_FEATURE_ALWAYS, &r->st);
     altpatch_site_foreach(seen_cb, r);
     r->value = writes();
-    altpatch_features_free(f);
 }
 
 Test(parts_apart, no_part_while_the_sites_range_covers_the_replacements)

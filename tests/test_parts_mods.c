@@ -17,12 +17,12 @@
 
 #include <dlfcn.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
+#include "ap_apply_one.h"
 #include "ap_isolate.h"
 #include "host.h"
 
@@ -75,18 +75,10 @@ static void body(void *out, void *ctx)
     r->lib_site = (uintptr_t)call;
     ap_part_writes = 1;
     ap_records_keep_max = LIB_RECORDS; /* the library's kept, the program's decoded */
-    struct altpatch_features *f = altpatch_features_new();
-    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
-        abort();
-    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f};
-    r->rc = altpatch_apply_opts(&o);
-    r->st.sz = sizeof(r->st);
-    if (altpatch_get_stats(&r->st))
-        abort();
+    r->rc = ap_apply_one(X86_FEATURE_ALWAYS, &r->st);
     altpatch_site_foreach(seen_cb, r);
     r->value = writes24();
     r->lib_value = call(1);
-    altpatch_features_free(f);
 }
 
 Test(parts_mods, the_largest_table_is_decided_first_and_written_in_parts)

@@ -560,6 +560,16 @@ Test(poke, answers_kept_cut_system_calls)
                  (unsigned long)r->st[1].syscalls, (unsigned long)r->st[2].syscalls);
 }
 
+/* Install the seccomp filter @p f of @p n instructions: 0 or -errno. */
+static int install_filter(struct sock_filter *f, unsigned short n)
+{
+    struct sock_fprog prog = {.len = n, .filter = f};
+    return prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L) ||
+                   prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)
+               ? -errno
+               : 0;
+}
+
 /*
  * Under a seccomp filter (one that allows everything) the mode is asked once:
  * a mode is never cleared. The probe of RW -> RX still runs every batch (a
@@ -583,11 +593,7 @@ static void filtered_body(void *out, void *ctx)
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
-    r->set = prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L) ||
-                     prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)
-                 ? -errno
-                 : 0;
+    r->set = install_filter(f, sizeof(f) / sizeof(f[0]));
     if (r->set)
         return;
     r->mode = prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L);
@@ -643,12 +649,8 @@ static void noquery_body(void *out, void *ctx)
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOTTY),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
     uint8_t *p[2] = {rx_pages(1), rx_pages(3)};
-    r->set = prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L) ||
-                     prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)
-                 ? -errno
-                 : 0;
+    r->set = install_filter(f, sizeof(f) / sizeof(f[0]));
     if (r->set)
         return;
     struct ap_write w[2] = {wr(p[0] + 10, CC3, NEW3, 3), wr(p[1] + 2 * pgsz() + 7, CC3, NEW3, 3)};
