@@ -274,7 +274,8 @@ Test(parts, parts_of_one_three_and_all_agree)
 {
 #ifdef PARTS_OUT_OF_ORDER
     /* the layout the write out of order needs (GNU ld's default script) */
-    cr_assert_lt((uintptr_t)parts_low_site, (uintptr_t)many, "its site below many()");
+    if ((uintptr_t)parts_low_site >= (uintptr_t)many)
+        cr_skip_test("the link did not put .text.hot below many() (GNU ld does)");
 #endif
     struct run *all = run_parts(1u << 20, 1u << 20, false);
     assert_written(all, 1u << 20);

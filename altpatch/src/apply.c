@@ -890,6 +890,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                 memcpy(&fw, p + 8, 4);
                 rw = (fw & 0xffffu) << 1 | fw >> 16;
             }
+            rw &= 64u * AP_NCAPWORDS - 1; /* plain: already below (a bound for the index) */
             uint64_t kw = keep2[rw >> 6] >> (rw & 63u);
             if ((kw & 1u) && p[rs - 1] <= len) {
                 id = AP_SHAPE_ORIGINAL;

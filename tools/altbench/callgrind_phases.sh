@@ -23,12 +23,23 @@ n=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
-valgrind --tool=callgrind --dump-before=altpatch_apply_opts \
-    --toggle-collect=altpatch_apply_opts "$prog" 1 1 >/dev/null 2>&1
-# the parent has the lower pid
-files=$(ls callgrind.out.* | grep -E 'out\.[0-9]+$' | sort -t. -k3 -n)
-parent=$(echo "$files" | head -1)
-child=$(echo "$files" | tail -1)
+if ! valgrind --tool=callgrind --dump-before=altpatch_apply_opts \
+    --toggle-collect=altpatch_apply_opts "$prog" 1 1 >run.log 2>&1; then
+    echo "$0: $prog failed under valgrind:" >&2
+    tail -20 run.log >&2
+    exit 1
+fi
+# the parent's file has dumps .1 to .5 beside it (its own first apply, no
+# change, dry run, revert; the warm apply in the file itself), the child's none
+parent=
+child=
+for f in $(ls callgrind.out.* | grep -E 'out\.[0-9]+$'); do
+    if [ -e "$f.3" ]; then parent=$f; else child=$f; fi
+done
+if [ -z "$parent" ] || [ -z "$child" ]; then
+    echo "$0: expected the dumps of a parent and of a forked child" >&2
+    exit 1
+fi
 sum() { awk '/^summary/ { print $2 }' "$1"; }
 awk -v n="$n" -v a="$(sum "$child")" -v b="$(sum "$parent.3")" -v c="$(sum "$parent.4")" \
     -v d="$(sum "$parent.5")" -v e="$(sum "$parent")" \
