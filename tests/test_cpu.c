@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <cpuid.h>
 #include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
@@ -778,6 +779,54 @@ Test(cpu, pending_blocked_sigill_is_left_alone)
     cr_assert(sigismember(&mask, SIGILL), "and still blocked");
     signal(SIGILL, SIG_IGN); /* drop it */
     cr_assert_eq(sigprocmask(SIG_UNBLOCK, &ill, NULL), 0);
+}
+
+static volatile sig_atomic_t ill3_seen;
+
+static void ill_skip3(int sig, siginfo_t *si, void *ucv)
+{
+    (void)sig;
+    (void)si;
+    ucontext_t *uc = ucv;
+    ill3_seen++;
+    uc->uc_mcontext.gregs[REG_RIP] += 3; /* rdtscp: 0f 01 f9 */
+}
+
+/*
+ * A SIGILL the program blocked, none pending: the probe still runs (with
+ * SIGILL unblocked while it does), RDTSCP is claimed exactly where CPUID
+ * claims it and the instruction runs under the test's own SIGILL guard, and
+ * the program's mask holds SIGILL blocked again afterwards.
+ */
+Test(cpu, blocked_sigill_is_probed_and_blocked_again)
+{
+    sigset_t ill, mask, pend;
+    sigemptyset(&ill);
+    sigaddset(&ill, SIGILL);
+    cr_assert_eq(sigprocmask(SIG_BLOCK, &ill, NULL), 0);
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_ALL, &f);
+    cr_assert_eq(sigprocmask(SIG_BLOCK, NULL, &mask), 0);
+    cr_assert(sigismember(&mask, SIGILL), "SIGILL blocked again");
+    cr_assert_eq(sigpending(&pend), 0);
+    cr_assert_not(sigismember(&pend, SIGILL));
+    /* the oracle: CPUID's claim, and rdtscp executed here under a guard */
+    unsigned a, b, c, d;
+    bool claimed = __get_cpuid(0x80000001, &a, &b, &c, &d) && (d & (1u << 27));
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = ill_skip3;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(SIGILL, &sa, NULL), 0);
+    cr_assert_eq(sigprocmask(SIG_UNBLOCK, &ill, NULL), 0);
+    ill3_seen = 0;
+    if (claimed)
+        __asm__ volatile(".byte 0x0f, 0x01, 0xf9" ::: "eax", "ecx", "edx", "memory");
+    bool runs = claimed && !ill3_seen;
+    cr_assert_eq(altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs,
+                 "RDTSCP claimed %d, CPUID %d, executes %d",
+                 altpatch_features_has(&f, X86_FEATURE_RDTSCP), claimed, runs);
 }
 
 static uint64_t xgetbv0(void)

@@ -596,16 +596,22 @@ static void ap_run_probes(const struct altpatch_features *f)
             ap_rdpid_ok = 0;
         return;
     }
-    /* A SIGILL the program blocked and left pending would be delivered to the
-     * probe's handler the moment it is unblocked, and put back to the
-     * program's action -- the default, often: the process would die. Then
-     * nothing is probed and neither instruction is claimed. */
-    uint64_t pending = 0;
-    bool held = ap_sys(SYS_rt_sigpending, (long)&pending, sizeof(pending), 0, 0, 0) != 0 ||
-                (pending & ill);
-    /* a blocked SIGILL raised by an instruction would kill the process */
-    if (held ||
-        ap_sys(SYS_rt_sigprocmask, SIG_UNBLOCK, (long)&ill, (long)&old, sizeof(ill), 0) != 0) {
+    /* A blocked SIGILL raised by an instruction would kill the process: the
+     * probe runs with SIGILL unblocked. Where the program does not block it
+     * (the usual case: one system call, which asks for the mask alone) none
+     * can be pending either -- it would have been delivered already. A SIGILL
+     * the program blocked and left pending would be delivered to the probe's
+     * handler the moment it is unblocked, and put back to the program's
+     * action -- the default, often: the process would die. Then nothing is
+     * probed and neither instruction is claimed. */
+    bool held = ap_sys(SYS_rt_sigprocmask, SIG_BLOCK, 0, (long)&old, sizeof(old), 0) != 0;
+    if (!held && (old & ill)) {
+        uint64_t pending = 0;
+        held = ap_sys(SYS_rt_sigpending, (long)&pending, sizeof(pending), 0, 0, 0) != 0 ||
+               (pending & ill) ||
+               ap_sys(SYS_rt_sigprocmask, SIG_UNBLOCK, (long)&ill, 0, sizeof(ill), 0) != 0;
+    }
+    if (held) {
         if (tscp)
             ap_rdtscp_ok = 0;
         if (pid)
