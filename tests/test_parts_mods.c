@@ -46,7 +46,7 @@ __attribute__((noinline)) static long writes26(void)
 }
 
 struct run {
-    int rc, loaded;
+    int rc, loaded, plain;
     struct altpatch_stats st;
     unsigned seen, patched;
     long value, lib_value;
@@ -81,6 +81,15 @@ static void body(void *out, void *ctx)
     r->lib_site = (uintptr_t)call;
     ap_part_writes = 1;
     ap_records_keep_max = LIB_RECORDS; /* the library's kept, the program's decoded */
+    /* the premise of the raw keep test: the program's records decoded, its
+     * module-wide facts proved (a list of this test's own, then dropped) */
+    struct ap_module *list = NULL;
+    if (ap_modules_refresh(&list))
+        abort();
+    for (struct ap_module *m = list; m; m = m->next)
+        if (!m->path[0])
+            r->plain = m->records_plain && m->text_all && !m->entries;
+    ap_modules_free(list);
     r->rc = ap_apply_one(X86_FEATURE_ALWAYS, &r->st);
     altpatch_site_foreach(seen_cb, r);
     r->value = writes26();
@@ -92,6 +101,7 @@ Test(parts_mods, the_largest_table_is_decided_first_and_written_in_parts)
     struct run *r = ap_isolated(sizeof(*r), body, NULL);
     cr_assert(r->loaded, "dlopen %s", APFIX_DL_PATH);
     cr_assert(r->lib_site > r->prog_site, "premise: the library lies above the program");
+    cr_assert(r->plain, "premise: the program's records decoded, its facts proved");
     cr_assert_eq(r->rc, 0);
     cr_assert_eq(r->seen, N_WRITES);
     cr_assert_eq(r->patched, N_WRITES, "every site of the program holds its replacement");
