@@ -714,6 +714,7 @@ Test(cpu, synthetic_bits_need_the_exact_vendor)
 }
 
 static volatile int ill_seen;
+static volatile int ill_len = 2; /* the faulting instruction's length: ud2 */
 
 static void ill_skip_ud2(int sig, siginfo_t *si, void *ucv)
 {
@@ -721,7 +722,7 @@ static void ill_skip_ud2(int sig, siginfo_t *si, void *ucv)
     (void)si;
     ucontext_t *uc = ucv;
     ill_seen++;
-    uc->uc_mcontext.gregs[REG_RIP] += 2; /* ud2 */
+    uc->uc_mcontext.gregs[REG_RIP] += ill_len;
 }
 
 /*
@@ -781,17 +782,6 @@ Test(cpu, pending_blocked_sigill_is_left_alone)
     cr_assert_eq(sigprocmask(SIG_UNBLOCK, &ill, NULL), 0);
 }
 
-static volatile sig_atomic_t ill3_seen;
-
-static void ill_skip3(int sig, siginfo_t *si, void *ucv)
-{
-    (void)sig;
-    (void)si;
-    ucontext_t *uc = ucv;
-    ill3_seen++;
-    uc->uc_mcontext.gregs[REG_RIP] += 3; /* rdtscp: 0f 01 f9 */
-}
-
 /*
  * A SIGILL the program blocked, none pending: the probe still runs (with
  * SIGILL unblocked while it does), RDTSCP is claimed exactly where CPUID
@@ -815,15 +805,16 @@ Test(cpu, blocked_sigill_is_probed_and_blocked_again)
     bool claimed = __get_cpuid(0x80000001, &a, &b, &c, &d) && (d & (1u << 27));
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
-    sa.sa_sigaction = ill_skip3;
+    sa.sa_sigaction = ill_skip_ud2;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     cr_assert_eq(sigaction(SIGILL, &sa, NULL), 0);
     cr_assert_eq(sigprocmask(SIG_UNBLOCK, &ill, NULL), 0);
-    ill3_seen = 0;
+    ill_seen = 0;
+    ill_len = 3; /* rdtscp: 0f 01 f9 */
     if (claimed)
         __asm__ volatile(".byte 0x0f, 0x01, 0xf9" ::: "eax", "ecx", "edx", "memory");
-    bool runs = claimed && !ill3_seen;
+    bool runs = claimed && !ill_seen;
     cr_assert_eq(altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs,
                  "RDTSCP claimed %d, CPUID %d, executes %d",
                  altpatch_features_has(&f, X86_FEATURE_RDTSCP), claimed, runs);
