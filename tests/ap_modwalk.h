@@ -8,6 +8,7 @@
 #define AP_MODWALK_H
 
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -74,6 +75,15 @@ static inline void assert_patched(const struct mres *r, int i, const char *what)
     cr_assert_geq(r->sites[i], 4, "%s: %u sites (2 calls, fs, fence expected)", what, r->sites[i]);
     cr_assert_eq(r->bad[i], 0, "%s: %s", what, r->msg);
     cr_assert_geq(r->patched[i], 1, "%s: nothing patched", what);
+}
+
+/* dlopen(@p path, RTLD_NOW); NULL with the loader's reason in @p msg. */
+static inline void *mod_dlopen(const char *path, char *msg, size_t msgsz)
+{
+    void *h = dlopen(path, RTLD_NOW);
+    if (!h)
+        snprintf(msg, msgsz, "dlopen: %s", dlerror());
+    return h;
 }
 
 typedef long (*call_fn)(long);

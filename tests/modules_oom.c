@@ -61,9 +61,8 @@ static void body_two_first_enomem(void *out, void *ctx)
 {
     struct mres *r = out;
     (void)ctx;
-    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
+    void *h = mod_dlopen(APFIX_DL_PATH, r->msg, sizeof(r->msg));
     if (!h) {
-        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
         r->rc[3] = -1;
         return;
     }

@@ -147,9 +147,8 @@ static void body_two_first(void *out, void *ctx)
 {
     struct mres *r = out;
     (void)ctx;
-    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
+    void *h = mod_dlopen(APFIX_DL_PATH, r->msg, sizeof(r->msg));
     if (!h) {
-        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
         r->rc[0] = -1;
         return;
     }
@@ -219,10 +218,9 @@ static void body_three_first(void *out, void *ctx)
 {
     struct mres *r = out;
     (void)ctx;
-    void *big = dlopen(APFIX_BIG_PATH, RTLD_NOW);
-    void *dl = big ? dlopen(APFIX_DL_PATH, RTLD_NOW) : NULL;
+    void *big = mod_dlopen(APFIX_BIG_PATH, r->msg, sizeof(r->msg));
+    void *dl = big ? mod_dlopen(APFIX_DL_PATH, r->msg, sizeof(r->msg)) : NULL;
     if (!dl) {
-        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
         r->rc[3] = -1;
         return;
     }
@@ -315,9 +313,8 @@ static void body_two_first_denied(void *out, void *ctx)
 {
     struct denied2_result *r = out;
     (void)ctx;
-    void *h = dlopen(APFIX_DL_PATH, RTLD_NOW);
+    void *h = mod_dlopen(APFIX_DL_PATH, r->msg, sizeof(r->msg));
     if (!h) {
-        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
         r->rc = -1;
         return;
     }
