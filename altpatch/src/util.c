@@ -46,31 +46,6 @@ static bool ap_env_secure(void)
     return sec == 2;
 }
 
-const char *ap_getenv(const char *name)
-{
-    if (ap_env_secure())
-        return NULL;
-    char **env = environ;
-    const char c0 = name[0];
-    if (!env || !c0)
-        return NULL;
-    for (const char *e; (e = *env); env++) {
-        if (e[0] != c0) /* most entries: one byte read */
-            continue;
-        size_t k = 1;
-        while (name[k] && e[k] == name[k])
-            k++;
-        if (!name[k] && e[k] == '=')
-            return e + k + 1;
-    }
-    return NULL;
-}
-
-bool ap_env_on(const char *name)
-{
-    return ap_env_value_on(ap_getenv(name));
-}
-
 /* The value of entry @p e when it is @p name=..., else NULL (no strncmp():
  * one function less for the dynamic linker to resolve). */
 static inline const char *ap_env_is(const char *e, const char *name)
@@ -79,6 +54,25 @@ static inline const char *ap_env_is(const char *e, const char *name)
     while (name[k] && e[k] == name[k])
         k++;
     return !name[k] && e[k] == '=' ? e + k + 1 : NULL;
+}
+
+const char *ap_getenv(const char *name)
+{
+    if (ap_env_secure())
+        return NULL;
+    char **env = environ;
+    const char c0 = name[0];
+    if (!env || !c0)
+        return NULL;
+    for (const char *e, *v; (e = *env); env++)
+        if (e[0] == c0 && (v = ap_env_is(e, name))) /* most entries: one byte read */
+            return v;
+    return NULL;
+}
+
+bool ap_env_on(const char *name)
+{
+    return ap_env_value_on(ap_getenv(name));
 }
 
 void ap_env_read(struct ap_env *out)
@@ -126,10 +120,13 @@ static int ap_default_print(enum altpatch_print_level level, const char *fmt, va
 
 static altpatch_print_fn ap_print = ap_default_print;
 
-/** What ap_default_print() would drop: not formatted at all. */
-static bool ap_default_drops(altpatch_print_fn fn, enum altpatch_print_level level)
+/** What ap_default_print() would drop: not formatted at all. @p debug: the
+ * caller's answer for ALTPATCH_DEBUG, NULL to read it (only when needed). */
+static bool ap_default_drops(altpatch_print_fn fn, enum altpatch_print_level level,
+                             const bool *debug)
 {
-    return fn == ap_default_print && level != ALTPATCH_WARN && !ap_env_on("ALTPATCH_DEBUG");
+    return fn == ap_default_print && level != ALTPATCH_WARN &&
+           !(debug ? *debug : ap_env_on("ALTPATCH_DEBUG"));
 }
 
 altpatch_print_fn altpatch_set_print(altpatch_print_fn fn)
@@ -140,26 +137,27 @@ altpatch_print_fn altpatch_set_print(altpatch_print_fn fn)
 static void ap_vlog(altpatch_print_fn fn, enum altpatch_print_level level, const char *fmt,
                     va_list ap);
 
-void ap_log(enum altpatch_print_level level, const char *fmt, ...)
+static void ap_log_v(const bool *debug, enum altpatch_print_level level, const char *fmt,
+                     va_list ap)
 {
     altpatch_print_fn fn = __atomic_load_n(&ap_print, __ATOMIC_ACQUIRE);
-    if (!fn || ap_default_drops(fn, level))
-        return;
+    if (fn && !ap_default_drops(fn, level, debug))
+        ap_vlog(fn, level, fmt, ap);
+}
+
+void ap_log(enum altpatch_print_level level, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    ap_vlog(fn, level, fmt, ap);
+    ap_log_v(NULL, level, fmt, ap);
     va_end(ap);
 }
 
 void ap_log_env(bool debug, enum altpatch_print_level level, const char *fmt, ...)
 {
-    altpatch_print_fn fn = __atomic_load_n(&ap_print, __ATOMIC_ACQUIRE);
-    /* ap_default_drops() with the caller's answer for ALTPATCH_DEBUG */
-    if (!fn || (fn == ap_default_print && level != ALTPATCH_WARN && !debug))
-        return;
     va_list ap;
     va_start(ap, fmt);
-    ap_vlog(fn, level, fmt, ap);
+    ap_log_v(&debug, level, fmt, ap);
     va_end(ap);
 }
 

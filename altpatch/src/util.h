@@ -59,7 +59,8 @@ static inline bool ap_env_value_on(const char *v)
     return v && *v && !(v[0] == '0' && v[1] == '\0');
 }
 /** ap_log() by a caller that has just read ALTPATCH_DEBUG (@p debug: the
- * switch is on): the environment is not read again. */
+ * switch is on): the environment is not read again to decide whether the
+ * message is dropped (the library's default printer still asks it). */
 AP_HIDDEN void ap_log_env(bool debug, enum altpatch_print_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /** Monotonic nanoseconds. */
