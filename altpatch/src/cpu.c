@@ -721,12 +721,7 @@ ALTPATCH_API struct altpatch_features *altpatch_features_host(void)
 
 void ap_effective_features(struct altpatch_features *out)
 {
-    ap_effective_leaves(AP_LEAVES_ALL, out);
-}
-
-void ap_effective_leaves(unsigned groups, struct altpatch_features *out)
-{
-    ap_effective_leaves_cleared(groups, ap_getenv("ALTPATCH_CLEARCPUID"), out);
+    ap_effective_leaves_cleared(AP_LEAVES_ALL, ap_getenv("ALTPATCH_CLEARCPUID"), out);
 }
 
 void ap_effective_leaves_cleared(unsigned groups, const char *list,

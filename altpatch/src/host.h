@@ -63,10 +63,8 @@ AP_HIDDEN bool ap_libc_leaf(unsigned leaf, unsigned sub, struct ap_regs *r);
  * not read yet may be clear. Thread-safe.
  */
 AP_HIDDEN void ap_host_leaves(unsigned groups, struct altpatch_features *out);
-/** ap_effective_features() for at least the leaves of @p groups. */
-AP_HIDDEN void ap_effective_leaves(unsigned groups, struct altpatch_features *out);
-/** ap_effective_leaves() with ALTPATCH_CLEARCPUID's value @p list (NULL: unset)
- * read by the caller. */
+/** ap_effective_features() for at least the leaves of @p groups, with
+ * ALTPATCH_CLEARCPUID's value @p list (NULL: unset) read by the caller. */
 AP_HIDDEN void ap_effective_leaves_cleared(unsigned groups, const char *list,
                                            struct altpatch_features *out);
 /**
@@ -146,11 +144,10 @@ struct ap_poke_stats {
     /* the end of the last page counted in pages (AP_POKE_CONTINUE) */
     uintptr_t pg_done;
     /* AP_POKE_RUNS: the runs counted, in address order (malloc'ed; the
-     * caller frees runs); runs_lost: one could not be kept (no memory), so
-     * a page AP_POKE_NOT_RUNS meets may be counted twice */
+     * caller frees runs); a run that could not be kept (no memory) is not:
+     * a page of it that AP_POKE_NOT_RUNS meets may be counted twice */
     struct ap_page_run *runs;
     size_t nruns, runs_cap;
-    bool runs_lost;
 };
 
 /**
@@ -659,8 +656,6 @@ AP_HIDDEN void ap_module_drop_entries(struct ap_module *m);
 AP_HIDDEN int ap_modules_refresh(struct ap_module **list);
 AP_HIDDEN void ap_modules_free(struct ap_module *list);
 struct dl_phdr_info;
-/** True when the loaded object @p info carries an altpatch note (a module of the list). */
-AP_HIDDEN bool ap_module_has_note(const struct dl_phdr_info *info);
 
 /**
  * The altpatch notes one walk of the loaded objects found (the pins' walk,
@@ -692,8 +687,8 @@ static inline void ap_notes_seen_init(struct ap_notes_seen *s)
     s->started = s->counted = s->complete = s->idle = false;
     s->n = 0;
 }
-/** ap_module_has_note() for the next object of a walk (@p size: the
- * callback's), remembered in @p s; @p search false: not looked for (false
+/** Whether the next object of a walk (@p size: the callback's) carries an
+ * altpatch note (a module of the list), remembered in @p s; @p search false: not looked for (false
  * returned), only the object and the walk's counters remembered. */
 AP_HIDDEN bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool search,
                                    struct ap_notes_seen *s);

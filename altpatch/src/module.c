@@ -98,12 +98,6 @@ static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *de
     return NULL;
 }
 
-bool ap_module_has_note(const struct dl_phdr_info *info)
-{
-    uint32_t descsz = 0;
-    return ap_find_note(info, &descsz) != NULL;
-}
-
 /* Whether the callback's @p size covers the loader's counters. */
 static bool ap_walk_counted(size_t size)
 {
@@ -372,8 +366,10 @@ static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, u
      * linker to resolve on a process's first apply) */
     const char *name = info->dlpi_name ? info->dlpi_name : "";
     size_t len = 0;
-    while (name[len])
+    while (name[len]) {
         len++;
+        __asm__("" : "+r"(len)); /* not a strlen() call */
+    }
     m->path = malloc(len + 1);
     if (m->path)
         ap_copy_small((uint8_t *)m->path, (const uint8_t *)name, len + 1);

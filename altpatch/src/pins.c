@@ -8,7 +8,7 @@
  * bytes. Every loaded library is therefore pinned with dlopen(path,
  * RTLD_NOLOAD) for the duration of an apply or a site walk, and released at
  * the end -- every library that carries an altpatch note, the only ones whose
- * bytes are read or written (ap_module_has_note()); a module of the list that is not pinned (unloaded meanwhile, or a
+ * bytes are read or written (ap_module_note_seen()); a module of the list that is not pinned (unloaded meanwhile, or a
  * new copy at another address, or loaded after the pins were taken) is
  * skipped this time. The main program (empty path) cannot be unloaded. A
  * library loaded with dlmopen() into another namespace is not found by name

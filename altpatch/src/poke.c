@@ -288,10 +288,8 @@ static int ap_maps_add(struct ap_maps *m, const struct ap_map *e)
         struct ap_map *v;
         if (m->v == m->inl) {
             v = malloc(cap * sizeof(*v));
-            for (size_t i = 0; v && i < m->n; i++) {
-                v[i] = m->inl[i];
-                __asm__("" : "+r"(i)); /* not a memcpy() call */
-            }
+            if (v)
+                ap_copy_small((uint8_t *)v, (const uint8_t *)m->inl, m->n * sizeof(*v));
         } else {
             v = realloc(m->v, cap * sizeof(*v));
         }
@@ -610,10 +608,8 @@ static void ap_runs_add(struct ap_poke_stats *st, uintptr_t s, uintptr_t e)
     if (st->nruns == st->runs_cap) {
         size_t cap = st->runs_cap ? 2 * st->runs_cap : 16;
         struct ap_page_run *t = realloc(st->runs, cap * sizeof(*t));
-        if (!t) {
-            st->runs_lost = true;
-            return;
-        }
+        if (!t)
+            return; /* its pages may be counted again (host.h) */
         st->runs = t;
         st->runs_cap = cap;
     }

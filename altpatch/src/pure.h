@@ -104,15 +104,9 @@ AP_HIDDEN int ap_records_parse(const uint8_t *table, size_t size, uint64_t table
                                uint32_t record_size, struct ap_entry **out, size_t *n);
 /**
  * Record @p i of a table already accepted by ap_records_parse() (first byte
- * at @p table, runtime address @p table_addr, records of @p record_size
- * bytes), decoded into @p e: the same entry ap_records_parse() gives, for a
- * caller that does not keep them all.
- */
-AP_HIDDEN void ap_record_get(const uint8_t *table, uint64_t table_addr, uint32_t record_size,
-                             size_t i, struct ap_entry *e);
-/**
- * ap_record_get() inline, for a caller that decodes a site's records from
- * the table as it goes (@p record_size ALTPATCH_RECORD_SIZE_KERNEL or
+ * at @p table, runtime address @p table_addr), decoded into @p e: the same
+ * entry ap_records_parse() gives, for a caller that decodes a site's records
+ * from the table as it goes (@p record_size ALTPATCH_RECORD_SIZE_KERNEL or
  * ALTPATCH_RECORD_SIZE_COMPACT). Format 1: s32 site, s32 replacement (each
  * relative to its own field), u32 feature | flags << 16, u8 site length, u8
  * replacement length; format 3: the same with a u16 feature word (bits 0..14

@@ -116,15 +116,6 @@ static void record_decode_compact(const uint8_t *table, uint64_t table_addr, siz
     e->index = (uint32_t)i;
 }
 
-void ap_record_get(const uint8_t *table, uint64_t table_addr, uint32_t record_size, size_t i,
-                   struct ap_entry *e)
-{
-    if (record_size == ALTPATCH_RECORD_SIZE_COMPACT)
-        record_decode_compact(table, table_addr, i, e);
-    else
-        record_decode(table, table_addr, i, e);
-}
-
 int ap_records_parse(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,
                      struct ap_entry **out, size_t *n)
 {
