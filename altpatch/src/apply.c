@@ -596,14 +596,20 @@ static void ap_writes_fold(struct ap_run *r, bool poked)
  * -ENOMEM (the writer stopped) no part is handed to it any more: each of its
  * pending writes is WRITE_DENIED, as ap_poke() reports its own rest.
  */
+/* Every pending write of @p w[0..n) WRITE_DENIED: the writer stopped (-ENOMEM). */
+static void ap_writes_deny(struct ap_write *w, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        if (ap_write_pending(&w[k]))
+            w[k].result = ALTPATCH_REASON_WRITE_DENIED;
+}
+
 static __attribute__((noinline)) void ap_part_write(struct ap_run *r)
 {
     struct ap_write *w = r->writes;
     size_t nw = r->nwrites;
     if (r->part_err == -ENOMEM) {
-        for (size_t k = 0; k < nw; k++)
-            if (ap_write_pending(&w[k]))
-                w[k].result = ALTPATCH_REASON_WRITE_DENIED;
+        ap_writes_deny(w, nw);
     } else {
         /* the pages each part counts remembered: a last batch out of
          * address order does not count them again */
@@ -823,7 +829,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     struct ap_write *writes = r->writes;
     /* (m->parts_apart: its sites lie apart from its records and
      * replacements, so no part changes what a later site of it reads) */
-    const bool parts = r->first_any && !r->live && !r->parts_off && m->parts_apart;
+    const bool parts = !r->live && !r->parts_off && m->parts_apart;
     const size_t part = ap_part_writes ? ap_part_writes : 1;
     size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites, nkept = 0;
     uint64_t patched = 0, unchanged = 0, kept_bytes = 0;
@@ -1161,7 +1167,7 @@ static struct ap_module *ap_first_module(const struct ap_run *r, struct ap_modul
     for (struct ap_module *m = ap_mods; m; m = m->next)
         if (!m->gone && ap_first_decision(r, m) && (!best || m->nentries > best->nentries))
             best = m;
-    *wmod = best && !r->dec && best->entries && !best->entries_keep ? best : NULL;
+    *wmod = best && best->entries && !best->entries_keep ? best : NULL;
     return best;
 }
 
@@ -1271,10 +1277,8 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     struct ap_memo *memo = ap_shapes_for(fs);
     r->keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
     r->revert = flags & ALTPATCH_APPLY_REVERT;
-    for (struct ap_module *m = ap_mods; m && !r->dec; m = m->next)
-        if (!m->gone && ap_first_decision(r, m))
-            r->first_any = true;
     struct ap_module *first = ap_first_module(r, &r->wmod);
+    r->first_any = first != NULL;
     size_t total = n, total_bytes = bytes;
     bytes = 0;
     /* that module first (r->mods stays in decision order) */
@@ -1379,7 +1383,7 @@ static __attribute__((noinline)) void ap_write_done(struct ap_run *r, size_t k, 
  * others were recorded when decided), unless ALTPATCH_DEBUG records every
  * site in order afterwards.
  */
-static void ap_writes_done(struct ap_run *r, bool live)
+static void ap_writes_done(struct ap_run *r)
 {
     /* every write kept (AP_WDEC_KEPT) and written (the writer counts the
      * bytes of each write it wrote, and a write's at most once): every
@@ -1388,7 +1392,7 @@ static void ap_writes_done(struct ap_run *r, bool live)
      * module's first sites of their shapes, planned one by one) are denied
      * while the kept ones (later sites of those shapes, elsewhere) land. The
      * live writer counts its own way: not taken from it. */
-    if (live)
+    if (r->live)
         r->unkept_any = true; /* the live writer's byte count is its own */
     ap_writes_fold(r, r->poked);
 }
@@ -1533,9 +1537,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         if (live) {
             err = ap_live_poke(r.writes, r.nwrites, &r.pst);
         } else if (r.part_err == -ENOMEM) {
-            for (size_t k = 0; k < r.nwrites; k++)
-                if (ap_write_pending(&r.writes[k]))
-                    r.writes[k].result = ALTPATCH_REASON_WRITE_DENIED;
+            ap_writes_deny(r.writes, r.nwrites);
         } else {
             err = ap_poke(r.writes, r.nwrites,
                           r.pf | (!r.poked     ? 0
@@ -1553,7 +1555,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
     /* recorded when the writes were made, or none was needed (the sites
      * without one were recorded as they were decided) */
     if (r.mods && (!err || r.poked)) {
-        ap_writes_done(&r, live);
+        ap_writes_done(&r);
         ap_record(&r, st);
         ap_applied = true;
     }
