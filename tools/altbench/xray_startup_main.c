@@ -12,6 +12,7 @@
  * patched before main() unless XRAY_OPTIONS asks for patch_premain, which
  * this program refuses (both variants would patch).
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,9 +42,11 @@ int main(void)
         return 2;
     }
     int rc = 1;
+    const char *off = getenv("ALTPATCH_OFF"); /* on as the library reads it: set, not "" or "0" */
+    bool patch = !(off && *off && strcmp(off, "0") != 0);
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    if (!getenv("ALTPATCH_OFF"))
+    if (patch)
         rc = __xray_patch();
     clock_gettime(CLOCK_MONOTONIC, &b);
     if (getenv("ALTBENCH_STARTUP_NS"))
