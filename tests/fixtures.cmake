@@ -16,7 +16,7 @@ if(TARGET test_fixtures)
 endif()
 
 if(TARGET test_primitives OR TARGET test_modules OR TARGET test_corrupt)
-  foreach(t test_primitives test_modules test_corrupt test_parts)
+  foreach(t test_primitives test_modules test_corrupt)
     if(TARGET ${t})
       target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR}/testdata)
       target_compile_definitions(${t} PRIVATE APFIX_DIR="${APFIX_DIR}")

@@ -743,8 +743,6 @@ Test(cpu, probe_guard_restores_the_sigill_action)
 
     struct altpatch_features f;
     ap_host_leaves(AP_LEAVES_ALL, &f); /* runs the probes where CPUID claims RDTSCP or RDPID */
-    cr_assert_eq(altpatch_features_has(&f, X86_FEATURE_RDPID),
-                 altpatch_features_has(ap_host_features(), X86_FEATURE_RDPID));
 
     cr_assert_eq(sigaction(SIGILL, NULL, &after), 0);
     cr_assert_eq((void *)after.sa_sigaction, (void *)ill_skip_ud2);
@@ -1133,10 +1131,14 @@ Test(cpu, libc_leaves_are_the_cpus_answers)
     } leaves[] = {{1, 0, "cd"},          {7, 0, "abcd"},        {7, 1, "a"},
                   {0xd, 1, "a"},         {0x80000001u, 0, "cd"}, {0x80000007u, 0, "bd"},
                   {0x80000008u, 0, "b"}};
-    uint32_t max = ap_cpuid(0, 0).a, emax = ap_cpuid(0x80000000u, 0).a;
+    /* the reference: CPUID executed here (the compiler's <cpuid.h>) */
+    unsigned max, emax, x0, x1, x2;
+    __cpuid(0, max, x0, x1, x2);
+    __cpuid(0x80000000u, emax, x0, x1, x2);
     for (size_t i = 0; i < sizeof(leaves) / sizeof(leaves[0]); i++) {
         uint32_t l = leaves[i].leaf;
-        struct ap_regs g, c = ap_cpuid(l, leaves[i].sub);
+        struct ap_regs g, c;
+        __cpuid_count(l, leaves[i].sub, c.a, c.b, c.c, c.d);
         if (!ap_libc_leaf(l, leaves[i].sub, &g)) {
             cr_log_info("leaf %#x.%u: not from the C library", l, leaves[i].sub);
             continue;
@@ -1146,7 +1148,4 @@ Test(cpu, libc_leaves_are_the_cpus_answers)
         for (const char *r = leaves[i].regs; *r; r++)
             cr_assert_eq(gv[*r - 'a'], cv[*r - 'a'], "leaf %#x.%u e%cx", l, leaves[i].sub, *r);
     }
-    struct altpatch_features f;
-    ap_host_leaves(AP_LEAVES_ALL, &f);
-    cr_assert_arr_eq(f.word, ap_host_features()->word, sizeof(f.word));
 }

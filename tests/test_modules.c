@@ -352,7 +352,7 @@ Test(modules, two_first_decisions_with_writes_denied)
         cr_assert_geq(r->w[i].sites, 4, "%s", r->w[i].module);
         cr_assert_eq(r->w[i].original, r->w[i].sites, "%s: originals kept", r->w[i].module);
         cr_assert_eq(r->w[i].patched, 0, "%s", r->w[i].module);
-        /* the fence and call sites need a write under any feature set */
+        /* the call sites (ALWAYS) need a write under any feature set */
         cr_assert_geq(r->w[i].denied, 1, "%s: a denied write reported", r->w[i].module);
     }
     cr_assert_eq(r->w[0].denied, r->w[1].denied, "the same module twice");
