@@ -766,6 +766,198 @@ Test(poke, maps_descriptor_kept_checked_and_never_stolen)
                      "the child's page got the parent's protection: %s", r->child_perms);
 }
 
+/** Descriptors this process has open (by /proc/self/fd, the directory's own not counted). */
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.' && atoi(e->d_name) != dirfd(d))
+            n++;
+    closedir(d);
+    return n;
+}
+
+/** True when descriptor @p fd names @p want. */
+static bool fd_names(int fd, const char *want)
+{
+    char path[64], target[128];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(path, target, sizeof(target) - 1);
+    return k > 0 && (target[k] = '\0', strcmp(target, want) == 0);
+}
+
+/*
+ * A pre-fork server: the parent applies (the maps descriptor is kept), then
+ * each worker it forks applies too. A worker ends with as many descriptors as
+ * it began with: the copy of the parent's kept descriptor is closed, its own
+ * kept instead, and its grandchild does the same. A worker that put another
+ * file under the inherited number keeps that file.
+ */
+#define FORK_WORKERS 3
+struct forkfd_result {
+    int answers;
+    int parent_rc, parent_fds;
+    int rc[FORK_WORKERS], before[FORK_WORKERS], after[FORK_WORKERS], own[FORK_WORKERS];
+    bool wrote[FORK_WORKERS];
+    int grand_rc, grand_before, grand_after, grand_own;
+    int replaced_fd, replaced_rc;
+    bool replaced_ok;
+};
+
+/** In a worker: apply one write at @p at, descriptors counted before and after. */
+static int worker_poke(uint8_t *at, int *before, int *after, int *own, bool *wrote)
+{
+    struct ap_write w = at[0] == 0xcc ? wr(at, CC3, NEW3, 3) : wr(at, NEW3, CC3, 3);
+    *before = open_fds();
+    int rc = ap_poke(&w, 1, 0, NULL);
+    *after = open_fds();
+    *own = maps_fds(NULL);
+    if (wrote)
+        *wrote = w.wrote && w.result == ALTPATCH_REASON_NONE;
+    return rc;
+}
+
+static void forkfd_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct forkfd_result *r = out;
+    r->answers = procmap_query_answers();
+    uint8_t *p = rx_pages(1);
+    struct ap_write w = wr(p + 500, CC3, NEW3, 3);
+    r->parent_rc = ap_poke(&w, 1, 0, NULL);
+    r->parent_fds = maps_fds(NULL);
+    fflush(NULL);
+    for (int i = 0; i < FORK_WORKERS; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            r->rc[i] = worker_poke(p + 500, &r->before[i], &r->after[i], &r->own[i],
+                                   &r->wrote[i]);
+            if (i == 0) {
+                pid_t g = fork();
+                if (g == 0) {
+                    r->grand_rc = worker_poke(p + 500, &r->grand_before, &r->grand_after,
+                                              &r->grand_own, NULL);
+                    _exit(0);
+                }
+                waitpid(g, NULL, 0);
+            }
+            _exit(0);
+        }
+        waitpid(pid, NULL, 0);
+    }
+    /* a worker that replaced the inherited number with a file of its own */
+    int kept = -1;
+    char want[64];
+    snprintf(want, sizeof(want), "/proc/%d/maps", (int)getpid());
+    for (int fd = 0; fd < 1024 && kept < 0; fd++)
+        if (fd_names(fd, want))
+            kept = fd;
+    r->replaced_fd = kept;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDONLY);
+        if (kept >= 0 && null >= 0 && dup2(null, kept) == kept)
+            close(null);
+        int b, a, o;
+        r->replaced_rc = worker_poke(p + 500, &b, &a, &o, NULL);
+        r->replaced_ok = kept < 0 || fd_names(kept, "/dev/null");
+        _exit(0);
+    }
+    waitpid(pid, NULL, 0);
+}
+
+Test(poke, forked_worker_closes_the_inherited_maps_descriptor)
+{
+    struct forkfd_result *r = ap_isolated(sizeof(*r), forkfd_body, NULL);
+    cr_assert_eq(r->parent_rc, 0);
+    cr_assert_eq(r->parent_fds, r->answers ? 1 : 0);
+    for (int i = 0; i < FORK_WORKERS; i++) {
+        cr_assert_eq(r->rc[i], 0, "worker %d", i);
+        cr_assert(r->wrote[i], "worker %d", i);
+        cr_assert_eq(r->after[i], r->before[i], "worker %d: %d descriptors, then %d", i,
+                     r->before[i], r->after[i]);
+        cr_assert_eq(r->own[i], r->answers ? 1 : 0, "worker %d: %d on its own maps file", i,
+                     r->own[i]);
+    }
+    cr_assert_eq(r->grand_rc, 0);
+    cr_assert_eq(r->grand_after, r->grand_before, "grandchild: %d descriptors, then %d",
+                 r->grand_before, r->grand_after);
+    cr_assert_eq(r->grand_own, r->answers ? 1 : 0);
+    if (r->answers)
+        cr_assert_geq(r->replaced_fd, 0, "the parent's kept descriptor not found");
+    cr_assert_eq(r->replaced_rc, 0);
+    cr_assert(r->replaced_ok, "the worker's /dev/null under %d was closed or changed",
+              r->replaced_fd);
+}
+
+/*
+ * The kept descriptor where the whole file is read instead: asked by the
+ * caller (AP_POKE_MAPS_FILE), or the kernel stops answering PROCMAP_QUERY on
+ * it (here a filter refuses the ioctl from some batch on). It is closed, not
+ * lost: the process holds no more than one maps descriptor after any batch,
+ * and none once the kernel does not answer.
+ */
+struct stopfd_result {
+    int answers, set;
+    int rc[4];
+    bool wrote[4];
+    int fds[4], maps[4];
+};
+
+static void stopfd_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct stopfd_result *r = out;
+    r->answers = procmap_query_answers();
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOTTY),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    uint8_t *p = rx_pages(1);
+    static const unsigned flags[4] = {0, AP_POKE_MAPS_FILE, 0, 0};
+    for (int i = 0; i < 4; i++) {
+        if (i == 3) {
+            r->set = install_filter(f, sizeof(f) / sizeof(f[0]));
+            if (r->set)
+                return;
+        }
+        struct ap_write w = i % 2 ? wr(p + 600, NEW3, CC3, 3) : wr(p + 600, CC3, NEW3, 3);
+        r->rc[i] = ap_poke(&w, 1, flags[i], NULL);
+        r->wrote[i] = w.wrote && w.result == ALTPATCH_REASON_NONE;
+        r->fds[i] = open_fds();
+        r->maps[i] = maps_fds(NULL);
+    }
+}
+
+Test(poke, maps_descriptor_closed_where_the_file_is_read)
+{
+    struct stopfd_result *r = ap_isolated(sizeof(*r), stopfd_body, NULL);
+    cr_assert_eq(r->set, 0, "seccomp filter: %s", strerror(-r->set));
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(r->rc[i], 0, "batch %d", i);
+        cr_assert(r->wrote[i], "batch %d", i);
+        cr_assert_leq(r->maps[i], 1, "batch %d: %d maps descriptors", i, r->maps[i]);
+    }
+    /* kept after the first batch, closed by the second (the file read), kept
+     * again by the third, closed by the fourth (the kernel stopped answering) */
+    int k = r->answers ? 1 : 0;
+    cr_assert_eq(r->maps[0], k);
+    cr_assert_eq(r->maps[1], 0);
+    cr_assert_eq(r->fds[1], r->fds[0] - k, "%d descriptors, then %d", r->fds[0], r->fds[1]);
+    cr_assert_eq(r->maps[2], k);
+    cr_assert_eq(r->fds[2], r->fds[0], "%d descriptors, then %d", r->fds[0], r->fds[2]);
+    cr_assert_eq(r->maps[3], 0);
+    cr_assert_eq(r->fds[3], r->fds[0] - k, "%d descriptors, then %d", r->fds[0], r->fds[3]);
+}
+
 /* The window routine must not call out of its section: every relative branch
  * stays inside, and there is no call at all (direct or indirect). */
 extern const uint8_t __start_altpatch_poke_text[];

@@ -349,9 +349,13 @@ static bool ap_maps_line(const char *line, struct ap_map *e)
  * rest of a small batch's questions. It is used again only when it is still
  * this process's (getpid(): a child of fork() inherits it, and it describes
  * the parent) and still the file it was (fstat(): the program may have closed
- * it and the number may name another file now). One that fails either check
- * is forgotten, never closed (the number may be the program's now); it is
- * O_CLOEXEC. Callers of ap_poke() are serialized (apply.c's lock).
+ * it and the number may name another file now). A child closes the copy it
+ * inherited when that still is the file (device, inode) and still carries the
+ * close-on-exec flag the library set (a dup2() of the program's clears it):
+ * else every fork() and apply would leave one more descriptor in the child.
+ * One that is not the file any more is forgotten, never closed (the number
+ * may be the program's now). Callers of ap_poke() are serialized (apply.c's
+ * lock).
  */
 AP_STATE static int ap_maps_kept_fd = -1;
 AP_STATE static long ap_maps_kept_pid;
@@ -372,7 +376,11 @@ static int ap_maps_read_all(struct ap_maps *m)
     char *buf = NULL;
     size_t len = 0;
     if (m->kept) {
-        /* its offset is shared with every copy of it: read a fresh one */
+        /* its offset is shared with every copy of it: read a fresh one. The
+         * kept one (checked this batch: ours) is closed, not forgotten: the
+         * kernel stopped answering on it, or the caller wants the file. */
+        ap_sys(SYS_close, ap_maps_kept_fd, 0, 0, 0, 0);
+        (*m->syscalls)++;
         ap_maps_kept_fd = -1;
         ap_maps_open_file(m);
         if (m->fd < 0)
@@ -412,11 +420,20 @@ static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls)
         long pid = ap_sys(SYS_getpid, 0, 0, 0, 0, 0);
         long r = ap_sys(SYS_fstat, ap_maps_kept_fd, (long)&st, 0, 0, 0);
         *syscalls += 2;
-        if (pid == ap_maps_kept_pid && r == 0 && st.st_dev == ap_maps_kept_dev &&
-            st.st_ino == ap_maps_kept_ino) {
+        bool same = r == 0 && st.st_dev == ap_maps_kept_dev && st.st_ino == ap_maps_kept_ino;
+        if (same && pid == ap_maps_kept_pid) {
             m->fd = ap_maps_kept_fd;
             m->kept = true;
             return 0;
+        }
+        if (same) {
+            /* a child's copy of its parent's: closed when still as the library left it */
+            long fl = ap_sys(SYS_fcntl, ap_maps_kept_fd, F_GETFD, 0, 0, 0);
+            (*syscalls)++;
+            if (fl >= 0 && (fl & FD_CLOEXEC)) {
+                ap_sys(SYS_close, ap_maps_kept_fd, 0, 0, 0, 0);
+                (*syscalls)++;
+            }
         }
         ap_maps_kept_fd = -1; /* not this process's, or not the file: forgotten */
     }
