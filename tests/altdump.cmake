@@ -35,6 +35,14 @@ add_custom_command(OUTPUT ${AD_FIX}/many.o ${AD_FIX}/many.so
   COMMENT "altdump fixture many" VERBATIM)
 list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/many.o ${AD_FIX}/many.so)
 
+# wide.S: 500 sites in one function: a dump larger than a pipe holds -> .so.
+add_custom_command(OUTPUT ${AD_FIX}/wide.so
+  COMMAND ${CMAKE_C_COMPILER} -I${AD_SRC} -shared -nostdlib -Wl,--build-id=none
+    -Wl,-z,noexecstack -o ${AD_FIX}/wide.so ${AD_SRC}/wide.S
+  DEPENDS ${AD_SRC}/wide.S ${AD_SRC}/altsites.inc
+  COMMENT "altdump fixture wide" VERBATIM)
+list(APPEND AD_FIX_OUTPUTS ${AD_FIX}/wide.so)
+
 # groups.S: sites in COMDAT groups ("a?R" records, as alternative.h emits for
 # C++ inline functions): several altinstructions sections in the .o -> .o, .so,
 # and a program linked with the shared libaltpatch (runtime side).

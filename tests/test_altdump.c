@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -802,6 +803,78 @@ Test(altdump, not_regular, .init = mktmp, .fini = rmtmp, .timeout = 20)
             result_free(&r);
         }
     }
+}
+
+/*
+ * The file truncated while altdump shows it: altdump's output fills a pipe
+ * nobody reads yet (it then waits in write()), the file is cut to nothing,
+ * and the rest of the output is read. altdump read the file when it opened
+ * it: it ends normally with the dump of the file as it was, never killed by
+ * a signal (SIGBUS, were the file's pages mapped).
+ */
+Test(altdump, file_truncated_while_shown, .init = mktmp, .fini = rmtmp, .timeout = 60)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/wide.so", tmpdir);
+    size_t len;
+    char *src = read_file(ALTDUMP_FIXDIR "/wide.so", &len);
+    cr_assert_not_null(src);
+    write_file(path, src, len);
+    free(src);
+    struct result want = RUN(path);
+    cr_assert_eq(want.rc, 0, "%s", want.err);
+
+    int p[2];
+    cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+    int psz = fcntl(p[1], F_SETPIPE_SZ, 4096);
+    if (psz < 0)
+        psz = fcntl(p[1], F_GETPIPE_SZ);
+    cr_assert_gt(psz, 0);
+    cr_assert_gt(strlen(want.out), (size_t)psz * 4, "the dump must not fit the pipe");
+    int efd = tmpfile_fd();
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(efd, 2);
+        execl(ALTDUMP_BIN, ALTDUMP_BIN, path, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    /* wait until the pipe is full: altdump has opened the file and waits */
+    int queued = 0;
+    for (int i = 0; i < 20000 && queued < psz; i++) {
+        cr_assert_eq(ioctl(p[0], FIONREAD, &queued), 0);
+        if (queued < psz)
+            usleep(1000);
+    }
+    cr_assert_eq(queued, psz, "the pipe never filled: %d of %d bytes", queued, psz);
+    cr_assert_eq(truncate(path, 0), 0);
+
+    size_t cap = strlen(want.out) + 65536, got = 0;
+    char *out = malloc(cap + 1);
+    cr_assert_not_null(out);
+    for (ssize_t k; got < cap && (k = read(p[0], out + got, cap - got)) != 0;) {
+        if (k < 0 && errno == EINTR)
+            continue;
+        cr_assert_gt(k, 0, "read: %s", strerror(errno));
+        got += (size_t)k;
+    }
+    out[got] = '\0';
+    close(p[0]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    char *err = slurp_fd(efd);
+    close(efd);
+    cr_assert(WIFEXITED(st), "altdump killed by signal %d after %zu bytes of output",
+              WIFSIGNALED(st) ? WTERMSIG(st) : 0, got);
+    cr_assert_eq(WEXITSTATUS(st), 0, "exit %d: %s", WEXITSTATUS(st), err);
+    cr_assert_str_eq(err, "");
+    cr_assert_str_eq(out, want.out, "the dump differs from the file's as it was opened");
+    free(out);
+    free(err);
+    result_free(&want);
 }
 
 Test(altdump, usage)

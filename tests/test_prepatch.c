@@ -510,6 +510,54 @@ Test(image_api, bad_arguments)
     altpatch_set_print(old);
 }
 
+/*
+ * The file truncated after altpatch_image_open(): the image is the file as
+ * it was opened (read whole into memory, never mapped), so its sites, plan
+ * and the bytes a write makes are those of an image opened before the cut,
+ * and nothing reads the file again (no SIGBUS).
+ */
+Test(image_api, file_truncated_after_open, .init = setup, .fini = teardown)
+{
+    size_t len;
+    uint8_t *b = slurp(PREPATCH_FIXTURE, &len);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/cut", tmpdir);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(b, 1, len, f), len);
+    cr_assert_eq(fclose(f), 0);
+    struct altpatch_image *ref, *img;
+    cr_assert_eq(altpatch_image_open_mem(b, len, NULL, &ref), 0);
+    cr_assert_eq(altpatch_image_open(path, NULL, &img), 0);
+    cr_assert_eq(truncate(path, 0), 0);
+    struct lines a = {calloc(1, 1), 0, 1, false}, c = {calloc(1, 1), 0, 1, false};
+    cr_assert_eq(altpatch_image_site_foreach(ref, add_line, &a), 0);
+    cr_assert_eq(altpatch_image_site_foreach(img, add_line, &c), 0);
+    cr_assert_gt(a.len, 0);
+    cr_assert_str_eq(c.buf, a.buf);
+    struct altpatch_features *fs = altpatch_features_profile("all");
+    cr_assert_eq(altpatch_image_plan(ref, fs), 0);
+    cr_assert_eq(altpatch_image_plan(img, fs), 0);
+    void *wa, *wc;
+    size_t la, lc;
+    cr_assert_eq(altpatch_image_write_mem(ref, NULL, &wa, &la), 0);
+    cr_assert_eq(altpatch_image_write_mem(img, NULL, &wc, &lc), 0);
+    cr_assert_eq(lc, la);
+    cr_assert_arr_eq(wc, wa, la, "the copy written differs from the file's as it was opened");
+    free(wa);
+    free(wc);
+    free(a.buf);
+    free(c.buf);
+    altpatch_features_free(fs);
+    altpatch_image_close(img);
+    altpatch_image_close(ref);
+    /* a file empty when opened is refused */
+    altpatch_print_fn old = altpatch_set_print(quiet);
+    cr_assert_lt(altpatch_image_open(path, NULL, &img), 0);
+    altpatch_set_print(old);
+    free(b);
+}
+
 /* ------------------------------------------------------------------------- */
 /* The tool                                                                  */
 /* ------------------------------------------------------------------------- */

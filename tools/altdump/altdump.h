@@ -177,8 +177,6 @@ struct ad_image {
     uint8_t *pp_written;            /* owned */
     size_t pp_nsites;               /* sites of the library's reading of the file */
     size_t *pp_off;                 /* owned; SIZE_MAX: site outside the text */
-    bool mapped;               /* buf is libelf's map of the file, not owned */
-    int fd;                    /* the mapped file (ad_read_file), else -1 */
     struct ad_kernel kernel;   /* a Linux kernel image or module (kernel.c) */
     uint64_t banner_addr;      /* address of linux_banner, or 0 */
 };

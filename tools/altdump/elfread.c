@@ -1025,7 +1025,6 @@ int ad_read_memory(const void *buf, size_t len, const char *name, unsigned flags
     struct reader r = {.img = img, .err = err, .errsz = errsz};
     memset(img, 0, sizeof(*img));
     img->file = name;
-    img->fd = -1;
     if (elf_version(EV_CURRENT) == EV_NONE)
         return fail(&r, "libelf is too old%s", elfmsg());
     if (len == 0)
@@ -1045,6 +1044,83 @@ int ad_read_memory(const void *buf, size_t len, const char *name, unsigned flags
     return rc;
 }
 
+/* [off, off + len) of the file into the same bytes of @p buf: 0, or an errno
+ * (ENODATA: the file ended first -- it was truncated while read). */
+static int pread_at(int fd, uint8_t *buf, uint64_t off, uint64_t len)
+{
+    for (uint64_t got = 0; got < len;) {
+        ssize_t k = pread(fd, buf + off + got, (size_t)(len - got), (off_t)(off + got));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k < 0 ? errno : ENODATA;
+        got += (uint64_t)k;
+    }
+    return 0;
+}
+
+/* True when [off, off + len) lies inside a file of @p size bytes. */
+static bool in_file(uint64_t off, uint64_t len, uint64_t size)
+{
+    return off <= size && len <= size - off;
+}
+
+/*
+ * Read the parts of the file (of @p size bytes, into @p buf as large) that
+ * altdump and libelf look at: the ELF, program and section headers, what the
+ * program headers load, and every section but the debugging information (a
+ * vmlinux's .debug_* is most of it). The other bytes stay unread: pages never
+ * written cost no memory. A file whose headers do not say where its parts
+ * are is read whole (libelf and the checks then say what is wrong).
+ * 0, or an errno as pread_at().
+ */
+static int read_parts(int fd, uint8_t *buf, uint64_t size)
+{
+    Elf64_Ehdr eh;
+    if (size < sizeof(eh))
+        return pread_at(fd, buf, 0, size);
+    int e = pread_at(fd, buf, 0, sizeof(eh));
+    if (e)
+        return e;
+    memcpy(&eh, buf, sizeof(eh));
+    uint64_t phlen = (uint64_t)eh.e_phnum * eh.e_phentsize;
+    uint64_t shlen = (uint64_t)eh.e_shnum * eh.e_shentsize;
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_shnum == 0 || eh.e_shstrndx == SHN_XINDEX ||
+        eh.e_shstrndx >= eh.e_shnum || eh.e_shentsize != sizeof(Elf64_Shdr) ||
+        (eh.e_phnum && eh.e_phentsize != sizeof(Elf64_Phdr)) ||
+        !in_file(eh.e_phoff, phlen, size) || !in_file(eh.e_shoff, shlen, size) ||
+        eh.e_shoff % 8 || eh.e_phoff % 8)
+        return pread_at(fd, buf, 0, size);
+    if ((e = pread_at(fd, buf, eh.e_phoff, phlen)) || (e = pread_at(fd, buf, eh.e_shoff, shlen)))
+        return e;
+    const Elf64_Phdr *ph = (const Elf64_Phdr *)(buf + eh.e_phoff);
+    for (size_t i = 0; i < eh.e_phnum; i++)
+        if ((ph[i].p_type == PT_LOAD || ph[i].p_type == PT_NOTE) &&
+            in_file(ph[i].p_offset, ph[i].p_filesz, size) &&
+            (e = pread_at(fd, buf, ph[i].p_offset, ph[i].p_filesz)))
+            return e;
+    const Elf64_Shdr *sh = (const Elf64_Shdr *)(buf + eh.e_shoff);
+    const Elf64_Shdr *str = &sh[eh.e_shstrndx];
+    bool names = str->sh_type != SHT_NOBITS && in_file(str->sh_offset, str->sh_size, size);
+    if (names && (e = pread_at(fd, buf, str->sh_offset, str->sh_size)))
+        return e;
+    for (size_t i = 1; i < eh.e_shnum; i++) {
+        if (sh[i].sh_type == SHT_NOBITS || !in_file(sh[i].sh_offset, sh[i].sh_size, size))
+            continue; /* nothing in the file, or refused by the section checks */
+        const char *n = names && sh[i].sh_name < str->sh_size
+                            ? (const char *)buf + str->sh_offset + sh[i].sh_name : "";
+        size_t room = names && sh[i].sh_name < str->sh_size ? str->sh_size - sh[i].sh_name : 0;
+        if (!(sh[i].sh_flags & SHF_ALLOC) &&
+            ((room >= 6 && memcmp(n, ".debug", 6) == 0) ||
+             (room >= 7 && memcmp(n, ".zdebug", 7) == 0)))
+            continue;
+        if ((e = pread_at(fd, buf, sh[i].sh_offset, sh[i].sh_size)))
+            return e;
+    }
+    return 0;
+}
+
 int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *err,
                  size_t errsz)
 {
@@ -1052,7 +1128,6 @@ int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *e
     struct stat st, fst;
     memset(img, 0, sizeof(*img));
     img->file = path;
-    img->fd = -1;
     /* Type first, by name: opening a FIFO or a terminal could block. */
     if (stat(path, &st) != 0)
         return fail(&r, "cannot open (%s)", strerror(errno));
@@ -1081,23 +1156,28 @@ int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *e
         close(fd);
         return fail(&r, "libelf is too old%s", elfmsg());
     }
-    /* Mapped, not read: memory stays bounded by the pages the reading touches.
-     * Private and writable: a pre-patched file gets its originals put back
-     * into these bytes (prepatched.c); only the pages written are copied. */
-    (void)elf_errno();
-    r.elf = elf_begin(fd, ELF_C_READ_MMAP_PRIVATE, NULL);
-    img->elf = r.elf;
-    img->fd = fd;
-    size_t len = 0;
-    char *raw = r.elf ? elf_rawfile(r.elf, &len) : NULL;
+    /* Read, not mapped: a file truncated under a mapping turns the reads of
+     * its lost pages into SIGBUS; a copy in memory stays what was opened.
+     * The copy is writable: a pre-patched file gets its originals put back
+     * into these bytes (prepatched.c). */
+    size_t n = (size_t)fst.st_size;
+    img->buf = malloc(n);
+    if (!img->buf) {
+        close(fd);
+        return oom(&r);
+    }
+    int rerr = read_parts(fd, img->buf, n);
+    close(fd);
     int rc;
-    if (!r.elf || !raw || len != (size_t)fst.st_size) {
-        rc = fail(&r, "not an ELF file%s", elfmsg());
+    if (rerr) {
+        rc = rerr == ENODATA ? fail(&r, "truncated while read (%zu bytes when opened)", n)
+                             : fail(&r, "cannot read (%s)", strerror(rerr));
     } else {
-        img->buf = (uint8_t *)raw;
-        img->len = len;
-        img->mapped = true;
-        rc = read_all(&r, flags);
+        img->len = n;
+        (void)elf_errno();
+        r.elf = elf_memory((char *)img->buf, n);
+        img->elf = r.elf;
+        rc = r.elf ? read_all(&r, flags) : fail(&r, "not an ELF file%s", elfmsg());
     }
     if (rc)
         ad_image_free(img);
@@ -1124,10 +1204,6 @@ void ad_image_free(struct ad_image *img)
     free(img->pp_written);
     free(img->pp_off);
     altpatch_features_free(img->pp_fs);
-    if (!img->mapped)
-        free(img->buf);
-    if (img->fd > 0)
-        close(img->fd);
+    free(img->buf);
     memset(img, 0, sizeof(*img));
-    img->fd = -1;
 }
