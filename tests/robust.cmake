@@ -46,12 +46,16 @@ if(TARGET test_apply)
     RELOAD_V1="$<TARGET_FILE:reload_v1>" RELOAD_V2="$<TARGET_FILE:reload_v2>"
     RELOAD_V3="$<TARGET_FILE:reload_v3>")
 endif()
+#   librobust_forkctor.so  a constructor that raises SIGUSR1 (a handler forks
+#                          inside altpatch_dlopen)
+add_library(robust_forkctor SHARED robust_forkctor.c)
 if(TARGET test_robust)
-  add_dependencies(test_robust reload_v1 reload_v2 reload_v3 reload_v4 apfix_dl)
+  add_dependencies(test_robust reload_v1 reload_v2 reload_v3 reload_v4 apfix_dl robust_forkctor)
   target_link_libraries(test_robust PRIVATE ${CMAKE_DL_LIBS} pthread)
   target_compile_definitions(test_robust PRIVATE
     RELOAD_V1="$<TARGET_FILE:reload_v1>" RELOAD_V2="$<TARGET_FILE:reload_v2>"
-    RELOAD_V3="$<TARGET_FILE:reload_v3>" RELOAD_V4="$<TARGET_FILE:reload_v4>")
+    RELOAD_V3="$<TARGET_FILE:reload_v3>" RELOAD_V4="$<TARGET_FILE:reload_v4>"
+    ROBUST_FORKCTOR="$<TARGET_FILE:robust_forkctor>")
 endif()
 
 add_executable(robust_dlcycles robust_dlcycles.c)

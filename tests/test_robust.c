@@ -185,6 +185,265 @@ Test(robust, fork_while_another_thread_applies, .timeout = 120)
                  r->bad_steps);
 }
 
+/* ---- fork from a signal handler on a thread inside the library ----------------- */
+
+/*
+ * A handler that forks while its thread is inside altpatch_dlopen() (run
+ * by the loaded library's constructor), inside altpatch_apply() (raised from
+ * the print callback, the library's lock held), or waiting for that lock
+ * while another thread holds it. The fork returns in both processes; the
+ * child's copy of the interrupted call returns, and its later calls work --
+ * or, where the lock was another thread's (a thread the child lacks), fail
+ * with -EOWNERDEAD instead of waiting forever.
+ */
+struct hfork_res {
+    int forked, parent_loaded, parent_apply, parent_one;
+    int child_status;
+    int child_first, child_loaded, child_apply, child_one, child_dl, child_rev, child_one_rev;
+    int child_stats, child_walk;
+    int blocked_seen;
+};
+static struct hfork_res *hfork_r;
+static volatile sig_atomic_t hfork_child;
+static volatile pid_t hfork_pid;
+
+static void on_usr1_fork(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    pid_t pid = fork();
+    if (pid == 0)
+        hfork_child = 1;
+    else if (pid > 0)
+        hfork_pid = pid;
+    errno = saved;
+}
+
+static void hfork_setup(void)
+{
+    hfork_child = 0;
+    hfork_pid = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_usr1_fork;
+    sigaction(SIGUSR1, &sa, NULL);
+    fflush(NULL);
+}
+
+/* Wait for @p pid at most @p limit_s seconds: its status, or -1 (killed: it hung). */
+static int wait_limited(pid_t pid, int limit_s)
+{
+    int st = 0;
+    for (int i = 0; i < limit_s * 200; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return st;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+/* In the forked child, once the interrupted call returned: the later calls. */
+static void hfork_child_steps(struct hfork_res *r)
+{
+    alarm(10);
+    r->child_apply = apply_flags(0);
+    r->child_one = (int)site_one();
+    void *h = altpatch_dlopen(RELOAD_V1, RTLD_NOW);
+    r->child_dl = h != NULL;
+    r->child_rev = apply_flags(ALTPATCH_APPLY_REVERT);
+    r->child_one_rev = (int)site_one();
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    r->child_stats = altpatch_get_stats(&st);
+    long n = 0;
+    r->child_walk = altpatch_site_foreach(count_cb, &n);
+    fflush(NULL);
+    _exit(0);
+}
+
+static void hfork_assert_child(const struct hfork_res *r)
+{
+    assert_clean_exit(r->child_status, "the forked child");
+    cr_assert_eq(r->child_apply, 0);
+    cr_assert_eq(r->child_one, 2);
+    cr_assert(r->child_dl, "altpatch_dlopen in the child");
+    cr_assert_eq(r->child_rev, 0);
+    cr_assert_eq(r->child_one_rev, 1);
+    cr_assert_eq(r->child_stats, 0);
+    cr_assert_eq(r->child_walk, 0);
+}
+
+static void dlfork_body(void *out)
+{
+    struct hfork_res *r = hfork_r = out;
+    altpatch_set_print(NULL);
+    hfork_setup();
+    void *h = altpatch_dlopen(ROBUST_FORKCTOR, RTLD_NOW);
+    if (hfork_child) {
+        r->child_loaded = h != NULL;
+        hfork_child_steps(r);
+    }
+    r->forked = hfork_pid > 0;
+    r->parent_loaded = h != NULL;
+    r->parent_apply = apply_flags(0);
+    r->parent_one = (int)site_one();
+    r->child_status = hfork_pid > 0 ? wait_limited(hfork_pid, 20) : 0;
+}
+
+Test(robust, fork_from_a_handler_inside_altpatch_dlopen, .timeout = 120)
+{
+    int status;
+    struct hfork_res *r = run_child(sizeof(*r), dlfork_body, 40, &status);
+    assert_clean_exit(status, "the loading process (its fork never returned)");
+    cr_assert(r->forked);
+    cr_assert(r->parent_loaded);
+    cr_assert_eq(r->parent_apply, 0);
+    cr_assert_eq(r->parent_one, 2);
+    cr_assert(r->child_loaded);
+    hfork_assert_child(r);
+}
+
+static int raise_print(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level;
+    (void)fmt;
+    (void)ap;
+    if (!hfork_pid && !hfork_child)
+        raise(SIGUSR1);
+    return 0;
+}
+
+static void applyfork_body(void *out)
+{
+    struct hfork_res *r = hfork_r = out;
+    hfork_setup();
+    setenv("ALTPATCH_DEBUG", "1", 1);
+    altpatch_set_print(raise_print);
+    int rc = apply_flags(0);
+    altpatch_set_print(NULL);
+    unsetenv("ALTPATCH_DEBUG");
+    if (hfork_child) {
+        r->child_first = rc;
+        hfork_child_steps(r);
+    }
+    r->forked = hfork_pid > 0;
+    r->parent_apply = rc;
+    r->parent_one = (int)site_one();
+    r->child_status = hfork_pid > 0 ? wait_limited(hfork_pid, 20) : 0;
+}
+
+Test(robust, fork_from_a_handler_inside_altpatch_apply, .timeout = 120)
+{
+    int status;
+    struct hfork_res *r = run_child(sizeof(*r), applyfork_body, 40, &status);
+    assert_clean_exit(status, "the applying process");
+    cr_assert(r->forked, "the print callback never ran");
+    cr_assert_eq(r->parent_apply, 0);
+    cr_assert_eq(r->parent_one, 2);
+    cr_assert_eq(r->child_first, 0, "the interrupted apply in the child");
+    hfork_assert_child(r);
+}
+
+/* The lock's holder: a second thread whose print callback waits until the
+ * first thread waits for the lock, signals it, and returns once it forked. */
+static volatile int orph_stage;
+static pid_t orph_main_tid;
+static pthread_t orph_main;
+
+/* True when thread @p tid sleeps in futex() (its /proc syscall line). */
+static bool in_futex(pid_t tid)
+{
+    char path[64], line[64] = "";
+    snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", (int)tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    bool yes = fgets(line, sizeof(line), f) && strncmp(line, "202 ", 4) == 0;
+    fclose(f);
+    return yes;
+}
+
+static int holder_print(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level;
+    (void)fmt;
+    (void)ap;
+    if ((pid_t)syscall(SYS_gettid) == orph_main_tid || orph_stage)
+        return 0;
+    orph_stage = 1;
+    struct timespec ts = {0, 1000 * 1000};
+    int i = 0;
+    for (; i < 5000 && !in_futex(orph_main_tid); i++)
+        nanosleep(&ts, NULL);
+    hfork_r->blocked_seen = i < 5000;
+    pthread_kill(orph_main, SIGUSR1);
+    for (i = 0; i < 5000 && !hfork_pid; i++)
+        nanosleep(&ts, NULL);
+    orph_stage = 2;
+    return 0;
+}
+
+static void *holder(void *p)
+{
+    (void)p;
+    apply_flags(0);
+    return NULL;
+}
+
+static void orphan_body(void *out)
+{
+    struct hfork_res *r = hfork_r = out;
+    hfork_setup();
+    orph_main = pthread_self();
+    orph_main_tid = (pid_t)syscall(SYS_gettid);
+    setenv("ALTPATCH_DEBUG", "1", 1);
+    altpatch_set_print(holder_print);
+    pthread_t t;
+    if (pthread_create(&t, NULL, holder, NULL))
+        _exit(2);
+    while (!orph_stage)
+        sched_yield();
+    int rc = apply_flags(0); /* waits for the lock: the handler forks there */
+    if (hfork_child) {
+        altpatch_set_print(NULL);
+        r->child_first = rc;
+        alarm(10);
+        r->child_apply = apply_flags(0);
+        struct altpatch_stats st = {.sz = sizeof(st)};
+        r->child_stats = altpatch_get_stats(&st);
+        long n = 0;
+        r->child_walk = altpatch_site_foreach(count_cb, &n);
+        fflush(NULL);
+        _exit(0);
+    }
+    pthread_join(t, NULL);
+    altpatch_set_print(NULL);
+    unsetenv("ALTPATCH_DEBUG");
+    r->forked = hfork_pid > 0;
+    r->parent_apply = apply_flags(0);
+    r->parent_one = (int)site_one();
+    r->child_status = hfork_pid > 0 ? wait_limited(hfork_pid, 20) : 0;
+}
+
+Test(robust, fork_while_another_thread_holds_the_lock, .timeout = 120)
+{
+    int status;
+    struct hfork_res *r = run_child(sizeof(*r), orphan_body, 60, &status);
+    assert_clean_exit(status, "the forking process");
+    cr_assert(r->forked);
+    cr_assert(r->blocked_seen, "the first thread never waited for the lock");
+    cr_assert_eq(r->parent_apply, 0);
+    cr_assert_eq(r->parent_one, 2);
+    assert_clean_exit(r->child_status, "the forked child (it waited for a lock held by a "
+                                       "thread it does not have)");
+    cr_assert_eq(r->child_first, -EOWNERDEAD);
+    cr_assert_eq(r->child_apply, -EOWNERDEAD);
+    cr_assert_eq(r->child_stats, -EOWNERDEAD);
+    cr_assert_eq(r->child_walk, -EOWNERDEAD);
+}
+
 /* ---- the entry points from a signal handler that interrupted one ---------------- */
 
 struct sig_res {

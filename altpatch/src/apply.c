@@ -56,11 +56,18 @@ static __thread volatile sig_atomic_t ap_in;
  * call in the child would wait forever. So fork waits: the prepare handler
  * takes ap_lock (and then the live round's lock, in the order an apply takes
  * them) and both processes release them. A fork from inside an entry point
- * on this very thread (a callback, a signal handler) must not wait for
- * itself: it takes the lock only if it is free, and the child, whose copy of
- * this thread still runs that call, releases it when the call returns.
+ * or altpatch_dlopen() on this very thread (a callback, a library's
+ * constructor, a signal handler) must not wait for itself: it takes the lock
+ * only if it is free, and the child, whose copy of this thread still runs
+ * that call, releases it when the call returns. Where the lock was not free
+ * and this thread does not hold it, another thread does, which the child
+ * lacks: the child's handler makes the lock free again there and marks it
+ * orphaned (ap_lock_orphaned): what that thread was changing is not known,
+ * so every later entry point in the child fails with -EOWNERDEAD instead of
+ * waiting forever or using half-changed state.
  */
 static __thread bool ap_fork_took, ap_fork_gated;
+AP_STATE static bool ap_lock_orphaned;
 
 /*
  * The pins are taken and released outside ap_lock (see ap_pins), inside the
@@ -69,30 +76,42 @@ static __thread bool ap_fork_took, ap_fork_gated;
  * dl_iterate_phdr. Those phases pass a gate: any number of threads at once,
  * none while a fork holds it. The prepare handler waits until no thread is
  * in one, then keeps the gate's mutex across the fork, so none can start.
+ * A fork on a thread that is itself in the gate (ap_gate_mine: from a
+ * constructor run by altpatch_dlopen(), or a signal handler) cannot wait for
+ * the gate to empty; in its child the threads' passages that did not come
+ * along are forgotten.
  */
 AP_STATE static pthread_mutex_t ap_gate_mx = PTHREAD_MUTEX_INITIALIZER;
 AP_STATE static pthread_cond_t ap_gate_cv = PTHREAD_COND_INITIALIZER;
 AP_STATE static unsigned ap_gate_in;      /* threads taking or releasing pins */
 AP_STATE static unsigned ap_gate_waiting; /* fork handlers waiting for ap_gate_in == 0 */
+static __thread unsigned ap_gate_mine;    /* this thread's passages (nested: dlopen, pins) */
+static __thread bool ap_gate_holding;     /* this thread holds ap_gate_mx */
 
 void ap_gate_enter(void)
 {
+    ap_gate_mine++; /* first: a fork from a handler here must not wait for the gate */
     pthread_mutex_lock(&ap_gate_mx);
+    ap_gate_holding = true;
     ap_gate_in++;
+    ap_gate_holding = false;
     pthread_mutex_unlock(&ap_gate_mx);
 }
 
 void ap_gate_leave(void)
 {
     pthread_mutex_lock(&ap_gate_mx);
+    ap_gate_holding = true;
     if (--ap_gate_in == 0 && ap_gate_waiting) /* a fork waits (rare): wake it */
         pthread_cond_broadcast(&ap_gate_cv);
+    ap_gate_holding = false;
     pthread_mutex_unlock(&ap_gate_mx);
+    ap_gate_mine--;
 }
 
 static void ap_atfork_prepare(void)
 {
-    if (ap_in == AP_IN_NONE) {
+    if (ap_in == AP_IN_NONE && !ap_gate_mine) {
         pthread_mutex_lock(&ap_gate_mx);
         ap_gate_waiting++;
         while (ap_gate_in)
@@ -107,7 +126,7 @@ static void ap_atfork_prepare(void)
     ap_live_fork_prepare();
 }
 
-static void ap_atfork_done(void)
+static void ap_atfork_parent(void)
 {
     ap_live_fork_release();
     if (ap_fork_took) {
@@ -120,9 +139,30 @@ static void ap_atfork_done(void)
     }
 }
 
+static void ap_atfork_child(void)
+{
+    bool took = ap_fork_took, gated = ap_fork_gated;
+    ap_atfork_parent();
+    if (!took && ap_in != AP_IN_LOCKED) {
+        /* held by another thread: not in this process */
+        pthread_mutex_init(&ap_lock, NULL);
+        ap_lock_orphaned = true;
+    }
+    if (!gated) {
+        /* only this thread's passages are left; the gate's mutex is free
+         * unless this thread holds it (then its call releases it) */
+        ap_gate_in = ap_gate_mine;
+        ap_gate_waiting = 0;
+        if (!ap_gate_holding) {
+            pthread_mutex_init(&ap_gate_mx, NULL);
+            pthread_cond_init(&ap_gate_cv, NULL);
+        }
+    }
+}
+
 __attribute__((constructor)) static void ap_atfork_register(void)
 {
-    pthread_atfork(ap_atfork_prepare, ap_atfork_done, ap_atfork_done);
+    pthread_atfork(ap_atfork_prepare, ap_atfork_parent, ap_atfork_child);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1677,7 +1717,11 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     bool live = false; /* other threads run: the live protocol writes */
     bool unfiltered = false; /* alone and no seccomp filter (ap_mm_alone()) */
     struct altpatch_stats st = {.sz = sizeof(st)};
-    if (off) {
+    if (ap_lock_orphaned) {
+        err = -EOWNERDEAD;
+        ap_log(ALTPATCH_WARN, "forked while another thread was in altpatch: "
+                              "nothing patched in this process\n");
+    } else if (off) {
         ap_log_env(ap_env_value_on(env.debug), ALTPATCH_INFO,
                    "ALTPATCH_OFF is set: nothing patched\n");
     } else if (!(err = ap_check_threads(o.flags, &live, &unfiltered))) {
@@ -1685,7 +1729,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
         err = ap_run_locked(o.features, o.flags, live, unfiltered, &pins, &env, &st);
         ap_fill_allow(false);
     }
-    if (err != -EBUSY) {
+    if (err != -EBUSY && err != -EOWNERDEAD) {
         st.ns = ap_now_ns() - t0;
         ap_last = st;
         ap_log_env(ap_env_value_on(env.debug), ALTPATCH_INFO,
@@ -1745,8 +1789,11 @@ int altpatch_get_stats(struct altpatch_stats *st)
         pthread_mutex_lock(&ap_lock);
     }
     struct altpatch_stats cp = ap_last;
+    bool orphaned = ap_lock_orphaned;
     if (lock)
         pthread_mutex_unlock(&ap_lock);
+    if (orphaned)
+        return -EOWNERDEAD;
     cp.sz = sz;
     memcpy(st, &cp, sz < sizeof(cp) ? sz : sizeof(cp));
     if (sz > sizeof(cp))
@@ -1794,7 +1841,9 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     ap_in = AP_IN_LOCKED;
     /* Drop modules dlclose'd since the last apply (their memory is gone); a
      * module loaded since is listed with its original bytes, as memory holds. */
-    int ret = ap_applied ? ap_modules_refresh_seen(&ap_mods, &pins.seen) : -ENODATA;
+    int ret = ap_lock_orphaned ? -EOWNERDEAD
+              : ap_applied     ? ap_modules_refresh_seen(&ap_mods, &pins.seen)
+                               : -ENODATA;
     if (!ret)
         ap_pin(ap_mods, &pins); /* the callback may read info.current */
     for (struct ap_module *m = ap_mods; m && !ret; m = m->next) {
@@ -1806,7 +1855,8 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
             ret = fn(&info, ctx);
         }
     }
-    ap_unpin(ap_mods);
+    if (!ap_lock_orphaned)
+        ap_unpin(ap_mods);
     ap_in = AP_IN_ENTRY;
     pthread_mutex_unlock(&ap_lock);
     ap_pins_release(&pins);
