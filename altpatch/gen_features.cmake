@@ -18,10 +18,20 @@ foreach(line IN LISTS lines)
   if(bit GREATER 31)
     message(FATAL_ERROR "${IN}: bit ${bit} of a 32-bit word:\n${line}")
   endif()
-  # the known bits of each word, for AP_KNOWN_WORDS
+  # the known bits of each word, for AP_KNOWN_WORDS: the library's only
+  # record of which ids exist, so a second line for one id (or one name) is
+  # refused here
   if(NOT DEFINED known_${word})
     set(known_${word} 0)
   endif()
+  math(EXPR seen "(${known_${word}} >> ${bit}) & 1")
+  if(seen)
+    message(FATAL_ERROR "${IN}: feature ${word}*32+${bit} defined twice:\n${line}")
+  endif()
+  if(DEFINED name_${name})
+    message(FATAL_ERROR "${IN}: name \"${name}\" used twice (X86_FEATURE_${name_${name}}):\n${line}")
+  endif()
+  set(name_${name} ${macro})
   math(EXPR known_${word} "${known_${word}} | (1 << ${bit})")
   if(NOT DEFINED nwords OR word GREATER_EQUAL nwords)
     math(EXPR nwords "${word} + 1")

@@ -50,21 +50,25 @@ struct ap_feat {
 
 #define AP_FEAT_ROW_F(x, n) {X86_FEATURE_##x, AP_FEAT_CPUINFO, n},
 #define AP_FEAT_ROW_H(x, n) {X86_FEATURE_##x, 0, n},
-#define AP_KNOWN(x, n) [X86_FEATURE_##x] = true,
 
 static const struct ap_feat ap_feat_table[] = {AP_FEATURES(AP_FEAT_ROW_F, AP_FEAT_ROW_H)};
+
+#undef AP_FEAT_ROW_F
+#undef AP_FEAT_ROW_H
 
 #define AP_NFEAT (sizeof(ap_feat_table) / sizeof(ap_feat_table[0]))
 #define AP_MAX_ID (AP_NCAPWORDS * 32)
 
-/* ap_feat_known_tab[id]: id is in the table. O(1) for the planner, which asks
- * for every entry of every site. A duplicate id fails to compile
- * (-Woverride-init / -Winitializer-overrides under -Werror). */
-static const bool ap_feat_known_tab[AP_MAX_ID] = {AP_FEATURES(AP_KNOWN, AP_KNOWN)};
-
-#undef AP_FEAT_ROW_F
-#undef AP_FEAT_ROW_H
-#undef AP_KNOWN
+/*
+ * The ids the table names, as one bitmap word per feature word:
+ * features.inc's AP_KNOWN_WORDS, made by the same generator from the same
+ * lines as the table (a constant: no walk of the table on a process's first
+ * apply; the generator refuses a duplicate id or name). O(1) for the
+ * planner, which asks for every entry of every site. The words past
+ * AP_KNOWN_NWORDS are zero.
+ */
+_Static_assert(AP_KNOWN_NWORDS <= AP_NCAPWORDS, "feature words");
+static const uint32_t ap_known_words[AP_NCAPWORDS] = {AP_KNOWN_WORDS};
 
 #define AP_VENDOR_UNKNOWN "unknown"
 
@@ -74,7 +78,7 @@ static const bool ap_feat_known_tab[AP_MAX_ID] = {AP_FEATURES(AP_KNOWN, AP_KNOWN
 
 static const struct ap_feat *ap_feat_by_id(unsigned id)
 {
-    if (id >= AP_MAX_ID || !ap_feat_known_tab[id])
+    if (!ap_feature_known(id))
         return NULL;
     for (size_t i = 0; i < AP_NFEAT; i++)
         if (ap_feat_table[i].id == id)
@@ -112,7 +116,7 @@ static int ap_feat_lookup_item(const char *s, size_t len)
 
 bool ap_feature_known(unsigned id)
 {
-    return id < AP_MAX_ID && ap_feat_known_tab[id];
+    return id < AP_MAX_ID && (ap_known_words[id / 32] >> (id % 32) & 1u);
 }
 
 ALTPATCH_API const char *altpatch_feature_name(unsigned feature)
@@ -162,15 +166,6 @@ void ap_features_init(struct altpatch_features *f)
     memset(f, 0, sizeof(*f));
     ap_set_vendor(f, AP_VENDOR_UNKNOWN);
 }
-
-/*
- * The bits the table names, per word: features.inc's AP_KNOWN_WORDS, made
- * by the same generator from the same lines as the table (a constant, so no
- * walk of the table on a process's first apply). The words past
- * AP_KNOWN_NWORDS are zero.
- */
-_Static_assert(AP_KNOWN_NWORDS <= AP_NCAPWORDS, "feature words");
-static const uint32_t ap_known_words[AP_NCAPWORDS] = {AP_KNOWN_WORDS};
 
 /* Keep only the bits the table names. */
 void ap_mask_known(struct altpatch_features *f)
