@@ -21,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <altpatch/alternative.h>
@@ -29,6 +28,7 @@
 
 #include "ap_copyfile.h"
 #include "ap_isolate.h"
+#include "ap_mdwe.h"
 #include "host.h"
 
 /* ---- the sites ------------------------------------------------------------
@@ -476,7 +476,7 @@ static void mdwe_apply_body(void *out, void *ctx)
     struct mdwe_apply_result *r = out;
     struct mdwe_apply_ctx *c = ctx;
     altpatch_set_print(NULL); /* the refusals are expected */
-    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    r->set = ap_mdwe_set();
     struct altpatch_features *f = fset(F_A, -1);
     r->rc = apply_with(f, c->flags);
     altpatch_features_free(f);
@@ -487,14 +487,10 @@ static void mdwe_apply_body(void *out, void *ctx)
 
 static struct mdwe_apply_result *apply_mdwe(unsigned flags)
 {
-    const char *pre = getenv("LD_PRELOAD");
-    if (pre && strstr(pre, "vgpreload"))
-        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    ap_mdwe_skip_under_valgrind();
     struct mdwe_apply_ctx c = {flags};
     struct mdwe_apply_result *r = ap_isolated(sizeof(*r), mdwe_apply_body, &c);
-    if (r->set == -EINVAL)
-        cr_skip_test("kernel without PR_SET_MDWE");
-    cr_assert_eq(r->set, 0);
+    ap_mdwe_require(r->set);
     cr_assert_eq(r->rc, 0);
     return r;
 }
@@ -871,7 +867,7 @@ static void denied_toggle_body(void *out, void *ctx)
     r->rc[0] = apply_with(f, 0);
     snap(&r->sn[0]);
     r->rc[0] |= apply_with(f, ALTPATCH_APPLY_REVERT);
-    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    r->set = ap_mdwe_set();
     r->rc[1] = apply_with(f, ALTPATCH_APPLY_NO_PROCMEM);
     get_stats(&r->st[1]);
     snap(&r->sn[1]);
@@ -886,13 +882,9 @@ static void denied_toggle_body(void *out, void *ctx)
 
 Test(apply, denied_writes_after_a_revert_leave_the_originals)
 {
-    const char *pre = getenv("LD_PRELOAD");
-    if (pre && strstr(pre, "vgpreload"))
-        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    ap_mdwe_skip_under_valgrind();
     struct denied_toggle_result *r = ap_isolated(sizeof(*r), denied_toggle_body, NULL);
-    if (r->set == -EINVAL)
-        cr_skip_test("kernel without PR_SET_MDWE");
-    cr_assert_eq(r->set, 0);
+    ap_mdwe_require(r->set);
     for (int i = 0; i < 3; i++)
         cr_assert_eq(r->rc[i], 0, "apply %d: %d", i, r->rc[i]);
     assert_site(&r->sn[1].s[S_TWO], XOR_PAD, XOR_PAD, 3, "original kept");
@@ -1091,7 +1083,7 @@ static void denied_known_body(void *out, void *ctx)
     snap(&r->sn);
     foreign_value(&r->sn, 7); /* the module is decided site by site from now on */
     r->rc[1] = apply_with(f, ALTPATCH_APPLY_REVERT);
-    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    r->set = ap_mdwe_set();
     r->rc[2] = apply_with(f, ALTPATCH_APPLY_NO_PROCMEM);
     get_stats(&r->st);
     snap(&r->sn);
@@ -1101,13 +1093,9 @@ static void denied_known_body(void *out, void *ctx)
 
 Test(apply, denied_writes_of_known_shapes_are_refused)
 {
-    const char *pre = getenv("LD_PRELOAD");
-    if (pre && strstr(pre, "vgpreload"))
-        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    ap_mdwe_skip_under_valgrind();
     struct denied_known_result *r = ap_isolated(sizeof(*r), denied_known_body, NULL);
-    if (r->set == -EINVAL)
-        cr_skip_test("kernel without PR_SET_MDWE");
-    cr_assert_eq(r->set, 0);
+    ap_mdwe_require(r->set);
     for (int i = 0; i < 3; i++)
         cr_assert_eq(r->rc[i], 0, "apply %d: %d", i, r->rc[i]);
     assert_site(&r->sn.s[S_TWO], XOR_PAD, XOR_PAD, 3, "original kept");
@@ -1136,7 +1124,7 @@ static void denied_first_body(void *out, void *ctx)
     (void)ctx;
     struct denied_first_result *r = out;
     altpatch_set_print(NULL); /* the refusals are expected */
-    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    r->set = ap_mdwe_set();
     if (r->set)
         return;
     struct altpatch_features *f = fset(F_A, -1);
@@ -1159,13 +1147,9 @@ static void denied_first_body(void *out, void *ctx)
 
 Test(apply, denied_first_writes_leave_the_originals_as_what_was_left)
 {
-    const char *pre = getenv("LD_PRELOAD");
-    if (pre && strstr(pre, "vgpreload"))
-        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    ap_mdwe_skip_under_valgrind();
     struct denied_first_result *r = ap_isolated(sizeof(*r), denied_first_body, NULL);
-    if (r->set == -EINVAL)
-        cr_skip_test("kernel without PR_SET_MDWE");
-    cr_assert_eq(r->set, 0);
+    ap_mdwe_require(r->set);
     cr_assert_eq(r->rc[0], 0);
     cr_assert_eq(r->rc[1], 0);
     cr_assert_eq(r->st.bytes_written, 0);
@@ -1740,8 +1724,7 @@ Test(apply, failed_module_walk_keeps_the_unload_for_the_next)
     cr_assert_eq(r->base[1], r->base[0], "the loader did not reuse the address: nothing tested");
     cr_assert_eq(r->rc[0], 0);
     cr_assert_eq(r->value[0], 3, "the first build patched");
-    const char *pre = getenv("LD_PRELOAD");
-    if (!r->failed && pre && strstr(pre, "vgpreload"))
+    if (!r->failed && ap_under_valgrind())
         cr_skip_test("valgrind's calloc replaces this file's: no allocation failed");
     cr_assert_eq(r->rc[1], -ENOMEM, "the walk out of memory: %d", r->rc[1]);
     cr_assert_gt(r->failed, 0);
@@ -1802,9 +1785,7 @@ static void rseq_body(void *out, void *ctx)
         setenv("ALTPATCH_DEBUG", "1", 1);
     /* denied writes by MDWE, except under valgrind (it would stop valgrind's own
      * code generation) */
-    const char *pre = getenv("LD_PRELOAD");
-    bool under_vg = pre && strstr(pre, "vgpreload");
-    bool mdwe = (seed & 1) && !under_vg && prctl(65 /* PR_SET_MDWE */, 1UL, 0L, 0L, 0L) == 0;
+    bool mdwe = (seed & 1) && !ap_under_valgrind() && ap_mdwe_set() == 0;
     for (int step = 0; step < 60 && !r->bad; step++) {
         unsigned op = (unsigned)rand_r(&seed) % 8;
         int set = rand_r(&seed) % 4;
@@ -1884,8 +1865,7 @@ static void rseq_body(void *out, void *ctx)
 Test(apply, random_sequences_states_agree_with_memory)
 {
     /* 300 sequences; 60 under valgrind (a fork there costs ~0.3 s) */
-    const char *pre = getenv("LD_PRELOAD");
-    unsigned nseeds = pre && strstr(pre, "vgpreload") ? 60 : 300;
+    unsigned nseeds = ap_under_valgrind() ? 60 : 300;
     for (unsigned seed = 1; seed <= nseeds; seed++) {
         struct rseq_result *r = ap_isolated(sizeof(*r), rseq_body, &seed);
         cr_expect_eq(r->bad, 0, "seed %u: %s", seed, r->why);

@@ -20,16 +20,12 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <link.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -40,14 +36,10 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
+#include "ap_mdwe.h"
+#include "ap_seccomp.h"
 #include "ap_warnlog.h"
 
-#ifndef PR_SET_MDWE
-#define PR_SET_MDWE 65
-#endif
-#ifndef PR_MDWE_REFUSE_EXEC_GAIN
-#define PR_MDWE_REFUSE_EXEC_GAIN (1UL << 0)
-#endif
 
 /* ---- hostile records ---------------------------------------------------------- */
 
@@ -441,12 +433,6 @@ __attribute__((noinline)) static long site_wx(void)
     return v;
 }
 
-static bool under_valgrind(void)
-{
-    const char *pre = getenv("LD_PRELOAD");
-    return pre && strstr(pre, "vgpreload");
-}
-
 struct wx_res {
     int set, rc, rc_live, rc_revert, rc_nomem;
     long v, v_live, v_revert, v_nomem;
@@ -483,7 +469,7 @@ static void mdwe_body(void *out, void *ctx)
     struct wx_res *r = out;
     (void)ctx;
     altpatch_set_print(capture_wx);
-    r->set = prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0L, 0L, 0L) ? -errno : 0;
+    r->set = ap_mdwe_set();
     r->rc_nomem = apply_flags(ALTPATCH_APPLY_NO_PROCMEM);
     get_st(&r->st_nomem);
     r->v_nomem = site_wx();
@@ -500,12 +486,9 @@ static void mdwe_body(void *out, void *ctx)
 
 Test(hostile, mdwe_fails_over_to_procmem_and_says_so)
 {
-    if (under_valgrind())
-        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    ap_mdwe_skip_under_valgrind();
     struct wx_res *r = ap_isolated(sizeof(*r), mdwe_body, NULL);
-    if (r->set == -EINVAL)
-        cr_skip_test("kernel without PR_SET_MDWE");
-    cr_assert_eq(r->set, 0);
+    ap_mdwe_require(r->set);
     /* Without /proc/self/mem: nothing can be written, sites stay original, reported. */
     cr_assert_eq(r->rc_nomem, 0);
     cr_assert_eq(r->v_nomem, 11);
@@ -529,26 +512,19 @@ Test(hostile, mdwe_fails_over_to_procmem_and_says_so)
 /* seccomp: kill the process on mprotect / pkey_mprotect / mmap with W and X. */
 static int install_no_wx_filter(void)
 {
-#define AP_ARG2_LO (offsetof(struct seccomp_data, args) + 2 * sizeof(uint64_t))
     struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        AP_SECCOMP_PROLOGUE,
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mprotect, 3, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pkey_mprotect, 2, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mmap, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AP_ARG2_LO),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AP_SECCOMP_ARG2_LO),
         BPF_STMT(BPF_ALU | BPF_AND | BPF_K, PROT_WRITE | PROT_EXEC),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, PROT_WRITE | PROT_EXEC, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L))
-        return -errno;
-    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) ? -errno : 0;
+    return AP_SECCOMP_INSTALL(f);
 }
 
 static void seccomp_body(void *out, void *ctx)
@@ -596,7 +572,7 @@ Test(hostile, seccomp_filter_can_kill)
 
 Test(hostile, no_mapping_is_ever_writable_and_executable)
 {
-    if (under_valgrind())
+    if (ap_under_valgrind())
         cr_skip_test("valgrind's own code cache maps RWX");
     struct wx_res *r = ap_isolated(sizeof(*r), seccomp_body, NULL);
     cr_assert_eq(r->set, 0, "seccomp filter: %s", strerror(-r->set));

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <link.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 
 #include "ap_expect.h"
 #include "ap_isolate.h"
+#include "ap_mdwe.h"
 #include "ap_modwalk.h"
 
 static void body_linked(void *out, void *ctx)
@@ -320,7 +320,7 @@ static void body_two_first_denied(void *out, void *ctx)
     }
     call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
     altpatch_set_print(NULL); /* the refusals are expected */
-    r->set = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+    r->set = ap_mdwe_set();
     if (r->set)
         return;
     struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = ALTPATCH_APPLY_NO_PROCMEM};
@@ -338,13 +338,9 @@ static void body_two_first_denied(void *out, void *ctx)
 
 Test(modules, two_first_decisions_with_writes_denied)
 {
-    const char *pre = getenv("LD_PRELOAD");
-    if (pre && strstr(pre, "vgpreload"))
-        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    ap_mdwe_skip_under_valgrind();
     struct denied2_result *r = ap_isolated(sizeof(*r), body_two_first_denied, NULL);
-    if (r->set == -EINVAL)
-        cr_skip_test("kernel without PR_SET_MDWE");
-    cr_assert_eq(r->set, 0);
+    ap_mdwe_require(r->set);
     cr_assert_eq(r->rc, 0, "%s", r->msg);
     cr_assert_eq(r->st.bytes_written, 0);
     cr_assert_eq(r->st.sites_patched, 0, "every write denied");

@@ -22,13 +22,13 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
+#include "ap_mdwe.h"
 #include "host.h"
 
 #define F_KEEP X86_FEATURE_AVX512F /* never in the sets below: the original stays */
@@ -197,7 +197,7 @@ static void body(void *out, void *cv)
     unsigned flags = 0;
     if (c->deny) {
         altpatch_set_print(NULL); /* the refusals are expected */
-        r->mdwe = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+        r->mdwe = ap_mdwe_set();
         flags = ALTPATCH_APPLY_NO_PROCMEM;
     }
     struct altpatch_features *f = altpatch_features_new();
@@ -304,9 +304,7 @@ Test(parts, parts_of_one_three_and_all_agree)
 
 Test(parts, writes_denied_in_every_part_are_each_refused)
 {
-    const char *pre = getenv("LD_PRELOAD");
-    if (pre && strstr(pre, "vgpreload"))
-        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    ap_mdwe_skip_under_valgrind();
     static const unsigned parts[] = {1, 3, 1u << 20};
     for (size_t q = 0; q < 2 * sizeof(parts) / sizeof(parts[0]); q++) {
         size_t k = q / 2;

@@ -11,9 +11,6 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -29,14 +26,10 @@
 #include <unistd.h>
 
 #include "ap_isolate.h"
+#include "ap_mdwe.h"
+#include "ap_seccomp.h"
 #include "host.h"
 
-#ifndef PR_SET_MDWE
-#define PR_SET_MDWE 65
-#endif
-#ifndef PR_MDWE_REFUSE_EXEC_GAIN
-#define PR_MDWE_REFUSE_EXEC_GAIN (1UL << 0)
-#endif
 
 static size_t pgsz(void)
 {
@@ -384,7 +377,7 @@ static void mdwe_body(void *out, void *ctx)
 {
     struct mdwe_result *r = out;
     struct mdwe_ctx *c = ctx;
-    r->set = prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0L, 0L, 0L) ? -errno : 0;
+    r->set = ap_mdwe_set();
     if (r->set)
         return;
     /* What exactly fails under MDWE: RX -> RW is allowed, RW -> RX is not. */
@@ -409,22 +402,12 @@ static void mdwe_body(void *out, void *ctx)
         fclose(f);
 }
 
-/** Valgrind preloads its core: it maps translated code, which MDWE forbids. */
-static bool under_valgrind(void)
-{
-    const char *p = getenv("LD_PRELOAD");
-    return p && strstr(p, "vgpreload");
-}
-
 static struct mdwe_result *run_mdwe(unsigned flags)
 {
-    if (under_valgrind())
-        cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
+    ap_mdwe_skip_under_valgrind();
     struct mdwe_ctx c = {rx_pages(1), flags};
     struct mdwe_result *r = ap_isolated(sizeof(*r), mdwe_body, &c);
-    if (r->set == -EINVAL)
-        cr_skip_test("kernel without PR_SET_MDWE");
-    cr_assert_eq(r->set, 0, "prctl(PR_SET_MDWE): %d", r->set);
+    ap_mdwe_require(r->set);
     cr_assert_eq(r->rw_then_rx, -EACCES, "MDWE: RW->RX should be EACCES, got %d", r->rw_then_rx);
     return r;
 }
@@ -560,16 +543,6 @@ Test(poke, answers_kept_cut_system_calls)
                  (unsigned long)r->st[1].syscalls, (unsigned long)r->st[2].syscalls);
 }
 
-/* Install the seccomp filter @p f of @p n instructions: 0 or -errno. */
-static int install_filter(struct sock_filter *f, unsigned short n)
-{
-    struct sock_fprog prog = {.len = n, .filter = f};
-    return prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L) ||
-                   prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)
-               ? -errno
-               : 0;
-}
-
 /*
  * Under a seccomp filter (one that allows everything) the mode is asked once:
  * a mode is never cleared. The probe of RW -> RX still runs every batch (a
@@ -587,13 +560,7 @@ static void filtered_body(void *out, void *ctx)
 {
     (void)ctx;
     struct filtered_result *r = out;
-    struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    r->set = install_filter(f, sizeof(f) / sizeof(f[0]));
+    r->set = ap_seccomp_allow_all();
     if (r->set)
         return;
     r->mode = prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L);
@@ -641,17 +608,8 @@ static void noquery_body(void *out, void *ctx)
 {
     (void)ctx;
     struct noquery_result *r = out;
-    struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOTTY),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
     uint8_t *p[2] = {rx_pages(1), rx_pages(3)};
-    r->set = install_filter(f, sizeof(f) / sizeof(f[0]));
+    r->set = ap_seccomp_refuse_ioctl();
     if (r->set)
         return;
     struct ap_write w[2] = {wr(p[0] + 10, CC3, NEW3, 3), wr(p[1] + 2 * pgsz() + 7, CC3, NEW3, 3)};
@@ -912,20 +870,11 @@ static void stopfd_body(void *out, void *ctx)
     (void)ctx;
     struct stopfd_result *r = out;
     r->answers = procmap_query_answers();
-    struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOTTY),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
     uint8_t *p = rx_pages(1);
     static const unsigned flags[4] = {0, AP_POKE_MAPS_FILE, 0, 0};
     for (int i = 0; i < 4; i++) {
         if (i == 3) {
-            r->set = install_filter(f, sizeof(f) / sizeof(f[0]));
+            r->set = ap_seccomp_refuse_ioctl();
             if (r->set)
                 return;
         }
@@ -1176,8 +1125,7 @@ static size_t resident_pages(const void *p, size_t n, size_t *total)
 Test(poke, filled_block_present_only_where_allowed)
 {
     enum { SIZE = 4 << 20 };
-    const char *pre = getenv("LD_PRELOAD");
-    bool valgrind = pre && strstr(pre, "vgpreload"); /* its malloc hands out touched memory */
+    bool valgrind = ap_under_valgrind(); /* its malloc hands out touched memory */
     /* does this kernel know the advice? (5.14 and later) */
     void *probe = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     cr_assert_neq(probe, MAP_FAILED);

@@ -13,9 +13,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -26,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -39,6 +35,7 @@
 
 #include "ap_copyfile.h"
 #include "ap_live_sites.h"
+#include "ap_seccomp.h"
 #include "ap_warnlog.h"
 
 /* ---- helpers ----------------------------------------------------------------- */
@@ -197,7 +194,7 @@ Test(robust, fork_while_another_thread_applies, .timeout = 120)
  * with -EOWNERDEAD instead of waiting forever.
  */
 struct hfork_res {
-    int forked, parent_loaded, parent_apply, parent_one;
+    int forked, parent_loaded, parent_first, parent_apply, parent_one;
     int child_status;
     int child_first, child_loaded, child_apply, child_one, child_dl, child_rev, child_one_rev;
     int child_stats, child_walk;
@@ -263,6 +260,28 @@ static void hfork_child_steps(struct hfork_res *r)
     _exit(0);
 }
 
+/* In the forking process, after the call: its own later apply, then the child's end. */
+static void hfork_parent_steps(struct hfork_res *r)
+{
+    r->forked = hfork_pid > 0;
+    r->parent_apply = apply_flags(0);
+    r->parent_one = (int)site_one();
+    r->child_status = hfork_pid > 0 ? wait_limited(hfork_pid, 20) : 0;
+}
+
+/* Run @p body in a child with a watchdog of @p limit_s seconds: the forking
+ * process ends cleanly, forked, and applies after the fork. */
+static struct hfork_res *hfork_run(body_fn body, int limit_s, const char *what)
+{
+    int status;
+    struct hfork_res *r = run_child(sizeof(*r), body, limit_s, &status);
+    assert_clean_exit(status, what);
+    cr_assert(r->forked, "%s: the handler never forked", what);
+    cr_assert_eq(r->parent_apply, 0, "%s: the apply after the fork", what);
+    cr_assert_eq(r->parent_one, 2, "%s", what);
+    return r;
+}
+
 static void hfork_assert_child(const struct hfork_res *r)
 {
     assert_clean_exit(r->child_status, "the forked child");
@@ -285,22 +304,14 @@ static void dlfork_body(void *out)
         r->child_loaded = h != NULL;
         hfork_child_steps(r);
     }
-    r->forked = hfork_pid > 0;
     r->parent_loaded = h != NULL;
-    r->parent_apply = apply_flags(0);
-    r->parent_one = (int)site_one();
-    r->child_status = hfork_pid > 0 ? wait_limited(hfork_pid, 20) : 0;
+    hfork_parent_steps(r);
 }
 
 Test(robust, fork_from_a_handler_inside_altpatch_dlopen, .timeout = 120)
 {
-    int status;
-    struct hfork_res *r = run_child(sizeof(*r), dlfork_body, 40, &status);
-    assert_clean_exit(status, "the loading process (its fork never returned)");
-    cr_assert(r->forked);
+    struct hfork_res *r = hfork_run(dlfork_body, 40, "the loading process");
     cr_assert(r->parent_loaded);
-    cr_assert_eq(r->parent_apply, 0);
-    cr_assert_eq(r->parent_one, 2);
     cr_assert(r->child_loaded);
     hfork_assert_child(r);
 }
@@ -328,20 +339,14 @@ static void applyfork_body(void *out)
         r->child_first = rc;
         hfork_child_steps(r);
     }
-    r->forked = hfork_pid > 0;
-    r->parent_apply = rc;
-    r->parent_one = (int)site_one();
-    r->child_status = hfork_pid > 0 ? wait_limited(hfork_pid, 20) : 0;
+    r->parent_first = rc;
+    hfork_parent_steps(r);
 }
 
 Test(robust, fork_from_a_handler_inside_altpatch_apply, .timeout = 120)
 {
-    int status;
-    struct hfork_res *r = run_child(sizeof(*r), applyfork_body, 40, &status);
-    assert_clean_exit(status, "the applying process");
-    cr_assert(r->forked, "the print callback never ran");
-    cr_assert_eq(r->parent_apply, 0);
-    cr_assert_eq(r->parent_one, 2);
+    struct hfork_res *r = hfork_run(applyfork_body, 40, "the applying process");
+    cr_assert_eq(r->parent_first, 0, "the interrupted apply");
     cr_assert_eq(r->child_first, 0, "the interrupted apply in the child");
     hfork_assert_child(r);
 }
@@ -409,37 +414,24 @@ static void orphan_body(void *out)
     if (hfork_child) {
         altpatch_set_print(NULL);
         r->child_first = rc;
-        alarm(10);
-        r->child_apply = apply_flags(0);
-        struct altpatch_stats st = {.sz = sizeof(st)};
-        r->child_stats = altpatch_get_stats(&st);
-        long n = 0;
-        r->child_walk = altpatch_site_foreach(count_cb, &n);
-        fflush(NULL);
-        _exit(0);
+        hfork_child_steps(r);
     }
     pthread_join(t, NULL);
     altpatch_set_print(NULL);
     unsetenv("ALTPATCH_DEBUG");
-    r->forked = hfork_pid > 0;
-    r->parent_apply = apply_flags(0);
-    r->parent_one = (int)site_one();
-    r->child_status = hfork_pid > 0 ? wait_limited(hfork_pid, 20) : 0;
+    hfork_parent_steps(r);
 }
 
 Test(robust, fork_while_another_thread_holds_the_lock, .timeout = 120)
 {
-    int status;
-    struct hfork_res *r = run_child(sizeof(*r), orphan_body, 60, &status);
-    assert_clean_exit(status, "the forking process");
-    cr_assert(r->forked);
+    struct hfork_res *r = hfork_run(orphan_body, 60, "the forking process");
     cr_assert(r->blocked_seen, "the first thread never waited for the lock");
-    cr_assert_eq(r->parent_apply, 0);
-    cr_assert_eq(r->parent_one, 2);
     assert_clean_exit(r->child_status, "the forked child (it waited for a lock held by a "
                                        "thread it does not have)");
     cr_assert_eq(r->child_first, -EOWNERDEAD);
     cr_assert_eq(r->child_apply, -EOWNERDEAD);
+    cr_assert(r->child_dl, "altpatch_dlopen loads (unpatched) in the child");
+    cr_assert_eq(r->child_rev, -EOWNERDEAD);
     cr_assert_eq(r->child_stats, -EOWNERDEAD);
     cr_assert_eq(r->child_walk, -EOWNERDEAD);
 }
@@ -587,24 +579,17 @@ Test(robust, altpatch_dlopen_from_a_callback_is_refused)
  * SELinux execmod denial does to a modified text page); everything else passes. */
 static int install_no_exec_gain_filter(void)
 {
-#define RB_ARG2_LO (offsetof(struct seccomp_data, args) + 2 * sizeof(uint64_t))
     struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        AP_SECCOMP_PROLOGUE,
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mprotect, 2, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pkey_mprotect, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, RB_ARG2_LO),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AP_SECCOMP_ARG2_LO),
         BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, PROT_EXEC, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L))
-        return -errno;
-    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) ? -errno : 0;
+    return AP_SECCOMP_INSTALL(f);
 }
 
 /* The protection /proc/self/maps shows for @p addr ("r-xp"), into @p out. */

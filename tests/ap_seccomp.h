@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * seccomp filters of the tests (each installed in a fork()ed child). Every
+ * filter starts with AP_SECCOMP_PROLOGUE: a system call from another
+ * architecture kills the process, then the accumulator holds the system
+ * call's number.
+ */
+#ifndef AP_TEST_SECCOMP_H
+#define AP_TEST_SECCOMP_H
+
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+
+#define AP_SECCOMP_PROLOGUE                                                   \
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)), \
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),            \
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),                     \
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr))
+
+/** Offset of the low 32 bits of argument 2 (mprotect's and mmap's protection). */
+#define AP_SECCOMP_ARG2_LO (offsetof(struct seccomp_data, args) + 2 * sizeof(uint64_t))
+
+/** Install the filter @p f of @p n instructions (no_new_privs first): 0 or -errno. */
+static inline int ap_seccomp_install(struct sock_filter *f, unsigned short n)
+{
+    struct sock_fprog prog = {.len = n, .filter = f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L))
+        return -errno;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) ? -errno : 0;
+}
+
+/** ap_seccomp_install() of the array @p f. */
+#define AP_SECCOMP_INSTALL(f) ap_seccomp_install((f), (unsigned short)(sizeof(f) / sizeof((f)[0])))
+
+/** A filter that allows every x86-64 system call: 0 or -errno. */
+static inline int ap_seccomp_allow_all(void)
+{
+    struct sock_filter f[] = {
+        AP_SECCOMP_PROLOGUE,
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    return AP_SECCOMP_INSTALL(f);
+}
+
+/** A filter that answers ENOTTY to every ioctl (as a kernel before 6.11
+ * answers PROCMAP_QUERY) and allows the rest: 0 or -errno. */
+static inline int ap_seccomp_refuse_ioctl(void)
+{
+    struct sock_filter f[] = {
+        AP_SECCOMP_PROLOGUE,
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOTTY),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    return AP_SECCOMP_INSTALL(f);
+}
+
+#endif /* AP_TEST_SECCOMP_H */
