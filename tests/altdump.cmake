@@ -115,7 +115,13 @@ target_link_options(altdump_groups_run PRIVATE -Wl,-z,noexecstack)
 add_executable(altdump_mixed ${AD_SRC}/mixed_a.c ${AD_SRC}/mixed_b.c ${AD_SRC}/mixed_main.c)
 target_link_libraries(altdump_mixed PRIVATE altpatch)
 
+# A preload that truncates a ".cut" file at altdump's first read of it.
+add_library(altdump_cut_pread MODULE altdump_cut_pread.c)
+target_compile_definitions(altdump_cut_pread PRIVATE _GNU_SOURCE)
+target_link_libraries(altdump_cut_pread PRIVATE ${CMAKE_DL_LIBS})
+
 target_compile_definitions(test_altdump PRIVATE
+  ALTDUMP_CUT_PREAD="$<TARGET_FILE:altdump_cut_pread>"
   ALTDUMP_MIXED="$<TARGET_FILE:altdump_mixed>"
   ALTDUMP_GROUPS_RUN="$<TARGET_FILE:altdump_groups_run>"
   ALTDUMP_BIN="$<TARGET_FILE:altdump>"
@@ -127,7 +133,7 @@ target_compile_definitions(test_altdump PRIVATE
   ALTDUMP_HAVE_CORRUPT=${AD_HAVE_CORRUPT})
 target_link_libraries(test_altdump PRIVATE PkgConfig::LIBELF)
 add_dependencies(test_altdump altdump altdump_live altdump_fixtures altdump_groups_run
-                 altdump_mixed)
+                 altdump_mixed altdump_cut_pread)
 
 # --- Fuzz harness: libFuzzer needs clang; built by a test, then run ~60 s ---
 find_program(ALTDUMP_CLANG NAMES clang clang-14)

@@ -877,6 +877,32 @@ Test(altdump, file_truncated_while_shown, .init = mktmp, .fini = rmtmp, .timeout
     result_free(&want);
 }
 
+/* The file cut to half its size while altdump reads it (a preload truncates
+ * it at the first pread): a clear error, exit status 3, no signal. */
+Test(altdump, file_truncated_while_read, .init = mktmp, .fini = rmtmp)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/wide.cut", tmpdir);
+    size_t len;
+    char *src = read_file(ALTDUMP_FIXDIR "/wide.so", &len);
+    cr_assert_not_null(src);
+    write_file(path, src, len);
+    free(src);
+    setenv("LD_PRELOAD", ALTDUMP_CUT_PREAD, 1);
+    struct result r = RUN(path);
+    unsetenv("LD_PRELOAD");
+    char want[512];
+    snprintf(want, sizeof(want), "altdump: %s: truncated while read (%zu bytes when opened)\n",
+             path, len);
+    cr_assert_eq(r.rc, 3, "exit %d: %s", r.rc, r.err);
+    cr_assert_str_eq(r.err, want);
+    cr_assert_str_eq(r.out, "");
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq((size_t)st.st_size, len / 2, "the preload did not cut the file");
+    result_free(&r);
+}
+
 Test(altdump, usage)
 {
     struct result r = run_v((const char *const[]){NULL});
