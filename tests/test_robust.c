@@ -357,17 +357,24 @@ static volatile int orph_stage;
 static pid_t orph_main_tid;
 static pthread_t orph_main;
 
-/* True when thread @p tid sleeps in futex() (its /proc syscall line). */
+/* True when thread @p tid sleeps in futex() (its /proc syscall line; where
+ * that is not readable, its state in /proc stat is "S", sleeping). */
 static bool in_futex(pid_t tid)
 {
-    char path[64], line[64] = "";
+    char path[64], line[512] = "";
     snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", (int)tid);
     FILE *f = fopen(path, "r");
-    if (!f)
+    if (f) {
+        bool yes = fgets(line, sizeof(line), f) && strncmp(line, "202 ", 4) == 0;
+        fclose(f);
+        return yes;
+    }
+    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+    if (!(f = fopen(path, "r")))
         return false;
-    bool yes = fgets(line, sizeof(line), f) && strncmp(line, "202 ", 4) == 0;
+    const char *close_paren = fgets(line, sizeof(line), f) ? strrchr(line, ')') : NULL;
     fclose(f);
-    return yes;
+    return close_paren && close_paren[1] == ' ' && close_paren[2] == 'S';
 }
 
 static int holder_print(enum altpatch_print_level level, const char *fmt, va_list ap)
