@@ -805,6 +805,18 @@ Test(altdump, not_regular, .init = mktmp, .fini = rmtmp, .timeout = 20)
     }
 }
 
+/* Copy the wide.so fixture to tmpdir/@p name (its path into @p path); its size. */
+static size_t copy_wide(char *path, size_t size, const char *name)
+{
+    snprintf(path, size, "%s/%s", tmpdir, name);
+    size_t len;
+    char *src = read_file(ALTDUMP_FIXDIR "/wide.so", &len);
+    cr_assert_not_null(src);
+    write_file(path, src, len);
+    free(src);
+    return len;
+}
+
 /*
  * The file truncated while altdump shows it: altdump's output fills a pipe
  * nobody reads yet (it then waits in write()), the file is cut to nothing,
@@ -815,12 +827,7 @@ Test(altdump, not_regular, .init = mktmp, .fini = rmtmp, .timeout = 20)
 Test(altdump, file_truncated_while_shown, .init = mktmp, .fini = rmtmp, .timeout = 60)
 {
     char path[256];
-    snprintf(path, sizeof(path), "%s/wide.so", tmpdir);
-    size_t len;
-    char *src = read_file(ALTDUMP_FIXDIR "/wide.so", &len);
-    cr_assert_not_null(src);
-    write_file(path, src, len);
-    free(src);
+    copy_wide(path, sizeof(path), "wide.so");
     struct result want = RUN(path);
     cr_assert_eq(want.rc, 0, "%s", want.err);
 
@@ -882,12 +889,7 @@ Test(altdump, file_truncated_while_shown, .init = mktmp, .fini = rmtmp, .timeout
 Test(altdump, file_truncated_while_read, .init = mktmp, .fini = rmtmp)
 {
     char path[256];
-    snprintf(path, sizeof(path), "%s/wide.cut", tmpdir);
-    size_t len;
-    char *src = read_file(ALTDUMP_FIXDIR "/wide.so", &len);
-    cr_assert_not_null(src);
-    write_file(path, src, len);
-    free(src);
+    size_t len = copy_wide(path, sizeof(path), "wide.cut");
     setenv("LD_PRELOAD", ALTDUMP_CUT_PREAD, 1);
     struct result r = RUN(path);
     unsetenv("LD_PRELOAD");
