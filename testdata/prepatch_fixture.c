@@ -10,6 +10,13 @@
  *   prepatch_fixture dl LIB    dlopen LIB (a copy of libapfix_dl.so), apply, call
  *                              it; REVERT, call it; apply again, call it
  *   prepatch_fixture dlnoapply LIB   dlopen LIB and call it without any apply
+ *   prepatch_fixture stats     "before" lines (memory before apply), then
+ *                              apply: the library's messages ("log" lines),
+ *                              its counters ("stats"), the site list ("state")
+ *   prepatch_fixture again     apply, REVERT ("reverted" lines), apply: the
+ *                              last apply's messages, counters and site list
+ *   prepatch_fixture dllist LIB   apply, dlopen LIB, LIB's site list; apply:
+ *                              counters and LIB's site list again
  *
  * Each run checks the primitives' values against oracles outside the
  * planner (pthread_self, sched_getcpu, the functions called), refuses to run
@@ -63,10 +70,12 @@ static int first_base(struct dl_phdr_info *info, size_t size, void *ctx)
     return 1; /* the main program comes first */
 }
 
+static const char *dump_word = "site";
+
 static int dump_site(const struct altpatch_image_site *s, void *ctx)
 {
     const uint8_t *mem = (const uint8_t *)(*(uintptr_t *)ctx + s->addr);
-    printf("site %llx ", (unsigned long long)s->addr);
+    printf("%s %llx ", dump_word, (unsigned long long)s->addr);
     for (unsigned i = 0; i < s->len; i++)
         printf("%02x", mem[i]);
     putchar('\n');
@@ -87,6 +96,14 @@ static void dump(void)
     altpatch_image_close(img);
 }
 
+/* dump() with lines starting with @p word instead of "site". */
+static void dump_as(const char *word)
+{
+    dump_word = word;
+    dump();
+    dump_word = "site";
+}
+
 /* An apply with @p flags; false (and a FAIL line) unless every site was decided. */
 static bool apply(unsigned flags)
 {
@@ -103,6 +120,78 @@ static bool apply(unsigned flags)
         return false;
     }
     return true;
+}
+
+/* The library's messages, each as a line "log TEXT" on stdout. */
+static int log_line(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level;
+    fputs("log ", stdout);
+    vprintf(fmt, ap);
+    return 0;
+}
+
+/* The counters of the last apply: "stats written=N patched=N unchanged=N refused=N seen=N". */
+static void print_stats(void)
+{
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    if (altpatch_get_stats(&st)) {
+        fail("altpatch_get_stats");
+        return;
+    }
+    printf("stats written=%llu syscalls=%llu patched=%llu unchanged=%llu refused=%llu seen=%llu\n",
+           (unsigned long long)st.bytes_written, (unsigned long long)st.syscalls,
+           (unsigned long long)st.sites_patched, (unsigned long long)st.sites_unchanged,
+           (unsigned long long)st.sites_refused, (unsigned long long)st.sites_seen);
+}
+
+static void hex(const uint8_t *b, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        printf("%02x", b[i]);
+}
+
+struct list_ctx {
+    const char *module; /* the module listed: its path, "" for the main program */
+    uintptr_t base;     /* its load address */
+};
+
+static int base_of(struct dl_phdr_info *info, size_t size, void *ctx)
+{
+    (void)size;
+    struct list_ctx *l = ctx;
+    if (strcmp(info->dlpi_name ? info->dlpi_name : "", l->module) != 0)
+        return 0;
+    l->base = info->dlpi_addr;
+    return 1;
+}
+
+/* One line per site of the walk: "state ADDR STATE CHOSEN REASON CURRENT ORIGINAL"
+ * (ADDR link-time). */
+static int list_site(const struct altpatch_site_info *s, void *ctx)
+{
+    struct list_ctx *l = ctx;
+    if (strcmp(s->module, l->module) != 0)
+        return 0;
+    printf("state %llx %d %d %d ", (unsigned long long)(s->addr - l->base), (int)s->state,
+           s->chosen, s->reason);
+    if (s->current)
+        hex(s->current, s->len);
+    putchar(' ');
+    if (s->original)
+        hex(s->original, s->len);
+    putchar('\n');
+    return 0;
+}
+
+/* The sites of module @p module ("" for the main program), as the library lists them. */
+static void list_sites(const char *module)
+{
+    struct list_ctx l = {module, 0};
+    dl_iterate_phdr(base_of, &l);
+    int rc = altpatch_site_foreach(list_site, &l);
+    if (rc)
+        fail("altpatch_site_foreach -> %d", rc);
 }
 
 /* libapfix_dl.so's two ALWAYS calls: x+1 / x+2 and x+3 / x+4 (testdata/apfix_mod.c). */
@@ -132,6 +221,15 @@ static int dl_mode(const char *mode, const char *lib)
     }
     if (strcmp(mode, "dlnoapply") == 0) {
         dl_calls(h, true, "without apply");
+    } else if (strcmp(mode, "dllist") == 0) {
+        /* loaded after the last apply: listed as memory holds it, then applied */
+        list_sites(lib);
+        printf("applied\n");
+        if (!apply(0))
+            return 1;
+        print_stats();
+        list_sites(lib);
+        dl_calls(h, true, "after apply");
     } else {
         if (!apply(0))
             return 1;
@@ -158,7 +256,13 @@ int main(int argc, char **argv)
         fail("sched_setaffinity");
     if (altpatch_gs_install(gs_block) != 0)
         fail("altpatch_gs_install");
-    if ((strcmp(mode, "dl") == 0 || strcmp(mode, "dlnoapply") == 0) && argc > 2)
+    if (strcmp(mode, "dllist") == 0 && argc > 2) {
+        altpatch_set_print(log_line);
+        if (!apply(0))
+            return 1;
+    }
+    if ((strcmp(mode, "dl") == 0 || strcmp(mode, "dlnoapply") == 0 ||
+         strcmp(mode, "dllist") == 0) && argc > 2)
         return dl_mode(mode, argv[2]);
     if (strcmp(mode, "apply") == 0) {
         if (!apply(0))
@@ -170,8 +274,28 @@ int main(int argc, char **argv)
         run(gs_block, 0);
     } else if (strcmp(mode, "noapply") == 0) {
         run(gs_block, 1);
+    } else if (strcmp(mode, "stats") == 0) {
+        /* memory before, the apply's messages and counters, the site list */
+        altpatch_set_print(log_line);
+        dump_as("before");
+        if (!apply(0))
+            return 1;
+        print_stats();
+        list_sites("");
+        run(gs_block, 1);
+    } else if (strcmp(mode, "again") == 0) {
+        /* apply, revert, apply: the last apply's counters */
+        altpatch_set_print(log_line);
+        if (!apply(0) || !apply(ALTPATCH_APPLY_REVERT))
+            return 1;
+        dump_as("reverted");
+        if (!apply(0))
+            return 1;
+        print_stats();
+        list_sites("");
+        run(gs_block, 1);
     } else {
-        fail("usage: prepatch_fixture apply|revert|noapply | dl|dlnoapply LIB");
+        fail("usage: prepatch_fixture apply|revert|noapply|stats|again | dl|dlnoapply|dllist LIB");
         return 2;
     }
     dump();

@@ -1261,6 +1261,14 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
     if (!first)
         ap_module_save(m);
     ap_cache_check(m, ap_shapes_gen);
+    /* a pre-patched module whose file chose what this feature set selects:
+     * settled on memory's bytes, nothing planned (prepatch_load.c) */
+    if (m->prepatch_choices && ap_prepatch_settle(m, &memo->fs)) {
+        m->settled_gen = ap_shapes_gen;
+        ap_log_env(r->debug, ALTPATCH_INFO,
+                   "%s: pre-patched for this feature set: %zu sites as the file planned them\n",
+                   m->path[0] ? m->path : "(main program)", m->nsites);
+    }
     bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
     if (settled && r->revert == m->left_orig && ap_still_settled(m)) {
         mr->path = AP_PATH_SETTLED;

@@ -491,6 +491,11 @@ struct ap_module {
     /* The per-site arrays hold the originals (ap_module_save()); until then
      * nothing in them is set but the pointers. */
     bool saved;
+    /* A pre-patched module not decided since it was read: res holds the
+     * file's choices and planned what memory held then, which the file says
+     * it wrote (prepatch_load.c); an apply whose feature set selects the same
+     * entries takes them as its plan (ap_prepatch_settle()). */
+    bool prepatch_choices;
 };
 
 /** The template id of a site none of whose entries applies: its plan is its original. */
@@ -704,5 +709,16 @@ AP_HIDDEN int ap_modules_refresh_seen(struct ap_module **list, const struct ap_n
  * the module (m->reason, one WARN line). 0 or -ENOMEM.
  */
 AP_HIDDEN int ap_prepatch_originals(struct ap_module *m);
+
+/**
+ * A pre-patched module @p m whose results still hold the file's choices
+ * (m->prepatch_choices): true when at every site the entry the file wrote
+ * is the one @p fs selects (ap_plan_pick(), -1 for the original, which the
+ * file must then have kept), so the plan for @p fs is what memory held when
+ * the module was read: m->res holds it, m->planned those bytes, and
+ * m->settled_patched is set. False: the module is decided site by site.
+ * Either way the choices are used once (m->prepatch_choices cleared).
+ */
+AP_HIDDEN bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs);
 
 #endif /* ALTPATCH_HOST_H */

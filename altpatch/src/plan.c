@@ -49,6 +49,30 @@ bool ap_entry_eligible(const struct ap_entry *e, const struct altpatch_features 
     return has != !!(e->flags & ALT_FLAG_NOT);
 }
 
+/* The record checks of check_entry() that need no decoding; NONE or the reason. */
+static int entry_record_reason(const struct ap_view *v, const struct ap_site *s,
+                               const struct ap_entry *e, const struct ap_plan_rules *rules,
+                               const uint8_t **repl);
+
+int ap_plan_pick(const struct ap_view *v, const struct ap_site *s, const struct ap_entry *entries,
+                 const struct altpatch_features *fs)
+{
+    const uint8_t *bytes, *repl;
+    int chosen = -1;
+
+    if (ap_site_check(v, s, NULL, &bytes))
+        return AP_PICK_REFUSED;
+    for (uint32_t k = 0; k < s->count; k++) {
+        const struct ap_entry *e = &entries[s->first + k];
+
+        if (entry_record_reason(v, s, e, NULL, &repl))
+            return AP_PICK_REFUSED;
+        if (ap_entry_eligible(e, fs))
+            chosen = (int)k; /* the last one wins, as in ap_plan_site() */
+    }
+    return chosen;
+}
+
 bool ap_region_holds(const struct ap_region *r, uint64_t addr, uint64_t len)
 {
     return addr >= r->addr && len <= r->size && addr - r->addr <= r->size - len;
@@ -204,6 +228,24 @@ static bool rules_known(const struct ap_plan_rules *rules, unsigned id)
     return id < 32u * AP_NCAPWORDS && (rules->known[id / 32] >> (id % 32) & 1u);
 }
 
+static int entry_record_reason(const struct ap_view *v, const struct ap_site *s,
+                               const struct ap_entry *e, const struct ap_plan_rules *rules,
+                               const uint8_t **repl)
+{
+    unsigned flags_ok = ALT_FLAG_NOT | (rules ? rules->flags : 0u);
+
+    *repl = NULL;
+    if (!rules_known(rules, e->feature))
+        return ALTPATCH_REASON_UNKNOWN_FEATURE;
+    if (e->flags & ~flags_ok)
+        return ALTPATCH_REASON_UNKNOWN_FLAGS;
+    if (e->repllen > s->len)
+        return ALTPATCH_REASON_REPL_TOO_LONG;
+    if (!ap_entry_repl(v, e, repl))
+        return ALTPATCH_REASON_REPL_BOUNDS;
+    return ALTPATCH_REASON_NONE;
+}
+
 static int check_entry(const struct ap_view *v, const struct ap_site *s,
                        const struct ap_entry *e, int k, uint8_t *buf, struct insn_list *list,
                        const struct ap_plan_rules *rules, struct ap_plan *out)
@@ -214,17 +256,17 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
     size_t off = 0;
     int reason;
 
-    if (!rules_known(rules, e->feature))
-        return refuse(out, ALTPATCH_REASON_UNKNOWN_FEATURE, k, "entry %d: feature %u unknown",
-                      k, e->feature);
-    if (e->flags & ~flags_ok) /* e.g. the kernel's ALT_FLAG_DIRECT_CALL */
-        return refuse(out, ALTPATCH_REASON_UNKNOWN_FLAGS, k, "entry %d: flags 0x%x unknown", k,
+    reason = entry_record_reason(v, s, e, rules, &repl);
+    if (reason == ALTPATCH_REASON_UNKNOWN_FEATURE)
+        return refuse(out, reason, k, "entry %d: feature %u unknown", k, e->feature);
+    if (reason == ALTPATCH_REASON_UNKNOWN_FLAGS) /* e.g. the kernel's ALT_FLAG_DIRECT_CALL */
+        return refuse(out, reason, k, "entry %d: flags 0x%x unknown", k,
                       (unsigned)(e->flags & ~flags_ok));
-    if (e->repllen > s->len)
-        return refuse(out, ALTPATCH_REASON_REPL_TOO_LONG, k,
-                      "entry %d: replacement %u bytes, site %u", k, e->repllen, s->len);
-    if (!ap_entry_repl(v, e, &repl))
-        return refuse(out, ALTPATCH_REASON_REPL_BOUNDS, k,
+    if (reason == ALTPATCH_REASON_REPL_TOO_LONG)
+        return refuse(out, reason, k, "entry %d: replacement %u bytes, site %u", k, e->repllen,
+                      s->len);
+    if (reason)
+        return refuse(out, reason, k,
                       "entry %d: replacement 0x%" PRIx64 " len %u outside altinstr_replacement",
                       k, e->repl, e->repllen);
     if (e->repllen)

@@ -72,6 +72,23 @@ struct ap_plan {
 /** Whether entry @p e applies under @p fs (feature present, or absent with ALT_FLAG_NOT). */
 AP_HIDDEN bool ap_entry_eligible(const struct ap_entry *e, const struct altpatch_features *fs);
 
+/** ap_plan_pick(): a record of the site is refused by the planner whatever the CPU. */
+#define AP_PICK_REFUSED (-2)
+
+/**
+ * The entry the planner selects at site @p s under @p fs -- the last eligible
+ * one, -1 for none -- as far as the records and the view tell without
+ * decoding: AP_PICK_REFUSED when the site or one of its records is refused
+ * before any decoding (a preset reason, an empty site, the site outside the
+ * text, an unknown feature, a flag but ALT_FLAG_NOT, a replacement longer
+ * than the site or outside altinstr_replacement). The planner's own
+ * selection is this rule (ap_entry_eligible()); the decoding checks are not
+ * made here (a caller that holds a plan made with them, a pre-patched
+ * file's, compares its choice with this one).
+ */
+AP_HIDDEN int ap_plan_pick(const struct ap_view *v, const struct ap_site *s,
+                           const struct ap_entry *entries, const struct altpatch_features *fs);
+
 /**
  * Decide one site. Validates the site and *every* entry of it (so a refusal does
  * not depend on the CPU), then picks the last eligible entry, copies its

@@ -111,11 +111,50 @@ int ap_prepatch_originals(struct ap_module *m)
         free(buf);
         return 0;
     }
+    /* The originals, and the file's choices as the sites' results: a site
+     * list before the module's first apply shows what memory holds. A choice
+     * that names no entry of its site, or a site outside the text, keeps
+     * every result at the original (what ap_module_save_all() set). */
     size_t pos = 0;
     struct ap_prepatch_site ps;
-    for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++)
-        if (ap_orig_off(m, i) != AP_NO_ORIG)
-            memcpy(m->orig + ap_orig_off(m, i), ps.orig, ps.len);
+    bool choices = true;
+    for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++) {
+        size_t off = ap_orig_off(m, i);
+        if (off == AP_NO_ORIG) {
+            choices = false;
+            continue;
+        }
+        memcpy(m->orig + off, ps.orig, ps.len);
+        if (ps.chosen < -1 || (ps.chosen >= 0 && (uint32_t)ps.chosen >= m->sites[i].count))
+            choices = false;
+        else
+            m->res[i] = ap_res_ok(ps.chosen);
+    }
+    if (!choices)
+        for (size_t i = 0; i < m->nsites; i++)
+            m->res[i] = ap_res_ok(-1);
+    m->prepatch_choices = choices;
     free(buf);
     return 0;
+}
+
+bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs)
+{
+    bool ok = m->prepatch_choices && !m->reason && !m->left_orig;
+    m->prepatch_choices = false;
+    size_t patched = 0;
+    for (size_t i = 0; ok && i < m->nsites; i++) {
+        struct ap_site_entries eb;
+        const struct ap_site *es;
+        const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
+        int want = ap_plan_pick(&m->view, es, ents, fs), had = ap_res_chosen(&m->res[i]);
+        size_t off = ap_orig_off(m, i);
+        /* the original selected: the file kept it (memory holds planned) */
+        ok = want == had && off != AP_NO_ORIG &&
+             (want >= 0 || ap_equal_small(m->planned + off, m->orig + off, m->sites[i].len));
+        patched += want >= 0;
+    }
+    if (ok)
+        m->settled_patched = patched;
+    return ok;
 }
