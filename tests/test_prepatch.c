@@ -444,6 +444,268 @@ Test(prepatch, mismatched_record_refused)
 }
 
 /* ------------------------------------------------------------------------- */
+/* A copy pre-patched for the set the apply uses: settled without planning    */
+/* ------------------------------------------------------------------------- */
+
+/* The message of an apply that took a module as its file planned it. */
+#define SETTLED_LOG "pre-patched for this feature set"
+
+/* Pre-patch @p src for the set @p fs into tmpdir/@p name; the path (static buffer). */
+static const char *prepatch_fs(const char *src, const struct altpatch_features *fs,
+                               const char *name)
+{
+    static char out[160];
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(src, NULL, &img), 0);
+    cr_assert_eq(altpatch_image_plan(img, fs), 0);
+    snprintf(out, sizeof(out), "%s/%s", tmpdir, name);
+    struct altpatch_image_write_opts wo = {.sz = sizeof(wo), .profile = name};
+    cr_assert_eq(altpatch_image_write(img, out, &wo), 0);
+    altpatch_image_close(img);
+    return out;
+}
+
+/* The lines of @p out starting with @p word and a space (malloc'ed). */
+static char *lines_of(const char *out, const char *word)
+{
+    char *r = calloc(1, strlen(out) + 1);
+    cr_assert_not_null(r);
+    size_t wl = strlen(word);
+    for (const char *l = out; *l;) {
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) + 1 : strlen(l);
+        if (strncmp(l, word, wl) == 0 && l[wl] == ' ')
+            strncat(r, l + wl, n - wl);
+        l += n;
+    }
+    return r;
+}
+
+/* A counter of the "stats" line of @p out. */
+static unsigned long long stat_of(const char *out, const char *name)
+{
+    const char *l = strstr(out, "\nstats ");
+    cr_assert_not_null(l, "no stats line:\n%s", out);
+    char key[32];
+    snprintf(key, sizeof(key), " %s=", name);
+    const char *k = strstr(l, key);
+    cr_assert_not_null(k, "no %s in the stats line", name);
+    return strtoull(k + strlen(key), NULL, 10);
+}
+
+/* Run the fixture @p prog with @p arg under @p env (ALTPATCH_CLEARCPUID not
+ * inherited); exit status 0 asserted; its stdout (malloc'ed). */
+static char *run_ok(const char *env, const char *prog, const char *arg)
+{
+    char e[256], *out, *err;
+    snprintf(e, sizeof(e), "env -u ALTPATCH_CLEARCPUID %s", env ? env : "");
+    int st = run(e, prog, arg, &out, &err);
+    cr_assert_eq(st, 0, "%s %s %s -> %d:\n%s%s", env ? env : "", prog, arg, st, out, err);
+    free(err);
+    return out;
+}
+
+/* The set the fixture's apply uses under ALTPATCH_CLEARCPUID=@p clear (NULL:
+ * none): the host's, less that feature, as a test names it for itself. */
+static struct altpatch_features *applied_set(const char *clear)
+{
+    struct altpatch_features *fs = altpatch_features_host();
+    cr_assert_not_null(fs);
+    if (clear)
+        cr_assert_eq(altpatch_features_clear(fs, (unsigned)altpatch_feature_id(clear)), 0);
+    return fs;
+}
+
+/*
+ * A copy of @p plain pre-patched for the set its apply uses (the host's
+ * less @p clear, applied with ALTPATCH_CLEARCPUID=@p clear): its first apply
+ * takes every site as the file planned it -- the message, nothing written,
+ * memory the same before and after, byte for byte, and the file's bytes --
+ * and lists the states, entries and bytes the planner gives the plain program
+ * under the same set. The same copy made for a set that differs in one
+ * feature the records name (FSGSBASE) goes through the planner: it is
+ * rewritten to exactly the plain program's bytes and states.
+ */
+static void settles(const char *plain, const char *clear)
+{
+    char env[64] = "";
+    if (clear)
+        snprintf(env, sizeof(env), "ALTPATCH_CLEARCPUID=%s", clear);
+    struct altpatch_features *fs = applied_set(clear);
+    char pre[160];
+    snprintf(pre, sizeof(pre), "%s", prepatch_fs(plain, fs, "same"));
+
+    char *want = run_ok(env, plain, "stats");
+    char *want_states = lines_of(want, "state"), *want_sites = lines_of(want, "site");
+    cr_assert(!strstr(want, SETTLED_LOG), "a plain program has no file plan:\n%s", want);
+
+    char *out = run_ok(env, pre, "stats");
+    cr_assert(strstr(out, SETTLED_LOG), "the copy for the applied set was planned:\n%s", out);
+    cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "syscalls"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "patched"), stat_of(want, "patched"), "%s\n%s", out, want);
+    cr_assert_eq(stat_of(out, "unchanged"), stat_of(out, "seen"), "%s", out);
+    char *before = lines_of(out, "before"), *after = lines_of(out, "site");
+    char *file = file_lines(pre, false);
+    cr_assert_str_eq(before, after, "memory changed by a settled apply");
+    /* file_lines() prints "site ADDR HEX" */
+    char *file_b = lines_of(file, "site");
+    cr_assert_str_eq(before, file_b, "memory does not hold the file's bytes");
+    char *states = lines_of(out, "state");
+    cr_assert_str_eq(states, want_states, "settled states differ from the planner's");
+    cr_assert_str_eq(after, want_sites, "settled bytes differ from the planner's");
+    free(before);
+    free(after);
+    free(file);
+    free(file_b);
+    free(states);
+    free(out);
+
+    /* one feature the records name differs: the planner decides */
+    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
+    if (altpatch_features_has(fs, fsgs))
+        altpatch_features_clear(fs, fsgs);
+    else
+        altpatch_features_set(fs, fsgs);
+    snprintf(pre, sizeof(pre), "%s", prepatch_fs(plain, fs, "other"));
+    out = run_ok(env, pre, "stats");
+    cr_assert(!strstr(out, SETTLED_LOG), "a copy for another set was settled:\n%s", out);
+    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    states = lines_of(out, "state");
+    after = lines_of(out, "site");
+    cr_assert_str_eq(states, want_states, "planned states differ from the plain program's");
+    cr_assert_str_eq(after, want_sites, "planned bytes differ from the plain program's");
+    free(states);
+    free(after);
+    free(out);
+    free(want);
+    free(want_states);
+    free(want_sites);
+    altpatch_features_free(fs);
+}
+
+Test(prepatch, settles_for_the_applied_set_pie)
+{
+    settles(PREPATCH_FIXTURE, NULL);
+}
+
+Test(prepatch, settles_for_the_applied_set_nopie)
+{
+    settles(PREPATCH_FIXTURE_NOPIE, NULL);
+}
+
+Test(prepatch, settles_for_the_applied_set_format1)
+{
+    settles(PREPATCH_FIXTURE_FORMAT1, NULL);
+}
+
+/* ALTPATCH_CLEARCPUID is part of the applied set: a copy made for the host
+ * less FSGSBASE settles under ALTPATCH_CLEARCPUID=fsgsbase. */
+Test(prepatch, settles_under_clearcpuid)
+{
+    settles(PREPATCH_FIXTURE, "fsgsbase");
+}
+
+/* The copy for the applied set run plainly under ALTPATCH_CLEARCPUID that
+ * clears a feature the file's set has: the planner decides. */
+Test(prepatch, clearcpuid_differs_from_the_file)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
+    altpatch_features_set(fs, fsgs); /* the file's set has it, the apply's not */
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE, fs, "with");
+    char *want = run_ok("ALTPATCH_CLEARCPUID=fsgsbase", PREPATCH_FIXTURE, "stats");
+    char *out = run_ok("ALTPATCH_CLEARCPUID=fsgsbase", pre, "stats");
+    cr_assert(!strstr(out, SETTLED_LOG), "%s", out);
+    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
+    char *a = lines_of(out, "state"), *b = lines_of(want, "state");
+    cr_assert_str_eq(a, b);
+    free(a);
+    free(b);
+    a = lines_of(out, "site");
+    b = lines_of(want, "site");
+    cr_assert_str_eq(a, b);
+    free(a);
+    free(b);
+    free(out);
+    free(want);
+    altpatch_features_free(fs);
+}
+
+/* After a settled apply: REVERT writes the compiler's bytes back, byte for
+ * byte; the next apply brings the file's bytes back, as the planner's. */
+Test(prepatch, settled_reverts_and_applies_again)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE, fs, "same");
+    char *want = run_ok(NULL, PREPATCH_FIXTURE, "again");
+    char *out = run_ok(NULL, pre, "again");
+    cr_assert(strstr(out, SETTLED_LOG), "%s", out);
+    char *orig = file_lines(PREPATCH_FIXTURE, false), *orig_l = lines_of(orig, "site");
+    char *rev = lines_of(out, "reverted");
+    cr_assert_str_eq(rev, orig_l, "REVERT after a settled apply did not restore the originals");
+    char *file = file_lines(pre, false), *file_l = lines_of(file, "site");
+    char *after = lines_of(out, "site"), *want_sites = lines_of(want, "site");
+    cr_assert_str_eq(after, file_l, "the apply after REVERT did not bring the file's bytes back");
+    cr_assert_str_eq(after, want_sites);
+    char *a = lines_of(out, "state"), *b = lines_of(want, "state");
+    cr_assert_str_eq(a, b);
+    cr_assert_eq(stat_of(out, "written"), stat_of(want, "written"), "%s\n%s", out, want);
+    free(a);
+    free(b);
+    free(orig);
+    free(orig_l);
+    free(rev);
+    free(file);
+    free(file_l);
+    free(after);
+    free(want_sites);
+    free(out);
+    free(want);
+    altpatch_features_free(fs);
+}
+
+/*
+ * A library pre-patched for the applied set, loaded after an apply: before
+ * its first apply the site list shows the file's choices and memory's bytes
+ * (the planner's states for the plain library); its apply then writes
+ * nothing. The plain library lists its originals until its apply.
+ */
+Test(prepatch, library_listed_with_the_file_choices)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_LIB, fs, "lib");
+    char lib[200], args[420];
+    snprintf(lib, sizeof(lib), "%s.so", pre);
+    cr_assert_eq(rename(pre, lib), 0);
+    snprintf(args, sizeof(args), "dllist '%s'", PREPATCH_LIB);
+    char *want = run_ok(NULL, PREPATCH_FIXTURE, args);
+    snprintf(args, sizeof(args), "dllist '%s'", lib);
+    char *out = run_ok(NULL, PREPATCH_FIXTURE, args);
+    /* "state" lines before the line "applied", then after it */
+    char *w_mid = strstr(want, "\napplied\n"), *o_mid = strstr(out, "\napplied\n");
+    cr_assert(w_mid && o_mid, "%s\n%s", want, out);
+    w_mid[1] = o_mid[1] = '\0';
+    char *w_before = lines_of(want, "state"), *w_after = lines_of(w_mid + 2, "state");
+    char *o_before = lines_of(out, "state"), *o_after = lines_of(o_mid + 2, "state");
+    cr_assert_str_neq(w_before, "", "no site listed");
+    cr_assert_str_eq(o_before, w_after, "the file's choices are not listed before its apply");
+    cr_assert_str_eq(o_after, w_after);
+    cr_assert_str_neq(w_before, w_after, "the plain library lists its originals first");
+    cr_assert(strstr(o_mid + 2, SETTLED_LOG), "%s", o_mid + 2);
+    cr_assert_eq(stat_of(o_mid + 2, "written"), 0, "%s", o_mid + 2);
+    free(w_before);
+    free(w_after);
+    free(o_before);
+    free(o_after);
+    free(out);
+    free(want);
+    altpatch_features_free(fs);
+}
+
+/* ------------------------------------------------------------------------- */
 /* The API's argument checks                                                 */
 /* ------------------------------------------------------------------------- */
 
