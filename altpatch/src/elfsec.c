@@ -59,10 +59,15 @@ int ap_elf_find_section(ap_elf_read_fn rd, void *ctx, uint64_t size, const char 
         r = rd(ctx, ss->sh_offset, names, ss->sh_size);
     if (!r) {
         r = -ENOENT;
-        size_t want = strlen(name) + 1;
+        size_t want = 1; /* the name and its NUL; no strlen() call (a first apply) */
+        while (name[want - 1]) {
+            want++;
+            __asm__("" : "+r"(want));
+        }
         for (uint32_t i = 1; i < eh.e_shnum && r == -ENOENT; i++) {
             uint32_t n = sh[i].sh_name;
-            if (n >= ss->sh_size || ss->sh_size - n < want || memcmp(names + n, name, want))
+            if (n >= ss->sh_size || ss->sh_size - n < want ||
+                !ap_equal_small((const uint8_t *)names + n, (const uint8_t *)name, want))
                 continue;
             if (sh[i].sh_type != SHT_NOBITS && !in_file(sh[i].sh_offset, sh[i].sh_size, size)) {
                 r = -ENOEXEC;

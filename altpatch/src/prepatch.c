@@ -44,22 +44,33 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
+/* Whether the @p n bytes at @p p hold a NUL (no memchr() call: a first apply reads this). */
+static bool has_nul(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!p[i])
+            return true;
+        __asm__("" : "+r"(i)); /* not a library call */
+    }
+    return false;
+}
+
 int ap_prepatch_parse(const uint8_t *buf, size_t len, struct ap_prepatch *out)
 {
     memset(out, 0, sizeof(*out));
-    if (!buf || len < AP_PREPATCH_HDR || memcmp(buf, AP_PREPATCH_MAGIC, 8) != 0 ||
-        get32(buf + 12) != 0)
+    if (!buf || len < AP_PREPATCH_HDR ||
+        !ap_equal_small(buf, (const uint8_t *)AP_PREPATCH_MAGIC, 8) || get32(buf + 12) != 0)
         return -EINVAL;
     out->nsites = get32(buf + 8);
     out->table_addr = get64(buf + 16);
     out->table_size = get64(buf + 24);
     memcpy(out->profile, buf + 32, AP_PREPATCH_PROFILE);
-    if (!memchr(out->profile, 0, AP_PREPATCH_PROFILE))
+    if (!has_nul((const uint8_t *)out->profile, AP_PREPATCH_PROFILE))
         return -EINVAL;
     for (size_t i = 0; i < AP_NCAPWORDS; i++)
         out->fs.word[i] = get32(buf + 96 + 4 * i);
     memcpy(out->fs.vendor, buf + 224, sizeof(out->fs.vendor));
-    if (!memchr(out->fs.vendor, 0, sizeof(out->fs.vendor)))
+    if (!has_nul((const uint8_t *)out->fs.vendor, sizeof(out->fs.vendor)))
         return -EINVAL;
     out->sites = buf + AP_PREPATCH_HDR;
     out->sites_len = len - AP_PREPATCH_HDR;

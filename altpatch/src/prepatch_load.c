@@ -19,23 +19,29 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
+#include <sys/syscall.h>
 
 #include "host.h"
 
 /** Largest section of originals read (sites are at most 255 bytes each). */
 #define AP_PREPATCH_MAX_READ (256u << 20)
 
+/*
+ * The file is read with direct system calls (ap_sys()) and the bytes compared
+ * and copied with util.h's helpers: a process's first apply binds no C
+ * library wrapper for them lazily (each binding is the dynamic linker's
+ * symbol lookup).
+ */
 static int fd_read(void *ctx, uint64_t off, void *dst, size_t len)
 {
-    int fd = *(int *)ctx;
+    long fd = *(long *)ctx;
     uint8_t *p = dst;
     while (len) {
-        ssize_t n = pread(fd, p, len, (off_t)off);
-        if (n < 0 && errno == EINTR)
+        long n = ap_sys(SYS_pread64, fd, (long)p, (long)len, (long)off, 0);
+        if (n == -EINTR)
             continue;
         if (n <= 0)
-            return n < 0 ? -errno : -EIO;
+            return n < 0 ? (int)n : -EIO;
         p += n;
         off += (uint64_t)n;
         len -= (size_t)n;
@@ -46,12 +52,12 @@ static int fd_read(void *ctx, uint64_t off, void *dst, size_t len)
 /* The section of originals of the file @p path, malloc'ed; 0 or -errno. */
 static int read_section(const char *path, uint8_t **buf, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    long fd = ap_sys(SYS_openat, AT_FDCWD, (long)path, O_RDONLY | O_CLOEXEC, 0, 0);
     if (fd < 0)
-        return -errno;
+        return (int)fd;
     struct stat st;
     struct ap_elf_section sec;
-    int r = fstat(fd, &st) ? -errno : 0;
+    int r = (int)ap_sys(SYS_fstat, fd, (long)&st, 0, 0, 0);
     if (!r)
         r = ap_elf_find_section(fd_read, &fd, (uint64_t)st.st_size, AP_PREPATCH_SECTION, &sec);
     if (!r && (sec.type == SHT_NOBITS || sec.size > AP_PREPATCH_MAX_READ))
@@ -66,7 +72,7 @@ static int read_section(const char *path, uint8_t **buf, size_t *len)
         }
         *len = sec.size;
     }
-    close(fd);
+    ap_sys(SYS_close, fd, 0, 0, 0, 0);
     return r;
 }
 
@@ -83,7 +89,8 @@ static const char *mismatch(const struct ap_module *m, const struct ap_prepatch 
         const struct ap_site *s = &m->sites[i];
         if (ap_prepatch_next(p, &pos, &ps) || ps.addr + m->base != s->addr || ps.len != s->len)
             return "its sites are not the ones in memory";
-        if (ap_orig_off(m, i) != AP_NO_ORIG && memcmp(m->orig + ap_orig_off(m, i), ps.written, ps.len))
+        if (ap_orig_off(m, i) != AP_NO_ORIG &&
+            !ap_equal_small(m->orig + ap_orig_off(m, i), ps.written, ps.len))
             return "memory does not hold the bytes it says were written";
     }
     return NULL;
@@ -124,7 +131,7 @@ int ap_prepatch_originals(struct ap_module *m)
             choices = false;
             continue;
         }
-        memcpy(m->orig + off, ps.orig, ps.len);
+        ap_copy_small(m->orig + off, ps.orig, ps.len);
         if (ps.chosen < -1 || (ps.chosen >= 0 && (uint32_t)ps.chosen >= m->sites[i].count))
             choices = false;
         else
