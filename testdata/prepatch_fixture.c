@@ -15,6 +15,8 @@
  *                              its counters ("stats"), the site list ("state")
  *   prepatch_fixture again     apply, REVERT ("reverted" lines), apply: the
  *                              last apply's messages, counters and site list
+ *   prepatch_fixture thread    apply with ALTPATCH_APPLY_NO_LIVE while a second
+ *                              thread runs: "rc N", counters when N is 0
  *   prepatch_fixture dllist LIB   apply, dlopen LIB, LIB's site list; apply:
  *                              counters and LIB's site list again
  *
@@ -32,6 +34,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <altpatch/altpatch.h>
 #include <altpatch/image.h>
@@ -194,6 +197,15 @@ static void list_sites(const char *module)
         fail("altpatch_site_foreach -> %d", rc);
 }
 
+/* A thread that waits until its pipe is written. */
+static void *waiter(void *arg)
+{
+    char c;
+    while (read(*(int *)arg, &c, 1) < 0)
+        ;
+    return NULL;
+}
+
 /* libapfix_dl.so's two ALWAYS calls: x+1 / x+2 and x+3 / x+4 (testdata/apfix_mod.c). */
 static void dl_calls(void *h, bool replaced, const char *when)
 {
@@ -283,6 +295,25 @@ int main(int argc, char **argv)
         print_stats();
         list_sites("");
         run(gs_block, 1);
+    } else if (strcmp(mode, "thread") == 0) {
+        /* an apply refused to patch live while another thread runs: its
+         * return value ("rc N"), then counters when it returned 0 */
+        altpatch_set_print(log_line);
+        static int fds[2];
+        pthread_t t;
+        if (pipe(fds) || pthread_create(&t, NULL, waiter, &fds[0])) {
+            fail("pipe or pthread_create");
+            return 1;
+        }
+        struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = ALTPATCH_APPLY_NO_LIVE};
+        int rc = altpatch_apply_opts(&o);
+        printf("rc %d\n", rc);
+        if (rc == 0)
+            print_stats();
+        if (write(fds[1], "x", 1) != 1 || pthread_join(t, NULL))
+            fail("the waiting thread");
+        if (rc == 0) /* else memory may hold another CPU's bytes: nothing runs */
+            run(gs_block, 1);
     } else if (strcmp(mode, "again") == 0) {
         /* apply, revert, apply: the last apply's counters */
         altpatch_set_print(log_line);
@@ -295,7 +326,7 @@ int main(int argc, char **argv)
         list_sites("");
         run(gs_block, 1);
     } else {
-        fail("usage: prepatch_fixture apply|revert|noapply|stats|again | dl|dlnoapply|dllist LIB");
+        fail("usage: prepatch_fixture apply|revert|noapply|stats|again|thread | dl|dlnoapply|dllist LIB");
         return 2;
     }
     dump();

@@ -668,6 +668,39 @@ Test(prepatch, settled_reverts_and_applies_again)
 }
 
 /*
+ * An apply that settles every module from its file writes nothing, so it does
+ * not need the process to be single-threaded: with a second thread running
+ * and live patching refused, it returns 0 (nothing written, the live
+ * protocol not used); the plain program's apply returns -EBUSY, and a copy
+ * made for another set, which must write, too.
+ */
+Test(prepatch, settled_with_another_thread)
+{
+    char *want = run_ok(NULL, PREPATCH_FIXTURE, "thread");
+    cr_assert(strstr(want, "\nrc -16\n") || strncmp(want, "rc -16\n", 7) == 0,
+              "the plain program's apply with a thread running: %s", want);
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE, fs, "same");
+    char *out = run_ok(NULL, pre, "thread");
+    cr_assert(strstr(out, "rc 0\n"), "%s", out);
+    cr_assert(strstr(out, SETTLED_LOG), "%s", out);
+    cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "syscalls"), 0, "%s", out);
+    free(out);
+    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
+    if (altpatch_features_has(fs, fsgs))
+        altpatch_features_clear(fs, fsgs);
+    else
+        altpatch_features_set(fs, fsgs);
+    pre = prepatch_fs(PREPATCH_FIXTURE, fs, "other");
+    out = run_ok(NULL, pre, "thread");
+    cr_assert(strstr(out, "rc -16\n"), "a copy for another set must write: %s", out);
+    free(out);
+    free(want);
+    altpatch_features_free(fs);
+}
+
+/*
  * A library pre-patched for the applied set, loaded after an apply: before
  * its first apply the site list shows the file's choices and memory's bytes
  * (the planner's states for the plain library); its apply then writes

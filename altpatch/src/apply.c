@@ -1554,14 +1554,41 @@ static unsigned ap_needed_leaves(const struct ap_module *mods)
     return groups;
 }
 
+static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered);
+
+/*
+ * Whether this apply settles every module from its pre-patched file under
+ * @p fs (ap_prepatch_agrees()): it then writes nothing, so it asks nothing
+ * that only writing needs (the single-thread proof, seccomp). Not for a
+ * revert or an apply that asks for the live protocol.
+ */
+static bool ap_all_prepatched(const struct altpatch_features *fs, unsigned flags)
+{
+    if (flags & (ALTPATCH_APPLY_REVERT | ALTPATCH_APPLY_LIVE))
+        return false;
+    size_t n = 0;
+    for (struct ap_module *m = ap_mods; m; m = m->next) {
+        if (m->gone)
+            continue;
+        if (!ap_prepatch_agrees(m, fs))
+            return false;
+        n++;
+    }
+    return n != 0;
+}
+
 /* @p fs: the caller's set, or NULL for this host's effective set (read for
- * the features the records reference, once the modules are known). */
-static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, bool live,
-                         bool unfiltered, const struct ap_pins *pins, const struct ap_env *env,
+ * the features the records reference, once the modules are known).
+ * -EBUSY when other threads run and they cannot be patched live
+ * (ap_check_threads()), nothing done. */
+static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
+                         const struct ap_pins *pins, const struct ap_env *env,
                          struct altpatch_stats *st)
 {
     struct ap_run r = {0};
     struct altpatch_features host;
+    bool live = false;       /* other threads run: the live protocol writes */
+    bool unfiltered = false; /* alone and no seccomp filter (ap_mm_alone()) */
     int err = ap_modules_refresh_seen(&ap_mods, &pins->seen);
     if (!err)
         ap_pin(ap_mods, pins);
@@ -1569,6 +1596,9 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
         ap_effective_leaves_cleared(ap_needed_leaves(ap_mods), env->clearcpuid, &host);
         fs = &host;
     }
+    if (!err && !ap_all_prepatched(fs, flags))
+        err = ap_check_threads(flags, &live, &unfiltered);
+    ap_fill_allow(unfiltered); /* ap_malloc_filled()'s madvise */
     r.debug = ap_env_value_on(env->debug);
     r.live = live;
     r.pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
@@ -1611,10 +1641,14 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags, boo
      * the queue are one block, freed below */
     if (r.wmod && r.wmod->entries == (struct ap_entry *)(void *)r.writes)
         r.wmod->entries = NULL;
-    /* records parsed for this apply: from now on decoded when needed */
-    for (struct ap_module *m = ap_mods; m; m = m->next)
+    /* records parsed for this apply: from now on decoded when needed; a
+     * pre-patched module's agreement holds for this apply's set only */
+    for (struct ap_module *m = ap_mods; m; m = m->next) {
+        m->prepatch_agreed = false;
         if (m->entries && !m->gone)
             ap_module_drop_entries(m);
+    }
+    ap_fill_allow(false);
     ap_unpin(ap_mods);
     for (size_t i = 0; i < r.ndetails; i++)
         free(r.details[i].text);
@@ -1722,8 +1756,6 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     pthread_mutex_lock(&ap_lock);
     ap_in = AP_IN_LOCKED;
     uint64_t t0 = ap_now_ns();
-    bool live = false; /* other threads run: the live protocol writes */
-    bool unfiltered = false; /* alone and no seccomp filter (ap_mm_alone()) */
     struct altpatch_stats st = {.sz = sizeof(st)};
     if (ap_lock_orphaned) {
         err = -EOWNERDEAD;
@@ -1732,10 +1764,8 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     } else if (off) {
         ap_log_env(ap_env_value_on(env.debug), ALTPATCH_INFO,
                    "ALTPATCH_OFF is set: nothing patched\n");
-    } else if (!(err = ap_check_threads(o.flags, &live, &unfiltered))) {
-        ap_fill_allow(unfiltered); /* ap_malloc_filled()'s madvise */
-        err = ap_run_locked(o.features, o.flags, live, unfiltered, &pins, &env, &st);
-        ap_fill_allow(false);
+    } else {
+        err = ap_run_locked(o.features, o.flags, &pins, &env, &st);
     }
     if (err != -EBUSY && err != -EOWNERDEAD) {
         st.ns = ap_now_ns() - t0;

@@ -496,6 +496,7 @@ struct ap_module {
      * it wrote (prepatch_load.c); an apply whose feature set selects the same
      * entries takes them as its plan (ap_prepatch_settle()). */
     bool prepatch_choices;
+    bool prepatch_agreed; /* ap_prepatch_agrees() said so in this apply */
 };
 
 /** The template id of a site none of whose entries applies: its plan is its original. */
@@ -715,9 +716,16 @@ AP_HIDDEN int ap_prepatch_originals(struct ap_module *m);
  * (m->prepatch_choices): true when at every site the entry the file wrote
  * is the one @p fs selects (ap_plan_pick(), -1 for the original, which the
  * file must then have kept), so the plan for @p fs is what memory held when
- * the module was read: m->res holds it, m->planned those bytes, and
- * m->settled_patched is set. False: the module is decided site by site.
- * Either way the choices are used once (m->prepatch_choices cleared).
+ * the module was read: m->res holds it, m->planned those bytes;
+ * m->settled_patched is then set, and m->prepatch_agreed, which answers the
+ * same question again in this apply (the set does not change within one).
+ */
+AP_HIDDEN bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs);
+
+/**
+ * ap_prepatch_agrees() for the module's decision: true when it is settled
+ * on the file's choices. Either way they are used once (m->prepatch_choices
+ * and m->prepatch_agreed cleared): false, the module is decided site by site.
  */
 AP_HIDDEN bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs);
 

@@ -145,23 +145,34 @@ int ap_prepatch_originals(struct ap_module *m)
     return 0;
 }
 
-bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs)
+bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
 {
-    bool ok = m->prepatch_choices && !m->reason && !m->left_orig;
-    m->prepatch_choices = false;
+    if (!m->prepatch_choices || m->reason || m->left_orig)
+        return false;
+    if (m->prepatch_agreed)
+        return true;
     size_t patched = 0;
-    for (size_t i = 0; ok && i < m->nsites; i++) {
+    for (size_t i = 0; i < m->nsites; i++) {
         struct ap_site_entries eb;
         const struct ap_site *es;
         const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
         int want = ap_plan_pick(&m->view, es, ents, fs), had = ap_res_chosen(&m->res[i]);
         size_t off = ap_orig_off(m, i);
         /* the original selected: the file kept it (memory holds planned) */
-        ok = want == had && off != AP_NO_ORIG &&
-             (want >= 0 || ap_equal_small(m->planned + off, m->orig + off, m->sites[i].len));
+        if (want != had || off == AP_NO_ORIG ||
+            (want < 0 && !ap_equal_small(m->planned + off, m->orig + off, m->sites[i].len)))
+            return false;
         patched += want >= 0;
     }
-    if (ok)
-        m->settled_patched = patched;
+    m->settled_patched = patched;
+    m->prepatch_agreed = true;
+    return true;
+}
+
+bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs)
+{
+    bool ok = ap_prepatch_agrees(m, fs);
+    m->prepatch_choices = false;
+    m->prepatch_agreed = false;
     return ok;
 }
