@@ -667,6 +667,74 @@ Test(prepatch, settled_reverts_and_applies_again)
     altpatch_features_free(fs);
 }
 
+/* Copy @p src to @p dst with the first site's `chosen` in its section of
+ * originals set to 99 (header 240 bytes, then the record's field at +12). */
+static void bad_choice_copy(const char *src, const char *dst)
+{
+    size_t len;
+    uint8_t *b = slurp(src, &len);
+    uint8_t *hdr = memmem(b, len, "ALTPREP1", 8);
+    cr_assert_not_null(hdr);
+    cr_assert_lt((size_t)(hdr - b) + 240 + 16, len);
+    int32_t bad = 99;
+    memcpy(hdr + 240 + 12, &bad, 4);
+    int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, b, len), (ssize_t)len);
+    close(fd);
+    free(b);
+}
+
+/*
+ * A file whose first site names an entry its site does not have: none of its
+ * choices is taken. A library so made is listed as its original entries
+ * (state ORIGINAL, chosen -1, memory's bytes) before its first apply; the
+ * planner then decides, and a program ends with the plain program's bytes
+ * and states.
+ */
+Test(prepatch, bad_choice_is_planned)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    char badf[160];
+    snprintf(badf, sizeof(badf), "%s/badchoice", tmpdir);
+    bad_choice_copy(prepatch_fs(PREPATCH_FIXTURE, fs, "same"), badf);
+    char *want = run_ok(NULL, PREPATCH_FIXTURE, "stats");
+    char *out = run_ok(NULL, badf, "stats");
+    cr_assert(!strstr(out, SETTLED_LOG), "a bad choice was taken:\n%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    char *a = lines_of(out, "state"), *w = lines_of(want, "state");
+    cr_assert_str_eq(a, w);
+    free(a);
+    free(w);
+    a = lines_of(out, "site");
+    w = lines_of(want, "site");
+    cr_assert_str_eq(a, w);
+    free(a);
+    free(w);
+    free(out);
+    free(want);
+
+    char lib[200], args[420];
+    snprintf(lib, sizeof(lib), "%s/badchoice.so", tmpdir);
+    bad_choice_copy(prepatch_fs(PREPATCH_LIB, fs, "lib"), lib);
+    snprintf(args, sizeof(args), "dllist '%s'", lib);
+    out = run_ok(NULL, PREPATCH_FIXTURE, args);
+    char *mid = strstr(out, "\napplied\n");
+    cr_assert_not_null(mid, "%s", out);
+    mid[1] = '\0';
+    char *before = lines_of(out, "state");
+    cr_assert_str_neq(before, "");
+    /* " ADDR 0 -1 0 CURRENT ORIGINAL" */
+    for (char *l = before; *l; l = strchr(l, '\n') + 1)
+        cr_assert_eq(strncmp(strchr(l + 1, ' '), " 0 -1 0 ", 8), 0,
+                     "a site of a file with a bad choice listed as: %s", l);
+    cr_assert(!strstr(mid + 2, SETTLED_LOG), "%s", mid + 2);
+    cr_assert_eq(stat_of(mid + 2, "refused"), 0, "%s", mid + 2);
+    free(before);
+    free(out);
+    altpatch_features_free(fs);
+}
+
 /*
  * An apply that settles every module from its file writes nothing, so it does
  * not need the process to be single-threaded: with a second thread running
