@@ -13,6 +13,8 @@
  *   prepatch_fixture stats     "before" lines (memory before apply), then
  *                              apply: the library's messages ("log" lines),
  *                              its counters ("stats"), the site list ("state")
+ *   prepatch_fixture replaced FILE   stats, after renaming FILE over the path
+ *                              it was started by (AT_EXECFN)
  *   prepatch_fixture again     apply, REVERT ("reverted" lines), apply: the
  *                              last apply's messages, counters and site list
  *   prepatch_fixture thread    apply with ALTPATCH_APPLY_NO_LIVE while a second
@@ -34,6 +36,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include <altpatch/altpatch.h>
@@ -286,8 +289,14 @@ int main(int argc, char **argv)
         run(gs_block, 0);
     } else if (strcmp(mode, "noapply") == 0) {
         run(gs_block, 1);
-    } else if (strcmp(mode, "stats") == 0) {
-        /* memory before, the apply's messages and counters, the site list */
+    } else if (strcmp(mode, "stats") == 0 || (strcmp(mode, "replaced") == 0 && argc > 2)) {
+        /* memory before, the apply's messages and counters, the site list;
+         * "replaced": its file replaced first by FILE (renamed over the path
+         * it was started by), as an update does to a running program */
+        if (mode[0] == 'r' && rename(argv[2], (const char *)getauxval(AT_EXECFN)) != 0) {
+            fail("rename %s over the start path", argv[2]);
+            return 1;
+        }
         altpatch_set_print(log_line);
         dump_as("before");
         if (!apply(0))
@@ -326,7 +335,7 @@ int main(int argc, char **argv)
         list_sites("");
         run(gs_block, 1);
     } else {
-        fail("usage: prepatch_fixture apply|revert|noapply|stats|again|thread | dl|dlnoapply|dllist LIB");
+        fail("usage: prepatch_fixture apply|revert|noapply|stats|again|thread | replaced FILE | dl|dlnoapply|dllist LIB");
         return 2;
     }
     dump();

@@ -25,6 +25,8 @@
 #include <altpatch/alternative.h>
 #include <altpatch/image.h>
 
+#include "ap_copyfile.h"
+
 /* The fixtures are built with this header: their format, and that format pre-patched. */
 #define FIXTURE_FORMAT ALTPATCH_FORMAT_VERSION
 #define FIXTURE_PREPATCHED (ALTPATCH_FORMAT_VERSION == ALTPATCH_FORMAT_COMPACT ? 4u : 2u)
@@ -599,6 +601,62 @@ Test(prepatch, settles_for_the_applied_set_nopie)
 Test(prepatch, settles_for_the_applied_set_format1)
 {
     settles(PREPATCH_FIXTURE_FORMAT1, NULL);
+}
+
+/*
+ * The main program's file is read by the absolute path it was started by,
+ * and by /proc/self/exe (the file mapped) when that does not agree with
+ * memory: a copy replaced on disk after it started (by the plain program, or
+ * by a copy for another set) still settles, without a warning; one started
+ * by a relative path too.
+ */
+Test(prepatch, settles_when_its_path_changed)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    char same[160], other[160], plain[160], args[400];
+    snprintf(same, sizeof(same), "%s", prepatch_fs(PREPATCH_FIXTURE, fs, "same"));
+    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
+    struct altpatch_features *fo = altpatch_features_dup(fs);
+    if (altpatch_features_has(fo, fsgs))
+        altpatch_features_clear(fo, fsgs);
+    else
+        altpatch_features_set(fo, fsgs);
+    snprintf(other, sizeof(other), "%s", prepatch_fs(PREPATCH_FIXTURE, fo, "other"));
+    snprintf(plain, sizeof(plain), "%s/plain", tmpdir);
+    cr_assert_eq(ap_copy_file(PREPATCH_FIXTURE, plain), 0);
+    char *want = run_ok(NULL, PREPATCH_FIXTURE, "stats");
+    char *want_states = lines_of(want, "state"), *want_sites = lines_of(want, "site");
+    const char *by[] = {plain, other};
+    for (int k = 0; k < 2; k++) {
+        char prog[200];
+        snprintf(prog, sizeof(prog), "%s/run%d", tmpdir, k);
+        cr_assert_eq(ap_copy_file(same, prog), 0);
+        cr_assert_eq(chmod(prog, 0755), 0);
+        snprintf(args, sizeof(args), "replaced '%s'", by[k]);
+        char *out = run_ok(NULL, prog, args);
+        cr_assert(strstr(out, SETTLED_LOG), "replaced by %s:\n%s", by[k], out);
+        cr_assert(!strstr(out, "not usable"), "%s", out);
+        cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
+        char *a = lines_of(out, "state"), *b = lines_of(out, "site");
+        cr_assert_str_eq(a, want_states);
+        cr_assert_str_eq(b, want_sites);
+        free(a);
+        free(b);
+        free(out);
+    }
+    /* started by a relative path */
+    char e[400], *out, *err;
+    snprintf(e, sizeof(e), "cd '%s' && env -u ALTPATCH_CLEARCPUID", tmpdir);
+    cr_assert_eq(run(e, "./same", "stats", &out, &err), 0, "%s%s", out, err);
+    free(err);
+    cr_assert(strstr(out, SETTLED_LOG), "%s", out);
+    cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
+    free(out);
+    free(want);
+    free(want_states);
+    free(want_sites);
+    altpatch_features_free(fo);
+    altpatch_features_free(fs);
 }
 
 /* ALTPATCH_CLEARCPUID is part of the applied set: a copy made for the host

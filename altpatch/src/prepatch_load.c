@@ -3,8 +3,8 @@
  * prepatch_load.c - the runtime side of pre-patched files: a module whose
  * note says version 2 (or 4) runs a profile's bytes at its sites; the
  * compiler's originals are in a non-allocated section of its file, which is
- * not mapped, so they are read from the file (the module's path,
- * /proc/self/exe for the main program).
+ * not mapped, so they are read from the file (the module's path; for the
+ * main program the absolute path it was started by, else /proc/self/exe).
  *
  * The file on disk may not be the one mapped (replaced since it was loaded),
  * so nothing is believed before it is checked against memory: the same table
@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
@@ -96,26 +97,62 @@ static const char *mismatch(const struct ap_module *m, const struct ap_prepatch 
     return NULL;
 }
 
+/*
+ * The section of @p path, parsed and checked against @p m: 0 with *@p buf
+ * (malloc'ed) and @p p, -ENOMEM, or 1 with *@p why.
+ */
+static int load_checked(const struct ap_module *m, const char *path, uint8_t **buf,
+                        struct ap_prepatch *p, const char **why)
+{
+    size_t len = 0;
+    *buf = NULL;
+    int r = read_section(path, buf, &len);
+    if (r == -ENOMEM)
+        return r;
+    if (r)
+        *why = r == -ENOENT ? "no " AP_PREPATCH_SECTION " section" : strerror(-r);
+    else if (ap_prepatch_parse(*buf, len, p))
+        *why = "malformed " AP_PREPATCH_SECTION " section";
+    else
+        *why = mismatch(m, p);
+    if (!*why)
+        return 0;
+    free(*buf);
+    *buf = NULL;
+    return 1;
+}
+
+/*
+ * The main program's file by the absolute path it was started by
+ * (AT_EXECFN), NULL where that is not to be used: a relative path (the
+ * working directory may have changed) or a set-id process (the path is the
+ * caller's to choose). A plain path opens in a fraction of the time
+ * /proc/self/exe takes in a fresh process (its /proc entries are made on
+ * first use); the file is believed only as far as it agrees with memory,
+ * like a library's, which is read by the path the loader reports.
+ */
+static const char *exec_path(void)
+{
+    const char *fn = (const char *)(uintptr_t)getauxval(AT_EXECFN);
+    return fn && fn[0] == '/' && !getauxval(AT_SECURE) ? fn : NULL;
+}
+
 int ap_prepatch_originals(struct ap_module *m)
 {
     const char *path = m->path[0] ? m->path : "/proc/self/exe";
     uint8_t *buf = NULL;
-    size_t len = 0;
     struct ap_prepatch p;
     const char *why = NULL;
-    int r = read_section(path, &buf, &len);
-    if (r == -ENOMEM)
+    /* the main program: its start path first, then the file that is mapped */
+    const char *first = m->path[0] ? NULL : exec_path();
+    int r = first ? load_checked(m, first, &buf, &p, &why) : 1;
+    if (r > 0)
+        r = load_checked(m, path, &buf, &p, &why);
+    if (r < 0)
         return r;
-    if (r)
-        why = r == -ENOENT ? "no " AP_PREPATCH_SECTION " section" : strerror(-r);
-    else if (ap_prepatch_parse(buf, len, &p))
-        why = "malformed " AP_PREPATCH_SECTION " section";
-    else
-        why = mismatch(m, &p);
-    if (why) {
+    if (r) {
         ap_log(ALTPATCH_WARN, "%s: pre-patched file: originals not usable: %s\n", path, why);
         m->reason = ALTPATCH_REASON_BAD_TABLE;
-        free(buf);
         return 0;
     }
     /* The originals, and the file's choices as the sites' results: a site
