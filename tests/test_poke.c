@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <linux/perf_event.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -1159,4 +1160,126 @@ Test(poke, filled_block_present_only_where_allowed)
     free(a);
     free(b);
     free(small);
+}
+
+/* Page faults taken by this thread from now on (exceptions only: pages a
+ * system call makes present are not counted), or -1 where counters are not
+ * allowed. */
+static int fault_counter(void)
+{
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof(a));
+    a.type = PERF_TYPE_SOFTWARE;
+    a.size = sizeof(a);
+    a.config = PERF_COUNT_SW_PAGE_FAULTS;
+    a.disabled = 0;
+    return (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, 0);
+}
+
+static long faults_read(int fd)
+{
+    uint64_t v = 0;
+    return read(fd, &v, sizeof(v)) == (ssize_t)sizeof(v) ? (long)v : -1;
+}
+
+/*
+ * A private file mapping of PAGES pages, each present and still the file's
+ * (read once), with one 3-byte write per page: one window. Returns the
+ * exceptions taken while it was written (-1: not countable) and the stats.
+ */
+static long write_fresh_file_pages(unsigned flags, struct ap_poke_stats *st)
+{
+    enum { PAGES = 6 };
+    size_t pg = pgsz();
+    int fd = (int)syscall(SYS_memfd_create, "altpatch-prefault", 0u);
+    cr_assert_geq(fd, 0);
+    uint8_t *buf = malloc(PAGES * pg);
+    cr_assert_not_null(buf);
+    memset(buf, 0xcc, PAGES * pg);
+    cr_assert_eq(write(fd, buf, PAGES * pg), (ssize_t)(PAGES * pg));
+    free(buf);
+    uint8_t *p = mmap(NULL, PAGES * pg, PROT_READ, MAP_PRIVATE, fd, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    close(fd);
+    volatile uint8_t sink = 0;
+    for (size_t i = 0; i < PAGES; i++)
+        sink ^= p[i * pg]; /* present, shared with the file */
+    (void)sink;
+    struct ap_write w[PAGES];
+    for (size_t i = 0; i < PAGES; i++)
+        w[i] = wr(p + i * pg + 100, CC3, NEW3, 3);
+    /* the writer's own first calls (the maps descriptor, its buffers) made
+     * once before the count: the count is the window's */
+    uint8_t *scratch = rx_pages(1);
+    struct ap_write warm = wr(scratch + 10, CC3, NEW3, 3);
+    cr_assert_eq(ap_poke(&warm, 1, flags, NULL), 0);
+    cr_assert_arr_eq(scratch + 10, NEW3, 3);
+    munmap(scratch, pg);
+    int pf = fault_counter();
+    long before = pf >= 0 ? faults_read(pf) : -1;
+    cr_assert_eq(ap_poke(w, PAGES, flags, st), 0);
+    long taken = pf >= 0 && before >= 0 ? faults_read(pf) - before : -1;
+    if (pf >= 0)
+        close(pf);
+    for (size_t i = 0; i < PAGES; i++) {
+        cr_assert_eq(w[i].result, ALTPATCH_REASON_NONE);
+        cr_assert(w[i].wrote);
+        cr_assert_arr_eq(p + i * pg + 100, NEW3, 3);
+        cr_assert_eq(p[i * pg + 99], 0xcc);
+        cr_assert_eq(p[i * pg + 103], 0xcc);
+    }
+    char perms[5];
+    perms_of(p, perms);
+    cr_assert_str_eq(perms, "r--p", "protection after poke: %s", perms);
+    cr_assert_eq(st->pages, PAGES);
+    cr_assert_eq(st->mprotect_writes, 1);
+    munmap(p, PAGES * pg);
+    return taken;
+}
+
+Test(poke, prefault_breaks_copy_on_write_in_one_call)
+{
+    cr_assert_eq(prctl(PR_GET_SECCOMP, 0, 0, 0, 0), 0, "the test runs without a filter");
+    const char *pre = getenv("LD_PRELOAD");
+    bool valgrind = pre && strstr(pre, "vgpreload");
+    struct ap_poke_stats plain = {0}, pre_st = {0}, nofilter = {0};
+    long f_plain = write_fresh_file_pages(AP_POKE_SECCOMP_OFF, &plain);
+    long f_pre = write_fresh_file_pages(AP_POKE_SECCOMP_OFF | AP_POKE_PREFAULT, &pre_st);
+    /* without the proof that no filter runs, no advice is asked */
+    (void)write_fresh_file_pages(AP_POKE_PREFAULT, &nofilter);
+    cr_assert_eq(pre_st.syscalls, plain.syscalls + 1, "one call more for the window: %lu, %lu",
+                 (unsigned long)plain.syscalls, (unsigned long)pre_st.syscalls);
+    cr_assert_eq(pre_st.bytes, plain.bytes);
+    cr_assert_geq(nofilter.syscalls, plain.syscalls, "seccomp asked: %lu, %lu",
+                  (unsigned long)plain.syscalls, (unsigned long)nofilter.syscalls);
+    /* does this kernel know the advice? (5.14 and later) */
+    void *probe = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(probe, MAP_FAILED);
+    bool known = madvise(probe, 4096, 23 /* MADV_POPULATE_WRITE */) == 0;
+    munmap(probe, 4096);
+    cr_log_info("page faults in the window: %ld plain, %ld prefaulted", f_plain, f_pre);
+    if (f_plain >= 0 && f_pre >= 0 && known && !valgrind) {
+        cr_assert_geq(f_plain, 6, "each of the 6 pages faults on its first store: %ld", f_plain);
+        cr_assert_lt(f_pre, 3, "made private in one call, no store faults: %ld", f_pre);
+    }
+}
+
+/* A one-page window asks nothing more: its one fault costs no more than the call. */
+Test(poke, prefault_skipped_for_one_page)
+{
+    uint8_t *p = rx_pages(1);
+    struct ap_write w = wr(p + 100, CC3, NEW3, 3);
+    uint8_t *q = rx_pages(1);
+    struct ap_write v = wr(q + 100, CC3, NEW3, 3);
+    uint8_t *r = rx_pages(1);
+    struct ap_write u = wr(r + 100, CC3, NEW3, 3);
+    struct ap_poke_stats a = {0}, b = {0};
+    /* the process's first batch asks what later ones keep */
+    cr_assert_eq(ap_poke(&u, 1, AP_POKE_SECCOMP_OFF, NULL), 0);
+    cr_assert_eq(ap_poke(&w, 1, AP_POKE_SECCOMP_OFF, &a), 0);
+    cr_assert_eq(ap_poke(&v, 1, AP_POKE_SECCOMP_OFF | AP_POKE_PREFAULT, &b), 0);
+    cr_assert_arr_eq(q + 100, NEW3, 3);
+    cr_assert_eq(b.syscalls, a.syscalls, "%lu, %lu", (unsigned long)a.syscalls,
+                 (unsigned long)b.syscalls);
+    assert_rx(q);
 }

@@ -653,7 +653,9 @@ static __attribute__((noinline)) void ap_part_write(struct ap_run *r)
     } else {
         /* the pages each part counts remembered: a last batch out of
          * address order does not count them again */
-        int err = ap_poke(w, nw, r->pf | AP_POKE_RUNS | (r->poked ? AP_POKE_CONTINUE : 0),
+        int err = ap_poke(w, nw,
+                          r->pf | AP_POKE_RUNS | AP_POKE_PREFAULT |
+                              (r->poked ? AP_POKE_CONTINUE : 0),
                           &r->pst);
         if (err && !r->part_err)
             r->part_err = err;
@@ -1618,9 +1620,10 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
             ap_writes_deny(r.writes, r.nwrites);
         } else {
             err = ap_poke(r.writes, r.nwrites,
-                          r.pf | (!r.poked     ? 0
-                                  : r.unsorted ? AP_POKE_NOT_RUNS
-                                               : AP_POKE_CONTINUE),
+                          r.pf | (r.first_any ? AP_POKE_PREFAULT : 0) |
+                              (!r.poked     ? 0
+                               : r.unsorted ? AP_POKE_NOT_RUNS
+                                            : AP_POKE_CONTINUE),
                           &r.pst);
         }
         st->live = live;

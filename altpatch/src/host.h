@@ -131,6 +131,12 @@ enum ap_poke_flags {
     AP_POKE_RUNS = 1u << 5,
     /* a page in st->runs was counted already: not counted again */
     AP_POKE_NOT_RUNS = 1u << 6,
+    /* the text is likely never written before (a module's first decision):
+     * a window of more than one page breaks copy-on-write of all its pages
+     * in one MADV_POPULATE_WRITE once it is writable, instead of a page
+     * fault per page on the first store; only with AP_POKE_SECCOMP_OFF (no
+     * filter can kill the process for the call) */
+    AP_POKE_PREFAULT = 1u << 7,
 };
 
 /** Pages [start, end) counted by earlier batches (AP_POKE_RUNS). */
