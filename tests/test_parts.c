@@ -342,6 +342,142 @@ Test(parts, template_ids_in_two_bytes)
     cr_assert_eq(ap_shape_store(70000), 0);
 }
 
+/* Sites whose replacement is a call, relocated to each site (a template
+ * with a rel32 field, instantiated per site): C written under {ALWAYS}, D
+ * kept. Never run: their bytes are what is checked. */
+__attribute__((noinline, used)) long parts_one(void)
+{
+    return 1;
+}
+__attribute__((noinline, used)) long parts_two(void)
+{
+    return 2;
+}
+#define C ALTERNATIVE("call parts_one", "call parts_two", X86_FEATURE_ALWAYS) "\n\t"
+#define D ALTERNATIVE("call parts_one", "call parts_two", ALT_NOT(X86_FEATURE_ALWAYS)) "\n\t"
+extern const char parts_calls_begin[], parts_calls_end[];
+__attribute__((noinline, used)) static void calls(void)
+{
+    __asm__ __volatile__(".globl parts_calls_begin\nparts_calls_begin:\n\t" C D C C D C C D C
+                         ".globl parts_calls_end\nparts_calls_end:\n\t" ::
+                             : "memory");
+}
+
+enum { N_CALLS = 9 };
+static const char CALLS[] = "CDCCDCCDC";
+
+struct calls_run {
+    int rc, rc2, mdwe;
+    unsigned n;
+    uintptr_t addr[N_CALLS];
+    int state[N_CALLS], reason[N_CALLS];
+    uint8_t current[N_CALLS][5];
+    uint64_t written, written2, refused;
+};
+
+static int calls_cb(const struct altpatch_site_info *si, void *p)
+{
+    struct calls_run *r = p;
+    if (si->addr < (uintptr_t)parts_calls_begin || si->addr >= (uintptr_t)parts_calls_end ||
+        r->n >= N_CALLS || si->len != 5 || !si->current)
+        return 0;
+    r->addr[r->n] = si->addr;
+    r->state[r->n] = si->state;
+    r->reason[r->n] = si->reason;
+    memcpy(r->current[r->n], si->current, 5);
+    r->n++;
+    return 0;
+}
+
+static void calls_body(void *out, void *cv)
+{
+    struct calls_run *r = out;
+    const struct ctx *c = cv;
+    ap_part_writes = c->part;
+    ap_records_keep_max = c->records;
+    unsigned flags = 0;
+    if (c->deny) {
+        altpatch_set_print(NULL); /* the refusals are expected */
+        r->mdwe = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+        flags = ALTPATCH_APPLY_NO_PROCMEM;
+    }
+    struct altpatch_features *f = altpatch_features_new();
+    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
+        abort();
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f, .flags = flags};
+    struct altpatch_stats st;
+    r->rc = altpatch_apply_opts(&o);
+    get_stats(&st);
+    r->written = st.bytes_written;
+    r->refused = st.sites_refused;
+    altpatch_site_foreach(calls_cb, r);
+    r->rc2 = altpatch_apply_opts(&o); /* nothing left to do */
+    get_stats(&st);
+    r->written2 = st.bytes_written;
+    altpatch_features_free(f);
+}
+
+/* A call to @p fn from a site at @p at. */
+static void call_bytes(uint8_t out[5], uintptr_t at, void *fn)
+{
+    int32_t rel = (int32_t)((intptr_t)fn - (intptr_t)(at + 5));
+    out[0] = 0xe8;
+    memcpy(out + 1, &rel, 4);
+}
+
+/* A first decision instantiates each call site's template where the site's
+ * final bytes are kept and queues them from there: in parts of any size
+ * each site holds its own call, the next apply finds them settled, and a
+ * write denied leaves the original in memory and in what the library
+ * keeps (refused, then still refused and unwritten by the next apply). */
+Test(parts, relocated_calls_in_every_part)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    bool valgrind = pre && strstr(pre, "vgpreload");
+    static const unsigned parts[] = {1, 2, 1u << 20};
+    for (size_t q = 0; q < 4 * sizeof(parts) / sizeof(parts[0]); q++) {
+        struct ctx c = {parts[q / 4], records[q % 2], (q / 2) % 2 == 1};
+        if (c.deny && valgrind)
+            continue; /* PR_SET_MDWE would stop valgrind's own code generation */
+        struct calls_run *r = ap_isolated(sizeof(*r), calls_body, &c);
+        if (c.deny && (r->mdwe == -EINVAL || r->mdwe == -EPERM))
+            continue; /* PR_SET_MDWE not available here */
+        cr_assert_eq(r->rc, 0, "part of %u: apply %d", c.part, r->rc);
+        cr_assert_eq(r->rc2, 0, "part of %u: the next apply %d", c.part, r->rc2);
+        cr_assert_eq(r->n, N_CALLS, "part of %u: %u call sites", c.part, r->n);
+        unsigned w = 0;
+        for (unsigned i = 0; i < N_CALLS; i++) {
+            uint8_t one[5], two[5];
+            call_bytes(one, r->addr[i], (void *)parts_one);
+            call_bytes(two, r->addr[i], (void *)parts_two);
+            if (CALLS[i] == 'D') {
+                cr_assert_eq(r->state[i], ALTPATCH_SITE_ORIGINAL, "part of %u: site %u", c.part,
+                             i);
+                cr_assert_arr_eq(r->current[i], one, 5, "part of %u: site %u kept", c.part, i);
+            } else if (c.deny) {
+                cr_assert_eq(r->state[i], ALTPATCH_SITE_REFUSED, "part of %u: site %u", c.part, i);
+                cr_assert_eq(r->reason[i], ALTPATCH_REASON_WRITE_DENIED);
+                cr_assert_arr_eq(r->current[i], one, 5, "part of %u: site %u untouched", c.part,
+                                 i);
+            } else {
+                w++;
+                cr_assert_eq(r->state[i], ALTPATCH_SITE_PATCHED, "part of %u: site %u", c.part,
+                             i);
+                cr_assert_arr_eq(r->current[i], two, 5, "part of %u: site %u calls its own "
+                                 "relocated target", c.part, i);
+            }
+        }
+        if (c.deny) {
+            cr_assert_eq(r->written, 0);
+            cr_assert_geq(r->refused, 6);
+        } else {
+            cr_assert_eq(w, 6);
+            cr_assert_geq(r->written, 5 * 6);
+        }
+        cr_assert_eq(r->written2, 0, "part of %u: the next apply wrote", c.part);
+    }
+}
+
 #ifdef PARTS_WIDE
 /* wide()'s site after a first apply, and how many sites the module has. */
 struct wide_run {

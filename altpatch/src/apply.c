@@ -997,7 +997,10 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             /* a lookup stores nothing: tmpl is still memo->tmpl */
             const struct ap_memo_tmpl *t = &tmpl[id - 1];
             if (t->nfields) {
-                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, slot, &target);
+                /* instantiated where the site's final bytes are kept: the
+                 * write's new bytes, no copy of them after (a failed write
+                 * puts the original there, ap_write_done()) */
+                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, planned, &target);
                 if (chosen < -1) {
                     ap_copy2_small(orig, planned, cur, len);
                     orig += len;
@@ -1025,7 +1028,8 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         res[i] = ap_res_ok(chosen);
         patched++;
         ap_copy_small(orig, cur, len);
-        ap_copy_small(planned, target, len);
+        if (target != planned)
+            ap_copy_small(planned, target, len);
         const uint8_t *saved = orig;
         orig += len;
         planned += len;
