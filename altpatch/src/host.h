@@ -132,7 +132,7 @@ enum ap_poke_flags {
     /* a page in st->runs was counted already: not counted again */
     AP_POKE_NOT_RUNS = 1u << 6,
     /* the text is likely never written before (a module's first decision):
-     * a window of more than one page breaks copy-on-write of all its pages
+     * a window of 4 pages or more breaks copy-on-write of all its pages
      * in one MADV_POPULATE_WRITE once it is writable, instead of a page
      * fault per page on the first store; only with AP_POKE_SECCOMP_OFF (no
      * filter can kill the process for the call) */
