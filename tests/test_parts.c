@@ -329,6 +329,29 @@ Test(parts, writes_denied_in_every_part_are_each_refused)
     }
 }
 
+/* Parts made equal: as many as parts of ap_part_writes need, none longer. */
+Test(parts, parts_made_equal)
+{
+    unsigned saved = ap_part_writes;
+    ap_part_writes = 4096;
+    cr_assert_eq(ap_part_size(0), 1);
+    cr_assert_eq(ap_part_size(1), 1);
+    cr_assert_eq(ap_part_size(4096), 4096);
+    cr_assert_eq(ap_part_size(4097), 2049, "two parts: %zu", ap_part_size(4097));
+    cr_assert_eq(ap_part_size(10000), 3334, "three parts: %zu", ap_part_size(10000));
+    cr_assert_eq(ap_part_size(100000), 4000, "25 parts: %zu", ap_part_size(100000));
+    for (size_t n = 1; n < 40000; n += 997) {
+        size_t p = ap_part_size(n), parts = (n + 4095) / 4096;
+        cr_assert_leq(p, 4096);
+        cr_assert_eq((n + p - 1) / p, parts, "%zu sites: parts of %zu", n, p);
+    }
+    ap_part_writes = 3;
+    cr_assert_eq(ap_part_size(7), 3, "parts of 3, 2, 2 at most 3: %zu", ap_part_size(7));
+    ap_part_writes = 0;
+    cr_assert_eq(ap_part_size(5), 1);
+    ap_part_writes = saved;
+}
+
 /* A site's template id is kept in two bytes: one that does not fit is not
  * remembered (0: looked up again), the original's has a value of its own. */
 Test(parts, template_ids_in_two_bytes)

@@ -287,9 +287,10 @@ struct ap_run {
     struct ap_module *wmod;
     /* A run with a module's first decision (first_any) writes its queue in
      * parts while it decides (ap_part_write()): the queue's block has room
-     * for a write per site, its first ap_part_writes slots' pages made
+     * for a write per site, its first r->part slots' pages made
      * present (its own block), and each part written goes back to slot 0. */
     bool first_any;
+    size_t part; /* writes in one part (ap_part_size() of the run's sites) */
     bool live;            /* written by the live writer (docs/live.md) */
     bool parts_off;       /* a quick switch queued writes: no part written */
     int part_err;         /* the writer's first error over the parts */
@@ -866,13 +867,13 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     const uint64_t table_addr = m->note.table_start;
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
     const struct ap_region repl = m->view.repl; /* read once, not per site */
-    /* the queue: written in parts of ap_part_writes writes while every write so
+    /* the queue: written in parts of r->part writes (ap_part_size()) while every write so
      * far is in address order (ap_part_write()) */
     struct ap_write *writes = r->writes;
     /* (m->parts_apart: its sites lie apart from its records and
      * replacements, so no part changes what a later site of it reads) */
     const bool parts = !r->live && !r->parts_off && m->parts_apart;
-    const size_t part = ap_part_writes ? ap_part_writes : 1;
+    const size_t part = r->part;
     size_t nsites = m->nsites, n = r->ndec, nw = r->nwrites, nkept = 0;
     uint64_t patched = 0, unchanged = 0, kept_bytes = 0;
     uintptr_t wlast = r->wlast;
@@ -1223,7 +1224,7 @@ static struct ap_module *ap_first_module(const struct ap_run *r, struct ap_modul
  * not calloc: an item is written whole when it is used, and only those pages
  * are touched (decisions and final bytes of slow sites, the sort's room when
  * needed). The write queue has a slot per site; in a run with a module's
- * first decision the pages of its first ap_part_writes slots are made present at
+ * first decision the pages of its first r->part slots are made present at
  * once where allowed (ap_malloc_filled()): that decision queues most sites
  * and writes them in parts of that many (ap_part_write()), the slots after
  * them touched only by writes queued outside its parts. A later apply finds
@@ -1249,7 +1250,7 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
     size_t size = (n ? n : 1) * sizeof(*r->writes);
     r->writes = wm             ? (struct ap_write *)(void *)wm->entries
                 : r->first_any
-                    ? ap_malloc_filled_head(size, (size_t)ap_part_writes * sizeof(*r->writes))
+                    ? ap_malloc_filled_head(size, r->part * sizeof(*r->writes))
                     : malloc(size);
     return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
 }
@@ -1325,6 +1326,7 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     }
     if (n > AP_WDEC_N)
         return -ENOMEM; /* decision numbers are 30-bit */
+    r->part = ap_part_size(n);
     r->mods = malloc((nm ? nm : 1) * sizeof(*r->mods));
     if (!r->mods || (r->debug && ap_run_buffers(r, n, bytes)))
         return -ENOMEM;

@@ -176,6 +176,21 @@ AP_HIDDEN int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_po
 AP_HIDDEN extern unsigned ap_part_writes;
 
 /**
+ * The part an apply of @p sites sites uses: as many parts as parts of
+ * ap_part_writes need, made equal (10,000 sites: 3 parts of 3334, not 4096,
+ * 4096 and 1808), so that the queue's slots made present at once are no
+ * more than a part needs. At least 1.
+ */
+static inline size_t ap_part_size(size_t sites)
+{
+    size_t most = ap_part_writes ? ap_part_writes : 1;
+    if (sites <= most)
+        return sites ? sites : 1;
+    size_t parts = (sites + most - 1) / most;
+    return (sites + parts - 1) / parts;
+}
+
+/**
  * The most records of a table whose first apply reads them from an array the
  * table pass fills (module.c; dropped after that apply, its slots the write
  * queue's meanwhile: apply.c): 4096 (128 KiB). A larger table's first
