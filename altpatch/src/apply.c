@@ -1014,6 +1014,8 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             } else {
                 chosen = t->chosen;
                 target = t->key + 2 * (size_t)t->keylen; /* the same bytes at every site */
+                if (chosen >= 0)
+                    ap_copy_small(planned, target, len);
             }
         }
     keep_original:
@@ -1029,9 +1031,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         }
         res[i] = ap_res_ok(chosen);
         patched++;
-        ap_copy_small(orig, cur, len);
-        if (target != planned)
-            ap_copy_small(planned, target, len);
+        ap_copy_small(orig, cur, len); /* planned holds target already */
         const uint8_t *saved = orig;
         orig += len;
         planned += len;
