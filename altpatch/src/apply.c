@@ -291,7 +291,6 @@ struct ap_run {
      * present (its own block), and each part written goes back to slot 0. */
     bool first_any;
     size_t part; /* writes in one part (ap_part_size() of the run's sites) */
-    bool dec_in_writes; /* dec lies in the block of writes (not freed alone) */
     bool live;            /* written by the live writer (docs/live.md) */
     bool parts_off;       /* a quick switch queued writes: no part written */
     int part_err;         /* the writer's first error over the parts */
@@ -1246,25 +1245,13 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
          * the module is decided) */
         wm->entries = e;
     }
-    size_t size = (n ? n : 1) * sizeof(*r->writes);
-    if (!wm && r->first_any) {
-        /* the queue, then the decisions: one block (one mapping to make and
-         * to give back at the end, where the block is large); only the
-         * queue's first part made present, the decisions written where
-         * needed */
-        _Static_assert(sizeof(struct ap_write) % _Alignof(struct ap_dec) == 0,
-                       "the decisions follow the queue aligned");
-        size_t dsize = (n ? n : 1) * sizeof(*r->dec);
-        if (size > SIZE_MAX - dsize)
-            return -ENOMEM;
-        r->writes = ap_malloc_filled_head(size + dsize, r->part * sizeof(*r->writes));
-        r->dec = r->writes ? (struct ap_dec *)(void *)((uint8_t *)r->writes + size) : NULL;
-        r->dec_in_writes = r->writes != NULL;
-    } else {
-        r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
-        r->writes = wm ? (struct ap_write *)(void *)wm->entries : malloc(size);
-    }
+    r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
     r->arena = malloc(bytes ? bytes : 1);
+    size_t size = (n ? n : 1) * sizeof(*r->writes);
+    r->writes = wm             ? (struct ap_write *)(void *)wm->entries
+                : r->first_any
+                    ? ap_malloc_filled_head(size, r->part * sizeof(*r->writes))
+                    : malloc(size);
     return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
 }
 
@@ -1675,8 +1662,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
     for (size_t i = 0; i < r.ndetails; i++)
         free(r.details[i].text);
     free(r.details);
-    if (!r.dec_in_writes)
-        free(r.dec);
+    free(r.dec);
     free(r.arena);
     free(r.writes);
     free(r.mods);
