@@ -108,8 +108,10 @@ struct ap_window_acc {
 };
 
 /**
- * mprotect(RW) the window, then for every write of w[0..n) the check and the
- * copy, with every signal blocked and nothing else running: memory holding
+ * mprotect(RW) the window (@p prefault: then every page of it made present
+ * and private in one MADV_POPULATE_WRITE), then for every write of w[0..n)
+ * the check and the copy, with every signal blocked and nothing else
+ * running: memory holding
  * @c new -> skipped; holding @c old -> @c new stored with volatile word
  * stores (so the compiler cannot turn the copy into a memcpy call;
  * overlapping words store the same byte twice), wrote; holding neither ->
