@@ -421,7 +421,7 @@ static void calls_body(void *out, void *cv)
     unsigned flags = 0;
     if (c->deny) {
         altpatch_set_print(NULL); /* the refusals are expected */
-        r->mdwe = prctl(65 /* PR_SET_MDWE */, 1UL /* REFUSE_EXEC_GAIN */, 0L, 0L, 0L) ? -errno : 0;
+        r->mdwe = ap_mdwe_set();
         flags = ALTPATCH_APPLY_NO_PROCMEM;
     }
     struct altpatch_features *f = altpatch_features_new();
@@ -455,8 +455,7 @@ static void call_bytes(uint8_t out[5], uintptr_t at, void *fn)
  * keeps (refused, then still refused and unwritten by the next apply). */
 Test(parts, relocated_calls_in_every_part)
 {
-    const char *pre = getenv("LD_PRELOAD");
-    bool valgrind = pre && strstr(pre, "vgpreload");
+    bool valgrind = ap_under_valgrind();
     static const unsigned parts[] = {1, 2, 1u << 20};
     for (size_t q = 0; q < 4 * sizeof(parts) / sizeof(parts[0]); q++) {
         struct ctx c = {parts[q / 4], records[q % 2], (q / 2) % 2 == 1};

@@ -1123,15 +1123,21 @@ static size_t resident_pages(const void *p, size_t n, size_t *total)
     return in;
 }
 
-Test(poke, filled_block_present_only_where_allowed)
+/** Whether this kernel knows MADV_POPULATE_WRITE (5.14 and later). */
+static bool populate_write_known(void)
 {
-    enum { SIZE = 4 << 20 };
-    bool valgrind = ap_under_valgrind(); /* its malloc hands out touched memory */
-    /* does this kernel know the advice? (5.14 and later) */
     void *probe = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     cr_assert_neq(probe, MAP_FAILED);
     bool known = madvise(probe, 4096, 23 /* MADV_POPULATE_WRITE */) == 0;
     munmap(probe, 4096);
+    return known;
+}
+
+Test(poke, filled_block_present_only_where_allowed)
+{
+    enum { SIZE = 4 << 20 };
+    bool valgrind = ap_under_valgrind(); /* its malloc hands out touched memory */
+    bool known = populate_write_known();
 
     size_t total, in;
     ap_fill_allow(false);
@@ -1240,8 +1246,7 @@ static long write_fresh_file_pages(unsigned flags, struct ap_poke_stats *st)
 Test(poke, prefault_breaks_copy_on_write_in_one_call)
 {
     cr_assert_eq(prctl(PR_GET_SECCOMP, 0, 0, 0, 0), 0, "the test runs without a filter");
-    const char *pre = getenv("LD_PRELOAD");
-    bool valgrind = pre && strstr(pre, "vgpreload");
+    bool valgrind = ap_under_valgrind();
     struct ap_poke_stats plain = {0}, pre_st = {0}, nofilter = {0};
     long f_plain = write_fresh_file_pages(AP_POKE_SECCOMP_OFF, &plain);
     long f_pre = write_fresh_file_pages(AP_POKE_SECCOMP_OFF | AP_POKE_PREFAULT, &pre_st);
@@ -1252,11 +1257,7 @@ Test(poke, prefault_breaks_copy_on_write_in_one_call)
     cr_assert_eq(pre_st.bytes, plain.bytes);
     cr_assert_geq(nofilter.syscalls, plain.syscalls, "seccomp asked: %lu, %lu",
                   (unsigned long)plain.syscalls, (unsigned long)nofilter.syscalls);
-    /* does this kernel know the advice? (5.14 and later) */
-    void *probe = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    cr_assert_neq(probe, MAP_FAILED);
-    bool known = madvise(probe, 4096, 23 /* MADV_POPULATE_WRITE */) == 0;
-    munmap(probe, 4096);
+    bool known = populate_write_known();
     cr_log_info("page faults in the window: %ld plain, %ld prefaulted", f_plain, f_pre);
     if (f_plain >= 0 && f_pre >= 0 && known && !valgrind) {
         cr_assert_geq(f_plain, 6, "each of the 6 pages faults on its first store: %ld", f_plain);
