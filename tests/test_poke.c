@@ -1168,6 +1168,73 @@ Test(poke, filled_block_present_only_where_allowed)
     free(small);
 }
 
+static unsigned proofs_asked;
+static bool proof_yes(void)
+{
+    proofs_asked++;
+    return true;
+}
+static bool proof_no(void)
+{
+    proofs_asked++;
+    return false;
+}
+
+/* The proof asked by the first block large enough to be filled, once; its
+ * answer decides that block and the later ones. */
+Test(poke, filled_block_asks_its_proof_once)
+{
+    enum { SIZE = 4 << 20 };
+    bool valgrind = ap_under_valgrind();
+    bool known = populate_write_known();
+    size_t total, in;
+
+    proofs_asked = 0;
+    ap_fill_ask(proof_yes);
+    uint8_t *small = ap_malloc_filled(4096);
+    cr_assert_eq(proofs_asked, 0, "a small block asks nothing");
+    uint8_t *b = ap_malloc_filled(SIZE);
+    cr_assert_eq(proofs_asked, 1, "the first large block asks");
+    uint8_t *c = ap_malloc_filled(SIZE);
+    cr_assert_eq(proofs_asked, 1, "asked once");
+    ap_fill_allow(false);
+    cr_assert(small && b && c);
+    if (known) {
+        in = resident_pages(b, SIZE, &total);
+        cr_assert_eq(in, total, "proved: %zu of %zu pages present", in, total);
+        in = resident_pages(c, SIZE, &total);
+        cr_assert_eq(in, total, "proved, the next block: %zu of %zu pages present", in, total);
+    }
+
+    proofs_asked = 0;
+    ap_fill_ask(proof_no);
+    uint8_t *d = ap_malloc_filled(SIZE);
+    uint8_t *e = ap_malloc_filled(SIZE);
+    cr_assert_eq(proofs_asked, 1);
+    ap_fill_allow(false);
+    cr_assert(d && e);
+    in = resident_pages(d, SIZE, &total);
+    if (!valgrind)
+        cr_assert_leq(in, 2, "not proved: %zu of %zu pages present", in, total);
+    in = resident_pages(e, SIZE, &total);
+    if (!valgrind)
+        cr_assert_leq(in, 2, "not proved, the next block: %zu of %zu pages present", in, total);
+
+    /* ap_fill_allow() drops a proof not asked yet */
+    proofs_asked = 0;
+    ap_fill_ask(proof_yes);
+    ap_fill_allow(false);
+    uint8_t *f = ap_malloc_filled(SIZE);
+    cr_assert_eq(proofs_asked, 0);
+    cr_assert_not_null(f);
+    free(small);
+    free(b);
+    free(c);
+    free(d);
+    free(e);
+    free(f);
+}
+
 /* Page faults taken by this thread from now on (exceptions only: pages a
  * system call makes present are not counted), or -1 where counters are not
  * allowed. */

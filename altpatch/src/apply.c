@@ -1564,6 +1564,17 @@ static unsigned ap_needed_leaves(const struct ap_module *mods)
 
 static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered);
 
+/* The single-thread proof asked by the module walk's first large block
+ * (ap_fill_ask()): 0 not asked, 1 alone and no seccomp filter, -1 not so. */
+AP_STATE static int ap_alone_early;
+
+static bool ap_prove_alone(void)
+{
+    bool alone = ap_mm_alone();
+    ap_alone_early = alone ? 1 : -1;
+    return alone;
+}
+
 /*
  * Whether this apply settles every module from its pre-patched file under
  * @p fs (ap_prepatch_agrees()): it then writes nothing, so it asks nothing
@@ -1597,6 +1608,15 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
     struct altpatch_features host;
     bool live = false;       /* other threads run: the live protocol writes */
     bool unfiltered = false; /* alone and no seccomp filter (ap_mm_alone()) */
+    /* The module walk's large blocks (a table of thousands of records: its
+     * sites, a module's per-site arrays) are made present at once when the
+     * proof allows it, asked by the first of them only: an apply of small
+     * tables (a program pre-patched at start-up) asks nothing before it
+     * knows whether it writes. A dry run or the live protocol fills
+     * nothing (ap_check_threads() proves nothing for them). */
+    ap_alone_early = 0;
+    if (!(flags & (ALTPATCH_APPLY_DRY_RUN | ALTPATCH_APPLY_LIVE)))
+        ap_fill_ask(ap_prove_alone);
     int err = ap_modules_refresh_seen(&ap_mods, &pins->seen);
     if (!err)
         ap_pin(ap_mods, pins);
@@ -1604,8 +1624,12 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         ap_effective_leaves_cleared(ap_needed_leaves(ap_mods), env->clearcpuid, &host);
         fs = &host;
     }
-    if (!err && !ap_all_prepatched(fs, flags))
-        err = ap_check_threads(flags, &live, &unfiltered);
+    if (!err && !ap_all_prepatched(fs, flags)) {
+        if (ap_alone_early > 0)
+            unfiltered = true; /* ap_check_threads()'s first answer, asked already */
+        else
+            err = ap_check_threads(flags, &live, &unfiltered);
+    }
     ap_fill_allow(unfiltered); /* ap_malloc_filled()'s madvise */
     r.debug = ap_env_value_on(env->debug);
     r.live = live;

@@ -188,10 +188,19 @@ static void ap_vlog(altpatch_print_fn fn, enum altpatch_print_level level, const
 #endif
 
 AP_STATE static bool ap_fill_on;
+/* ap_fill_ask()'s proof, not asked yet (NULL once asked, or none) */
+AP_STATE static bool (*ap_fill_prove)(void);
 
 void ap_fill_allow(bool on)
 {
     ap_fill_on = on;
+    ap_fill_prove = NULL;
+}
+
+void ap_fill_ask(bool (*prove)(void))
+{
+    ap_fill_on = false;
+    ap_fill_prove = prove;
 }
 
 void *ap_malloc_filled_head(size_t size, size_t head)
@@ -199,6 +208,11 @@ void *ap_malloc_filled_head(size_t size, size_t head)
     void *p = malloc(size ? size : 1);
     if (head > size)
         head = size;
+    if (p && ap_fill_prove && head >= AP_FILL_MIN) {
+        bool (*prove)(void) = ap_fill_prove;
+        ap_fill_prove = NULL; /* asked once */
+        ap_fill_on = prove();
+    }
     if (p && ap_fill_on && head >= AP_FILL_MIN) {
         uintptr_t pg = 4096, a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
         uintptr_t e = ((uintptr_t)p + head) & ~(pg - 1);

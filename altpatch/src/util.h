@@ -84,6 +84,14 @@ AP_HIDDEN void *ap_malloc_filled_head(size_t size, size_t head);
  * kernel does not know cannot be fatal), or forbid it again.
  */
 AP_HIDDEN void ap_fill_allow(bool on);
+/**
+ * Allow ap_malloc_filled() its madvise() once @p prove says so: asked at the
+ * first block large enough to be filled (never for small ones), its answer
+ * kept until ap_fill_allow() or this is called again. For a caller that
+ * proves the single thread and the absence of a seccomp filter only when it
+ * needs the proof.
+ */
+AP_HIDDEN void ap_fill_ask(bool (*prove)(void));
 
 /* ------------------------------------------------------------------------- */
 /* x86 instructions the library runs itself                                  */
