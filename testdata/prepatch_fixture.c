@@ -17,8 +17,14 @@
  *                              it was started by (AT_EXECFN)
  *   prepatch_fixture again     apply, REVERT ("reverted" lines), apply: the
  *                              last apply's messages, counters and site list
+ *   prepatch_fixture replacedagain FILE   again, after renaming FILE over
+ *                              the path it was started by
  *   prepatch_fixture thread    apply with ALTPATCH_APPLY_NO_LIVE while a second
  *                              thread runs: "rc N", counters when N is 0
+ *   prepatch_fixture threadrevert   the same with ALTPATCH_APPLY_REVERT as the
+ *                              first call
+ *   prepatch_fixture dlfifo LIB   dlopen LIB, put a FIFO at its path, apply:
+ *                              "rc N", the messages, counters, LIB's site list
  *   prepatch_fixture dllist LIB   apply, dlopen LIB, LIB's site list; apply:
  *                              counters and LIB's site list again
  *
@@ -37,6 +43,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <altpatch/altpatch.h>
@@ -236,6 +243,22 @@ static int dl_mode(const char *mode, const char *lib)
     }
     if (strcmp(mode, "dlnoapply") == 0) {
         dl_calls(h, true, "without apply");
+    } else if (strcmp(mode, "dlfifo") == 0) {
+        /* the file at the library's path replaced by a FIFO nobody writes:
+         * reading it would block; the library keeps what memory holds */
+        altpatch_set_print(log_line);
+        if (unlink(lib) != 0 || mkfifo(lib, 0600) != 0) {
+            fail("a FIFO at %s", lib);
+            return 1;
+        }
+        struct altpatch_apply_opts o = {.sz = sizeof(o)};
+        int rc = altpatch_apply_opts(&o);
+        printf("rc %d\n", rc);
+        print_stats();
+        list_sites(lib);
+        unlink(lib);
+        if (rc == 0) /* the pre-patched library keeps its bytes: replaced */
+            dl_calls(h, true, "after apply");
     } else if (strcmp(mode, "dllist") == 0) {
         /* loaded after the last apply: listed as memory holds it, then applied */
         list_sites(lib);
@@ -277,7 +300,7 @@ int main(int argc, char **argv)
             return 1;
     }
     if ((strcmp(mode, "dl") == 0 || strcmp(mode, "dlnoapply") == 0 ||
-         strcmp(mode, "dllist") == 0) && argc > 2)
+         strcmp(mode, "dllist") == 0 || strcmp(mode, "dlfifo") == 0) && argc > 2)
         return dl_mode(mode, argv[2]);
     if (strcmp(mode, "apply") == 0) {
         if (!apply(0))
@@ -304,9 +327,10 @@ int main(int argc, char **argv)
         print_stats();
         list_sites("");
         run(gs_block, 1);
-    } else if (strcmp(mode, "thread") == 0) {
-        /* an apply refused to patch live while another thread runs: its
-         * return value ("rc N"), then counters when it returned 0 */
+    } else if (strcmp(mode, "thread") == 0 || strcmp(mode, "threadrevert") == 0) {
+        /* an apply (or a REVERT) refused to patch live while another thread
+         * runs: its return value ("rc N"), then counters when it returned 0 */
+        bool revert = mode[6] == 'r';
         altpatch_set_print(log_line);
         static int fds[2];
         pthread_t t;
@@ -314,7 +338,9 @@ int main(int argc, char **argv)
             fail("pipe or pthread_create");
             return 1;
         }
-        struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = ALTPATCH_APPLY_NO_LIVE};
+        struct altpatch_apply_opts o = {
+            .sz = sizeof(o),
+            .flags = ALTPATCH_APPLY_NO_LIVE | (revert ? ALTPATCH_APPLY_REVERT : 0)};
         int rc = altpatch_apply_opts(&o);
         printf("rc %d\n", rc);
         if (rc == 0)
@@ -322,9 +348,15 @@ int main(int argc, char **argv)
         if (write(fds[1], "x", 1) != 1 || pthread_join(t, NULL))
             fail("the waiting thread");
         if (rc == 0) /* else memory may hold another CPU's bytes: nothing runs */
-            run(gs_block, 1);
-    } else if (strcmp(mode, "again") == 0) {
-        /* apply, revert, apply: the last apply's counters */
+            run(gs_block, !revert);
+    } else if (strcmp(mode, "again") == 0 ||
+               (strcmp(mode, "replacedagain") == 0 && argc > 2)) {
+        /* apply, revert, apply: the last apply's counters; "replacedagain":
+         * its file replaced first by FILE */
+        if (mode[0] == 'r' && rename(argv[2], (const char *)getauxval(AT_EXECFN)) != 0) {
+            fail("rename %s over the start path", argv[2]);
+            return 1;
+        }
         altpatch_set_print(log_line);
         if (!apply(0) || !apply(ALTPATCH_APPLY_REVERT))
             return 1;
@@ -335,7 +367,8 @@ int main(int argc, char **argv)
         list_sites("");
         run(gs_block, 1);
     } else {
-        fail("usage: prepatch_fixture apply|revert|noapply|stats|again|thread | replaced FILE | dl|dlnoapply|dllist LIB");
+        fail("usage: prepatch_fixture apply|revert|noapply|stats|again|thread|threadrevert | "
+             "replaced|replacedagain FILE | dl|dlnoapply|dllist|dlfifo LIB");
         return 2;
     }
     dump();

@@ -604,11 +604,10 @@ Test(prepatch, settles_for_the_applied_set_format1)
 }
 
 /*
- * The main program's file is read by the absolute path it was started by,
- * and by /proc/self/exe (the file mapped) when that does not agree with
- * memory: a copy replaced on disk after it started (by the plain program, or
- * by a copy for another set) still settles, without a warning; one started
- * by a relative path too.
+ * The main program's file is read through /proc/self/exe (the file mapped):
+ * a copy replaced on disk after it started (by the plain program, or by a
+ * copy for another set) still settles, without a warning; one started by a
+ * relative path too.
  */
 Test(prepatch, settles_when_its_path_changed)
 {
@@ -823,6 +822,275 @@ Test(prepatch, settled_with_another_thread)
     cr_assert(strstr(out, "rc -16\n"), "a copy for another set must write: %s", out);
     free(out);
     free(want);
+    altpatch_features_free(fs);
+}
+
+/*
+ * The section of originals of a file, edited: header 240 bytes (nsites at
+ * +8), then per site u64 address, u8 length L, 3 zero bytes, s32 entry
+ * written, L bytes original, L bytes written.
+ */
+struct orig_site {
+    uint8_t *rec; /* the record in the file's bytes */
+    unsigned len;
+    int32_t chosen;
+    uint8_t *orig, *written;
+};
+
+/* The file @p path read whole (*@p buf, *@p len) and its @p max first site
+ * records; their number. */
+static size_t orig_sites(const char *path, uint8_t **buf, size_t *len, struct orig_site *s,
+                         size_t max)
+{
+    *buf = slurp(path, len);
+    uint8_t *hdr = memmem(*buf, *len, "ALTPREP1", 8);
+    cr_assert_not_null(hdr, "%s has no section of originals", path);
+    uint32_t n;
+    memcpy(&n, hdr + 8, 4);
+    cr_assert_leq(n, max);
+    uint8_t *p = hdr + 240, *end = *buf + *len;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_leq(p + 16, end);
+        s[i].rec = p;
+        s[i].len = p[8];
+        memcpy(&s[i].chosen, p + 12, 4);
+        s[i].orig = p + 16;
+        s[i].written = p + 16 + s[i].len;
+        p += 16 + 2 * (size_t)s[i].len;
+        cr_assert_leq(p, end);
+    }
+    return n;
+}
+
+static void set_chosen(struct orig_site *s, int32_t chosen)
+{
+    memcpy(s->rec + 12, &chosen, 4);
+    s->chosen = chosen;
+}
+
+static void write_file(const char *path, const uint8_t *b, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+    cr_assert_geq(fd, 0, "%s", path);
+    cr_assert_eq(write(fd, b, len), (ssize_t)len);
+    cr_assert_eq(close(fd), 0);
+}
+
+#define MAX_SITES 64
+
+/* @p set with FSGSBASE toggled (a set that differs from it in one feature the
+ * records name). */
+static void toggle_fsgsbase(struct altpatch_features *set)
+{
+    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
+    if (altpatch_features_has(set, fsgs))
+        altpatch_features_clear(set, fsgs);
+    else
+        altpatch_features_set(set, fsgs);
+}
+
+/*
+ * The main program's originals and choices come from the file mapped, never
+ * from the path it was started by: a program whose start path names, by its
+ * first apply, a copy that agrees with memory on table, sites and written
+ * bytes but lies about the rest is applied and reverted as the file mapped
+ * says. Forged originals (ud2, int3): REVERT writes the compiler's bytes.
+ * Forged choices (those a copy for the applied set makes, in a copy made for
+ * a set that differs in FSGSBASE): the planner decides, and the program ends
+ * with the plain program's bytes and states.
+ */
+Test(prepatch, start_path_not_believed)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    char same[160], forged[200], prog[200], args[420];
+    snprintf(same, sizeof(same), "%s", prepatch_fs(PREPATCH_FIXTURE, fs, "same"));
+    static struct orig_site s[MAX_SITES];
+    uint8_t *b;
+    size_t len, n = orig_sites(same, &b, &len, s, MAX_SITES);
+    cr_assert_gt(n, 2);
+    for (size_t i = 0; i < n; i++) {
+        memset(s[i].orig, 0xcc, s[i].len);
+        if (s[i].len >= 2)
+            s[i].orig[0] = 0x0f, s[i].orig[1] = 0x0b; /* ud2 */
+    }
+    snprintf(forged, sizeof(forged), "%s/forged-orig", tmpdir);
+    write_file(forged, b, len);
+    free(b);
+    snprintf(prog, sizeof(prog), "%s/prog-orig", tmpdir);
+    cr_assert_eq(ap_copy_file(same, prog), 0);
+    cr_assert_eq(chmod(prog, 0755), 0);
+    snprintf(args, sizeof(args), "replacedagain '%s'", forged);
+    char *out = run_ok(NULL, prog, args);
+    char *orig = file_lines(PREPATCH_FIXTURE, false), *orig_l = lines_of(orig, "site");
+    char *rev = lines_of(out, "reverted");
+    cr_assert_str_eq(rev, orig_l, "REVERT wrote originals read by the start path:\n%s", out);
+    free(rev);
+    free(orig);
+    free(orig_l);
+    free(out);
+
+    /* choices: a copy for the other set, its choices those of the applied set */
+    char *want = run_ok(NULL, PREPATCH_FIXTURE, "stats");
+    char *want_states = lines_of(want, "state"), *want_sites = lines_of(want, "site");
+    struct altpatch_features *fo = altpatch_features_dup(fs);
+    toggle_fsgsbase(fo);
+    char other[160];
+    snprintf(other, sizeof(other), "%s", prepatch_fs(PREPATCH_FIXTURE, fo, "other"));
+    static struct orig_site so[MAX_SITES];
+    uint8_t *bo;
+    size_t lo, no = orig_sites(other, &bo, &lo, so, MAX_SITES);
+    cr_assert_eq(no, n);
+    n = orig_sites(same, &b, &len, s, MAX_SITES);
+    size_t forged_n = 0;
+    for (size_t i = 0; i < n; i++) {
+        forged_n += so[i].chosen != s[i].chosen;
+        set_chosen(&so[i], s[i].chosen);
+    }
+    cr_assert_gt(forged_n, 0, "the two sets choose alike");
+    snprintf(forged, sizeof(forged), "%s/forged-chosen", tmpdir);
+    write_file(forged, bo, lo);
+    free(b);
+    free(bo);
+    snprintf(prog, sizeof(prog), "%s/prog-chosen", tmpdir);
+    cr_assert_eq(ap_copy_file(other, prog), 0);
+    cr_assert_eq(chmod(prog, 0755), 0);
+    snprintf(args, sizeof(args), "replaced '%s'", forged);
+    out = run_ok(NULL, prog, args);
+    cr_assert(!strstr(out, SETTLED_LOG), "settled on choices read by the start path:\n%s", out);
+    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
+    char *a = lines_of(out, "state"), *c = lines_of(out, "site");
+    cr_assert_str_eq(a, want_states);
+    cr_assert_str_eq(c, want_sites);
+    free(a);
+    free(c);
+    free(out);
+    free(want);
+    free(want_states);
+    free(want_sites);
+    altpatch_features_free(fo);
+    altpatch_features_free(fs);
+}
+
+/*
+ * A site the file says kept its original (entry -1) must still hold that
+ * original: a copy made for the applied set plus FSGSBASE, whose sites that
+ * only FSGSBASE decides are marked as kept (-1, what the applied set picks)
+ * while they hold FSGSBASE's bytes, is planned, not settled, and ends with
+ * the plain program's bytes and states.
+ */
+Test(prepatch, kept_original_not_in_memory_is_planned)
+{
+    const char *env = "ALTPATCH_CLEARCPUID=fsgsbase";
+    struct altpatch_features *fs = applied_set("fsgsbase");
+    char without[160], with[160], bad[200];
+    snprintf(without, sizeof(without), "%s", prepatch_fs(PREPATCH_FIXTURE, fs, "without"));
+    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
+    cr_assert_eq(altpatch_features_set(fs, fsgs), 0);
+    snprintf(with, sizeof(with), "%s", prepatch_fs(PREPATCH_FIXTURE, fs, "with"));
+    static struct orig_site sw[MAX_SITES], so[MAX_SITES];
+    uint8_t *bw, *bo;
+    size_t lw, lo, n = orig_sites(with, &bw, &lw, sw, MAX_SITES);
+    cr_assert_eq(orig_sites(without, &bo, &lo, so, MAX_SITES), n);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (sw[i].chosen == so[i].chosen)
+            continue;
+        cr_assert_eq(so[i].chosen, -1, "site %zu: an entry without FSGSBASE", i);
+        cr_assert_neq(memcmp(sw[i].written, sw[i].orig, sw[i].len), 0);
+        set_chosen(&sw[i], -1);
+        kept++;
+    }
+    cr_assert_gt(kept, 0, "no site depends on FSGSBASE");
+    snprintf(bad, sizeof(bad), "%s/kept", tmpdir);
+    write_file(bad, bw, lw);
+    free(bw);
+    free(bo);
+    char *want = run_ok(env, PREPATCH_FIXTURE, "stats");
+    char *out = run_ok(env, bad, "stats");
+    cr_assert(!strstr(out, SETTLED_LOG), "settled while memory differs from the originals:\n%s",
+              out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
+    char *a = lines_of(out, "state"), *w = lines_of(want, "state");
+    cr_assert_str_eq(a, w);
+    free(a);
+    free(w);
+    a = lines_of(out, "site");
+    w = lines_of(want, "site");
+    cr_assert_str_eq(a, w);
+    free(a);
+    free(w);
+    free(out);
+    free(want);
+    altpatch_features_free(fs);
+}
+
+/*
+ * A REVERT writes even where the file chose what the applied set selects:
+ * as the first call of a copy for the applied set, with a second thread
+ * running and live patching refused, it returns -EBUSY and writes nothing
+ * (memory keeps the file's bytes).
+ */
+Test(prepatch, revert_with_another_thread_busy)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE, fs, "same");
+    char *out = run_ok(NULL, pre, "threadrevert");
+    cr_assert(strstr(out, "\nrc -16\n") || strncmp(out, "rc -16\n", 7) == 0,
+              "a REVERT with another thread running and live patching refused:\n%s", out);
+    char *file = file_lines(pre, false), *file_l = lines_of(file, "site");
+    char *mem = lines_of(out, "site");
+    cr_assert_str_eq(mem, file_l, "a refused REVERT changed memory");
+    free(mem);
+    free(file);
+    free(file_l);
+    free(out);
+    altpatch_features_free(fs);
+}
+
+/*
+ * A library whose path names a FIFO by its first apply (nobody writes it):
+ * the file is not read (it would block), the module is refused as one whose
+ * file is unreadable, and keeps the bytes it runs; the apply returns at once
+ * (the run is under a watchdog).
+ */
+Test(prepatch, library_path_fifo_refused)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_LIB, fs, "lib");
+    char lib[200], args[420], *out, *err;
+    snprintf(lib, sizeof(lib), "%s.so", pre);
+    cr_assert_eq(rename(pre, lib), 0);
+    char *file = file_lines(lib, false), *file_l = lines_of(file, "site");
+    snprintf(args, sizeof(args), "dlfifo '%s'", lib);
+    int st = run("env -u ALTPATCH_CLEARCPUID timeout -k 2 30", PREPATCH_FIXTURE, args, &out,
+                 &err);
+    cr_assert(st != 124 && st != 128 + 9, "the apply blocked on a FIFO:\n%s%s", out, err);
+    cr_assert_eq(st, 0, "dlfifo -> %d:\n%s%s", st, out, err);
+    cr_assert(strstr(out, "rc 0\n"), "%s", out);
+    cr_assert(strstr(out, "not a regular file"), "%s%s", out, err);
+    cr_assert_gt(stat_of(out, "refused"), 0, "%s", out);
+    /* the library's sites: refused, holding the file's bytes ("ADDR STATE
+     * CHOSEN REASON CURRENT ORIGINAL") */
+    char *states = lines_of(out, "state"), *mem = calloc(1, strlen(states) + 1);
+    cr_assert_not_null(mem);
+    cr_assert_str_neq(states, "", "%s", out);
+    for (char *l = states; *l;) {
+        char addr[32], cur[600];
+        int state, reason;
+        cr_assert_eq(sscanf(l, " %31s %d %*d %d %599s", addr, &state, &reason, cur), 4, "%s", l);
+        cr_assert_eq(state, ALTPATCH_SITE_REFUSED, "%s", l);
+        cr_assert_eq(reason, ALTPATCH_REASON_BAD_TABLE, "%s", l);
+        sprintf(mem + strlen(mem), " %s %s\n", addr, cur);
+        l = strchr(l, '\n') + 1;
+    }
+    cr_assert_str_eq(mem, file_l, "the refused library's memory is not its file's bytes");
+    free(mem);
+    free(states);
+    free(file);
+    free(file_l);
+    free(out);
+    free(err);
     altpatch_features_free(fs);
 }
 

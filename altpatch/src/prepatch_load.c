@@ -3,22 +3,23 @@
  * prepatch_load.c - the runtime side of pre-patched files: a module whose
  * note says version 2 (or 4) runs a profile's bytes at its sites; the
  * compiler's originals are in a non-allocated section of its file, which is
- * not mapped, so they are read from the file (the module's path; for the
- * main program the absolute path it was started by, else /proc/self/exe).
+ * not mapped, so they are read from the file: for the main program
+ * /proc/self/exe (the file mapped, whatever its path has become since), for a
+ * library the path the loader reports.
  *
- * The file on disk may not be the one mapped (replaced since it was loaded),
+ * A file by path may not be the one mapped (replaced since it was loaded),
  * so nothing is believed before it is checked against memory: the same table
  * address and size, the same sites in the same order with the same lengths,
  * and every site in memory holding exactly the bytes the file says were
  * written there. Then the originals are taken; otherwise the module is
- * refused and runs as it is.
+ * refused and runs as it is. Only a regular file is read (a FIFO or a device
+ * at the path would block or answer anything).
  */
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/auxv.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
@@ -50,27 +51,35 @@ static int fd_read(void *ctx, uint64_t off, void *dst, size_t len)
     return 0;
 }
 
-/* The section of originals of the file @p path, malloc'ed; 0 or -errno. */
-static int read_section(const char *path, uint8_t **buf, size_t *len)
+/* The section of originals of the file @p path, malloc'ed: 0, -ENOMEM, or
+ * another -errno with *@p why. */
+static int read_section(const char *path, uint8_t **buf, size_t *len, const char **why)
 {
-    long fd = ap_sys(SYS_openat, AT_FDCWD, (long)path, O_RDONLY | O_CLOEXEC, 0, 0);
-    if (fd < 0)
+    long fd = ap_sys(SYS_openat, AT_FDCWD, (long)path,
+                     O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0, 0);
+    if (fd < 0) {
+        *why = strerror((int)-fd);
         return (int)fd;
+    }
     struct stat st;
     struct ap_elf_section sec;
     int r = (int)ap_sys(SYS_fstat, fd, (long)&st, 0, 0, 0);
-    if (!r)
-        r = ap_elf_find_section(fd_read, &fd, (uint64_t)st.st_size, AP_PREPATCH_SECTION, &sec);
-    if (!r && (sec.type == SHT_NOBITS || sec.size > AP_PREPATCH_MAX_READ))
-        r = -ENOEXEC;
-    if (!r && !(*buf = malloc(sec.size ? sec.size : 1)))
+    if (r)
+        *why = strerror(-r);
+    else if (!S_ISREG(st.st_mode))
+        *why = "not a regular file", r = -EINVAL;
+    else if ((r = ap_elf_find_section(fd_read, &fd, (uint64_t)st.st_size, AP_PREPATCH_SECTION,
+                                      &sec)))
+        *why = r == -ENOENT ? "no " AP_PREPATCH_SECTION " section" : strerror(-r);
+    else if (sec.type == SHT_NOBITS || sec.size > AP_PREPATCH_MAX_READ)
+        *why = "unusable " AP_PREPATCH_SECTION " section", r = -ENOEXEC;
+    else if (!(*buf = malloc(sec.size ? sec.size : 1)))
         r = -ENOMEM;
-    if (!r) {
-        r = fd_read(&fd, sec.offset, *buf, sec.size);
-        if (r) {
-            free(*buf);
-            *buf = NULL;
-        }
+    else if ((r = fd_read(&fd, sec.offset, *buf, sec.size))) {
+        *why = strerror(-r);
+        free(*buf);
+        *buf = NULL;
+    } else {
         *len = sec.size;
     }
     ap_sys(SYS_close, fd, 0, 0, 0, 0);
@@ -106,11 +115,11 @@ static int load_checked(const struct ap_module *m, const char *path, uint8_t **b
 {
     size_t len = 0;
     *buf = NULL;
-    int r = read_section(path, buf, &len);
+    int r = read_section(path, buf, &len, why);
     if (r == -ENOMEM)
         return r;
     if (r)
-        *why = r == -ENOENT ? "no " AP_PREPATCH_SECTION " section" : strerror(-r);
+        *why = *why ? *why : strerror(-r);
     else if (ap_prepatch_parse(*buf, len, p))
         *why = "malformed " AP_PREPATCH_SECTION " section";
     else
@@ -122,32 +131,15 @@ static int load_checked(const struct ap_module *m, const char *path, uint8_t **b
     return 1;
 }
 
-/*
- * The main program's file by the absolute path it was started by
- * (AT_EXECFN), NULL where that is not to be used: a relative path (the
- * working directory may have changed) or a set-id process (the path is the
- * caller's to choose). A plain path opens in a fraction of the time
- * /proc/self/exe takes in a fresh process (its /proc entries are made on
- * first use); the file is believed only as far as it agrees with memory,
- * like a library's, which is read by the path the loader reports.
- */
-static const char *exec_path(void)
-{
-    const char *fn = (const char *)(uintptr_t)getauxval(AT_EXECFN);
-    return fn && fn[0] == '/' && !getauxval(AT_SECURE) ? fn : NULL;
-}
-
 int ap_prepatch_originals(struct ap_module *m)
 {
+    /* the main program: the file mapped, not the path it was started by
+     * (which may name another file by now) */
     const char *path = m->path[0] ? m->path : "/proc/self/exe";
     uint8_t *buf = NULL;
     struct ap_prepatch p;
     const char *why = NULL;
-    /* the main program: its start path first, then the file that is mapped */
-    const char *first = m->path[0] ? NULL : exec_path();
-    int r = first ? load_checked(m, first, &buf, &p, &why) : 1;
-    if (r > 0)
-        r = load_checked(m, path, &buf, &p, &why);
+    int r = load_checked(m, path, &buf, &p, &why);
     if (r < 0)
         return r;
     if (r) {
