@@ -28,6 +28,7 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <altpatch/alternative.h>
@@ -89,6 +90,16 @@ static int apply_flags(unsigned flags)
 {
     struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = flags};
     return altpatch_apply_opts(&o);
+}
+
+/* A plain fork whose child exits at once: 0 when it returned and was reaped. */
+static int plain_fork(void)
+{
+    pid_t c = fork();
+    if (c == 0)
+        _exit(0);
+    int st;
+    return c > 0 && waitpid(c, &st, 0) == c && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
 }
 
 static int count_cb(const struct altpatch_site_info *s, void *p)
@@ -197,7 +208,7 @@ struct hfork_res {
     int forked, parent_loaded, parent_first, parent_apply, parent_one;
     int child_status;
     int child_first, child_loaded, child_apply, child_one, child_dl, child_rev, child_one_rev;
-    int child_stats, child_walk;
+    int child_stats, child_walk, child_fork;
     int blocked_seen;
 };
 static struct hfork_res *hfork_r;
@@ -256,6 +267,7 @@ static void hfork_child_steps(struct hfork_res *r)
     r->child_stats = altpatch_get_stats(&st);
     long n = 0;
     r->child_walk = altpatch_site_foreach(count_cb, &n);
+    r->child_fork = plain_fork(); /* the gate is empty again: a fork returns (else SIGALRM) */
     fflush(NULL);
     _exit(0);
 }
@@ -292,6 +304,7 @@ static void hfork_assert_child(const struct hfork_res *r)
     cr_assert_eq(r->child_one_rev, 1);
     cr_assert_eq(r->child_stats, 0);
     cr_assert_eq(r->child_walk, 0);
+    cr_assert_eq(r->child_fork, 0);
 }
 
 static void dlfork_body(void *out)
@@ -441,6 +454,160 @@ Test(robust, fork_while_another_thread_holds_the_lock, .timeout = 120)
     cr_assert_eq(r->child_rev, -EOWNERDEAD);
     cr_assert_eq(r->child_stats, -EOWNERDEAD);
     cr_assert_eq(r->child_walk, -EOWNERDEAD);
+    cr_assert_eq(r->child_fork, 0);
+}
+
+/* ---- a fork from a handler at every instruction of an entry point ------------- */
+
+/*
+ * The trap flag stops the thread after every instruction of a call; at each
+ * one inside this executable (the library is linked in), the SIGTRAP handler
+ * forks and waits for the child. The child's copy of the call returns, then
+ * the child checks that the library is whole: get_stats answers (no false
+ * -EOWNERDEAD), a plain fork returns (no gate count that never drops to zero),
+ * altpatch_dlopen and a second fork work. The forking process ends cleanly
+ * too (no fork that waits for its own thread).
+ */
+struct step_res {
+    int steps, bad, first_bad_step, first_bad_status;
+    int parent_rc, parent_fork;
+};
+enum step_op { STEP_DLOPEN, STEP_APPLY, STEP_STATS, STEP_WALK };
+static struct step_res *step_r;
+static volatile sig_atomic_t step_on, step_child;
+static volatile enum step_op step_which;
+extern const char __executable_start[], etext[];
+
+#define STEP_TF 0x100
+static void step_tf_set(void)
+{
+    __asm__ volatile("pushfq\n\torq $0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
+}
+
+static void on_trap(int sig, siginfo_t *si, void *ucv)
+{
+    (void)sig;
+    (void)si;
+    ucontext_t *uc = ucv;
+    uintptr_t ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    if (!step_on) {
+        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)STEP_TF;
+        return;
+    }
+    if (ip < (uintptr_t)__executable_start || ip >= (uintptr_t)etext)
+        return; /* libc, the loader: not the library's own instructions */
+    int saved = errno;
+    int n = ++step_r->steps;
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5); /* a child that hangs is killed by SIGALRM */
+        step_child = 1;
+        step_on = 0;
+        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)STEP_TF;
+        errno = saved;
+        return;
+    }
+    int st = -1;
+    if (pid > 0 && waitpid(pid, &st, 0) != pid) /* the child has its alarm */
+        st = -1;
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        step_r->bad++;
+        step_r->first_bad_step = n;
+        step_r->first_bad_status = st;
+        step_on = 0; /* one is enough */
+    }
+    errno = saved;
+}
+
+static int step_call(void)
+{
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    long n = 0;
+    switch (step_which) {
+    case STEP_DLOPEN:
+        return altpatch_dlopen(RELOAD_V1, RTLD_NOW) ? 0 : -1;
+    case STEP_APPLY:
+        return altpatch_apply();
+    case STEP_STATS:
+        return altpatch_get_stats(&st);
+    case STEP_WALK: {
+        int rc = altpatch_site_foreach(count_cb, &n);
+        return rc == -ENODATA ? 0 : rc;
+    }
+    }
+    return -1;
+}
+
+/* In a child forked at one instruction: exit status 0 when the library is whole. */
+static int step_child_checks(int rc)
+{
+    if (rc != 0)
+        return 10;
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    if (altpatch_get_stats(&st) != 0)
+        return 11;
+    if (plain_fork())
+        return 12;
+    return 0;
+}
+
+static void step_body(void *out)
+{
+    step_r = out;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_trap;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGTRAP, &sa, NULL);
+    setenv("ALTPATCH_OFF", "1", 1); /* the entry points' own steps, not a whole apply */
+    altpatch_set_print(NULL);
+    if (!dlopen(RELOAD_V1, RTLD_NOW)) /* loaded: altpatch_dlopen of it stays short */
+        _exit(3);
+    struct altpatch_stats st0 = {.sz = sizeof(st0)};
+    altpatch_get_stats(&st0);
+    fflush(NULL);
+    step_on = 1;
+    step_tf_set();
+    int rc = step_call();
+    step_on = 0; /* the next trap clears the flag */
+    if (step_child)
+        _exit(step_child_checks(rc));
+    step_r->parent_rc = rc;
+    step_r->parent_fork = plain_fork();
+}
+
+static void step_run(enum step_op op, const char *what)
+{
+    step_which = op;
+    int status;
+    struct step_res *r = run_child(sizeof(*r), step_body, 60, &status);
+    assert_clean_exit(status, what);
+    cr_assert_gt(r->steps, 10, "%s: %d steps", what, r->steps);
+    cr_assert_eq(r->parent_rc, 0, "%s", what);
+    cr_assert_eq(r->parent_fork, 0, "%s: a fork after it", what);
+    cr_assert_eq(r->bad, 0,
+                 "%s: the child forked at step %d is broken (wait status %#x)",
+                 what, r->first_bad_step, (unsigned)r->first_bad_status);
+}
+
+Test(robust, fork_at_every_instruction_of_altpatch_dlopen, .timeout = 200)
+{
+    step_run(STEP_DLOPEN, "altpatch_dlopen");
+}
+
+Test(robust, fork_at_every_instruction_of_altpatch_apply, .timeout = 200)
+{
+    step_run(STEP_APPLY, "altpatch_apply");
+}
+
+Test(robust, fork_at_every_instruction_of_altpatch_get_stats, .timeout = 200)
+{
+    step_run(STEP_STATS, "altpatch_get_stats");
+}
+
+Test(robust, fork_at_every_instruction_of_altpatch_site_foreach, .timeout = 200)
+{
+    step_run(STEP_WALK, "altpatch_site_foreach");
 }
 
 /* ---- the entry points from a signal handler that interrupted one ---------------- */

@@ -20,6 +20,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <linux/futex.h>
 #include <link.h>
 #include <pthread.h>
 #include <signal.h>
@@ -28,9 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
-AP_STATE static pthread_mutex_t ap_lock = PTHREAD_MUTEX_INITIALIZER;
 AP_STATE static struct ap_module *ap_mods;    /* modules with tables, load order */
 AP_STATE static struct altpatch_stats ap_last; /* stats of the last apply */
 AP_STATE static bool ap_applied;              /* an apply has planned at least once */
@@ -47,6 +49,88 @@ enum { AP_IN_NONE, AP_IN_ENTRY, AP_IN_LOCKED };
 static __thread volatile sig_atomic_t ap_in;
 
 /* ------------------------------------------------------------------------- */
+/* Locks that know their owner                                               */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * A fork from a signal handler must know whether its own thread holds a lock
+ * at the very instruction the handler interrupted: a flag stored after
+ * pthread_mutex_lock() returns (or before unlock) leaves windows where the
+ * child would take its own thread's lock for another's. So the library's two
+ * locks are a futex word holding the owner's token: the compare-and-swap that
+ * takes the lock is the step that names the owner, the exchange that frees
+ * it the step that clears it. A token is per thread (not the TID: the forking
+ * thread keeps its token in the child), taken from a counter on first use:
+ * unique among the live threads unless 2^31 threads were created since.
+ */
+#define AP_TLOCK_WAITERS 0x80000000u
+struct ap_tlock {
+    uint32_t w; /* 0 free; else owner token, AP_TLOCK_WAITERS when one may sleep */
+};
+AP_STATE static uint32_t ap_token_next;
+static __thread uint32_t ap_token_mine;
+
+static uint32_t ap_token(void)
+{
+    uint32_t t = ap_token_mine;
+    while (!t)
+        t = __atomic_add_fetch(&ap_token_next, 1, __ATOMIC_RELAXED) & ~AP_TLOCK_WAITERS;
+    ap_token_mine = t;
+    return t;
+}
+
+static void ap_futex(uint32_t *w, int op, uint32_t val)
+{
+    syscall(SYS_futex, w, op | FUTEX_PRIVATE_FLAG, val, NULL, NULL, 0);
+}
+
+static bool ap_tlock_cas(struct ap_tlock *l, uint32_t *seen, uint32_t v)
+{
+    return __atomic_compare_exchange_n(&l->w, seen, v, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+static void ap_tlock_lock(struct ap_tlock *l, uint32_t me)
+{
+    uint32_t v = 0;
+    if (ap_tlock_cas(l, &v, me))
+        return;
+    for (;;) { /* v: the word last seen */
+        if (!v) {
+            if (ap_tlock_cas(l, &v, me | AP_TLOCK_WAITERS)) /* others may sleep */
+                return;
+            continue;
+        }
+        if (!(v & AP_TLOCK_WAITERS)) {
+            if (!ap_tlock_cas(l, &v, v | AP_TLOCK_WAITERS))
+                continue;
+            v |= AP_TLOCK_WAITERS;
+        }
+        ap_futex(&l->w, FUTEX_WAIT, v);
+        v = __atomic_load_n(&l->w, __ATOMIC_RELAXED);
+    }
+}
+
+static bool ap_tlock_try(struct ap_tlock *l, uint32_t me)
+{
+    uint32_t v = 0;
+    return ap_tlock_cas(l, &v, me);
+}
+
+static void ap_tlock_unlock(struct ap_tlock *l)
+{
+    if (__atomic_exchange_n(&l->w, 0, __ATOMIC_RELEASE) & AP_TLOCK_WAITERS)
+        ap_futex(&l->w, FUTEX_WAKE, 1);
+}
+
+/** The lock's owner token (0: free). */
+static uint32_t ap_tlock_owner(const struct ap_tlock *l)
+{
+    return __atomic_load_n(&l->w, __ATOMIC_RELAXED) & ~AP_TLOCK_WAITERS;
+}
+
+AP_STATE static struct ap_tlock ap_lock;
+
+/* ------------------------------------------------------------------------- */
 /* fork                                                                      */
 /* ------------------------------------------------------------------------- */
 
@@ -59,12 +143,11 @@ static __thread volatile sig_atomic_t ap_in;
  * or altpatch_dlopen() on this very thread (a callback, a library's
  * constructor, a signal handler) must not wait for itself: it takes the lock
  * only if it is free, and the child, whose copy of this thread still runs
- * that call, releases it when the call returns. Where the lock was not free
- * and this thread does not hold it, another thread does, which the child
- * lacks: the child's handler makes the lock free again there and marks it
- * orphaned (ap_lock_orphaned): what that thread was changing is not known,
- * so every later entry point in the child fails with -EOWNERDEAD instead of
- * waiting forever or using half-changed state.
+ * that call, releases it when the call returns. Where the lock's owner is
+ * another thread, which the child lacks, the child's handler makes the lock
+ * free again there and marks it orphaned (ap_lock_orphaned): what that thread
+ * was changing is not known, so every later entry point in the child fails
+ * with -EOWNERDEAD instead of waiting forever or using half-changed state.
  */
 static __thread bool ap_fork_took, ap_fork_gated;
 AP_STATE static bool ap_lock_orphaned;
@@ -75,53 +158,74 @@ AP_STATE static bool ap_lock_orphaned;
  * inherit the loader's locks held and hang in its first dlopen or
  * dl_iterate_phdr. Those phases pass a gate: any number of threads at once,
  * none while a fork holds it. The prepare handler waits until no thread is
- * in one, then keeps the gate's mutex across the fork, so none can start.
- * A fork on a thread that is itself in the gate (ap_gate_mine: from a
- * constructor run by altpatch_dlopen(), or a signal handler) cannot wait for
- * the gate to empty; in its child the threads' passages that did not come
- * along are forgotten.
+ * in one (ap_gate_in, a futex word), then keeps the gate's lock across the
+ * fork, so none can start. A fork on a thread that is in the gate or holds
+ * its lock (from a constructor run by altpatch_dlopen(), or a signal handler)
+ * cannot wait for the gate to empty; in its child only this thread's
+ * passages are left: ap_gate_mine, which changes with ap_gate_in under the
+ * gate's lock. Where the fork interrupted this thread inside that lock, the
+ * interrupted section sets the count itself before it lets the lock go
+ * (ap_gate_recount).
  */
-AP_STATE static pthread_mutex_t ap_gate_mx = PTHREAD_MUTEX_INITIALIZER;
-AP_STATE static pthread_cond_t ap_gate_cv = PTHREAD_COND_INITIALIZER;
-AP_STATE static unsigned ap_gate_in;      /* threads taking or releasing pins */
-AP_STATE static unsigned ap_gate_waiting; /* fork handlers waiting for ap_gate_in == 0 */
-static __thread unsigned ap_gate_mine;    /* this thread's passages (nested: dlopen, pins) */
-static __thread bool ap_gate_holding;     /* this thread holds ap_gate_mx */
+AP_STATE static struct ap_tlock ap_gate_mx;
+AP_STATE static uint32_t ap_gate_in;      /* passages of all threads; futex word */
+AP_STATE static uint32_t ap_gate_waiting; /* fork handlers waiting for ap_gate_in == 0 */
+AP_STATE static volatile sig_atomic_t ap_gate_recount; /* child: ap_gate_in = ap_gate_mine */
+static __thread volatile sig_atomic_t ap_gate_mine;   /* this thread's passages (nested) */
+
+/* The end of a section under ap_gate_mx: the child's count, waiters woken. */
+static void ap_gate_settle(void)
+{
+    if (ap_gate_recount) {
+        __atomic_store_n(&ap_gate_in, (uint32_t)ap_gate_mine, __ATOMIC_RELAXED);
+        ap_gate_waiting = 0;
+        ap_gate_recount = 0;
+    }
+    if (!__atomic_load_n(&ap_gate_in, __ATOMIC_RELAXED) && ap_gate_waiting)
+        ap_futex(&ap_gate_in, FUTEX_WAKE, INT32_MAX);
+}
 
 void ap_gate_enter(void)
 {
-    ap_gate_mine++; /* first: a fork from a handler here must not wait for the gate */
-    pthread_mutex_lock(&ap_gate_mx);
-    ap_gate_holding = true;
-    ap_gate_in++;
-    ap_gate_holding = false;
-    pthread_mutex_unlock(&ap_gate_mx);
+    ap_tlock_lock(&ap_gate_mx, ap_token());
+    __atomic_store_n(&ap_gate_in, __atomic_load_n(&ap_gate_in, __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELAXED);
+    ap_gate_mine = ap_gate_mine + 1;
+    ap_gate_settle();
+    ap_tlock_unlock(&ap_gate_mx);
 }
 
 void ap_gate_leave(void)
 {
-    pthread_mutex_lock(&ap_gate_mx);
-    ap_gate_holding = true;
-    if (--ap_gate_in == 0 && ap_gate_waiting) /* a fork waits (rare): wake it */
-        pthread_cond_broadcast(&ap_gate_cv);
-    ap_gate_holding = false;
-    pthread_mutex_unlock(&ap_gate_mx);
-    ap_gate_mine--;
+    ap_tlock_lock(&ap_gate_mx, ap_token());
+    if (ap_gate_mine > 0)
+        ap_gate_mine = ap_gate_mine - 1;
+    uint32_t n = __atomic_load_n(&ap_gate_in, __ATOMIC_RELAXED);
+    if (n) /* never below zero, whatever a fork left */
+        __atomic_store_n(&ap_gate_in, n - 1, __ATOMIC_RELAXED);
+    ap_gate_settle();
+    ap_tlock_unlock(&ap_gate_mx);
 }
 
 static void ap_atfork_prepare(void)
 {
-    if (ap_in == AP_IN_NONE && !ap_gate_mine) {
-        pthread_mutex_lock(&ap_gate_mx);
-        ap_gate_waiting++;
-        while (ap_gate_in)
-            pthread_cond_wait(&ap_gate_cv, &ap_gate_mx);
-        ap_gate_waiting--;
+    uint32_t me = ap_token();
+    if (ap_in == AP_IN_NONE && !ap_gate_mine && ap_tlock_owner(&ap_gate_mx) != me &&
+        ap_tlock_owner(&ap_lock) != me) {
+        ap_tlock_lock(&ap_gate_mx, me);
+        uint32_t n;
+        while ((n = __atomic_load_n(&ap_gate_in, __ATOMIC_RELAXED)) != 0) {
+            ap_gate_waiting++;
+            ap_tlock_unlock(&ap_gate_mx);
+            ap_futex(&ap_gate_in, FUTEX_WAIT, n);
+            ap_tlock_lock(&ap_gate_mx, me);
+            ap_gate_waiting--;
+        }
         ap_fork_gated = true;
-        pthread_mutex_lock(&ap_lock);
+        ap_tlock_lock(&ap_lock, me);
         ap_fork_took = true;
     } else {
-        ap_fork_took = pthread_mutex_trylock(&ap_lock) == 0;
+        ap_fork_took = ap_tlock_owner(&ap_lock) != me && ap_tlock_try(&ap_lock, me);
     }
     ap_live_fork_prepare();
 }
@@ -131,31 +235,33 @@ static void ap_atfork_parent(void)
     ap_live_fork_release();
     if (ap_fork_took) {
         ap_fork_took = false;
-        pthread_mutex_unlock(&ap_lock);
+        ap_tlock_unlock(&ap_lock);
     }
     if (ap_fork_gated) {
         ap_fork_gated = false;
-        pthread_mutex_unlock(&ap_gate_mx);
+        ap_tlock_unlock(&ap_gate_mx);
     }
 }
 
 static void ap_atfork_child(void)
 {
-    bool took = ap_fork_took, gated = ap_fork_gated;
+    bool gated = ap_fork_gated;
     ap_atfork_parent();
-    if (!took && ap_in != AP_IN_LOCKED) {
+    uint32_t me = ap_token();
+    uint32_t owner = ap_tlock_owner(&ap_lock);
+    if (owner && owner != me) {
         /* held by another thread: not in this process */
-        pthread_mutex_init(&ap_lock, NULL);
+        __atomic_store_n(&ap_lock.w, 0, __ATOMIC_RELAXED);
         ap_lock_orphaned = true;
     }
     if (!gated) {
-        /* only this thread's passages are left; the gate's mutex is free
-         * unless this thread holds it (then its call releases it) */
-        ap_gate_in = ap_gate_mine;
-        ap_gate_waiting = 0;
-        if (!ap_gate_holding) {
-            pthread_mutex_init(&ap_gate_mx, NULL);
-            pthread_cond_init(&ap_gate_cv, NULL);
+        /* only this thread's passages are left */
+        if (ap_tlock_owner(&ap_gate_mx) == me) {
+            ap_gate_recount = 1; /* the interrupted section counts when it ends */
+        } else {
+            __atomic_store_n(&ap_gate_mx.w, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&ap_gate_in, (uint32_t)ap_gate_mine, __ATOMIC_RELAXED);
+            ap_gate_waiting = 0;
         }
     }
 }
@@ -1786,7 +1892,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     bool off = ap_env_value_on(env.off); /* nothing at all: not even the pins */
     if (!off)
         ap_pins_take(&pins); /* before ap_lock: see ap_pins */
-    pthread_mutex_lock(&ap_lock);
+    ap_tlock_lock(&ap_lock, ap_token());
     ap_in = AP_IN_LOCKED;
     uint64_t t0 = ap_now_ns();
     struct altpatch_stats st = {.sz = sizeof(st)};
@@ -1813,7 +1919,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
                (unsigned long)st.ns, (o.flags & ALTPATCH_APPLY_DRY_RUN) ? " (dry run)" : "");
     }
     ap_in = AP_IN_ENTRY;
-    pthread_mutex_unlock(&ap_lock);
+    ap_tlock_unlock(&ap_lock);
     ap_pins_release(&pins);
     ap_in = AP_IN_NONE;
     return err;
@@ -1852,17 +1958,18 @@ int altpatch_get_stats(struct altpatch_stats *st)
     /* From a callback (or a handler that interrupted one of our calls while
      * it held ap_lock): the lock is already ours. From a handler that
      * interrupted a call around its lock: take it only if it is free. */
-    bool lock = ap_in != AP_IN_LOCKED;
-    if (ap_in == AP_IN_ENTRY) {
-        if (pthread_mutex_trylock(&ap_lock))
+    uint32_t me = ap_token();
+    bool lock = ap_tlock_owner(&ap_lock) != me;
+    if (lock && ap_in != AP_IN_NONE) {
+        if (!ap_tlock_try(&ap_lock, me))
             return -EDEADLK;
     } else if (lock) {
-        pthread_mutex_lock(&ap_lock);
+        ap_tlock_lock(&ap_lock, me);
     }
     struct altpatch_stats cp = ap_last;
     bool orphaned = ap_lock_orphaned;
     if (lock)
-        pthread_mutex_unlock(&ap_lock);
+        ap_tlock_unlock(&ap_lock);
     if (orphaned)
         return -EOWNERDEAD;
     cp.sz = sz;
@@ -1908,7 +2015,7 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     ap_in = AP_IN_ENTRY;
     struct ap_pins pins;
     ap_pins_take(&pins); /* before ap_lock: see ap_pins */
-    pthread_mutex_lock(&ap_lock);
+    ap_tlock_lock(&ap_lock, ap_token());
     ap_in = AP_IN_LOCKED;
     /* Drop modules dlclose'd since the last apply (their memory is gone); a
      * module loaded since is listed with its original bytes, as memory holds. */
@@ -1929,7 +2036,7 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     if (!ap_lock_orphaned)
         ap_unpin(ap_mods);
     ap_in = AP_IN_ENTRY;
-    pthread_mutex_unlock(&ap_lock);
+    ap_tlock_unlock(&ap_lock);
     ap_pins_release(&pins);
     ap_in = AP_IN_NONE;
     return ret;
