@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/ioctl.h>
@@ -30,6 +31,13 @@
 #include "ap_mdwe.h"
 #include "ap_seccomp.h"
 #include "host.h"
+
+#include <altpatch/altpatch.h>
+
+/* The library's fork handlers live with its entry points (apply.c): linked here
+ * as in every program that reaches ap_poke() through the library. */
+static int (*const link_fork_handlers)(struct altpatch_stats *) __attribute__((used)) =
+    altpatch_get_stats;
 
 
 static size_t pgsz(void)
@@ -750,9 +758,10 @@ static bool fd_names(int fd, const char *want)
 
 /*
  * A pre-fork server: the parent applies (the maps descriptor is kept), then
- * each worker it forks applies too. A worker ends with as many descriptors as
- * it began with: the copy of the parent's kept descriptor is closed, its own
- * kept instead, and its grandchild does the same. A worker that put another
+ * each worker it forks applies too. A worker starts without the parent's
+ * kept descriptor (the library's fork handler closed the copy) and ends with
+ * its own kept instead: one more descriptor where the kernel answers
+ * PROCMAP_QUERY; its grandchild does the same. A worker that put another
  * file under the inherited number keeps that file.
  */
 #define FORK_WORKERS 3
@@ -760,6 +769,7 @@ struct forkfd_result {
     int answers;
     int parent_rc, parent_fds;
     int rc[FORK_WORKERS], before[FORK_WORKERS], after[FORK_WORKERS], own[FORK_WORKERS];
+    int inherited[FORK_WORKERS], grand_inherited;
     bool wrote[FORK_WORKERS];
     int grand_rc, grand_before, grand_after, grand_own;
     int replaced_fd, replaced_rc;
@@ -792,11 +802,13 @@ static void forkfd_body(void *out, void *ctx)
     for (int i = 0; i < FORK_WORKERS; i++) {
         pid_t pid = fork();
         if (pid == 0) {
+            r->inherited[i] = maps_fds(NULL);
             r->rc[i] = worker_poke(p + 500, &r->before[i], &r->after[i], &r->own[i],
                                    &r->wrote[i]);
             if (i == 0) {
                 pid_t g = fork();
                 if (g == 0) {
+                    r->grand_inherited = maps_fds(NULL);
                     r->grand_rc = worker_poke(p + 500, &r->grand_before, &r->grand_after,
                                               &r->grand_own, NULL);
                     _exit(0);
@@ -818,7 +830,7 @@ static void forkfd_body(void *out, void *ctx)
     pid_t pid = fork();
     if (pid == 0) {
         int null = open("/dev/null", O_RDONLY);
-        if (kept >= 0 && null >= 0 && dup2(null, kept) == kept)
+        if (kept >= 0 && null >= 0 && null != kept && dup2(null, kept) == kept)
             close(null);
         int b, a, o;
         r->replaced_rc = worker_poke(p + 500, &b, &a, &o, NULL);
@@ -836,20 +848,91 @@ Test(poke, forked_worker_closes_the_inherited_maps_descriptor)
     for (int i = 0; i < FORK_WORKERS; i++) {
         cr_assert_eq(r->rc[i], 0, "worker %d", i);
         cr_assert(r->wrote[i], "worker %d", i);
-        cr_assert_eq(r->after[i], r->before[i], "worker %d: %d descriptors, then %d", i,
-                     r->before[i], r->after[i]);
+        cr_assert_eq(r->inherited[i], 0, "worker %d: the parent's maps descriptor inherited", i);
+        cr_assert_eq(r->after[i], r->before[i] + (r->answers ? 1 : 0),
+                     "worker %d: %d descriptors, then %d", i, r->before[i], r->after[i]);
         cr_assert_eq(r->own[i], r->answers ? 1 : 0, "worker %d: %d on its own maps file", i,
                      r->own[i]);
     }
     cr_assert_eq(r->grand_rc, 0);
-    cr_assert_eq(r->grand_after, r->grand_before, "grandchild: %d descriptors, then %d",
-                 r->grand_before, r->grand_after);
+    cr_assert_eq(r->grand_inherited, 0, "grandchild: its parent's maps descriptor inherited");
+    cr_assert_eq(r->grand_after, r->grand_before + (r->answers ? 1 : 0),
+                 "grandchild: %d descriptors, then %d", r->grand_before, r->grand_after);
     cr_assert_eq(r->grand_own, r->answers ? 1 : 0);
     if (r->answers)
         cr_assert_geq(r->replaced_fd, 0, "the parent's kept descriptor not found");
     cr_assert_eq(r->replaced_rc, 0);
     cr_assert(r->replaced_ok, "the worker's /dev/null under %d was closed or changed",
               r->replaced_fd);
+}
+
+/*
+ * A child that closes what it does not know and opens its parent's maps file
+ * (a crash reporter's view; close on exec, as the library opens it) under the
+ * number the parent's kept descriptor had: the same file to fstat() and
+ * F_GETFD. The library's fork handler closed its copy at the fork; the
+ * child's batch leaves the program's FILE alone.
+ */
+struct ownmaps_result {
+    int answers, kept, parent_rc;
+    int child_rc, child_fd, child_flags, child_read, child_same;
+    bool child_wrote;
+};
+
+static void ownmaps_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct ownmaps_result *r = out;
+    r->answers = procmap_query_answers();
+    uint8_t *p = rx_pages(1);
+    struct ap_write w = wr(p + 100, CC3, NEW3, 3);
+    r->parent_rc = ap_poke(&w, 1, 0, NULL);
+    r->kept = -1;
+    maps_fds(&r->kept);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int target = r->kept >= 0 ? r->kept : 100;
+        close(target); /* the program's clean-up: EBADF when the library closed it */
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/maps", (int)getppid());
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && fd != target) {
+            if (dup3(fd, target, O_CLOEXEC) == target)
+                close(fd);
+            fd = target;
+        }
+        FILE *f = fd >= 0 ? fdopen(fd, "re") : NULL;
+        struct stat before, after;
+        if (fstat(fd, &before))
+            _exit(1);
+        struct ap_write w2 = wr(p + 100, NEW3, CC3, 3);
+        r->child_rc = ap_poke(&w2, 1, 0, NULL);
+        r->child_wrote = w2.wrote && w2.result == ALTPATCH_REASON_NONE;
+        r->child_fd = fd;
+        r->child_flags = fcntl(fd, F_GETFD);
+        /* still the program's: the library's own might have taken the number */
+        r->child_same = fstat(fd, &after) == 0 && after.st_ino == before.st_ino &&
+                        after.st_dev == before.st_dev;
+        char line[256];
+        r->child_read = f && fseek(f, 0, SEEK_SET) == 0 && fgets(line, sizeof(line), f) != NULL;
+        _exit(0);
+    }
+    waitpid(pid, NULL, 0);
+}
+
+Test(poke, child_maps_file_under_the_kept_number_is_left_alone)
+{
+    struct ownmaps_result *r = ap_isolated(sizeof(*r), ownmaps_body, NULL);
+    cr_assert_eq(r->parent_rc, 0);
+    if (r->answers)
+        cr_assert_geq(r->kept, 0, "the parent's kept descriptor not found");
+    cr_assert_eq(r->child_rc, 0);
+    cr_assert(r->child_wrote);
+    cr_assert_geq(r->child_flags, 0, "the program's descriptor %d was closed", r->child_fd);
+    cr_assert(r->child_same, "the program's descriptor %d was closed and the number reused",
+              r->child_fd);
+    cr_assert(r->child_read, "the program's FILE on %d does not read", r->child_fd);
 }
 
 /*

@@ -245,7 +245,10 @@ static void ap_atfork_parent(void)
 
 static void ap_atfork_child(void)
 {
-    bool gated = ap_fork_gated;
+    bool gated = ap_fork_gated, took = ap_fork_took;
+    /* holding the lock, the prepare handler knew that no batch used the kept
+     * maps descriptor: its number is the library's; else it is forgotten */
+    ap_maps_after_fork(took);
     ap_atfork_parent();
     uint32_t me = ap_token();
     uint32_t owner = ap_tlock_owner(&ap_lock);

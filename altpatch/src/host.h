@@ -166,6 +166,12 @@ struct ap_poke_stats {
  * are in w[i].result either way).
  */
 AP_HIDDEN int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *st);
+/**
+ * In a child of fork(), from the library's fork handler: close the /proc/self/maps
+ * descriptor kept from the parent when @p close_kept (no batch was using it),
+ * else forget it.
+ */
+AP_HIDDEN void ap_maps_after_fork(bool close_kept);
 
 /**
  * Writes in one part of a first apply's queue (apply.c): a module's first

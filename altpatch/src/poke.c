@@ -365,13 +365,15 @@ static bool ap_maps_line(const char *line, struct ap_map *e)
  * rest of a small batch's questions. It is used again only when it is still
  * this process's (getpid(): a child of fork() inherits it, and it describes
  * the parent) and still the file it was (fstat(): the program may have closed
- * it and the number may name another file now). A child closes the copy it
- * inherited when that still is the file (device, inode) and still carries the
- * close-on-exec flag the library set (a dup2() of the program's clears it):
- * else every fork() and apply would leave one more descriptor in the child.
- * One that is not the file any more is forgotten, never closed (the number
- * may be the program's now). Callers of ap_poke() are serialized (apply.c's
- * lock).
+ * it and the number may name another file now). A child of fork() closes the
+ * copy it inherited in the library's fork handler (ap_maps_after_fork(), from
+ * apply.c), where the number is certainly still the library's: the prepare
+ * handler held the lock, so no batch was using it. Where the handler could
+ * not hold the lock (a fork from a signal handler on the thread in a batch,
+ * or while another thread held it), and in a child that ran no handler (a raw
+ * clone()), the copy is forgotten, never closed on a guess: separate opens of
+ * /proc/self/maps share one inode, so the program's own may pass any identity
+ * check. Callers of ap_poke() are serialized (apply.c's lock).
  */
 AP_STATE static int ap_maps_kept_fd = -1;
 AP_STATE static long ap_maps_kept_pid;
@@ -393,10 +395,13 @@ static int ap_maps_read_all(struct ap_maps *m)
     size_t len = 0;
     if (m->kept) {
         /* its offset is shared with every copy of it: read a fresh one. The
-         * kept one (checked this batch: ours) is closed, not forgotten: the
-         * kernel stopped answering on it, or the caller wants the file. */
-        ap_sys(SYS_close, ap_maps_kept_fd, 0, 0, 0, 0);
-        (*m->syscalls)++;
+         * kept one is closed, not forgotten, when it is still the library's
+         * own (the kernel stopped answering on it, or the caller wants the
+         * file); in a child whose fork handler forgot it, it is left alone. */
+        if (ap_maps_kept_fd == m->fd) {
+            ap_sys(SYS_close, m->fd, 0, 0, 0, 0);
+            (*m->syscalls)++;
+        }
         ap_maps_kept_fd = -1;
         ap_maps_open_file(m);
         if (m->fd < 0)
@@ -442,19 +447,17 @@ static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls)
             m->kept = true;
             return 0;
         }
-        if (same) {
-            /* a child's copy of its parent's: closed when still as the library left it */
-            long fl = ap_sys(SYS_fcntl, ap_maps_kept_fd, F_GETFD, 0, 0, 0);
-            (*syscalls)++;
-            if (fl >= 0 && (fl & FD_CLOEXEC)) {
-                ap_sys(SYS_close, ap_maps_kept_fd, 0, 0, 0, 0);
-                (*syscalls)++;
-            }
-        }
         ap_maps_kept_fd = -1; /* not this process's, or not the file: forgotten */
     }
     ap_maps_open_file(m);
     return m->fd < 0 ? -EIO : 0;
+}
+
+void ap_maps_after_fork(bool close_kept)
+{
+    if (ap_maps_kept_fd >= 0 && close_kept)
+        ap_sys(SYS_close, ap_maps_kept_fd, 0, 0, 0, 0);
+    ap_maps_kept_fd = -1;
 }
 
 static void ap_maps_close(struct ap_maps *m)
