@@ -1,31 +1,68 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Preloaded into altdump by test_altdump: the first pread() of a file whose
- * name ends in ".cut" first truncates that file to half its size -- a file
- * cut while altdump reads it, at a moment a test can choose.
+ * Preloaded into altdump by test_altdump, in pread() and pread64():
+ *  - the first read of a file whose name ends in ".cut" first truncates that
+ *    file to half its size -- a file cut while altdump reads it, at a moment
+ *    a test can choose;
+ *  - a file whose name ends in ".shift" is rewritten between two reads of its
+ *    section header table: every read of that table but the first returns the
+ *    section-name table's header with an offset and size far past the end.
  */
 #include <dlfcn.h>
+#include <elf.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-ssize_t pread(int fd, void *buf, size_t n, off_t off)
+typedef ssize_t (*pread_fn)(int, void *, size_t, off_t);
+
+/* True when descriptor @p fd names a file ending in @p suffix; its path in @p path. */
+static int named(int fd, const char *suffix, char *path, size_t size)
 {
-    static int done;
-    ssize_t (*real)(int, void *, size_t, off_t) =
-        (ssize_t(*)(int, void *, size_t, off_t))dlsym(RTLD_NEXT, "pread");
-    if (!done) {
-        char link[64], path[4096];
-        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-        ssize_t k = readlink(link, path, sizeof(path) - 1);
+    char link[64];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(link, path, size - 1);
+    size_t n = strlen(suffix);
+    return k > (ssize_t)n && (path[k] = '\0', strcmp(path + k - n, suffix) == 0);
+}
+
+static ssize_t hooked(int fd, void *buf, size_t n, off_t off)
+{
+    static int cut, shdr_reads;
+    pread_fn real = (pread_fn)dlsym(RTLD_NEXT, "pread");
+    char path[4096];
+    if (!cut && named(fd, ".cut", path, sizeof(path))) {
         struct stat st;
-        if (k > 4 && (path[k] = '\0', strcmp(path + k - 4, ".cut") == 0) && fstat(fd, &st) == 0) {
-            done = 1;
-            if (truncate(path, st.st_size / 2) != 0)
-                return -1;
+        cut = 1;
+        if (fstat(fd, &st) != 0 || truncate(path, st.st_size / 2) != 0)
+            return -1;
+    }
+    ssize_t k = real(fd, buf, n, off);
+    Elf64_Ehdr eh;
+    if (k > 0 && named(fd, ".shift", path, sizeof(path)) &&
+        real(fd, &eh, sizeof(eh), 0) == (ssize_t)sizeof(eh) && eh.e_shstrndx < eh.e_shnum) {
+        /* the name table's sh_offset and sh_size, where this read put them */
+        uint64_t at = eh.e_shoff + (uint64_t)eh.e_shstrndx * sizeof(Elf64_Shdr) +
+                      offsetof(Elf64_Shdr, sh_offset);
+        if (at >= (uint64_t)off && at + 16 <= (uint64_t)off + (uint64_t)k && shdr_reads++) {
+            uint64_t far = 0x4000000000ull;
+            memcpy((char *)buf + (at - (uint64_t)off), &far, 8);
+            memcpy((char *)buf + (at - (uint64_t)off) + 8, &far, 8);
         }
     }
-    return real(fd, buf, n, off);
+    return k;
+}
+
+ssize_t pread(int fd, void *buf, size_t n, off_t off)
+{
+    return hooked(fd, buf, n, off);
+}
+
+ssize_t pread64(int fd, void *buf, size_t n, off_t off)
+{
+    return hooked(fd, buf, n, off);
 }

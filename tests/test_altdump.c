@@ -905,6 +905,38 @@ Test(altdump, file_truncated_while_read, .init = mktmp, .fini = rmtmp)
     result_free(&r);
 }
 
+/*
+ * The file rewritten while altdump reads it: a section covers the section
+ * header table, so the table is read twice, and the second read (a preload)
+ * finds the section-name table's header pointing far past the end. altdump
+ * keeps what it read first: no signal, a dump or a clear error.
+ */
+Test(altdump, headers_changed_while_read, .init = mktmp, .fini = rmtmp)
+{
+    char path[256];
+    size_t len = copy_wide(path, sizeof(path), "wide.shift");
+    char *b = read_file(path, &len);
+    cr_assert_not_null(b);
+    Elf64_Ehdr eh;
+    memcpy(&eh, b, sizeof(eh));
+    cr_assert_gt(eh.e_shnum, 3);
+    cr_assert_lt(eh.e_shoff + (uint64_t)eh.e_shnum * sizeof(Elf64_Shdr), len + 1);
+    Elf64_Shdr sh;
+    char *at = b + eh.e_shoff + sizeof(Elf64_Shdr); /* section 1, before the others */
+    memcpy(&sh, at, sizeof(sh));
+    sh.sh_type = SHT_PROGBITS;
+    sh.sh_offset = eh.e_shoff;
+    sh.sh_size = (uint64_t)eh.e_shnum * sizeof(Elf64_Shdr);
+    memcpy(at, &sh, sizeof(sh));
+    write_file(path, b, len);
+    free(b);
+    setenv("LD_PRELOAD", ALTDUMP_CUT_PREAD, 1);
+    struct result r = RUN(path); /* run_exe: altdump ended by a signal fails here */
+    unsetenv("LD_PRELOAD");
+    cr_assert(r.rc == 0 || (r.rc == 3 && strstr(r.err, path)), "exit %d: %s", r.rc, r.err);
+    result_free(&r);
+}
+
 Test(altdump, usage)
 {
     struct result r = run_v((const char *const[]){NULL});

@@ -1094,31 +1094,53 @@ static int read_parts(int fd, uint8_t *buf, uint64_t size)
         return pread_at(fd, buf, 0, size);
     if ((e = pread_at(fd, buf, eh.e_phoff, phlen)) || (e = pread_at(fd, buf, eh.e_shoff, shlen)))
         return e;
-    const Elf64_Phdr *ph = (const Elf64_Phdr *)(buf + eh.e_phoff);
+    /* The headers and the section names as first read, in memory of their
+     * own: a later read of a range that covers them (a file changed while
+     * read) overwrites the buffer's copy, never what this loop uses. */
+    Elf64_Phdr *ph = malloc(phlen ? phlen : 1);
+    Elf64_Shdr *sh = malloc(shlen);
+    char *names = NULL;
+    if (!ph || !sh) {
+        e = ENOMEM;
+        goto out;
+    }
+    memcpy(ph, buf + eh.e_phoff, phlen);
+    memcpy(sh, buf + eh.e_shoff, shlen);
+    const Elf64_Shdr str = sh[eh.e_shstrndx];
+    size_t nlen = str.sh_type != SHT_NOBITS && in_file(str.sh_offset, str.sh_size, size)
+                      ? (size_t)str.sh_size
+                      : 0;
+    if (nlen) {
+        if ((e = pread_at(fd, buf, str.sh_offset, nlen)))
+            goto out;
+        if (!(names = malloc(nlen))) {
+            e = ENOMEM;
+            goto out;
+        }
+        memcpy(names, buf + str.sh_offset, nlen);
+    }
     for (size_t i = 0; i < eh.e_phnum; i++)
         if ((ph[i].p_type == PT_LOAD || ph[i].p_type == PT_NOTE) &&
             in_file(ph[i].p_offset, ph[i].p_filesz, size) &&
             (e = pread_at(fd, buf, ph[i].p_offset, ph[i].p_filesz)))
-            return e;
-    const Elf64_Shdr *sh = (const Elf64_Shdr *)(buf + eh.e_shoff);
-    const Elf64_Shdr *str = &sh[eh.e_shstrndx];
-    bool names = str->sh_type != SHT_NOBITS && in_file(str->sh_offset, str->sh_size, size);
-    if (names && (e = pread_at(fd, buf, str->sh_offset, str->sh_size)))
-        return e;
+            goto out;
     for (size_t i = 1; i < eh.e_shnum; i++) {
         if (sh[i].sh_type == SHT_NOBITS || !in_file(sh[i].sh_offset, sh[i].sh_size, size))
             continue; /* nothing in the file, or refused by the section checks */
-        const char *n = names && sh[i].sh_name < str->sh_size
-                            ? (const char *)buf + str->sh_offset + sh[i].sh_name : "";
-        size_t room = names && sh[i].sh_name < str->sh_size ? str->sh_size - sh[i].sh_name : 0;
+        size_t room = sh[i].sh_name < nlen ? nlen - sh[i].sh_name : 0;
+        const char *n = room ? names + sh[i].sh_name : "";
         if (!(sh[i].sh_flags & SHF_ALLOC) &&
             ((room >= 6 && memcmp(n, ".debug", 6) == 0) ||
              (room >= 7 && memcmp(n, ".zdebug", 7) == 0)))
             continue;
         if ((e = pread_at(fd, buf, sh[i].sh_offset, sh[i].sh_size)))
-            return e;
+            goto out;
     }
-    return 0;
+out:
+    free(ph);
+    free(sh);
+    free(names);
+    return e;
 }
 
 int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *err,
