@@ -1181,9 +1181,11 @@ int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *e
     /* Read, not mapped: a file truncated under a mapping turns the reads of
      * its lost pages into SIGBUS; a copy in memory stays what was opened.
      * The copy is writable: a pre-patched file gets its originals put back
-     * into these bytes (prepatched.c). */
+     * into these bytes (prepatched.c). Zeroed: the bytes left unread (debug
+     * sections) read as zeros, the same every run; a large calloc() gets
+     * fresh pages, which cost no memory until written. */
     size_t n = (size_t)fst.st_size;
-    img->buf = malloc(n);
+    img->buf = calloc(n, 1);
     if (!img->buf) {
         close(fd);
         return oom(&r);
