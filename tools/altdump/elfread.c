@@ -1065,12 +1065,24 @@ static bool in_file(uint64_t off, uint64_t len, uint64_t size)
     return off <= size && len <= size - off;
 }
 
+/* True when section @p i of @p sh is debugging information (not loaded, named
+ * .debug* or .zdebug* in @p names, @p nlen bytes). */
+static bool is_debug(const Elf64_Shdr *sh, size_t i, const char *names, size_t nlen)
+{
+    size_t room = sh[i].sh_name < nlen ? nlen - sh[i].sh_name : 0;
+    const char *n = room ? names + sh[i].sh_name : "";
+    return !(sh[i].sh_flags & SHF_ALLOC) && ((room >= 6 && memcmp(n, ".debug", 6) == 0) ||
+                                             (room >= 7 && memcmp(n, ".zdebug", 7) == 0));
+}
+
 /*
  * Read the parts of the file (of @p size bytes, into @p buf as large) that
  * altdump and libelf look at: the ELF, program and section headers, what the
- * program headers load, and every section but the debugging information (a
- * vmlinux's .debug_* is most of it). The other bytes stay unread: pages never
- * written cost no memory. A file whose headers do not say where its parts
+ * program headers load, and every section but the debugging information and
+ * the relocations altdump does not apply (a vmlinux's .debug_*, .rela.debug_*
+ * and .rela.text are most of it).
+ * The other bytes stay unread (zeros): pages never written cost no memory.
+ * A file whose headers do not say where its parts
  * are is read whole (libelf and the checks then say what is wrong).
  * 0, or an errno as pread_at().
  */
@@ -1127,11 +1139,16 @@ static int read_parts(int fd, uint8_t *buf, uint64_t size)
     for (size_t i = 1; i < eh.e_shnum; i++) {
         if (sh[i].sh_type == SHT_NOBITS || !in_file(sh[i].sh_offset, sh[i].sh_size, size))
             continue; /* nothing in the file, or refused by the section checks */
-        size_t room = sh[i].sh_name < nlen ? nlen - sh[i].sh_name : 0;
-        const char *n = room ? names + sh[i].sh_name : "";
-        if (!(sh[i].sh_flags & SHF_ALLOC) &&
-            ((room >= 6 && memcmp(n, ".debug", 6) == 0) ||
-             (room >= 7 && memcmp(n, ".zdebug", 7) == 0)))
+        if (is_debug(sh, i, names, nlen))
+            continue;
+        /* Relocation sections that are not loaded: altdump applies them only
+         * in an object (ET_REL), and there only those of sections it reads.
+         * (A vmlinux linked with --emit-relocs has hundreds of MB of them.) */
+        if ((sh[i].sh_type == SHT_RELA || sh[i].sh_type == SHT_REL) &&
+            !(sh[i].sh_flags & SHF_ALLOC) &&
+            (eh.e_type != ET_REL ||
+             (sh[i].sh_info > 0 && sh[i].sh_info < eh.e_shnum &&
+              is_debug(sh, sh[i].sh_info, names, nlen))))
             continue;
         if ((e = pread_at(fd, buf, sh[i].sh_offset, sh[i].sh_size)))
             goto out;
