@@ -1506,6 +1506,11 @@ Test(apply, modules_refresh_takes_the_notes_of_the_walk_before)
 struct thread_result {
     int busy_rc, dry_rc, after_rc;
     long busy_value, after_value;
+    /* with a thread again, after the apply above: the same apply (no
+     * change), the other set's apply (a switch), a revert */
+    int same_rc, other_rc, revert_rc;
+    long same_value, other_value, revert_value;
+    struct altpatch_stats same_st, busy_st;
     char log[4096];
 };
 
@@ -1548,6 +1553,24 @@ static void thread_body(void *out, void *ctx)
     pthread_join(t, NULL);
     r->after_rc = apply_with(f, 0);
     r->after_value = site_always();
+    /* another thread again: an apply with nothing to write asks nothing;
+     * one with something to write is refused before any write */
+    if (pthread_create(&t, NULL, waiter, NULL))
+        _exit(5);
+    r->log[0] = '\0';
+    r->same_rc = apply_with(f, ALTPATCH_APPLY_NO_LIVE);
+    r->same_value = site_always();
+    get_stats(&r->same_st);
+    struct altpatch_features *g = fset(F_B, -1); /* without F_A: ALT_NOT(F_A) sites switch */
+    r->other_rc = apply_with(g, ALTPATCH_APPLY_NO_LIVE);
+    r->other_value = site_not();
+    r->revert_rc = apply_with(f, ALTPATCH_APPLY_NO_LIVE | ALTPATCH_APPLY_REVERT);
+    r->revert_value = site_always();
+    get_stats(&r->busy_st);
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(6);
+    pthread_join(t, NULL);
+    altpatch_features_free(g);
     altpatch_features_free(f);
 }
 
@@ -1561,6 +1584,18 @@ Test(apply, busy_with_a_second_thread)
     cr_assert_eq(r->dry_rc, 0);
     cr_assert_eq(r->after_rc, 0);
     cr_assert_eq(r->after_value, 2);
+    /* every site holds its final bytes: nothing to write, nothing to refuse */
+    cr_assert_eq(r->same_rc, 0, "a no-change apply with another thread: %s", r->log);
+    cr_assert_eq(r->same_value, 2);
+    cr_assert_eq(r->same_st.bytes_written, 0);
+    cr_assert_eq(r->same_st.syscalls, 0);
+    cr_assert_gt(r->same_st.sites_unchanged, 0);
+    /* a write is needed: refused, nothing written, the stats kept */
+    cr_assert_eq(r->other_rc, -EBUSY);
+    cr_assert_eq(r->other_value, 1, "ALT_NOT(F_A)'s site still holds its original");
+    cr_assert_eq(r->revert_rc, -EBUSY);
+    cr_assert_eq(r->revert_value, 2, "nothing reverted while another thread runs");
+    cr_assert_eq(memcmp(&r->busy_st, &r->same_st, sizeof(r->same_st)), 0);
 }
 
 Test(apply, busy_in_criterion_process)

@@ -427,6 +427,8 @@ struct ap_run {
     struct ap_detail *details;
     size_t ndetails, details_cap;
     struct ap_poke_stats pst;
+    unsigned flags; /* the apply's (ALTPATCH_APPLY_*) */
+    bool proved;    /* ap_run_prove() asked */
     bool keep;   /* not a dry run: remember what is left */
     bool revert; /* ALTPATCH_APPLY_REVERT */
     bool debug;  /* ALTPATCH_DEBUG: every site is logged, in order, when the writes are done */
@@ -1364,9 +1366,55 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
     return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
 }
 
+static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered);
+
+/* The single-thread proof asked by the module walk's first large block
+ * (ap_fill_ask()): 0 not asked, 1 alone and no seccomp filter, -1 not so. */
+AP_STATE static int ap_alone_early;
+
+static bool ap_prove_alone(void)
+{
+    bool alone = ap_mm_alone();
+    ap_alone_early = alone ? 1 : -1;
+    return alone;
+}
+
+/*
+ * What writing needs to know, asked once per run right before its first
+ * decision or quick switch (ap_collect_module()), so before its first write
+ * (a part of a first decision, or the writer after the decisions): whether
+ * other threads run (the live protocol, or -EBUSY: ap_check_threads()) and
+ * with it whether the writer may skip its seccomp question (pf) and the
+ * queue's pages be made present at once (ap_fill_allow()). A run in which
+ * every module is settled on what it asks -- no change, a pre-patched file's
+ * plan for this set -- decides and writes nothing and asks nothing; a dry run
+ * never writes (ap_check_threads() answers at once). ALTPATCH_APPLY_LIVE asks
+ * at the start (ap_run_locked()). -EBUSY before any decision: nothing done.
+ */
+static int ap_run_prove(struct ap_run *r)
+{
+    if (r->proved)
+        return 0;
+    r->proved = true;
+    bool live = false, unfiltered = false;
+    int err = 0;
+    if (ap_alone_early > 0)
+        unfiltered = true; /* ap_check_threads()'s first answer, asked already */
+    else
+        err = ap_check_threads(r->flags, &live, &unfiltered);
+    if (err)
+        return err;
+    r->live = live;
+    if (unfiltered)
+        r->pf |= AP_POKE_SECCOMP_OFF; /* alone, no filter: none can come before the call ends */
+    ap_fill_allow(unfiltered);         /* ap_malloc_filled()'s madvise */
+    return 0;
+}
+
 /* Module @p m's part of the run: decided (or found settled, or switched)
  * with final bytes from arena + *@p bytes; @p total sites of @p total_bytes
- * in the run. 0 or -ENOMEM (before the module's first decision). */
+ * in the run. 0, or -ENOMEM or ap_run_prove()'s -EBUSY (before the module's
+ * first decision). */
 static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_memo *memo,
                              size_t *bytes, size_t total, size_t total_bytes)
 {
@@ -1390,6 +1438,9 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
         mr->path = AP_PATH_SETTLED;
     } else {
         /* before the first decision: a failure leaves nothing half done */
+        int err = ap_run_prove(r);
+        if (err)
+            return err;
         if (ap_run_buffers(r, total, total_bytes))
             return -ENOMEM;
         if (settled && r->revert != m->left_orig && r->keep && ap_toggle(r, mr)) {
@@ -1447,12 +1498,11 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     size_t total = n, total_bytes = bytes;
     bytes = 0;
     /* that module first (r->mods stays in decision order) */
-    if (first && ap_collect_module(r, first, memo, &bytes, total, total_bytes))
-        return -ENOMEM;
-    for (struct ap_module *m = ap_mods; m; m = m->next)
-        if (!m->gone && m != first && ap_collect_module(r, m, memo, &bytes, total, total_bytes))
-            return -ENOMEM;
-    return 0;
+    int err = first ? ap_collect_module(r, first, memo, &bytes, total, total_bytes) : 0;
+    for (struct ap_module *m = ap_mods; m && !err; m = m->next)
+        if (!m->gone && m != first)
+            err = ap_collect_module(r, m, memo, &bytes, total, total_bytes);
+    return err;
 }
 
 static int ap_cmp_write(const void *a, const void *b)
@@ -1671,40 +1721,6 @@ static unsigned ap_needed_leaves(const struct ap_module *mods)
     return groups;
 }
 
-static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered);
-
-/* The single-thread proof asked by the module walk's first large block
- * (ap_fill_ask()): 0 not asked, 1 alone and no seccomp filter, -1 not so. */
-AP_STATE static int ap_alone_early;
-
-static bool ap_prove_alone(void)
-{
-    bool alone = ap_mm_alone();
-    ap_alone_early = alone ? 1 : -1;
-    return alone;
-}
-
-/*
- * Whether this apply settles every module from its pre-patched file under
- * @p fs (ap_prepatch_agrees()): it then writes nothing, so it asks nothing
- * that only writing needs (the single-thread proof, seccomp). Not for a
- * revert or an apply that asks for the live protocol.
- */
-static bool ap_all_prepatched(const struct altpatch_features *fs, unsigned flags)
-{
-    if (flags & (ALTPATCH_APPLY_REVERT | ALTPATCH_APPLY_LIVE))
-        return false;
-    size_t n = 0;
-    for (struct ap_module *m = ap_mods; m; m = m->next) {
-        if (m->gone)
-            continue;
-        if (!ap_prepatch_agrees(m, fs))
-            return false;
-        n++;
-    }
-    return n != 0;
-}
-
 /* @p fs: the caller's set, or NULL for this host's effective set (read for
  * the features the records reference, once the modules are known).
  * -EBUSY when other threads run and they cannot be patched live
@@ -1715,8 +1731,6 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
 {
     struct ap_run r = {0};
     struct altpatch_features host;
-    bool live = false;       /* other threads run: the live protocol writes */
-    bool unfiltered = false; /* alone and no seccomp filter (ap_mm_alone()) */
     /* The module walk's large blocks (a table of thousands of records: its
      * sites, a module's per-site arrays) are made present at once when the
      * proof allows it, asked by the first of them only: an apply of small
@@ -1733,18 +1747,15 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         ap_effective_leaves_cleared(ap_needed_leaves(ap_mods), env->clearcpuid, &host);
         fs = &host;
     }
-    if (!err && !ap_all_prepatched(fs, flags)) {
-        if (ap_alone_early > 0)
-            unfiltered = true; /* ap_check_threads()'s first answer, asked already */
-        else
-            err = ap_check_threads(flags, &live, &unfiltered);
-    }
-    ap_fill_allow(unfiltered); /* ap_malloc_filled()'s madvise */
     r.debug = ap_env_value_on(env->debug);
-    r.live = live;
+    r.flags = flags;
     r.pf = ((flags & ALTPATCH_APPLY_PROCMEM_ONLY) ? AP_POKE_PROCMEM_ONLY : 0) |
-           ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0) |
-           (unfiltered ? AP_POKE_SECCOMP_OFF : 0); /* ap_check_threads() */
+           ((flags & ALTPATCH_APPLY_NO_PROCMEM) ? AP_POKE_NO_PROCMEM : 0);
+    /* the threads asked when the first decision comes (ap_run_prove()):
+     * an apply that decides nothing writes nothing; one that asks for
+     * the live protocol is answered at once */
+    if (!err && (flags & ALTPATCH_APPLY_LIVE))
+        err = ap_run_prove(&r);
     if (!err)
         err = ap_collect(&r, fs, flags);
     if (!err)
@@ -1753,7 +1764,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         /* other threads may run the sites (docs/live.md); after parts
          * (ap_part_write()), the rest: the page count continues when every
          * write came in address order */
-        if (live) {
+        if (r.live) {
             err = ap_live_poke(r.writes, r.nwrites, &r.pst);
         } else if (r.part_err == -ENOMEM) {
             ap_writes_deny(r.writes, r.nwrites);
@@ -1765,7 +1776,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
                                             : AP_POKE_CONTINUE),
                           &r.pst);
         }
-        st->live = live;
+        st->live = r.live;
         r.poked = true;
     }
     if (!err)
