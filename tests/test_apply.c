@@ -1598,6 +1598,63 @@ Test(apply, busy_with_a_second_thread)
     cr_assert_eq(memcmp(&r->busy_st, &r->same_st, sizeof(r->same_st)), 0);
 }
 
+#if defined(RELOAD_V1) && defined(RELOAD_V4)
+/* A library loaded while another thread runs: its first decision asks about
+ * the threads only when it queues a write (libreload_v4's one site never
+ * applies: nothing to write; libreload_v1's always does). */
+struct loaded_busy_result {
+    int first_rc, never_rc, always_rc, after_rc;
+    long never_value, always_value, after_value;
+    uint64_t never_bytes;
+};
+
+static void loaded_busy_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct loaded_busy_result *r = out;
+    altpatch_set_print(silent);
+    struct altpatch_features *f = fset(F_A, -1);
+    r->first_rc = apply_with(f, 0); /* alone: the program's modules settled */
+    pthread_t t;
+    if (pipe(g_pipe) || pthread_create(&t, NULL, waiter, NULL))
+        _exit(3);
+    void *hn = dlopen(RELOAD_V4, RTLD_NOW | RTLD_LOCAL);
+    long (*never)(void) = hn ? (long (*)(void))dlsym(hn, "reload_value") : NULL;
+    if (!never)
+        _exit(4);
+    r->never_rc = apply_with(f, ALTPATCH_APPLY_NO_LIVE);
+    r->never_value = never();
+    struct altpatch_stats st;
+    get_stats(&st);
+    r->never_bytes = st.bytes_written;
+    void *ha = dlopen(RELOAD_V1, RTLD_NOW | RTLD_LOCAL);
+    long (*always)(void) = ha ? (long (*)(void))dlsym(ha, "reload_value") : NULL;
+    if (!always)
+        _exit(5);
+    r->always_rc = apply_with(f, ALTPATCH_APPLY_NO_LIVE);
+    r->always_value = always();
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(6);
+    pthread_join(t, NULL);
+    r->after_rc = apply_with(f, 0);
+    r->after_value = always();
+    altpatch_features_free(f);
+}
+
+Test(apply, busy_only_when_a_loaded_library_needs_a_write)
+{
+    struct loaded_busy_result *r = ap_isolated(sizeof(*r), loaded_busy_body, NULL);
+    cr_assert_eq(r->first_rc, 0);
+    cr_assert_eq(r->never_rc, 0, "nothing to write: the threads are not asked");
+    cr_assert_eq(r->never_value, 7);
+    cr_assert_eq(r->never_bytes, 0);
+    cr_assert_eq(r->always_rc, -EBUSY);
+    cr_assert_eq(r->always_value, 1, "nothing written while another thread runs");
+    cr_assert_eq(r->after_rc, 0);
+    cr_assert_eq(r->after_value, 2, "decided again and written once alone");
+}
+#endif
+
 Test(apply, busy_in_criterion_process)
 {
     /* The test process itself has Criterion's second thread. */

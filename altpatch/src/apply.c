@@ -338,6 +338,7 @@ struct ap_mrun {
     size_t writes;  /* writes it queued */
     size_t patched; /* sites recorded patched */
     bool ok;        /* no site recorded refused */
+    bool first;     /* its first decision (ap_decide_first()) */
     uint8_t path;   /* AP_PATH_* */
 };
 
@@ -401,7 +402,8 @@ struct ap_run {
     bool first_any;
     size_t part; /* writes in one part (ap_part_size() of the run's sites) */
     bool live;            /* written by the live writer (docs/live.md) */
-    bool parts_off;       /* a quick switch queued writes: no part written */
+    bool parts_off;       /* no part written: a quick switch queued writes, or the
+                           * proof waits for the writer (ap_run_prove()) */
     int part_err;         /* the writer's first error over the parts */
     size_t nparted;       /* writes written in parts so far */
     uint64_t part_bytes;  /* pst.bytes after the last part */
@@ -1380,17 +1382,39 @@ static bool ap_prove_alone(void)
 }
 
 /*
- * What writing needs to know, asked once per run right before its first
- * decision or quick switch (ap_collect_module()), so before its first write
- * (a part of a first decision, or the writer after the decisions): whether
- * other threads run (the live protocol, or -EBUSY: ap_check_threads()) and
- * with it whether the writer may skip its seccomp question (pf) and the
- * queue's pages be made present at once (ap_fill_allow()). A run in which
- * every module is settled on what it asks -- no change, a pre-patched file's
- * plan for this set -- decides and writes nothing and asks nothing; a dry run
- * never writes (ap_check_threads() answers at once). ALTPATCH_APPLY_LIVE asks
- * at the start (ap_run_locked()). -EBUSY before any decision: nothing done.
+ * What writing needs to know, asked once per run before its first write:
+ * whether other threads run (the live protocol, or -EBUSY:
+ * ap_check_threads()) and with it whether the writer may skip its seccomp
+ * question (pf) and the queue's pages be made present at once
+ * (ap_fill_allow()). Asked right before the run's first decision or quick
+ * switch (ap_collect_module()), or -- where nothing can be written or made
+ * present before the writer (ap_run_small()) and every module decided so far
+ * is decided for the first time -- right before the writer (ap_run_locked()).
+ * A run in which every module is settled on what it asks (no change, a
+ * pre-patched file's plan for this set), or whose decisions queue no write,
+ * asks nothing; a dry run never writes (ap_check_threads() answers at once).
+ * ALTPATCH_APPLY_LIVE asks at the start. -EBUSY before any write: nothing
+ * done (ap_run_undecide()).
  */
+/* A run of @p total sites whose queue is not made present at once
+ * (ap_malloc_filled_head(): 64 KiB and more): its first decisions may wait
+ * for the proof until the writer, their writes then queued whole (no part:
+ * ap_part_write()), as one part of all its sites would have been. */
+static bool ap_run_small(size_t total)
+{
+    return total * sizeof(struct ap_write) < 64 * 1024;
+}
+
+/* A run refused before any write (ap_run_prove()): each module it decided for
+ * the first time is one never decided again (memory holds its originals, the
+ * next decision saves them afresh); the others were not decided. */
+static void ap_run_undecide(struct ap_run *r)
+{
+    for (size_t k = 0; k < r->nmods; k++)
+        if (r->mods[k].first)
+            r->mods[k].m->saved = false;
+}
+
 static int ap_run_prove(struct ap_run *r)
 {
     if (r->proved)
@@ -1437,10 +1461,16 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
     if (settled && r->revert == m->left_orig && ap_still_settled(m)) {
         mr->path = AP_PATH_SETTLED;
     } else {
-        /* before the first decision: a failure leaves nothing half done */
-        int err = ap_run_prove(r);
-        if (err)
-            return err;
+        /* before the first decision: a failure leaves nothing half done;
+         * a small run's first decisions are asked for right before the
+         * writer (ap_run_prove()): nothing written in a part before it */
+        if (first && !r->proved && ap_run_small(total)) {
+            r->parts_off = true;
+        } else {
+            int err = ap_run_prove(r);
+            if (err)
+                return err;
+        }
         if (ap_run_buffers(r, total, total_bytes))
             return -ENOMEM;
         if (settled && r->revert != m->left_orig && r->keep && ap_toggle(r, mr)) {
@@ -1462,6 +1492,7 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
             m->left_orig = false;
         }
         size_t w0 = r->nparted + r->nwrites;
+        mr->first = first;
         if (first)
             ap_decide_first(r, mr, r->arena + *bytes, memo);
         else
@@ -1760,6 +1791,10 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         err = ap_collect(&r, fs, flags);
     if (!err)
         ap_batch(&r);
+    if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites)
+        err = ap_run_prove(&r); /* asked already, or deferred to here */
+    if (err && !r.poked)
+        ap_run_undecide(&r);
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         /* other threads may run the sites (docs/live.md); after parts
          * (ap_part_write()), the rest: the page count continues when every
