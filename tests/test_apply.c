@@ -29,6 +29,7 @@
 #include "ap_copyfile.h"
 #include "ap_isolate.h"
 #include "ap_mdwe.h"
+#include "apply.h"
 #include "host.h"
 
 /* ---- the sites ------------------------------------------------------------
@@ -1652,6 +1653,83 @@ Test(apply, busy_only_when_a_loaded_library_needs_a_write)
     cr_assert_eq(r->always_value, 1, "nothing written while another thread runs");
     cr_assert_eq(r->after_rc, 0);
     cr_assert_eq(r->after_value, 2, "decided again and written once alone");
+}
+#endif
+
+#if defined(RELOAD_V1) && defined(RELOAD_V2)
+/* Later applies pin the libraries with a note from what the last complete
+ * module walk found, without searching any header, as long as nothing was
+ * loaded or unloaded: each library is still pinned and patched, reverted,
+ * patched again; a load or an unload in between makes the walk search. */
+struct pins_kept_result {
+    int rc[8];
+    long v1[8], v2[8];
+    int known[8];
+    size_t pinned[8];
+};
+
+static void pins_kept_note(struct pins_kept_result *r, int k)
+{
+    struct ap_pins p;
+    ap_pins_take(&p);
+    r->known[k] = p.seen.counted ? p.seen.noted_known : -1;
+    r->pinned[k] = 0;
+    for (size_t i = 0; i < p.n; i++)
+        r->pinned[k] += p.h && p.h[i] != NULL;
+    ap_pins_release(&p);
+}
+
+static void pins_kept_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct pins_kept_result *r = out;
+    altpatch_set_print(silent);
+    struct altpatch_features *f = fset(-1);
+    void *h1 = dlopen(RELOAD_V1, RTLD_NOW | RTLD_LOCAL);
+    long (*v1)(void) = h1 ? (long (*)(void))dlsym(h1, "reload_value") : NULL;
+    if (!v1)
+        _exit(3);
+    long (*v2)(void) = NULL;
+    void *h2 = NULL;
+    static const unsigned flags[8] = {0, ALTPATCH_APPLY_REVERT, 0, 0, ALTPATCH_APPLY_REVERT, 0,
+                                      0, ALTPATCH_APPLY_REVERT};
+    for (int k = 0; k < 8; k++) {
+        if (k == 3) { /* a load: searched again */
+            h2 = dlopen(RELOAD_V2, RTLD_NOW | RTLD_LOCAL);
+            v2 = h2 ? (long (*)(void))dlsym(h2, "reload_value") : NULL;
+            if (!v2)
+                _exit(4);
+        }
+        if (k == 6) { /* an unload: searched again */
+            dlclose(h2);
+            v2 = NULL;
+        }
+        pins_kept_note(r, k);
+        r->rc[k] = apply_with(f, flags[k]);
+        r->v1[k] = v1();
+        r->v2[k] = v2 ? v2() : 0;
+    }
+    altpatch_features_free(f);
+}
+
+Test(apply, later_applies_pin_the_libraries_the_last_walk_found)
+{
+    struct pins_kept_result *r = ap_isolated(sizeof(*r), pins_kept_body, NULL);
+    static const long v1[8] = {2, 1, 2, 2, 1, 2, 2, 1};
+    static const long v2[8] = {0, 0, 0, 3, 1, 3, 0, 0};
+    static const size_t pinned[8] = {1, 1, 1, 2, 2, 2, 1, 1};
+    for (int k = 0; k < 8; k++) {
+        cr_assert_eq(r->rc[k], 0, "apply %d", k);
+        cr_assert_eq(r->v1[k], v1[k], "apply %d: libreload_v1", k);
+        cr_assert_eq(r->v2[k], v2[k], "apply %d: libreload_v2", k);
+        cr_assert_eq(r->pinned[k], pinned[k], "apply %d: libraries pinned", k);
+    }
+    if (r->known[0] < 0)
+        return; /* a C library without the loader's counters: always searched */
+    /* the first walk of the library, a load, an unload: searched; else kept */
+    static const int known[8] = {0, 1, 1, 0, 1, 1, 0, 1};
+    for (int k = 0; k < 8; k++)
+        cr_assert_eq(r->known[k], known[k], "apply %d: the kept libraries used", k);
 }
 #endif
 

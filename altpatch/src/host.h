@@ -704,7 +704,16 @@ struct ap_notes_seen {
     bool counted;  /* the loader's counters were given to it */
     bool complete; /* the walk saw every object (set by its caller) */
     bool idle;     /* nothing remembered: the module walk will not need it */
+    /* idle, and the libraries with a note known from the last complete
+     * module walk under these counters (noted[0 .. noted_n)): no header is
+     * searched (module.c, ap_noted_read()) */
+    bool noted_known;
     unsigned long long adds, subs;
+    size_t noted_n;
+    struct {
+        uintptr_t base;
+        const void *phdr;
+    } noted[AP_NOTES_SEEN];
     size_t n;      /* objects seen */
     struct {
         uintptr_t base;
@@ -717,7 +726,7 @@ struct ap_notes_seen {
 /** Empty @p s (no object seen yet). */
 static inline void ap_notes_seen_init(struct ap_notes_seen *s)
 {
-    s->started = s->counted = s->complete = s->idle = false;
+    s->started = s->counted = s->complete = s->idle = s->noted_known = false;
     s->n = 0;
 }
 /** Whether the next object of a walk (@p size: the callback's) carries an

@@ -106,11 +106,69 @@ static bool ap_walk_counted(size_t size)
 
 static bool ap_walk_unchanged(const struct dl_phdr_info *info);
 
+/*
+ * The libraries with a note (base, program headers) as the last complete
+ * module walk found them, with that walk's loader counters: while the
+ * counters are still those, nothing was loaded or unloaded since, so the same
+ * objects are loaded and a library carries a note exactly when it is one of
+ * these. The pins' walk of a later apply, before apply's lock, then needs no
+ * header searched (ap_module_note_seen()). Written under apply's lock
+ * (ap_modules_refresh_seen()), read without it: a sequence count, odd while
+ * written; ap_noted_n above AP_NOTES_SEEN: not known.
+ */
+AP_STATE static unsigned ap_noted_seq;
+AP_STATE static unsigned long long ap_noted_adds, ap_noted_subs;
+AP_STATE static size_t ap_noted_n = AP_NOTES_SEEN + 1;
+AP_STATE static struct {
+    uintptr_t base;
+    const void *phdr;
+} ap_noted[AP_NOTES_SEEN];
+
+/* Keep the libraries of @p list, a complete walk's under @p adds, @p subs. */
+static void ap_noted_publish(const struct ap_module *list, unsigned long long adds,
+                             unsigned long long subs)
+{
+    unsigned seq = __atomic_load_n(&ap_noted_seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&ap_noted_seq, seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    size_t n = 0;
+    for (const struct ap_module *m = list; m && n <= AP_NOTES_SEEN; m = m->next) {
+        if (!m->path[0])
+            continue; /* the main program: never pinned, never searched */
+        if (n < AP_NOTES_SEEN) {
+            __atomic_store_n(&ap_noted[n].base, m->base, __ATOMIC_RELAXED);
+            __atomic_store_n(&ap_noted[n].phdr, m->phdr, __ATOMIC_RELAXED);
+        }
+        n++;
+    }
+    __atomic_store_n(&ap_noted_n, n, __ATOMIC_RELAXED);
+    __atomic_store_n(&ap_noted_adds, adds, __ATOMIC_RELAXED);
+    __atomic_store_n(&ap_noted_subs, subs, __ATOMIC_RELAXED);
+    __atomic_store_n(&ap_noted_seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+/* The kept libraries into @p s when they describe the counters @p adds,
+ * @p subs (a consistent copy: no walk finished meanwhile). */
+static bool ap_noted_read(struct ap_notes_seen *s, unsigned long long adds,
+                          unsigned long long subs)
+{
+    unsigned seq = __atomic_load_n(&ap_noted_seq, __ATOMIC_ACQUIRE);
+    size_t n = __atomic_load_n(&ap_noted_n, __ATOMIC_RELAXED);
+    bool ok = !(seq & 1) && n <= AP_NOTES_SEEN &&
+              __atomic_load_n(&ap_noted_adds, __ATOMIC_RELAXED) == adds &&
+              __atomic_load_n(&ap_noted_subs, __ATOMIC_RELAXED) == subs;
+    for (size_t i = 0; ok && i < n; i++) {
+        s->noted[i].base = __atomic_load_n(&ap_noted[i].base, __ATOMIC_RELAXED);
+        s->noted[i].phdr = __atomic_load_n(&ap_noted[i].phdr, __ATOMIC_RELAXED);
+    }
+    s->noted_n = ok ? n : 0;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return ok && __atomic_load_n(&ap_noted_seq, __ATOMIC_RELAXED) == seq;
+}
+
 bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool search,
                          struct ap_notes_seen *s)
 {
-    uint32_t descsz = 0;
-    const uint8_t *desc = search ? ap_find_note(info, &descsz) : NULL;
     if (!s->started) {
         s->started = true;
         s->counted = ap_walk_counted(size);
@@ -121,8 +179,19 @@ bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool sear
              * walk will stop at its first object and needs no note (a hint
              * only: a walk that finds it wrong searches the headers). */
             s->idle = ap_walk_unchanged(info);
+            s->noted_known = s->idle && ap_noted_read(s, s->adds, s->subs);
         }
     }
+    if (s->noted_known) {
+        /* the same objects as the last complete walk's: its libraries */
+        for (size_t i = 0; search && i < s->noted_n; i++)
+            if (s->noted[i].base == info->dlpi_addr &&
+                s->noted[i].phdr == (const void *)info->dlpi_phdr)
+                return true;
+        return false;
+    }
+    uint32_t descsz = 0;
+    const uint8_t *desc = search ? ap_find_note(info, &descsz) : NULL;
     if (s->idle)
         return desc != NULL;
     if (s->n < AP_NOTES_SEEN) {
@@ -577,6 +646,7 @@ int ap_modules_refresh_seen(struct ap_module **list, const struct ap_notes_seen 
         *pp = m->next;
         ap_module_free(m);
     }
+    ap_noted_publish(*list, w.adds, w.subs);
     __atomic_store_n(&ap_last_adds, w.adds, __ATOMIC_RELAXED);
     __atomic_store_n(&ap_last_subs, w.subs, __ATOMIC_RELAXED);
     __atomic_store_n(&ap_last_list, list, __ATOMIC_RELAXED);
