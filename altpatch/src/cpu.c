@@ -650,18 +650,32 @@ static void ap_probe_instructions(struct altpatch_features *f, unsigned asked)
 /* The facts asked of the OS so far (AP_LEAVES_XCOMP, AP_LEAVES_SHSTK, AP_LEAVES_PROBE). */
 AP_STATE static unsigned ap_os_asked;
 
+/* The set derived last, and the leaves read and facts asked it was derived
+ * from: what follows from them is fixed for the process (the OS's answers
+ * and the probes are asked once), so the same leaves and facts give the
+ * same set without deriving it again (an apply after the first). */
+AP_STATE static struct altpatch_features ap_derived;
+AP_STATE static unsigned ap_derived_raw, ap_derived_os;
+AP_STATE static bool ap_derived_any;
+
 void ap_host_leaves(unsigned groups, struct altpatch_features *out)
 {
     pthread_mutex_lock(&ap_leaves_mx);
     ap_read_leaves(groups);
     ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK | AP_LEAVES_PROBE);
-    struct altpatch_features f = ap_raw;
-    ap_mask_known(&f);
-    ap_apply_os_enablement(&f, ap_os_asked);
-    ap_probe_instructions(&f, ap_os_asked);
-    ap_derive_synthetic(&f);
+    if (!ap_derived_any || ap_derived_raw != ap_raw_groups || ap_derived_os != ap_os_asked) {
+        struct altpatch_features f = ap_raw;
+        ap_mask_known(&f);
+        ap_apply_os_enablement(&f, ap_os_asked);
+        ap_probe_instructions(&f, ap_os_asked);
+        ap_derive_synthetic(&f);
+        ap_derived = f;
+        ap_derived_raw = ap_raw_groups;
+        ap_derived_os = ap_os_asked;
+        ap_derived_any = true;
+    }
+    *out = ap_derived;
     pthread_mutex_unlock(&ap_leaves_mx);
-    *out = f;
 }
 
 /*
