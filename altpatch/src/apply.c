@@ -1396,13 +1396,15 @@ static bool ap_prove_alone(void)
  * ALTPATCH_APPLY_LIVE asks at the start. -EBUSY before any write: nothing
  * done (ap_run_undecide()).
  */
-/* A run of @p total sites whose queue is not made present at once
+/* A run of @p total sites written in one part at most (ap_part_size():
+ * all its sites) and whose queue is not made present at once
  * (ap_malloc_filled_head(): 64 KiB and more): its first decisions may wait
  * for the proof until the writer, their writes then queued whole (no part:
- * ap_part_write()), as one part of all its sites would have been. */
+ * ap_part_write()), as the one part of all its sites would have been. */
 static bool ap_run_small(size_t total)
 {
-    return total * sizeof(struct ap_write) < 64 * 1024;
+    return total <= (ap_part_writes ? ap_part_writes : 1) &&
+           total * sizeof(struct ap_write) < 64 * 1024;
 }
 
 /* A run refused before any write (ap_run_prove()): each module it decided for
