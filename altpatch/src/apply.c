@@ -1381,21 +1381,6 @@ static bool ap_prove_alone(void)
     return alone;
 }
 
-/*
- * What writing needs to know, asked once per run before its first write:
- * whether other threads run (the live protocol, or -EBUSY:
- * ap_check_threads()) and with it whether the writer may skip its seccomp
- * question (pf) and the queue's pages be made present at once
- * (ap_fill_allow()). Asked right before the run's first decision or quick
- * switch (ap_collect_module()), or -- where nothing can be written or made
- * present before the writer (ap_run_small()) and every module decided so far
- * is decided for the first time -- right before the writer (ap_run_locked()).
- * A run in which every module is settled on what it asks (no change, a
- * pre-patched file's plan for this set), or whose decisions queue no write,
- * asks nothing; a dry run never writes (ap_check_threads() answers at once).
- * ALTPATCH_APPLY_LIVE asks at the start. -EBUSY before any write: nothing
- * done (ap_run_undecide()).
- */
 /* A run of @p total sites written in one part at most (ap_part_size():
  * all its sites) and whose queue is not made present at once
  * (ap_malloc_filled_head(): 64 KiB and more): its first decisions may wait
@@ -1417,6 +1402,22 @@ static void ap_run_undecide(struct ap_run *r)
             r->mods[k].m->saved = false;
 }
 
+/*
+ * What writing needs to know, asked once per run before its first write:
+ * whether other threads run (the live protocol, or -EBUSY:
+ * ap_check_threads()) and with it whether the writer may skip its seccomp
+ * question (pf) and the queue's pages be made present at once
+ * (ap_fill_allow()). Asked right before the run's first decision or quick
+ * switch (ap_collect_module()), or -- where nothing can be written or made
+ * present before the writer (ap_run_small()) and every module decided so far
+ * is decided for the first time -- right before the writer (ap_run_locked()).
+ * A run in which every module is settled on what it asks (no change, a
+ * pre-patched file's plan for this set), or whose decisions queue no write,
+ * asks nothing; a dry run never writes (ap_check_threads() answers at once).
+ * ALTPATCH_APPLY_LIVE asks at the start. A yes of the module walk's first
+ * large block (ap_prove_alone()) is taken as it is. -EBUSY before any
+ * write: nothing done (ap_run_undecide()).
+ */
 static int ap_run_prove(struct ap_run *r)
 {
     if (r->proved)
