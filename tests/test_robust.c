@@ -576,8 +576,24 @@ static void step_body(void *out)
     step_r->parent_fork = plain_fork();
 }
 
+/* A sanitizer's shadow memory makes each fork() cost milliseconds: a fork at
+ * every instruction of an entry point outlasts the run's limit there. The
+ * plain and clang builds run these tests. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define STEP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define STEP_SANITIZED 1
+#endif
+#endif
+#ifndef STEP_SANITIZED
+#define STEP_SANITIZED 0
+#endif
+
 static void step_run(enum step_op op, const char *what)
 {
+    if (STEP_SANITIZED)
+        cr_skip_test("a fork per instruction is too slow under a sanitizer");
     step_which = op;
     int status;
     struct step_res *r = run_child(sizeof(*r), step_body, 60, &status);
