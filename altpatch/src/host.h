@@ -134,8 +134,10 @@ enum ap_poke_flags {
     /* the text is likely never written before (a module's first decision):
      * a window of 4 pages or more breaks copy-on-write of all its pages
      * in one MADV_POPULATE_WRITE once it is writable, instead of a page
-     * fault per page on the first store; only with AP_POKE_SECCOMP_OFF (no
-     * filter can kill the process for the call) */
+     * fault per page on the first store; only with AP_POKE_SECCOMP_OFF, and
+     * only when PR_GET_SECCOMP, asked in the window itself right before,
+     * still answers 0 (no filter can kill the process for the call: the
+     * flag's proof may be older than a print callback that installed one) */
     AP_POKE_PREFAULT = 1u << 7,
 };
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #define AP_XSTR(x) #x
@@ -208,15 +209,22 @@ void *ap_malloc_filled_head(size_t size, size_t head)
     void *p = malloc(size ? size : 1);
     if (head > size)
         head = size;
+    bool fresh = false; /* the proof asked just now */
     if (p && ap_fill_prove && head >= AP_FILL_MIN) {
         bool (*prove)(void) = ap_fill_prove;
         ap_fill_prove = NULL; /* asked once */
         ap_fill_on = prove();
+        fresh = true;
     }
     if (p && ap_fill_on && head >= AP_FILL_MIN) {
         uintptr_t pg = 4096, a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
         uintptr_t e = ((uintptr_t)p + head) & ~(pg - 1);
-        if (e > a)
+        /* An older proof may predate a print callback of the application's
+         * that installed a seccomp filter (one may kill the process for the
+         * advice): the mode asked again right before, unless just proved. */
+        if (e > a && !fresh && prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L) != 0)
+            ap_fill_on = false; /* a mode is never cleared: not asked again */
+        if (e > a && ap_fill_on)
             madvise((void *)a, e - a, MADV_POPULATE_WRITE);
     }
     return p;

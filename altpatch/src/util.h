@@ -81,7 +81,9 @@ AP_HIDDEN void *ap_malloc_filled_head(size_t size, size_t head);
 /**
  * Allow ap_malloc_filled() its madvise() (@p on: the caller knows that no
  * seccomp filter runs in this single-threaded call, so an advice an older
- * kernel does not know cannot be fatal), or forbid it again.
+ * kernel does not know cannot be fatal), or forbid it again. Each advice
+ * after the first still asks PR_GET_SECCOMP right before (a print callback
+ * may have installed a filter since) and is skipped unless it answers 0.
  */
 AP_HIDDEN void ap_fill_allow(bool on);
 /**
