@@ -20,6 +20,7 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -386,30 +387,70 @@ __attribute__((noinline, used)) static void calls(void)
                              : "memory");
 }
 
-enum { N_CALLS = 9 };
+/* FOREIGN_AT: a C site after the first (its template known: instantiated
+ * where the site's final bytes are kept) */
+enum { N_CALLS = 9, FOREIGN_AT = 3 };
 static const char CALLS[] = "CDCCDCCDC";
 
 struct calls_run {
-    int rc, rc2, mdwe;
-    unsigned n;
+    int rc, rc2, rc_rev, mdwe;
+    unsigned n, n_rev;
     uintptr_t addr[N_CALLS];
     int state[N_CALLS], reason[N_CALLS];
     uint8_t current[N_CALLS][5];
+    /* denied: after the plan's bytes put at call site FOREIGN_AT by another
+     * writer, and a revert */
+    int state_rev[N_CALLS], reason_rev[N_CALLS];
+    uint8_t current_rev[N_CALLS][5];
     uint64_t written, written2, refused;
+};
+
+/* sites seen by calls_cb(): the first apply's, or the revert's (rev) */
+struct calls_walk {
+    struct calls_run *r;
+    bool rev;
 };
 
 static int calls_cb(const struct altpatch_site_info *si, void *p)
 {
-    struct calls_run *r = p;
+    struct calls_walk *cw = p;
+    struct calls_run *r = cw->r;
+    unsigned *n = cw->rev ? &r->n_rev : &r->n;
     if (si->addr < (uintptr_t)parts_calls_begin || si->addr >= (uintptr_t)parts_calls_end ||
-        r->n >= N_CALLS || si->len != 5 || !si->current)
+        *n >= N_CALLS || si->len != 5 || !si->current)
         return 0;
-    r->addr[r->n] = si->addr;
-    r->state[r->n] = si->state;
-    r->reason[r->n] = si->reason;
-    memcpy(r->current[r->n], si->current, 5);
-    r->n++;
+    if (cw->rev) {
+        r->state_rev[*n] = si->state;
+        r->reason_rev[*n] = si->reason;
+        memcpy(r->current_rev[*n], si->current, 5);
+    } else {
+        r->addr[*n] = si->addr;
+        r->state[*n] = si->state;
+        r->reason[*n] = si->reason;
+        memcpy(r->current[*n], si->current, 5);
+    }
+    (*n)++;
     return 0;
+}
+
+/* A call to @p fn from a site at @p at. */
+static void call_bytes(uint8_t out[5], uintptr_t at, void *fn)
+{
+    int32_t rel = (int32_t)((intptr_t)fn - (intptr_t)(at + 5));
+    out[0] = 0xe8;
+    memcpy(out + 1, &rel, 4);
+}
+
+/* Another writer's call to @p fn at @p at (through /proc/self/mem, as a
+ * debugger writes; in the child). */
+static void put_call(uintptr_t at, void *fn)
+{
+    uint8_t b[5];
+    call_bytes(b, at, fn);
+    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    if (fd < 0 || pwrite(fd, b, 5, (off_t)at) != 5)
+        _exit(5);
+    close(fd);
 }
 
 static void calls_body(void *out, void *cv)
@@ -428,24 +469,28 @@ static void calls_body(void *out, void *cv)
     if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
         abort();
     struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f, .flags = flags};
+    struct altpatch_apply_opts rev = o;
+    rev.flags |= ALTPATCH_APPLY_REVERT;
     struct altpatch_stats st;
     r->rc = altpatch_apply_opts(&o);
     get_stats(&st);
     r->written = st.bytes_written;
     r->refused = st.sites_refused;
-    altpatch_site_foreach(calls_cb, r);
+    struct calls_walk cw = {r, false};
+    altpatch_site_foreach(calls_cb, &cw);
+    if (c->deny && r->n > 0) {
+        /* what the library keeps for each site is now its original: the
+         * plan's bytes put at a call site by another writer are foreign to a
+         * revert (refused, left), not what it wrote */
+        put_call(r->addr[FOREIGN_AT], (void *)parts_two);
+        r->rc_rev = altpatch_apply_opts(&rev);
+        cw.rev = true;
+        altpatch_site_foreach(calls_cb, &cw);
+    }
     r->rc2 = altpatch_apply_opts(&o); /* nothing left to do */
     get_stats(&st);
     r->written2 = st.bytes_written;
     altpatch_features_free(f);
-}
-
-/* A call to @p fn from a site at @p at. */
-static void call_bytes(uint8_t out[5], uintptr_t at, void *fn)
-{
-    int32_t rel = (int32_t)((intptr_t)fn - (intptr_t)(at + 5));
-    out[0] = 0xe8;
-    memcpy(out + 1, &rel, 4);
 }
 
 /* A first decision instantiates each call site's template where the site's
@@ -492,6 +537,24 @@ Test(parts, relocated_calls_in_every_part)
         if (c.deny) {
             cr_assert_eq(r->written, 0);
             cr_assert_geq(r->refused, 6);
+            cr_assert_eq(r->rc_rev, 0);
+            cr_assert_eq(r->n_rev, N_CALLS);
+            uint8_t one[5], two[5];
+            for (unsigned i = 0; i < N_CALLS; i++) {
+                call_bytes(one, r->addr[i], (void *)parts_one);
+                call_bytes(two, r->addr[i], (void *)parts_two);
+                if (i != FOREIGN_AT) {
+                    cr_assert_eq(r->state_rev[i], ALTPATCH_SITE_ORIGINAL, "part of %u: site %u",
+                                 c.part, i);
+                    cr_assert_arr_eq(r->current_rev[i], one, 5, "part of %u: site %u", c.part, i);
+                    continue;
+                }
+                cr_assert_eq(r->state_rev[i], ALTPATCH_SITE_REFUSED, "part of %u", c.part);
+                cr_assert_eq(r->reason_rev[i], ALTPATCH_REASON_MEM_MISMATCH,
+                             "part of %u: the plan's bytes, not written by an apply: reason %d",
+                             c.part, r->reason_rev[i]);
+                cr_assert_arr_eq(r->current_rev[i], two, 5, "part of %u: left as found", c.part);
+            }
         } else {
             cr_assert_eq(w, 6);
             cr_assert_geq(r->written, 5 * 6);

@@ -711,6 +711,7 @@ static inline uint64_t ap_bits_spread(uint32_t x)
 
 /* Writes in a part of a first decision's queue (host.h): 128 KiB of them. */
 unsigned ap_part_writes = 4096;
+AP_STATE uint64_t ap_settled_found;
 
 static void ap_write_done(struct ap_run *r, size_t k, size_t *hint);
 
@@ -1463,6 +1464,7 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
     bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
     if (settled && r->revert == m->left_orig && ap_still_settled(m)) {
         mr->path = AP_PATH_SETTLED;
+        ap_settled_found++;
     } else {
         /* before the first decision: a failure leaves nothing half done;
          * a small run's first decisions are asked for right before the

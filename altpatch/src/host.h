@@ -208,6 +208,13 @@ static inline size_t ap_part_size(size_t sites)
  */
 AP_HIDDEN extern unsigned ap_records_keep_max;
 
+/**
+ * Modules an apply found settled (memory holding every site's bytes as the
+ * last apply left them: nothing decided), counted over the process's life
+ * (apply.c). Read by tests to tell that path from a decision.
+ */
+AP_HIDDEN extern uint64_t ap_settled_found;
+
 /*
  * Shared by both writers (writer.c; the pending check and ap_sys() inline here).
  */
