@@ -431,6 +431,7 @@ struct ap_run {
     struct ap_poke_stats pst;
     unsigned flags; /* the apply's (ALTPATCH_APPLY_*) */
     bool proved;    /* ap_run_prove() asked */
+    unsigned long proof_calls; /* ap_user_calls when the proof was taken */
     bool keep;   /* not a dry run: remember what is left */
     bool revert; /* ALTPATCH_APPLY_REVERT */
     bool debug;  /* ALTPATCH_DEBUG: every site is logged, in order, when the writes are done */
@@ -759,12 +760,26 @@ static void ap_writes_deny(struct ap_write *w, size_t n)
             w[k].result = ALTPATCH_REASON_WRITE_DENIED;
 }
 
+static int ap_run_fresh(struct ap_run *r);
+
 static __attribute__((noinline)) void ap_part_write(struct ap_run *r)
 {
     struct ap_write *w = r->writes;
     size_t nw = r->nwrites;
-    if (r->part_err == -ENOMEM) {
+    if (r->part_err != -ENOMEM && r->part_err != -EBUSY) {
+        /* the print callback ran since the proof: asked again (-EBUSY: this
+         * part and every one after it not written) */
+        int err = ap_run_fresh(r);
+        if (err)
+            r->part_err = err;
+    }
+    if (r->part_err == -ENOMEM || r->part_err == -EBUSY) {
         ap_writes_deny(w, nw);
+    } else if (r->live) {
+        /* threads started by the callback, the flags allow the live writer */
+        int err = ap_live_poke(w, nw, &r->pst);
+        if (err && !r->part_err)
+            r->part_err = err;
     } else {
         /* the pages each part counts remembered: a last batch out of
          * address order does not count them again */
@@ -1374,9 +1389,17 @@ static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered);
 /* The single-thread proof asked by the module walk's first large block
  * (ap_fill_ask()): 0 not asked, 1 alone and no seccomp filter, -1 not so. */
 AP_STATE static int ap_alone_early;
+/* ap_user_calls when it was asked: a later call into user code makes it old */
+AP_STATE static unsigned long ap_alone_early_calls;
+
+static unsigned long ap_user_calls_now(void)
+{
+    return __atomic_load_n(&ap_user_calls, __ATOMIC_RELAXED);
+}
 
 static bool ap_prove_alone(void)
 {
+    ap_alone_early_calls = ap_user_calls_now();
     bool alone = ap_mm_alone();
     ap_alone_early = alone ? 1 : -1;
     return alone;
@@ -1426,17 +1449,40 @@ static int ap_run_prove(struct ap_run *r)
     r->proved = true;
     bool live = false, unfiltered = false;
     int err = 0;
-    if (ap_alone_early > 0)
+    if (ap_alone_early > 0 && ap_alone_early_calls == ap_user_calls_now()) {
         unfiltered = true; /* ap_check_threads()'s first answer, asked already */
-    else
+        r->proof_calls = ap_alone_early_calls;
+    } else {
+        r->proof_calls = ap_user_calls_now();
         err = ap_check_threads(r->flags, &live, &unfiltered);
+    }
     if (err)
         return err;
     r->live = live;
     if (unfiltered)
         r->pf |= AP_POKE_SECCOMP_OFF; /* alone, no filter: none can come before the call ends */
-    ap_fill_allow(unfiltered);         /* ap_malloc_filled()'s madvise */
+    else
+        r->pf &= ~(unsigned)AP_POKE_SECCOMP_OFF;
+    ap_fill_allow(unfiltered); /* ap_malloc_filled()'s madvise */
     return 0;
+}
+
+/*
+ * The proof kept by the run, still true right before a write through a
+ * non-live window: user code the library called since it was taken (the
+ * print callback: ap_user_calls) may have started a thread or installed a
+ * seccomp filter, so the proof is asked again then -- one unshare(), only
+ * where such a call came -- and answers as a fresh one would: -EBUSY, or the
+ * live writer where the flags allow it (r->live), the writer's seccomp
+ * question and the queue's madvise as it says. A live run asks nothing again.
+ */
+static int ap_run_fresh(struct ap_run *r)
+{
+    if (!r->proved || r->live || r->proof_calls == ap_user_calls_now())
+        return 0;
+    r->proved = false;
+    ap_alone_early = 0; /* old: asked before the call */
+    return ap_run_prove(r);
 }
 
 /* Module @p m's part of the run: decided (or found settled, or switched)
@@ -1796,8 +1842,17 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         err = ap_collect(&r, fs, flags);
     if (!err)
         ap_batch(&r);
-    if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites)
+    if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         err = ap_run_prove(&r); /* asked already, or deferred to here */
+        /* asked again where the print callback ran since: nothing written
+         * yet is -EBUSY with nothing done, after parts the rest is not
+         * written */
+        int e = err || r.part_err == -EBUSY || r.part_err == -ENOMEM ? 0 : ap_run_fresh(&r);
+        if (e && !r.poked)
+            err = e;
+        else if (e)
+            r.part_err = e;
+    }
     if (err && !r.poked)
         ap_run_undecide(&r);
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
@@ -1806,7 +1861,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
          * write came in address order */
         if (r.live) {
             err = ap_live_poke(r.writes, r.nwrites, &r.pst);
-        } else if (r.part_err == -ENOMEM) {
+        } else if (r.part_err == -ENOMEM || r.part_err == -EBUSY) {
             ap_writes_deny(r.writes, r.nwrites);
         } else {
             err = ap_poke(r.writes, r.nwrites,

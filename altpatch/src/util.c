@@ -121,6 +121,8 @@ static int ap_default_print(enum altpatch_print_level level, const char *fmt, va
 
 static altpatch_print_fn ap_print = ap_default_print;
 
+AP_STATE unsigned long ap_user_calls;
+
 /** What ap_default_print() would drop: not formatted at all. @p debug: the
  * caller's answer for ALTPATCH_DEBUG, NULL to read it (only when needed). */
 static bool ap_default_drops(altpatch_print_fn fn, enum altpatch_print_level level,
@@ -170,6 +172,8 @@ static void ap_vlog(altpatch_print_fn fn, enum altpatch_print_level level, const
     const char *f = fmt;
     if (snprintf(prefixed, sizeof(prefixed), "altpatch: %s", fmt) < (int)sizeof(prefixed))
         f = prefixed;
+    if (fn != ap_default_print)
+        __atomic_fetch_add(&ap_user_calls, 1, __ATOMIC_RELAXED); /* before: new once it runs */
     fn(level, f, ap);
 }
 

@@ -40,6 +40,10 @@
  */
 #define AP_STATE __attribute__((section(".data.altpatch_state")))
 
+/** Calls into the user's print callback (altpatch_set_print()) so far: user
+ * code that may have started a thread or installed a seccomp filter since
+ * a proof that the process was alone (apply.c's ap_run_fresh()). */
+AP_HIDDEN extern unsigned long ap_user_calls;
 /** Log through the callback set by altpatch_set_print(). */
 AP_HIDDEN void ap_log(enum altpatch_print_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -1,0 +1,233 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The single-thread proof of an apply that writes a large table through
+ * non-live windows, and the user code the library calls while it applies:
+ * a print callback that starts a thread after the proof was taken. This
+ * file's table is one refused site (a warning during the decisions) below
+ * PROOF_N sites that every feature set patches: large enough for the module
+ * walk's early proof (its site array is 64 KiB and more) and for a part
+ * written while the decisions go on.
+ *
+ * Every body runs in a fork()ed child (ap_isolate.h): Criterion's process
+ * has two threads. Expectations come from the flags a test passes and from
+ * the kernel's answer about threads, never from this host.
+ */
+#include <criterion/criterion.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <altpatch/alternative.h>
+#include <altpatch/altpatch.h>
+
+#include "ap_isolate.h"
+
+#define PROOF_N 6000
+#define PROOF_STR2(x) #x
+#define PROOF_STR(x) PROOF_STR2(x)
+
+extern const unsigned char proof_lo[] __asm__("proof_lo");
+extern const unsigned char proof_hi[] __asm__("proof_hi");
+
+/* refused: its original does not decode (0xd6), a warning while deciding */
+__attribute__((noinline, used)) static void proof_bad(void)
+{
+    __asm__ __volatile__(ALTERNATIVE(".byte 0xd6", "nop", X86_FEATURE_ALWAYS)::: "memory");
+}
+
+/* PROOF_N sites, each mov $1,%eax patched to mov $2,%eax by every set */
+__attribute__((noinline, used)) static int proof_many(void)
+{
+    int r;
+    __asm__ __volatile__("proof_lo:\n"
+                         ".rept " PROOF_STR(PROOF_N) "\n" ALTERNATIVE(
+                             "mov $1,%%eax", "mov $2,%%eax",
+                             X86_FEATURE_ALWAYS) ".endr\n"
+                                                 "proof_hi:\n"
+                         : "=a"(r)::"memory");
+    return r;
+}
+
+/* How many of the sites hold the original (*orig) and the replacement (*repl). */
+static void proof_count(int *orig, int *repl)
+{
+    static const unsigned char o[5] = {0xb8, 1, 0, 0, 0}, p[5] = {0xb8, 2, 0, 0, 0};
+    *orig = *repl = 0;
+    for (const unsigned char *b = proof_lo; b + 5 <= proof_hi; b += 5) {
+        *orig += !memcmp(b, o, 5);
+        *repl += !memcmp(b, p, 5);
+    }
+}
+
+static int park_pipe[2];
+
+static void *parked(void *arg)
+{
+    (void)arg;
+    char c;
+    while (read(park_pipe[0], &c, 1) < 0)
+        ;
+    return NULL;
+}
+
+static int started;   /* the callback started a thread */
+static int warnings;  /* warnings the callback saw */
+
+static int starter(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)fmt;
+    (void)ap;
+    if (level != ALTPATCH_WARN)
+        return 0;
+    warnings++;
+    if (!started) {
+        pthread_t t;
+        started = !pthread_create(&t, NULL, parked, NULL);
+    }
+    return 0;
+}
+
+struct proof_result {
+    int bad_below;  /* the refused site lies below the others (decided first) */
+    int size_ok;    /* proof_lo..proof_hi is PROOF_N sites */
+    int rc, live, started, warnings;
+    int orig, repl; /* after the apply */
+    int ret;        /* proof_many() after the apply */
+};
+
+struct proof_ctx {
+    unsigned flags;
+    int thread_before; /* start a thread before the apply, no callback */
+    int refused_module; /* load a module refused while the modules are walked */
+};
+
+static void proof_body(void *out, void *ctx)
+{
+    struct proof_result *res = out;
+    const struct proof_ctx *c = ctx;
+    res->bad_below = (uintptr_t)proof_bad < (uintptr_t)proof_lo;
+    res->size_ok = proof_hi - proof_lo == 5 * PROOF_N;
+    if (pipe(park_pipe))
+        _exit(3);
+    if (c->refused_module && !dlopen(PROOF_REFUSED_SO, RTLD_NOW))
+        _exit(5);
+    if (c->thread_before) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, parked, NULL))
+            _exit(4);
+        altpatch_set_print(NULL); /* no user code during the apply */
+    } else {
+        altpatch_set_print(starter);
+    }
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = c->flags};
+    res->rc = altpatch_apply_opts(&o);
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    res->live = altpatch_get_stats(&st) ? -1 : (int)st.live;
+    res->started = started;
+    res->warnings = warnings;
+    proof_count(&res->orig, &res->repl);
+    res->ret = proof_many();
+}
+
+static struct proof_result *proof_run(unsigned flags, int thread_before)
+{
+    struct proof_ctx c = {.flags = flags, .thread_before = thread_before};
+    struct proof_result *r = ap_isolated(sizeof(*r), proof_body, &c);
+    cr_assert(r->size_ok, "the table is %d sites of 5 bytes", PROOF_N);
+    return r;
+}
+
+/* The callback starts its thread on the walk's warning about a refused
+ * module (before any decision), whichever module is walked first. */
+Test(proof, callback_thread_in_walk_no_live_is_refused)
+{
+    struct proof_ctx c = {.flags = ALTPATCH_APPLY_NO_LIVE, .refused_module = 1};
+    struct proof_result *r = ap_isolated(sizeof(*r), proof_body, &c);
+    cr_assert(r->started, "the callback started its thread");
+    cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
+    cr_assert_eq(r->orig, PROOF_N, "originals left: %d of %d (%d patched)", r->orig, PROOF_N,
+                 r->repl);
+}
+
+/* The callback starts a thread on the refusal's warning, after the proof was
+ * taken: a non-live apply is refused as a fresh proof would refuse it, and
+ * no site is written once that thread exists (the refused site is decided
+ * before all others: nothing written at all). */
+Test(proof, callback_thread_no_live_is_refused)
+{
+    struct proof_result *r = proof_run(ALTPATCH_APPLY_NO_LIVE, 0);
+    cr_assert(r->bad_below, "the refused site lies below the others");
+    cr_assert(r->started, "the callback started its thread");
+    cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
+    cr_assert_eq(r->live, 0);
+    cr_assert_eq(r->orig, PROOF_N, "originals left: %d of %d (%d patched)", r->orig, PROOF_N,
+                 r->repl);
+    cr_assert_eq(r->ret, 1);
+}
+
+/* Without ALTPATCH_APPLY_NO_LIVE the thread the callback started is met as
+ * at the start of an apply: the live writer patches every site, or where it
+ * cannot be used the apply is refused with nothing written. Never a non-live
+ * write with that thread running. */
+Test(proof, callback_thread_live_or_refused)
+{
+    struct proof_result *r = proof_run(0, 0);
+    cr_assert(r->started, "the callback started its thread");
+    if (r->rc == 0) {
+        cr_assert_eq(r->live, 1, "written with a thread running, not by the live writer");
+        cr_assert_eq(r->repl, PROOF_N, "patched %d of %d", r->repl, PROOF_N);
+        cr_assert_eq(r->ret, 2);
+    } else {
+        cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
+        cr_assert_eq(r->orig, PROOF_N, "originals left: %d of %d", r->orig, PROOF_N);
+    }
+}
+
+/* A thread started before the apply, no user code during it: the module
+ * walk's early proof is the one the apply keeps, and it must say "not
+ * alone" (a wrong yes writes through non-live windows). */
+Test(proof, thread_before_large_apply_no_live_is_refused)
+{
+    struct proof_result *r = proof_run(ALTPATCH_APPLY_NO_LIVE, 1);
+    cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
+    cr_assert_eq(r->orig, PROOF_N, "originals left: %d of %d", r->orig, PROOF_N);
+    cr_assert_eq(r->ret, 1);
+}
+
+/* The callback runs, starts no thread: the proof asked again says alone and
+ * every site is written. */
+static int quiet_calls;
+static int quiet(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level;
+    (void)fmt;
+    (void)ap;
+    quiet_calls++;
+    return 0;
+}
+
+static void quiet_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct proof_result *res = out;
+    altpatch_set_print(quiet);
+    res->rc = altpatch_apply_opts(&(struct altpatch_apply_opts){
+        .sz = sizeof(struct altpatch_apply_opts), .flags = ALTPATCH_APPLY_NO_LIVE});
+    res->warnings = quiet_calls;
+    proof_count(&res->orig, &res->repl);
+    res->ret = proof_many();
+}
+
+Test(proof, callback_without_thread_writes_all)
+{
+    struct proof_result *r = ap_isolated(sizeof(*r), quiet_body, NULL);
+    cr_assert_eq(r->rc, 0, "apply: %d", r->rc);
+    cr_assert_gt(r->warnings, 0, "the refusal reached the callback");
+    cr_assert_eq(r->repl, PROOF_N, "patched %d of %d", r->repl, PROOF_N);
+    cr_assert_eq(r->ret, 2);
+}
