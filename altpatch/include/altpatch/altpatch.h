@@ -270,7 +270,9 @@ typedef int (*altpatch_print_fn)(enum altpatch_print_level level, const char *fm
 /**
  * Route the library's messages to @p fn (NULL silences them). Returns the
  * previous callback. The default prints WARN to stderr, and DEBUG as well when
- * ALTPATCH_DEBUG=1.
+ * ALTPATCH_DEBUG=1. The callback runs during an apply, before its writes; if
+ * it starts a thread, the apply asks again before its next write and patches
+ * live or returns -EBUSY, with no non-live write made after the callback.
  */
 ALTPATCH_API altpatch_print_fn altpatch_set_print(altpatch_print_fn fn);
 
