@@ -33,22 +33,26 @@
 
 extern const unsigned char proof_lo[] __asm__("proof_lo");
 extern const unsigned char proof_hi[] __asm__("proof_hi");
+extern const unsigned char proof_bad_below[] __asm__("proof_bad_below");
+extern const unsigned char proof_bad_above[] __asm__("proof_bad_above");
 
-/* refused: its original does not decode (0xd6), a warning while deciding */
-__attribute__((noinline, used)) static void proof_bad(void)
-{
-    __asm__ __volatile__(ALTERNATIVE(".byte 0xd6", "nop", X86_FEATURE_ALWAYS)::: "memory");
-}
-
-/* PROOF_N sites, each mov $1,%eax patched to mov $2,%eax by every set */
+/* PROOF_N sites, each mov $1,%eax patched to mov $2,%eax by every set,
+ * between two refused sites (their originals do not decode: 0xd6), each
+ * jumped over: one below them, decided first, one above, decided after all
+ * of them. Each refusal is a warning while the sites are decided. */
+#define PROOF_BAD ALTERNATIVE(".byte 0xd6", "nop", X86_FEATURE_ALWAYS)
 __attribute__((noinline, used)) static int proof_many(void)
 {
     int r;
-    __asm__ __volatile__("proof_lo:\n"
+    __asm__ __volatile__("jmp proof_past_below\n"
+                         "proof_bad_below:\n" PROOF_BAD "proof_past_below:\n"
+                         "proof_lo:\n"
                          ".rept " PROOF_STR(PROOF_N) "\n" ALTERNATIVE(
                              "mov $1,%%eax", "mov $2,%%eax",
                              X86_FEATURE_ALWAYS) ".endr\n"
                                                  "proof_hi:\n"
+                         "jmp proof_past_above\n"
+                         "proof_bad_above:\n" PROOF_BAD "proof_past_above:\n"
                          : "=a"(r)::"memory");
     return r;
 }
@@ -64,6 +68,20 @@ static void proof_count(int *orig, int *repl)
     }
 }
 
+/* The sites patched are the first ones, the originals all after them. */
+static int proof_prefix_patched(void)
+{
+    static const unsigned char p[5] = {0xb8, 2, 0, 0, 0};
+    int seen_orig = 0;
+    for (const unsigned char *b = proof_lo; b + 5 <= proof_hi; b += 5) {
+        int patched = !memcmp(b, p, 5);
+        if (patched && seen_orig)
+            return 0;
+        seen_orig |= !patched;
+    }
+    return 1;
+}
+
 static int park_pipe[2];
 
 static void *parked(void *arg)
@@ -76,6 +94,7 @@ static void *parked(void *arg)
 }
 
 static int started;   /* the callback started a thread */
+static int start_on = 1; /* on this warning */
 static int warnings;  /* warnings the callback saw */
 
 static int starter(enum altpatch_print_level level, const char *fmt, va_list ap)
@@ -85,7 +104,7 @@ static int starter(enum altpatch_print_level level, const char *fmt, va_list ap)
     if (level != ALTPATCH_WARN)
         return 0;
     warnings++;
-    if (!started) {
+    if (!started && warnings >= start_on) {
         pthread_t t;
         started = !pthread_create(&t, NULL, parked, NULL);
     }
@@ -98,20 +117,26 @@ struct proof_result {
     int rc, live, started, warnings;
     int orig, repl; /* after the apply */
     int ret;        /* proof_many() after the apply */
+    int prefix;     /* proof_prefix_patched() */
+    int bad_above;  /* the second refused site lies above them */
 };
 
 struct proof_ctx {
     unsigned flags;
     int thread_before; /* start a thread before the apply, no callback */
     int refused_module; /* load a module refused while the modules are walked */
+    int start_on;       /* the warning that starts the thread (0: the first) */
 };
 
 static void proof_body(void *out, void *ctx)
 {
     struct proof_result *res = out;
     const struct proof_ctx *c = ctx;
-    res->bad_below = (uintptr_t)proof_bad < (uintptr_t)proof_lo;
+    res->bad_below = proof_bad_below[0] == 0xd6 && (uintptr_t)proof_bad_below < (uintptr_t)proof_lo;
     res->size_ok = proof_hi - proof_lo == 5 * PROOF_N;
+    res->bad_above = proof_bad_above[0] == 0xd6 && (uintptr_t)proof_bad_above >= (uintptr_t)proof_hi;
+    if (c->start_on)
+        start_on = c->start_on;
     if (pipe(park_pipe))
         _exit(3);
     if (c->refused_module && !dlopen(PROOF_REFUSED_SO, RTLD_NOW))
@@ -131,6 +156,7 @@ static void proof_body(void *out, void *ctx)
     res->started = started;
     res->warnings = warnings;
     proof_count(&res->orig, &res->repl);
+    res->prefix = proof_prefix_patched();
     res->ret = proof_many();
 }
 
@@ -161,7 +187,7 @@ Test(proof, callback_thread_in_walk_no_live_is_refused)
 Test(proof, callback_thread_no_live_is_refused)
 {
     struct proof_result *r = proof_run(ALTPATCH_APPLY_NO_LIVE, 0);
-    cr_assert(r->bad_below, "the refused site lies below the others");
+    cr_assert(r->bad_below, "the first refused site lies below the others, unpatched");
     cr_assert(r->started, "the callback started its thread");
     cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
     cr_assert_eq(r->live, 0);
@@ -230,4 +256,40 @@ Test(proof, callback_without_thread_writes_all)
     cr_assert_gt(r->warnings, 0, "the refusal reached the callback");
     cr_assert_eq(r->repl, PROOF_N, "patched %d of %d", r->repl, PROOF_N);
     cr_assert_eq(r->ret, 2);
+}
+
+/* The thread starts on the warning of the refused site above the others:
+ * after their decisions, when the first of them may have been written in a
+ * part already (while alone). No write is made after the thread exists: the
+ * sites not written by then keep their originals and the apply is refused. */
+Test(proof, callback_thread_after_parts_no_live_writes_nothing_more)
+{
+    struct proof_ctx c = {.flags = ALTPATCH_APPLY_NO_LIVE, .start_on = 2};
+    struct proof_result *r = ap_isolated(sizeof(*r), proof_body, &c);
+    cr_assert(r->bad_above, "the second refused site lies above the others, unpatched");
+    cr_assert(r->started, "the callback started its thread");
+    cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
+    cr_assert_eq(r->orig + r->repl, PROOF_N);
+    cr_assert_gt(r->orig, 0, "every site written, the last ones after the thread started");
+    cr_log_info("written in parts before the thread: %d of %d", r->repl, PROOF_N);
+    cr_assert(r->prefix, "only a first part written");
+    cr_assert_eq(r->ret, 1);
+}
+
+/* The same without ALTPATCH_APPLY_NO_LIVE: the rest by the live writer, or
+ * refused as above. */
+Test(proof, callback_thread_after_parts_live_or_refused)
+{
+    struct proof_ctx c = {.flags = 0, .start_on = 2};
+    struct proof_result *r = ap_isolated(sizeof(*r), proof_body, &c);
+    cr_assert(r->started, "the callback started its thread");
+    if (r->rc == 0) {
+        cr_assert_eq(r->live, 1, "written with a thread running, not by the live writer");
+        cr_assert_eq(r->repl, PROOF_N, "patched %d of %d", r->repl, PROOF_N);
+        cr_assert_eq(r->ret, 2);
+    } else {
+        cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
+        cr_assert_gt(r->orig, 0);
+        cr_assert(r->prefix, "only a first part written");
+    }
 }
