@@ -483,6 +483,15 @@ static char *lines_of(const char *out, const char *word)
     return r;
 }
 
+/* The lines tagged @p tag of two runs' outputs are the same. */
+static void same_lines(const char *out, const char *want, const char *tag)
+{
+    char *a = lines_of(out, tag), *b = lines_of(want, tag);
+    cr_assert_str_eq(a, b, "%s lines differ", tag);
+    free(a);
+    free(b);
+}
+
 /* A counter of the "stats" line of @p out. */
 static unsigned long long stat_of(const char *out, const char *name)
 {
@@ -677,15 +686,8 @@ Test(prepatch, clearcpuid_differs_from_the_file)
     char *out = run_ok("ALTPATCH_CLEARCPUID=fsgsbase", pre, "stats");
     cr_assert(!strstr(out, SETTLED_LOG), "%s", out);
     cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
-    char *a = lines_of(out, "state"), *b = lines_of(want, "state");
-    cr_assert_str_eq(a, b);
-    free(a);
-    free(b);
-    a = lines_of(out, "site");
-    b = lines_of(want, "site");
-    cr_assert_str_eq(a, b);
-    free(a);
-    free(b);
+    same_lines(out, want, "state");
+    same_lines(out, want, "site");
     free(out);
     free(want);
     altpatch_features_free(fs);
@@ -759,15 +761,8 @@ Test(prepatch, bad_choice_is_planned)
     char *out = run_ok(NULL, badf, "stats");
     cr_assert(!strstr(out, SETTLED_LOG), "a bad choice was taken:\n%s", out);
     cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
-    char *a = lines_of(out, "state"), *w = lines_of(want, "state");
-    cr_assert_str_eq(a, w);
-    free(a);
-    free(w);
-    a = lines_of(out, "site");
-    w = lines_of(want, "site");
-    cr_assert_str_eq(a, w);
-    free(a);
-    free(w);
+    same_lines(out, want, "state");
+    same_lines(out, want, "site");
     free(out);
     free(want);
 
@@ -1011,15 +1006,8 @@ Test(prepatch, kept_original_not_in_memory_is_planned)
               out);
     cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
     cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
-    char *a = lines_of(out, "state"), *w = lines_of(want, "state");
-    cr_assert_str_eq(a, w);
-    free(a);
-    free(w);
-    a = lines_of(out, "site");
-    w = lines_of(want, "site");
-    cr_assert_str_eq(a, w);
-    free(a);
-    free(w);
+    same_lines(out, want, "state");
+    same_lines(out, want, "site");
     free(out);
     free(want);
     altpatch_features_free(fs);
