@@ -936,6 +936,57 @@ Test(poke, child_maps_file_under_the_kept_number_is_left_alone)
 }
 
 /*
+ * A daemon that closes every descriptor it does not know after start-up and
+ * opens a file of its own, which takes the number the kept maps descriptor
+ * had, then forks a worker: the library's fork handler leaves that file
+ * open in the worker (it is not the library's any more).
+ */
+struct closefrom_result {
+    int answers, kept, parent_rc, reopened;
+    int child_flags, child_null;
+};
+
+static void closefrom_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct closefrom_result *r = out;
+    r->answers = procmap_query_answers();
+    uint8_t *p = rx_pages(1);
+    struct ap_write w = wr(p + 200, CC3, NEW3, 3);
+    r->parent_rc = ap_poke(&w, 1, 0, NULL);
+    r->kept = -1;
+    maps_fds(&r->kept);
+    int target = r->kept >= 0 ? r->kept : 100;
+    close(target); /* the daemon's clean-up of what it did not open */
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && fd != target) {
+        if (dup3(fd, target, O_CLOEXEC) == target)
+            close(fd);
+    }
+    r->reopened = fd_names(target, "/dev/null");
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        r->child_flags = fcntl(target, F_GETFD);
+        r->child_null = fd_names(target, "/dev/null");
+        _exit(0);
+    }
+    waitpid(pid, NULL, 0);
+}
+
+Test(poke, file_reopened_under_the_kept_number_survives_a_fork)
+{
+    struct closefrom_result *r = ap_isolated(sizeof(*r), closefrom_body, NULL);
+    cr_assert_eq(r->parent_rc, 0);
+    if (r->answers)
+        cr_assert_geq(r->kept, 0, "the parent's kept descriptor not found");
+    cr_assert(r->reopened, "the test could not put /dev/null under %d", r->kept);
+    cr_assert_geq(r->child_flags, 0, "the program's /dev/null under %d was closed in the child",
+                  r->kept);
+    cr_assert(r->child_null, "the number %d names another file in the child", r->kept);
+}
+
+/*
  * The kept descriptor where the whole file is read instead: asked by the
  * caller (AP_POKE_MAPS_FILE), or the kernel stops answering PROCMAP_QUERY on
  * it (here a filter refuses the ioctl from some batch on). It is closed, not

@@ -375,8 +375,10 @@ static bool ap_maps_line(const char *line, struct ap_map *e)
  * the parent) and still the file it was (fstat(): the program may have closed
  * it and the number may name another file now). A child of fork() closes the
  * copy it inherited in the library's fork handler (ap_maps_after_fork(), from
- * apply.c), where the number is certainly still the library's: the prepare
- * handler held the lock, so no batch was using it. Where the handler could
+ * apply.c), where no batch can be using it (the prepare handler held the
+ * lock), and only while the number still names the file the library opened
+ * (fstat() device and inode, close-on-exec): a program that closed it and
+ * opened a file of its own under that number keeps its file. Where the handler could
  * not hold the lock (a fork from a signal handler on the thread in a batch,
  * or while another thread held it), and in a child that ran no handler (a raw
  * clone()), the copy is forgotten, never closed on a guess: separate opens of
@@ -463,8 +465,17 @@ static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls)
 
 void ap_maps_after_fork(bool close_kept)
 {
-    if (ap_maps_kept_fd >= 0 && close_kept)
-        ap_sys(SYS_close, ap_maps_kept_fd, 0, 0, 0, 0);
+    /* the number may name another file by now: the program closed the
+     * library's and opened its own (a daemon's clean-up after start-up);
+     * that one is left open */
+    if (ap_maps_kept_fd >= 0 && close_kept) {
+        struct stat st;
+        long fl = ap_sys(SYS_fcntl, ap_maps_kept_fd, F_GETFD, 0, 0, 0);
+        if (fl >= 0 && (fl & FD_CLOEXEC) &&
+            ap_sys(SYS_fstat, ap_maps_kept_fd, (long)&st, 0, 0, 0) == 0 &&
+            st.st_dev == ap_maps_kept_dev && st.st_ino == ap_maps_kept_ino)
+            ap_sys(SYS_close, ap_maps_kept_fd, 0, 0, 0, 0);
+    }
     ap_maps_kept_fd = -1;
 }
 
