@@ -474,7 +474,7 @@ struct step_res {
 };
 enum step_op { STEP_DLOPEN, STEP_APPLY, STEP_STATS, STEP_WALK };
 static struct step_res *step_r;
-static volatile sig_atomic_t step_on, step_child;
+static volatile sig_atomic_t step_on, step_child, step_calls;
 static volatile enum step_op step_which;
 extern const char __executable_start[], etext[];
 
@@ -498,6 +498,23 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
         return; /* libc, the loader: not the library's own instructions */
     int saved = errno;
     int n = ++step_r->steps;
+    if (step_calls) {
+        /* the entry points from the handler: an answer, never a wait for
+         * this thread (ALTPATCH_OFF: each call is its entry, lock and exit) */
+        struct altpatch_stats hs = {.sz = sizeof(hs)};
+        long cnt = 0;
+        int a = altpatch_apply(), g = altpatch_get_stats(&hs);
+        int w = altpatch_site_foreach(count_cb, &cnt);
+        if ((a && a != -EDEADLK) || (g && g != -EDEADLK) ||
+            (w && w != -EDEADLK && w != -ENODATA)) {
+            step_r->bad++;
+            step_r->first_bad_step = n;
+            step_r->first_bad_status = a ? a : g ? g : w;
+            step_on = 0;
+        }
+        errno = saved;
+        return;
+    }
     pid_t pid = fork();
     if (pid == 0) {
         alarm(5); /* a child that hangs is killed by SIGALRM */
@@ -624,6 +641,21 @@ Test(robust, fork_at_every_instruction_of_altpatch_get_stats, .timeout = 200)
 Test(robust, fork_at_every_instruction_of_altpatch_site_foreach, .timeout = 200)
 {
     step_run(STEP_WALK, "altpatch_site_foreach");
+}
+
+/* A handler that calls the library at every instruction of an entry point
+ * that holds its lock without being "in" an apply (altpatch_get_stats()), or
+ * of altpatch_apply(): each call answers (0, -EDEADLK), none waits forever. */
+Test(robust, calls_from_a_handler_at_every_instruction_of_altpatch_get_stats, .timeout = 200)
+{
+    step_calls = 1;
+    step_run(STEP_STATS, "altpatch_get_stats, calls from the handler");
+}
+
+Test(robust, calls_from_a_handler_at_every_instruction_of_altpatch_apply, .timeout = 200)
+{
+    step_calls = 1;
+    step_run(STEP_APPLY, "altpatch_apply, calls from the handler");
 }
 
 /* ---- the entry points from a signal handler that interrupted one ---------------- */

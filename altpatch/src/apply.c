@@ -1985,13 +1985,27 @@ static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered)
     return -EBUSY;
 }
 
+/*
+ * A call on a thread that is already inside the library: from a callback, or
+ * from a signal handler that interrupted one of its calls -- also where that
+ * call holds the library's lock or the gate's without marking ap_in
+ * (altpatch_get_stats(), the gate's own few instructions). Taking either lock
+ * again would wait for this thread forever.
+ */
+static bool ap_reentered(void)
+{
+    uint32_t me = ap_token();
+    return ap_in != AP_IN_NONE || ap_tlock_owner(&ap_lock) == me ||
+           ap_tlock_owner(&ap_gate_mx) == me;
+}
+
 int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
 {
     struct altpatch_apply_opts o;
     int err = ap_read_opts(opts, &o);
     if (err)
         return err;
-    if (ap_in != AP_IN_NONE)
+    if (ap_reentered())
         return -EDEADLK; /* from a callback, or a signal handler that interrupted a call */
     ap_in = AP_IN_ENTRY;
     struct ap_pins pins;
@@ -2041,7 +2055,7 @@ int altpatch_apply(void)
 
 void *altpatch_dlopen(const char *path, int flags)
 {
-    if (ap_in != AP_IN_NONE) {
+    if (ap_reentered()) {
         /* From a callback or a signal handler that interrupted a call: the
          * interrupted code may hold the loader's lock or malloc's. */
         errno = EDEADLK;
@@ -2119,7 +2133,7 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
 {
     if (!fn)
         return -EINVAL;
-    if (ap_in != AP_IN_NONE)
+    if (ap_reentered())
         return -EDEADLK;
     ap_in = AP_IN_ENTRY;
     struct ap_pins pins;
