@@ -31,7 +31,6 @@
 #include <sys/auxv.h>
 #include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 AP_STATE static struct ap_module *ap_mods;    /* modules with tables, load order */
 AP_STATE static struct altpatch_stats ap_last; /* stats of the last apply */
@@ -81,7 +80,7 @@ static uint32_t ap_token(void)
 
 static void ap_futex(uint32_t *w, int op, uint32_t val)
 {
-    syscall(SYS_futex, w, op | FUTEX_PRIVATE_FLAG, val, NULL, NULL, 0);
+    ap_sys(SYS_futex, (long)w, op | FUTEX_PRIVATE_FLAG, val, 0, 0);
 }
 
 static bool ap_tlock_cas(struct ap_tlock *l, uint32_t *seen, uint32_t v)
@@ -743,16 +742,7 @@ static void ap_writes_fold(struct ap_run *r, bool poked)
             ap_write_done(r, k, &hint);
 }
 
-/*
- * Write the queue r->writes[0 .. r->nwrites) as one part (a first
- * decision's, in address order, ap_poke() with r->pf; a part after the first
- * continues its page count) and fold the answers in at once, exactly as
- * ap_writes_done() would after the last; then its slots are free again
- * (r->nwrites 0). The writer's first error is kept in r->part_err; after
- * -ENOMEM (the writer stopped) no part is handed to it any more: each of its
- * pending writes is WRITE_DENIED, as ap_poke() reports its own rest.
- */
-/* Every pending write of @p w[0..n) WRITE_DENIED: the writer stopped (-ENOMEM). */
+/* Every pending write of @p w[0..n) WRITE_DENIED: the writer stopped (-ENOMEM, -EBUSY). */
 static void ap_writes_deny(struct ap_write *w, size_t n)
 {
     for (size_t k = 0; k < n; k++)
@@ -762,6 +752,15 @@ static void ap_writes_deny(struct ap_write *w, size_t n)
 
 static int ap_run_fresh(struct ap_run *r);
 
+/*
+ * Write the queue r->writes[0 .. r->nwrites) as one part (a first
+ * decision's, in address order, ap_poke() with r->pf; a part after the first
+ * continues its page count) and fold the answers in at once, exactly as
+ * ap_writes_done() would after the last; then its slots are free again
+ * (r->nwrites 0). The writer's first error is kept in r->part_err; after
+ * -ENOMEM (the writer stopped) no part is handed to it any more: each of its
+ * pending writes is WRITE_DENIED, as ap_poke() reports its own rest.
+ */
 static __attribute__((noinline)) void ap_part_write(struct ap_run *r)
 {
     struct ap_write *w = r->writes;
@@ -1413,7 +1412,7 @@ static bool ap_prove_alone(void)
 static bool ap_run_small(size_t total)
 {
     return total <= (ap_part_writes ? ap_part_writes : 1) &&
-           total * sizeof(struct ap_write) < 64 * 1024;
+           total * sizeof(struct ap_write) < AP_FILL_MIN;
 }
 
 /* A run refused before any write (ap_run_prove()): each module it decided for

@@ -54,7 +54,6 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#define AP_MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 /* AP_POKE_PREFAULT: windows of at least this many pages */
 #define AP_PREFAULT_PAGES 4
 
@@ -467,7 +466,8 @@ void ap_maps_after_fork(bool close_kept)
 {
     /* the number may name another file by now: the program closed the
      * library's and opened its own (a daemon's clean-up after start-up);
-     * that one is left open */
+     * that one is left open -- unless it is another open of the same maps
+     * file, which no identity check tells apart (docs/runtime.md) */
     if (ap_maps_kept_fd >= 0 && close_kept) {
         struct stat st;
         long fl = ap_sys(SYS_fcntl, ap_maps_kept_fd, F_GETFD, 0, 0, 0);
@@ -872,9 +872,6 @@ static bool ap_exec_restore_unsure(struct ap_batch *b, int prot)
         unsure = ap_selinux_enforcing(b, sc == 0);
     b->exec_probe = unsure ? 1 : -1;
     b->probe_prot = prot;
-    if (unsure)
-        ap_log(ALTPATCH_DEBUG, "RW -> RX may be refused here: text written through "
-                               "/proc/self/mem\n");
     return unsure;
 }
 
@@ -1036,5 +1033,11 @@ int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *
     b.st->pg_done = b.pg_done;
     if (b.wrote_any)
         ap_sync_core();
+    /* said after the batch: the print callback may be user code, which must
+     * not run between the batch's windows (the proof of a single thread was
+     * taken before it) */
+    if (b.exec_probe > 0)
+        ap_log(ALTPATCH_DEBUG, "RW -> RX may be refused here: text written through "
+                               "/proc/self/mem\n");
     return ret;
 }

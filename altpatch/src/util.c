@@ -187,10 +187,6 @@ static void ap_vlog(altpatch_print_fn fn, enum altpatch_print_level level, const
  * system call; a kernel without the advice answers EINVAL and the pages fault
  * as before.
  */
-#define AP_FILL_MIN (64u * 1024)
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 AP_STATE static bool ap_fill_on;
 /* ap_fill_ask()'s proof, not asked yet (NULL once asked, or none) */
@@ -229,7 +225,7 @@ void *ap_malloc_filled_head(size_t size, size_t head)
         if (e > a && !fresh && prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L) != 0)
             ap_fill_on = false; /* a mode is never cleared: not asked again */
         if (e > a && ap_fill_on)
-            madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+            madvise((void *)a, e - a, AP_MADV_POPULATE_WRITE);
     }
     return p;
 }

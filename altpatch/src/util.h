@@ -69,6 +69,10 @@ AP_HIDDEN void ap_log_env(bool debug, enum altpatch_print_level level, const cha
     __attribute__((format(printf, 3, 4)));
 /** Monotonic nanoseconds. */
 AP_HIDDEN uint64_t ap_now_ns(void);
+/** madvise() advice that makes a range present, writable (Linux 5.14). */
+#define AP_MADV_POPULATE_WRITE 23
+/** The smallest block ap_malloc_filled() makes present in one advice. */
+#define AP_FILL_MIN (64u * 1024)
 /**
  * malloc(@p size) for an array about to be written from end to end: where
  * the caller allowed it (ap_fill_allow()) and the block is large, its pages
@@ -86,8 +90,9 @@ AP_HIDDEN void *ap_malloc_filled_head(size_t size, size_t head);
  * Allow ap_malloc_filled() its madvise() (@p on: the caller knows that no
  * seccomp filter runs in this single-threaded call, so an advice an older
  * kernel does not know cannot be fatal), or forbid it again. Each advice
- * after the first still asks PR_GET_SECCOMP right before (a print callback
- * may have installed a filter since) and is skipped unless it answers 0.
+ * still asks PR_GET_SECCOMP right before (a print callback may have installed
+ * a filter since) and is skipped unless it answers 0; only the block whose
+ * proof ap_fill_ask() just took skips that question.
  */
 AP_HIDDEN void ap_fill_allow(bool on);
 /**

@@ -109,7 +109,8 @@ ALTPATCH_API bool altpatch_cpu_has(unsigned feature);
  * (-EBUSY: other threads exist and live patching is not possible; -ENOMEM;
  * -EDEADLK: called from a print or site-walk callback, or from a signal
  * handler that interrupted an altpatch call on the same thread -- it returns
- * at once, takes no lock and writes nothing). fork() in another thread waits
+ * at once, takes no lock and writes nothing; -EOWNERDEAD: in a child of fork()
+ * made while another thread held the library's lock). fork() in another thread waits
  * until a running call returns. With other threads running, the sites are rewritten with the live protocol
  * (docs/live.md) unless ALTPATCH_APPLY_NO_LIVE.
  * Honors ALTPATCH_OFF, ALTPATCH_CLEARCPUID and ALTPATCH_DEBUG (not when AT_SECURE).
@@ -186,7 +187,8 @@ struct altpatch_stats {
 /**
  * Copy the stats of the last apply into @p st (st->sz must be set). -EINVAL on a
  * bad sz; -EDEADLK from a signal handler that interrupted an altpatch call on the
- * same thread while the lock was not free.
+ * same thread while the lock was not free; -EOWNERDEAD in a child of fork() made
+ * while another thread held the library's lock.
  */
 ALTPATCH_API int altpatch_get_stats(struct altpatch_stats *st);
 
@@ -252,7 +254,8 @@ typedef int (*altpatch_site_fn)(const struct altpatch_site_info *site, void *ctx
 /**
  * Walk every site known to the last apply, module by module in load order.
  * Returns the callback's non-zero value, 0 at the end, -ENODATA before any apply,
- * -EDEADLK from a callback or a signal handler that interrupted an altpatch call.
+ * -EDEADLK from a callback or a signal handler that interrupted an altpatch call,
+ * -EOWNERDEAD in a child of fork() made while another thread held the library's lock.
  */
 ALTPATCH_API int altpatch_site_foreach(altpatch_site_fn fn, void *ctx);
 
