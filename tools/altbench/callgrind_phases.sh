@@ -7,8 +7,8 @@
 #   tools/altbench/callgrind_phases.sh build/tools/altbench/altbench_alt_100000 100000
 #   -> N=100000 cold 184.5 nochange 21.7 dryrun 21.7 revert 47.2 warm 47.2
 #
-# The program, run with "1 1", forks a child for its cold apply, then applies
-# in the parent: its own first apply, no change, dry run, revert, warm. A dump
+# The program, run with "1" (one repetition, on the CPU it starts on), forks
+# a child for its cold apply, then applies in the parent: its own first apply, no change, dry run, revert, warm. A dump
 # is taken at each entry of altpatch_apply_opts() and only that function (and
 # what it calls) is counted, so each dump holds the phase before it: the
 # child's one file is the cold apply; the parent's dumps .3, .4 and .5 are the
@@ -24,7 +24,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
 if ! valgrind --tool=callgrind --dump-before=altpatch_apply_opts \
-    --toggle-collect=altpatch_apply_opts "$prog" 1 1 >run.log 2>&1; then
+    --toggle-collect=altpatch_apply_opts "$prog" 1 >run.log 2>&1; then
     echo "$0: $prog failed under valgrind:" >&2
     tail -20 run.log >&2
     exit 1
