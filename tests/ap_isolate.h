@@ -20,6 +20,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* 1 in a build with a sanitizer (its runtime owns malloc, madvise and the
+ * cost of fork()). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define AP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                      \
+    __has_feature(memory_sanitizer)
+#define AP_SANITIZED 1
+#endif
+#endif
+#ifndef AP_SANITIZED
+#define AP_SANITIZED 0
+#endif
+
 /** Body run in the child: @p out is a zeroed shared block, @p ctx is passed through. */
 typedef void (*ap_isolated_fn)(void *out, void *ctx);
 

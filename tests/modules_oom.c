@@ -17,17 +17,6 @@
 #include "ap_isolate.h"
 #include "ap_modwalk.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define AP_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                      \
-    __has_feature(memory_sanitizer)
-#define AP_SANITIZED 1
-#endif
-#endif
-#ifndef AP_SANITIZED
-#define AP_SANITIZED 0
-#endif
 
 /*
  * The two first decisions with realloc() failing: the apply's write queue

@@ -1418,20 +1418,9 @@ static void filled_filter_body(void *out, void *ctx)
 
 /* A sanitizer's allocator gives madvise() advice of its own (the filter
  * would end the child there, not in the library). */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define POKE_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define POKE_SANITIZED 1
-#endif
-#endif
-#ifndef POKE_SANITIZED
-#define POKE_SANITIZED 0
-#endif
-
 Test(poke, filled_block_after_a_filter_gives_no_advice)
 {
-    if (POKE_SANITIZED)
+    if (AP_SANITIZED)
         cr_skip_test("the sanitizer's allocator calls madvise() itself");
     struct filled_filter_result *r = ap_isolated(sizeof(*r), filled_filter_body, NULL);
     if (r->installed < 0)

@@ -518,6 +518,17 @@ static char *run_ok(const char *env, const char *prog, const char *arg)
 
 /* The set the fixture's apply uses under ALTPATCH_CLEARCPUID=@p clear (NULL:
  * none): the host's, less that feature, as a test names it for itself. */
+/* @p set with FSGSBASE toggled (a set that differs from it in one feature the
+ * records name). */
+static void toggle_fsgsbase(struct altpatch_features *set)
+{
+    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
+    if (altpatch_features_has(set, fsgs))
+        altpatch_features_clear(set, fsgs);
+    else
+        altpatch_features_set(set, fsgs);
+}
+
 static struct altpatch_features *applied_set(const char *clear)
 {
     struct altpatch_features *fs = altpatch_features_host();
@@ -574,11 +585,7 @@ static void settles(const char *plain, const char *clear)
     free(out);
 
     /* one feature the records name differs: the planner decides */
-    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
-    if (altpatch_features_has(fs, fsgs))
-        altpatch_features_clear(fs, fsgs);
-    else
-        altpatch_features_set(fs, fsgs);
+    toggle_fsgsbase(fs);
     snprintf(pre, sizeof(pre), "%s", prepatch_fs(plain, fs, "other"));
     out = run_ok(env, pre, "stats");
     cr_assert(!strstr(out, SETTLED_LOG), "a copy for another set was settled:\n%s", out);
@@ -623,12 +630,8 @@ Test(prepatch, settles_when_its_path_changed)
     struct altpatch_features *fs = applied_set(NULL);
     char same[160], other[160], plain[160], args[400];
     snprintf(same, sizeof(same), "%s", prepatch_fs(PREPATCH_FIXTURE, fs, "same"));
-    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
     struct altpatch_features *fo = altpatch_features_dup(fs);
-    if (altpatch_features_has(fo, fsgs))
-        altpatch_features_clear(fo, fsgs);
-    else
-        altpatch_features_set(fo, fsgs);
+    toggle_fsgsbase(fo);
     snprintf(other, sizeof(other), "%s", prepatch_fs(PREPATCH_FIXTURE, fo, "other"));
     snprintf(plain, sizeof(plain), "%s/plain", tmpdir);
     cr_assert_eq(ap_copy_file(PREPATCH_FIXTURE, plain), 0);
@@ -807,11 +810,7 @@ Test(prepatch, settled_with_another_thread)
     cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
     cr_assert_eq(stat_of(out, "syscalls"), 0, "%s", out);
     free(out);
-    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
-    if (altpatch_features_has(fs, fsgs))
-        altpatch_features_clear(fs, fsgs);
-    else
-        altpatch_features_set(fs, fsgs);
+    toggle_fsgsbase(fs);
     pre = prepatch_fs(PREPATCH_FIXTURE, fs, "other");
     out = run_ok(NULL, pre, "thread");
     cr_assert(strstr(out, "rc -16\n"), "a copy for another set must write: %s", out);
@@ -872,17 +871,6 @@ static void write_file(const char *path, const uint8_t *b, size_t len)
 }
 
 #define MAX_SITES 64
-
-/* @p set with FSGSBASE toggled (a set that differs from it in one feature the
- * records name). */
-static void toggle_fsgsbase(struct altpatch_features *set)
-{
-    unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
-    if (altpatch_features_has(set, fsgs))
-        altpatch_features_clear(set, fsgs);
-    else
-        altpatch_features_set(set, fsgs);
-}
 
 /*
  * The main program's originals and choices come from the file mapped, never

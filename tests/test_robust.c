@@ -35,6 +35,7 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_copyfile.h"
+#include "ap_isolate.h"
 #include "ap_live_sites.h"
 #include "ap_seccomp.h"
 #include "ap_warnlog.h"
@@ -596,20 +597,9 @@ static void step_body(void *out)
 /* A sanitizer's shadow memory makes each fork() cost milliseconds: a fork at
  * every instruction of an entry point outlasts the run's limit there. The
  * plain and clang builds run these tests. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define STEP_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define STEP_SANITIZED 1
-#endif
-#endif
-#ifndef STEP_SANITIZED
-#define STEP_SANITIZED 0
-#endif
-
 static void step_run(enum step_op op, const char *what)
 {
-    if (STEP_SANITIZED)
+    if (AP_SANITIZED)
         cr_skip_test("a fork per instruction is too slow under a sanitizer");
     step_which = op;
     int status;
