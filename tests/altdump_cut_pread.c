@@ -6,10 +6,13 @@
  *    a test can choose;
  *  - a file whose name ends in ".shift" is rewritten between two reads of its
  *    section header table: every read of that table but the first returns the
- *    section-name table's header with an offset and size far past the end.
+ *    section-name table's header with an offset and size far past the end,
+ *    and the first such forged read creates "<file>.forged" beside it (the
+ *    test's proof that the second read happened).
  */
 #include <dlfcn.h>
 #include <elf.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,7 +35,7 @@ static int named(int fd, const char *suffix, char *path, size_t size)
 
 static ssize_t hooked(int fd, void *buf, size_t n, off_t off)
 {
-    static int cut, shdr_reads;
+    static int cut, shdr_reads, marked;
     pread_fn real = (pread_fn)dlsym(RTLD_NEXT, "pread");
     char path[4096];
     if (!cut && named(fd, ".cut", path, sizeof(path))) {
@@ -52,6 +55,14 @@ static ssize_t hooked(int fd, void *buf, size_t n, off_t off)
             uint64_t far = 0x4000000000ull;
             memcpy((char *)buf + (at - (uint64_t)off), &far, 8);
             memcpy((char *)buf + (at - (uint64_t)off) + 8, &far, 8);
+            if (!marked) {
+                char mark[4200];
+                marked = 1;
+                snprintf(mark, sizeof(mark), "%s.forged", path);
+                int m = open(mark, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                if (m >= 0)
+                    close(m);
+            }
         }
     }
     return k;
