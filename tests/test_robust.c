@@ -470,13 +470,16 @@ Test(robust, fork_while_another_thread_holds_the_lock, .timeout = 120)
  * too (no fork that waits for its own thread).
  */
 struct step_res {
-    int steps, bad, first_bad_step, first_bad_status;
+    int steps, inside, bad, first_bad_step, first_bad_status;
     int parent_rc, parent_fork;
 };
 enum step_op { STEP_DLOPEN, STEP_APPLY, STEP_STATS, STEP_WALK };
 static struct step_res *step_r;
 static volatile sig_atomic_t step_on, step_child, step_calls;
 static volatile enum step_op step_which;
+/* the entry point's first instruction and the address it returns to: the
+ * steps between the two are the entry point's own (and its callees') */
+static volatile uintptr_t step_entry, step_ret;
 extern const char __executable_start[], etext[];
 
 #define STEP_TF 0x100
@@ -498,6 +501,11 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
     if (ip < (uintptr_t)__executable_start || ip >= (uintptr_t)etext)
         return; /* libc, the loader: not the library's own instructions */
     int saved = errno;
+    if (ip == step_entry && !step_ret)
+        step_ret = *(const uintptr_t *)uc->uc_mcontext.gregs[REG_RSP];
+    else if (step_ret && ip == step_ret)
+        step_ret = 0;
+    step_r->inside += step_ret != 0;
     int n = ++step_r->steps;
     if (step_calls) {
         /* the entry points from the handler: an answer, never a wait for
@@ -601,11 +609,18 @@ static void step_run(enum step_op op, const char *what)
 {
     if (AP_SANITIZED)
         cr_skip_test("a fork per instruction is too slow under a sanitizer");
+    const uintptr_t entries[] = {
+        [STEP_DLOPEN] = (uintptr_t)altpatch_dlopen,
+        [STEP_APPLY] = (uintptr_t)altpatch_apply,
+        [STEP_STATS] = (uintptr_t)altpatch_get_stats,
+        [STEP_WALK] = (uintptr_t)altpatch_site_foreach,
+    };
     step_which = op;
+    step_entry = entries[op];
     int status;
     struct step_res *r = run_child(sizeof(*r), step_body, 60, &status);
     assert_clean_exit(status, what);
-    cr_assert_gt(r->steps, 10, "%s: %d steps", what, r->steps);
+    cr_assert_gt(r->inside, 20, "%s: %d steps inside it (%d in all)", what, r->inside, r->steps);
     cr_assert_eq(r->parent_rc, 0, "%s", what);
     cr_assert_eq(r->parent_fork, 0, "%s: a fork after it", what);
     cr_assert_eq(r->bad, 0,
