@@ -6,7 +6,8 @@
  * which MDWE forbids. A body sets MDWE in its fork()ed child
  * (ap_mdwe_set()); the test skips before it under valgrind
  * (ap_mdwe_skip_under_valgrind()) and after it where the kernel has no MDWE
- * (ap_mdwe_require()).
+ * (ap_mdwe_require(); ap_mdwe_missing() for a case of a loop). Any other
+ * failure to set it fails the test.
  */
 #ifndef AP_TEST_MDWE_H
 #define AP_TEST_MDWE_H
@@ -45,13 +46,22 @@ static inline void ap_mdwe_skip_under_valgrind(void)
         cr_skip_test("PR_SET_MDWE would stop valgrind's own code generation");
 }
 
-/** With the body's ap_mdwe_set() result @p set: skip where the kernel has no
- * MDWE (-EINVAL), else it must have been set. */
-static inline void ap_mdwe_require(int set)
+/** With the body's ap_mdwe_set() result @p set: true where the kernel has no
+ * MDWE (-EINVAL); false where it was set; any other answer fails the test. */
+static inline bool ap_mdwe_missing(int set)
 {
     if (set == -EINVAL)
-        cr_skip_test("kernel without PR_SET_MDWE");
+        return true;
     cr_assert_eq(set, 0, "PR_SET_MDWE: %s", strerror(-set));
+    return false;
+}
+
+/** With the body's ap_mdwe_set() result @p set: skip where the kernel has no
+ * MDWE, else it must have been set. */
+static inline void ap_mdwe_require(int set)
+{
+    if (ap_mdwe_missing(set))
+        cr_skip_test("kernel without PR_SET_MDWE");
 }
 
 #endif /* AP_TEST_MDWE_H */

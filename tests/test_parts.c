@@ -28,6 +28,7 @@
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
+#include "ap_call_site.h"
 #include "ap_isolate.h"
 #include "ap_mdwe.h"
 #include "host.h"
@@ -219,9 +220,8 @@ static struct run *run_parts(unsigned part, unsigned records, bool deny)
 {
     struct ctx c = {part, records, deny};
     struct run *r = ap_isolated(sizeof(*r), body, &c);
-    if (deny && (r->mdwe == -EINVAL || r->mdwe == -EPERM))
-        cr_skip_test("PR_SET_MDWE not available here (%d)", r->mdwe);
-    cr_assert_eq(r->mdwe, 0);
+    if (deny)
+        ap_mdwe_require(r->mdwe);
     cr_assert_eq(r->rc, 0, "part of %u: apply %d", part, r->rc);
     cr_assert_eq(r->rc2, 0, "part of %u: the next apply %d", part, r->rc2);
     cr_assert_eq(r->n, N_SITES, "part of %u: %u sites listed", part, r->n);
@@ -434,25 +434,6 @@ static int calls_cb(const struct altpatch_site_info *si, void *p)
 }
 
 /* A call to @p fn from a site at @p at. */
-static void call_bytes(uint8_t out[5], uintptr_t at, void *fn)
-{
-    int32_t rel = (int32_t)((intptr_t)fn - (intptr_t)(at + 5));
-    out[0] = 0xe8;
-    memcpy(out + 1, &rel, 4);
-}
-
-/* Another writer's call to @p fn at @p at (through /proc/self/mem, as a
- * debugger writes; in the child). */
-static void put_call(uintptr_t at, void *fn)
-{
-    uint8_t b[5];
-    call_bytes(b, at, fn);
-    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
-    if (fd < 0 || pwrite(fd, b, 5, (off_t)at) != 5)
-        _exit(5);
-    close(fd);
-}
-
 static void calls_body(void *out, void *cv)
 {
     struct calls_run *r = out;
@@ -482,7 +463,7 @@ static void calls_body(void *out, void *cv)
         /* what the library keeps for each site is now its original: the
          * plan's bytes put at a call site by another writer are foreign to a
          * revert (refused, left), not what it wrote */
-        put_call(r->addr[FOREIGN_AT], (void *)parts_two);
+        ap_put_call(r->addr[FOREIGN_AT], (void *)parts_two);
         r->rc_rev = altpatch_apply_opts(&rev);
         cw.rev = true;
         altpatch_site_foreach(calls_cb, &cw);
@@ -507,16 +488,16 @@ Test(parts, relocated_calls_in_every_part)
         if (c.deny && valgrind)
             continue; /* PR_SET_MDWE would stop valgrind's own code generation */
         struct calls_run *r = ap_isolated(sizeof(*r), calls_body, &c);
-        if (c.deny && (r->mdwe == -EINVAL || r->mdwe == -EPERM))
-            continue; /* PR_SET_MDWE not available here */
+        if (c.deny && ap_mdwe_missing(r->mdwe))
+            continue; /* a kernel without PR_SET_MDWE */
         cr_assert_eq(r->rc, 0, "part of %u: apply %d", c.part, r->rc);
         cr_assert_eq(r->rc2, 0, "part of %u: the next apply %d", c.part, r->rc2);
         cr_assert_eq(r->n, N_CALLS, "part of %u: %u call sites", c.part, r->n);
         unsigned w = 0;
         for (unsigned i = 0; i < N_CALLS; i++) {
             uint8_t one[5], two[5];
-            call_bytes(one, r->addr[i], (void *)parts_one);
-            call_bytes(two, r->addr[i], (void *)parts_two);
+            ap_call_bytes(one, r->addr[i], (void *)parts_one);
+            ap_call_bytes(two, r->addr[i], (void *)parts_two);
             if (CALLS[i] == 'D') {
                 cr_assert_eq(r->state[i], ALTPATCH_SITE_ORIGINAL, "part of %u: site %u", c.part,
                              i);
@@ -541,8 +522,8 @@ Test(parts, relocated_calls_in_every_part)
             cr_assert_eq(r->n_rev, N_CALLS);
             uint8_t one[5], two[5];
             for (unsigned i = 0; i < N_CALLS; i++) {
-                call_bytes(one, r->addr[i], (void *)parts_one);
-                call_bytes(two, r->addr[i], (void *)parts_two);
+                ap_call_bytes(one, r->addr[i], (void *)parts_one);
+                ap_call_bytes(two, r->addr[i], (void *)parts_two);
                 if (i != FOREIGN_AT) {
                     cr_assert_eq(r->state_rev[i], ALTPATCH_SITE_ORIGINAL, "part of %u: site %u",
                                  c.part, i);
