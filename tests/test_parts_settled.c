@@ -11,14 +11,13 @@
  */
 #include <criterion/criterion.h>
 
-#include <fcntl.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
+#include "ap_apply_one.h"
+#include "ap_call_site.h"
 #include "ap_isolate.h"
 #include "host.h"
 
@@ -45,55 +44,27 @@ __attribute__((noinline, used)) static void calls(void)
 enum { N_CALLS = 9, FOREIGN_AT = 3 };
 static const char CALLS[] = "CDCCDCCDC";
 
-static void call_bytes(uint8_t out[5], uintptr_t at, void *fn)
-{
-    int32_t rel = (int32_t)((intptr_t)fn - (intptr_t)(at + 5));
-    out[0] = 0xe8;
-    memcpy(out + 1, &rel, 4);
-}
-
 struct result {
     int rc[2];
     uint64_t written[2], refused, settled;
     uint8_t bytes[N_CALLS][5];
 };
 
-static void get_stats(struct altpatch_stats *st)
-{
-    memset(st, 0, sizeof(*st));
-    st->sz = sizeof(*st);
-    if (altpatch_get_stats(st))
-        abort();
-}
-
 static void body(void *out, void *ctx)
 {
     struct result *r = out;
     unsigned part = *(const unsigned *)ctx;
     ap_part_writes = part;
-    uintptr_t at = (uintptr_t)settled_calls_begin + 5 * FOREIGN_AT;
-    uint8_t two[5];
-    call_bytes(two, at, (void *)settled_two);
-    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
-    if (fd < 0 || pwrite(fd, two, 5, (off_t)at) != 5)
-        _exit(5);
-    close(fd);
-    struct altpatch_features *f = altpatch_features_new();
-    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
-        abort();
-    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f};
+    ap_put_call((uintptr_t)settled_calls_begin + 5 * FOREIGN_AT, (void *)settled_two);
     struct altpatch_stats st;
-    r->rc[0] = altpatch_apply_opts(&o);
-    get_stats(&st);
+    r->rc[0] = ap_apply_one(X86_FEATURE_ALWAYS, &st);
     r->written[0] = st.bytes_written;
     r->refused = st.sites_refused;
     uint64_t settled = ap_settled_found;
-    r->rc[1] = altpatch_apply_opts(&o);
+    r->rc[1] = ap_apply_one(X86_FEATURE_ALWAYS, &st);
     r->settled = ap_settled_found - settled;
-    get_stats(&st);
     r->written[1] = st.bytes_written;
     memcpy(r->bytes, settled_calls_begin, sizeof(r->bytes));
-    altpatch_features_free(f);
 }
 
 Test(parts_settled, site_found_holding_its_plan_is_kept_as_left)
@@ -109,7 +80,7 @@ Test(parts_settled, site_found_holding_its_plan_is_kept_as_left)
         for (unsigned i = 0; i < N_CALLS; i++) {
             uintptr_t at = (uintptr_t)settled_calls_begin + 5 * i;
             uint8_t want[5];
-            call_bytes(want, at, CALLS[i] == 'C' ? (void *)settled_two : (void *)settled_one);
+            ap_call_bytes(want, at, CALLS[i] == 'C' ? (void *)settled_two : (void *)settled_one);
             cr_assert_arr_eq(r->bytes[i], want, 5, "part of %u: site %u", part, i);
         }
         cr_assert_eq(r->settled, 1, "part of %u: the next apply settled the module (%lu)", part,
