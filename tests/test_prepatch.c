@@ -91,16 +91,17 @@ static int run(const char *env, const char *path, const char *arg, char **out, c
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* The "site ADDR HEX" lines of a fixture's output. */
-static char *site_lines(const char *out)
+/* The lines of @p out starting with @p word and a space (malloc'ed). */
+static char *lines_of(const char *out, const char *word)
 {
     char *r = calloc(1, strlen(out) + 1);
     cr_assert_not_null(r);
+    size_t wl = strlen(word);
     for (const char *l = out; *l;) {
         const char *e = strchr(l, '\n');
         size_t n = e ? (size_t)(e - l) + 1 : strlen(l);
-        if (strncmp(l, "site ", 5) == 0)
-            strncat(r, l, n);
+        if (strncmp(l, word, wl) == 0 && l[wl] == ' ')
+            strncat(r, l + wl, n - wl);
         l += n;
     }
     return r;
@@ -222,8 +223,10 @@ static void each_profile(const char *plain)
     char *out0, *rev0;
     cr_assert_eq(run(NULL, plain, "apply", &out0, NULL), 0, "plain apply:\n%s", out0);
     cr_assert_eq(run(NULL, plain, "revert", &rev0, NULL), 0, "plain revert:\n%s", rev0);
-    char *want_apply = site_lines(out0), *want_revert = site_lines(rev0);
-    char *orig = file_lines(plain, false);
+    char *want_apply = lines_of(out0, "site"), *want_revert = lines_of(rev0, "site");
+    char *orig_file = file_lines(plain, false), *orig = lines_of(orig_file, "site");
+    free(orig_file);
+    cr_assert_str_neq(orig, "", "no site lines in %s", plain);
     cr_assert_str_eq(want_revert, orig, "REVERT must restore the file's bytes");
     for (size_t i = 0; i < NPROFILES; i++) {
         const char *pre = prepatch(plain, profiles[i]);
@@ -231,7 +234,7 @@ static void each_profile(const char *plain)
         char *out, *err;
         int st = run(NULL, pre, "apply", &out, &err);
         cr_assert_eq(st, 0, "%s apply -> %d:\n%s%s", profiles[i], st, out, err);
-        char *got = site_lines(out);
+        char *got = lines_of(out, "site");
         cr_assert_str_eq(got, want_apply, "%s: apply did not converge to this CPU's plan",
                          profiles[i]);
         free(got);
@@ -239,7 +242,7 @@ static void each_profile(const char *plain)
         free(err);
         st = run(NULL, pre, "revert", &out, &err);
         cr_assert_eq(st, 0, "%s revert -> %d:\n%s%s", profiles[i], st, out, err);
-        got = site_lines(out);
+        got = lines_of(out, "site");
         cr_assert_str_eq(got, orig, "%s: REVERT did not restore the compiler's bytes",
                          profiles[i]);
         free(got);
@@ -281,12 +284,14 @@ static void host_without_apply(const char *plain)
     char *out, *err;
     int st = run("ALTPATCH_OFF=1", pre, "noapply", &out, &err);
     cr_assert_eq(st, 0, "noapply -> %d:\n%s%s", st, out, err);
-    char *got = site_lines(out), *want = file_lines(pre, false);
+    char *file = file_lines(pre, false);
+    char *got = lines_of(out, "site"), *want = lines_of(file, "site");
+    free(file);
     cr_assert_str_eq(got, want, "memory must hold the file's pre-patched bytes");
     /* and they are the host's plan: the plain program's bytes after apply */
     char *out0;
     cr_assert_eq(run(NULL, plain, "apply", &out0, NULL), 0);
-    char *applied = site_lines(out0);
+    char *applied = lines_of(out0, "site");
     /* ALTPATCH_CLEARCPUID would make the two differ; the test runs without it. */
     if (!getenv("ALTPATCH_CLEARCPUID"))
         cr_assert_str_eq(got, applied, "host copy differs from the host's apply");
@@ -465,22 +470,6 @@ static const char *prepatch_fs(const char *src, const struct altpatch_features *
     cr_assert_eq(altpatch_image_write(img, out, &wo), 0);
     altpatch_image_close(img);
     return out;
-}
-
-/* The lines of @p out starting with @p word and a space (malloc'ed). */
-static char *lines_of(const char *out, const char *word)
-{
-    char *r = calloc(1, strlen(out) + 1);
-    cr_assert_not_null(r);
-    size_t wl = strlen(word);
-    for (const char *l = out; *l;) {
-        const char *e = strchr(l, '\n');
-        size_t n = e ? (size_t)(e - l) + 1 : strlen(l);
-        if (strncmp(l, word, wl) == 0 && l[wl] == ' ')
-            strncat(r, l + wl, n - wl);
-        l += n;
-    }
-    return r;
 }
 
 /* The lines tagged @p tag of two runs' outputs are the same. */
