@@ -1712,6 +1712,15 @@ static void pins_kept_body(void *out, void *ctx)
     altpatch_features_free(f);
 }
 
+/* Whether this C library's dl_iterate_phdr() reports the loader's counters
+ * (dlpi_adds, dlpi_subs): asked here, not of the library. */
+static int loader_counters_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)info;
+    *(bool *)data = size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs);
+    return 1;
+}
+
 Test(apply, later_applies_pin_the_libraries_the_last_walk_found)
 {
     struct pins_kept_result *r = ap_isolated(sizeof(*r), pins_kept_body, NULL);
@@ -1724,8 +1733,14 @@ Test(apply, later_applies_pin_the_libraries_the_last_walk_found)
         cr_assert_eq(r->v2[k], v2[k], "apply %d: libreload_v2", k);
         cr_assert_eq(r->pinned[k], pinned[k], "apply %d: libraries pinned", k);
     }
-    if (r->known[0] < 0)
-        return; /* a C library without the loader's counters: always searched */
+    bool counters = false;
+    dl_iterate_phdr(loader_counters_cb, &counters);
+    if (!counters) {
+        for (int k = 0; k < 8; k++)
+            cr_assert_lt(r->known[k], 0, "apply %d: a kept list without the loader's counters", k);
+        cr_skip_test("the C library reports no loader counters: every walk searches, nothing "
+                     "kept to check");
+    }
     /* the first walk of the library, a load, an unload: searched; else kept */
     static const int known[8] = {0, 1, 1, 0, 1, 1, 0, 1};
     for (int k = 0; k < 8; k++)
