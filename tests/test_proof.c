@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -196,22 +197,34 @@ Test(proof, callback_thread_no_live_is_refused)
     cr_assert_eq(r->ret, 1);
 }
 
-/* Without ALTPATCH_APPLY_NO_LIVE the thread the callback started is met as
- * at the start of an apply: the live writer patches every site, or where it
- * cannot be used the apply is refused with nothing written. Never a non-live
- * write with that thread running. */
-Test(proof, callback_thread_live_or_refused)
+/* Without ALTPATCH_APPLY_NO_LIVE the thread the callback started (on its
+ * warning @p start_on, 0: the first) is met as at the start of an apply: the
+ * live writer patches every site, or where it cannot be used the apply is
+ * refused with no write after the thread exists -- none at all where it
+ * started before any write (@p before_any_write), else only a first part.
+ * Never a non-live write with that thread running. */
+static void live_or_refused(int start_on, bool before_any_write)
 {
-    struct proof_result *r = proof_run(0, 0);
+    struct proof_ctx c = {.start_on = start_on};
+    struct proof_result *r = ap_isolated(sizeof(*r), proof_body, &c);
+    cr_assert(r->size_ok, "the table is %d sites of 5 bytes", PROOF_N);
     cr_assert(r->started, "the callback started its thread");
     if (r->rc == 0) {
         cr_assert_eq(r->live, 1, "written with a thread running, not by the live writer");
         cr_assert_eq(r->repl, PROOF_N, "patched %d of %d", r->repl, PROOF_N);
         cr_assert_eq(r->ret, 2);
-    } else {
-        cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
-        cr_assert_eq(r->orig, PROOF_N, "originals left: %d of %d", r->orig, PROOF_N);
+        return;
     }
+    cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
+    if (before_any_write)
+        cr_assert_eq(r->orig, PROOF_N, "originals left: %d of %d", r->orig, PROOF_N);
+    cr_assert_gt(r->orig, 0);
+    cr_assert(r->prefix, "only a first part written");
+}
+
+Test(proof, callback_thread_live_or_refused)
+{
+    live_or_refused(0, true);
 }
 
 /* A thread started before the apply, no user code during it: the module
@@ -280,16 +293,5 @@ Test(proof, callback_thread_after_parts_no_live_writes_nothing_more)
  * refused as above. */
 Test(proof, callback_thread_after_parts_live_or_refused)
 {
-    struct proof_ctx c = {.flags = 0, .start_on = 2};
-    struct proof_result *r = ap_isolated(sizeof(*r), proof_body, &c);
-    cr_assert(r->started, "the callback started its thread");
-    if (r->rc == 0) {
-        cr_assert_eq(r->live, 1, "written with a thread running, not by the live writer");
-        cr_assert_eq(r->repl, PROOF_N, "patched %d of %d", r->repl, PROOF_N);
-        cr_assert_eq(r->ret, 2);
-    } else {
-        cr_assert_eq(r->rc, -EBUSY, "apply: %d", r->rc);
-        cr_assert_gt(r->orig, 0);
-        cr_assert(r->prefix, "only a first part written");
-    }
+    live_or_refused(2, false);
 }
