@@ -390,6 +390,18 @@ static int own_copy(struct reader *r, struct ad_section *t)
     return 0;
 }
 
+/*
+ * The one rule for relocation sections: altdump applies those of an object
+ * (ET_REL) of type SHT_RELA whose target section is loaded (SHF_ALLOC).
+ * Every other one -- of debugging information or other unloaded sections,
+ * of an executable or library, SHT_REL -- is neither applied nor read from
+ * the file (read_parts()).
+ */
+static bool rel_applied(unsigned elf_type, uint32_t type, uint64_t target_flags)
+{
+    return elf_type == ET_REL && type == SHT_RELA && (target_flags & SHF_ALLOC);
+}
+
 /* Apply one RELA section to the copy of its target section:  S + A (- P). */
 static int apply_rela(struct reader *r, size_t relidx)
 {
@@ -404,7 +416,7 @@ static int apply_rela(struct reader *r, size_t relidx)
         return fail(r, "relocation section '%s' has bad links (info %u, link %u)", rs->name,
                     (unsigned)sh.sh_info, (unsigned)sh.sh_link);
     struct ad_section *t = &img->secs[sh.sh_info];
-    if (!(t->flags & SHF_ALLOC) || !t->data)
+    if (!rel_applied(img->elf_type, sh.sh_type, t->flags) || !t->data)
         return 0; /* debug info and the like: not needed */
     struct symctx c;
     Elf_Data *rd = elf_getdata(scn, NULL);
@@ -1019,6 +1031,27 @@ static int read_all(struct reader *r, unsigned flags)
     return rc;
 }
 
+/*
+ * The end of both entry points: unless @p rc already failed, parse the
+ * image's bytes (img->buf, @p len of them) through libelf. On a failure the
+ * image is freed; its file name @p name stays for the caller's message.
+ */
+static int read_image(struct reader *r, int rc, size_t len, unsigned flags, const char *name)
+{
+    struct ad_image *img = r->img;
+    if (!rc) {
+        img->len = len;
+        (void)elf_errno();
+        r->elf = elf_memory((char *)img->buf, len);
+        img->elf = r->elf;
+        rc = r->elf ? read_all(r, flags) : fail(r, "not an ELF file%s", elfmsg());
+    }
+    if (rc)
+        ad_image_free(img);
+    img->file = name;
+    return rc;
+}
+
 int ad_read_memory(const void *buf, size_t len, const char *name, unsigned flags,
                    struct ad_image *img, char *err, size_t errsz)
 {
@@ -1033,15 +1066,7 @@ int ad_read_memory(const void *buf, size_t len, const char *name, unsigned flags
     if (!img->buf)
         return oom(&r);
     memcpy(img->buf, buf, len);
-    img->len = len;
-    (void)elf_errno();
-    r.elf = elf_memory((char *)img->buf, len);
-    img->elf = r.elf;
-    int rc = r.elf ? read_all(&r, flags) : fail(&r, "not an ELF file%s", elfmsg());
-    if (rc)
-        ad_image_free(img);
-    img->file = name;
-    return rc;
+    return read_image(&r, 0, len, flags, name);
 }
 
 /* [off, off + len) of the file into the same bytes of @p buf: 0, or an errno
@@ -1066,7 +1091,7 @@ static bool in_file(uint64_t off, uint64_t len, uint64_t size)
 }
 
 /* True when section @p i of @p sh is debugging information (not loaded, named
- * .debug* or .zdebug* in @p names, @p nlen bytes). */
+ * .debug* or .zdebug* in @p names, @p nlen bytes): not read. */
 static bool is_debug(const Elf64_Shdr *sh, size_t i, const char *names, size_t nlen)
 {
     size_t room = sh[i].sh_name < nlen ? nlen - sh[i].sh_name : 0;
@@ -1079,8 +1104,8 @@ static bool is_debug(const Elf64_Shdr *sh, size_t i, const char *names, size_t n
  * Read the parts of the file (of @p size bytes, into @p buf as large) that
  * altdump and libelf look at: the ELF, program and section headers, what the
  * program headers load, and every section but the debugging information and
- * the relocations altdump does not apply (a vmlinux's .debug_*, .rela.debug_*
- * and .rela.text are most of it).
+ * the unloaded relocations altdump does not apply (rel_applied(): a vmlinux's
+ * .debug_*, .rela.debug_* and .rela.text are most of it).
  * The other bytes stay unread (zeros): pages never written cost no memory.
  * A file whose headers do not say where its parts
  * are is read whole (libelf and the checks then say what is wrong).
@@ -1141,14 +1166,12 @@ static int read_parts(int fd, uint8_t *buf, uint64_t size)
             continue; /* nothing in the file, or refused by the section checks */
         if (is_debug(sh, i, names, nlen))
             continue;
-        /* Relocation sections that are not loaded: altdump applies them only
-         * in an object (ET_REL), and there only those of sections it reads.
-         * (A vmlinux linked with --emit-relocs has hundreds of MB of them.) */
+        /* Relocation sections that are not loaded and not applied (a vmlinux
+         * linked with --emit-relocs has hundreds of MB of them). */
         if ((sh[i].sh_type == SHT_RELA || sh[i].sh_type == SHT_REL) &&
             !(sh[i].sh_flags & SHF_ALLOC) &&
-            (eh.e_type != ET_REL ||
-             (sh[i].sh_info > 0 && sh[i].sh_info < eh.e_shnum &&
-              is_debug(sh, sh[i].sh_info, names, nlen))))
+            !(sh[i].sh_info < eh.e_shnum &&
+              rel_applied(eh.e_type, sh[i].sh_type, sh[sh[i].sh_info].sh_flags)))
             continue;
         if ((e = pread_at(fd, buf, sh[i].sh_offset, sh[i].sh_size)))
             goto out;
@@ -1209,21 +1232,10 @@ int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *e
     }
     int rerr = read_parts(fd, img->buf, n);
     close(fd);
-    int rc;
-    if (rerr) {
-        rc = rerr == ENODATA ? fail(&r, "truncated while read (%zu bytes when opened)", n)
-                             : fail(&r, "cannot read (%s)", strerror(rerr));
-    } else {
-        img->len = n;
-        (void)elf_errno();
-        r.elf = elf_memory((char *)img->buf, n);
-        img->elf = r.elf;
-        rc = r.elf ? read_all(&r, flags) : fail(&r, "not an ELF file%s", elfmsg());
-    }
-    if (rc)
-        ad_image_free(img);
-    img->file = path;
-    return rc;
+    int rc = rerr == ENODATA ? fail(&r, "truncated while read (%zu bytes when opened)", n)
+             : rerr          ? fail(&r, "cannot read (%s)", strerror(rerr))
+                             : 0;
+    return read_image(&r, rc, n, flags, path);
 }
 
 void ad_image_free(struct ad_image *img)
