@@ -190,22 +190,35 @@ static void get_stats(struct altpatch_stats *st)
         abort();
 }
 
-static void body(void *out, void *cv)
+/*
+ * A body's first steps: the part size and the records threshold of @p c and,
+ * where every write is to be denied, MDWE set (its answer in @p mdwe) and
+ * the /proc/self/mem writer refused; @p o: an apply under {ALWAYS}, whose
+ * feature set is returned (for the caller to free).
+ */
+static struct altpatch_features *parts_begin(const struct ctx *c, int *mdwe,
+                                             struct altpatch_apply_opts *o)
 {
-    struct run *r = out;
-    const struct ctx *c = cv;
     ap_part_writes = c->part;
     ap_records_keep_max = c->records;
-    unsigned flags = 0;
+    *o = (struct altpatch_apply_opts){.sz = sizeof(*o)};
     if (c->deny) {
         altpatch_set_print(NULL); /* the refusals are expected */
-        r->mdwe = ap_mdwe_set();
-        flags = ALTPATCH_APPLY_NO_PROCMEM;
+        *mdwe = ap_mdwe_set();
+        o->flags = ALTPATCH_APPLY_NO_PROCMEM;
     }
     struct altpatch_features *f = altpatch_features_new();
     if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
         abort();
-    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f, .flags = flags};
+    o->features = f;
+    return f;
+}
+
+static void body(void *out, void *cv)
+{
+    struct run *r = out;
+    struct altpatch_apply_opts o;
+    struct altpatch_features *f = parts_begin(cv, &r->mdwe, &o);
     r->rc = altpatch_apply_opts(&o);
     get_stats(&r->st);
     altpatch_site_foreach(seen_cb, r);
@@ -433,23 +446,12 @@ static int calls_cb(const struct altpatch_site_info *si, void *p)
     return 0;
 }
 
-/* A call to @p fn from a site at @p at. */
 static void calls_body(void *out, void *cv)
 {
     struct calls_run *r = out;
     const struct ctx *c = cv;
-    ap_part_writes = c->part;
-    ap_records_keep_max = c->records;
-    unsigned flags = 0;
-    if (c->deny) {
-        altpatch_set_print(NULL); /* the refusals are expected */
-        r->mdwe = ap_mdwe_set();
-        flags = ALTPATCH_APPLY_NO_PROCMEM;
-    }
-    struct altpatch_features *f = altpatch_features_new();
-    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
-        abort();
-    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f, .flags = flags};
+    struct altpatch_apply_opts o;
+    struct altpatch_features *f = parts_begin(c, &r->mdwe, &o);
     struct altpatch_apply_opts rev = o;
     rev.flags |= ALTPATCH_APPLY_REVERT;
     struct altpatch_stats st;
