@@ -433,24 +433,37 @@ Test(altdump, object_matches_linked_program)
     }
 }
 
+/*
+ * The sites (site_keys()) of object @p obj and of the program or library
+ * @p linked from it, under @p profile: the same, at other addresses.
+ * Returned (malloc'ed) for the caller's own checks.
+ */
+static char *same_sites(const char *obj, const char *linked, const char *profile)
+{
+    struct result a = RUN("--json", "--cpu", profile, obj);
+    struct result b = RUN("--json", "--cpu", profile, linked);
+    cr_assert_eq(a.rc, 0, "%s: %s", obj, a.err);
+    cr_assert_eq(b.rc, 0, "%s: %s", linked, b.err);
+    cr_assert(strstr(a.out, "\"type\": \"REL\""), "%s", a.out);
+    cr_assert(strstr(b.out, "\"type\": \"DYN\"") || strstr(b.out, "\"type\": \"EXEC\""), "%s",
+              b.out);
+    char *ka = site_keys(a.out), *kb = site_keys(b.out);
+    cr_assert_str_eq(ka, kb, "profile %s: %s and %s differ", profile, obj, linked);
+    cr_assert_str_neq(a.out, b.out, "profile %s: the same addresses", profile);
+    free(kb);
+    result_free(&a);
+    result_free(&b);
+    return ka;
+}
+
 /* The same on C code compiled with the real macros: live.c's .o and the PIE linked from it. */
 Test(altdump, object_matches_linked_program_c)
 {
     const char *profiles[] = {"baseline", "host", "all"};
     for (size_t p = 0; p < 3; p++) {
-        struct result a = RUN("--json", "--cpu", profiles[p], ALTDUMP_LIVE_OBJ);
-        struct result b = RUN("--json", "--cpu", profiles[p], ALTDUMP_LIVE);
-        cr_assert_eq(a.rc, 0, "%s", a.err);
-        cr_assert_eq(b.rc, 0, "%s", b.err);
-        cr_assert(strstr(a.out, "\"type\": \"REL\""));
-        cr_assert(strstr(b.out, "\"type\": \"DYN\"") || strstr(b.out, "\"type\": \"EXEC\""));
-        char *ka = site_keys(a.out), *kb = site_keys(b.out);
-        cr_assert(strstr(ka, "\"symbol\": \"fs_self\""), "%s", ka);
-        cr_assert_str_eq(ka, kb, "profile %s: live.o and live differ", profiles[p]);
-        free(ka);
-        free(kb);
-        result_free(&a);
-        result_free(&b);
+        char *k = same_sites(ALTDUMP_LIVE_OBJ, ALTDUMP_LIVE, profiles[p]);
+        cr_assert(strstr(k, "\"symbol\": \"fs_self\""), "%s", k);
+        free(k);
     }
 }
 
@@ -459,19 +472,11 @@ Test(altdump, object_matches_linked_many_sections)
 {
     const char *profiles[] = {"baseline", "all"};
     for (size_t p = 0; p < 2; p++) {
-        struct result a = RUN("--json", "--cpu", profiles[p], "many.o");
-        struct result b = RUN("--json", "--cpu", profiles[p], "many.so");
-        cr_assert_eq(a.rc, 0, "%s", a.err);
-        cr_assert_eq(b.rc, 0, "%s", b.err);
-        char *ka = site_keys(a.out), *kb = site_keys(b.out);
-        cr_assert(strstr(ka, "\"symbol\": \"f19\""), "%s", ka);
-        cr_assert_str_eq(ka, kb, "profile %s: many.o and many.so differ", profiles[p]);
+        char *k = same_sites("many.o", "many.so", profiles[p]);
+        cr_assert(strstr(k, "\"symbol\": \"f19\""), "%s", k);
         if (p == 1) /* call g19, relocated from the replacement to the site */
-            cr_assert(strstr(ka, "\"bytes\": \"e8 01 00 00 00\""), "%s", ka);
-        free(ka);
-        free(kb);
-        result_free(&a);
-        result_free(&b);
+            cr_assert(strstr(k, "\"bytes\": \"e8 01 00 00 00\""), "%s", k);
+        free(k);
     }
 }
 
@@ -484,22 +489,14 @@ Test(altdump, object_matches_linked_comdat_groups)
 {
     const char *profiles[] = {"baseline", "all"};
     for (size_t p = 0; p < 2; p++) {
-        struct result a = RUN("--json", "--cpu", profiles[p], "groups.o");
-        struct result b = RUN("--json", "--cpu", profiles[p], "groups.so");
-        cr_assert_eq(a.rc, 0, "%s", a.err);
-        cr_assert_eq(b.rc, 0, "%s", b.err);
-        char *ka = site_keys(a.out), *kb = site_keys(b.out);
+        char *k = same_sites("groups.o", "groups.so", profiles[p]);
         /* one site per group and one in .text, every one replaced (feature "always") */
-        cr_assert(strstr(ka, "\"symbol\": \"grp_plain\""), "%s", ka);
-        cr_assert(strstr(ka, "\"symbol\": \"grp_one\""), "%s", ka);
-        cr_assert(strstr(ka, "\"symbol\": \"grp_two\""), "%s", ka);
+        cr_assert(strstr(k, "\"symbol\": \"grp_plain\""), "%s", k);
+        cr_assert(strstr(k, "\"symbol\": \"grp_one\""), "%s", k);
+        cr_assert(strstr(k, "\"symbol\": \"grp_two\""), "%s", k);
         /* call grp_two_helper, relocated from the third replacement section to the site */
-        cr_assert(strstr(ka, "\"bytes\": \"e8 01 00 00 00\""), "%s", ka);
-        cr_assert_str_eq(ka, kb, "profile %s: groups.o and groups.so differ", profiles[p]);
-        free(ka);
-        free(kb);
-        result_free(&a);
-        result_free(&b);
+        cr_assert(strstr(k, "\"bytes\": \"e8 01 00 00 00\""), "%s", k);
+        free(k);
     }
     struct result t = RUN("groups.o");
     cr_assert_eq(t.rc, 0, "%s", t.err);
