@@ -505,6 +505,25 @@ static char *run_ok(const char *env, const char *prog, const char *arg)
     return out;
 }
 
+/*
+ * @p prog run under @p env ("stats") is not settled from its file (@p why)
+ * but planned: no site refused, something written where @p writes, and the
+ * states and bytes of the plain program run under the same environment.
+ */
+static void planned_like_plain(const char *env, const char *prog, const char *why, bool writes)
+{
+    char *want = run_ok(env, PREPATCH_FIXTURE, "stats");
+    char *out = run_ok(env, prog, "stats");
+    cr_assert(!strstr(out, SETTLED_LOG), "%s:\n%s", why, out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    if (writes)
+        cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
+    same_lines(out, want, "state");
+    same_lines(out, want, "site");
+    free(out);
+    free(want);
+}
+
 /* The set the fixture's apply uses under ALTPATCH_CLEARCPUID=@p clear (NULL:
  * none): the host's, less that feature, as a test names it for itself. */
 /* @p set with FSGSBASE toggled (a set that differs from it in one feature the
@@ -674,14 +693,7 @@ Test(prepatch, clearcpuid_differs_from_the_file)
     unsigned fsgs = (unsigned)altpatch_feature_id("fsgsbase");
     altpatch_features_set(fs, fsgs); /* the file's set has it, the apply's not */
     const char *pre = prepatch_fs(PREPATCH_FIXTURE, fs, "with");
-    char *want = run_ok("ALTPATCH_CLEARCPUID=fsgsbase", PREPATCH_FIXTURE, "stats");
-    char *out = run_ok("ALTPATCH_CLEARCPUID=fsgsbase", pre, "stats");
-    cr_assert(!strstr(out, SETTLED_LOG), "%s", out);
-    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
-    same_lines(out, want, "state");
-    same_lines(out, want, "site");
-    free(out);
-    free(want);
+    planned_like_plain("ALTPATCH_CLEARCPUID=fsgsbase", pre, "settled on another set's file", true);
     altpatch_features_free(fs);
 }
 
@@ -749,20 +761,13 @@ Test(prepatch, bad_choice_is_planned)
     char badf[160];
     snprintf(badf, sizeof(badf), "%s/badchoice", tmpdir);
     bad_choice_copy(prepatch_fs(PREPATCH_FIXTURE, fs, "same"), badf);
-    char *want = run_ok(NULL, PREPATCH_FIXTURE, "stats");
-    char *out = run_ok(NULL, badf, "stats");
-    cr_assert(!strstr(out, SETTLED_LOG), "a bad choice was taken:\n%s", out);
-    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
-    same_lines(out, want, "state");
-    same_lines(out, want, "site");
-    free(out);
-    free(want);
+    planned_like_plain(NULL, badf, "a bad choice was taken", false);
 
     char lib[200], args[420];
     snprintf(lib, sizeof(lib), "%s/badchoice.so", tmpdir);
     bad_choice_copy(prepatch_fs(PREPATCH_LIB, fs, "lib"), lib);
     snprintf(args, sizeof(args), "dllist '%s'", lib);
-    out = run_ok(NULL, PREPATCH_FIXTURE, args);
+    char *out = run_ok(NULL, PREPATCH_FIXTURE, args);
     char *mid = strstr(out, "\napplied\n");
     cr_assert_not_null(mid, "%s", out);
     mid[1] = '\0';
@@ -977,16 +982,7 @@ Test(prepatch, kept_original_not_in_memory_is_planned)
     write_file(bad, bw, lw);
     free(bw);
     free(bo);
-    char *want = run_ok(env, PREPATCH_FIXTURE, "stats");
-    char *out = run_ok(env, bad, "stats");
-    cr_assert(!strstr(out, SETTLED_LOG), "settled while memory differs from the originals:\n%s",
-              out);
-    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
-    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
-    same_lines(out, want, "state");
-    same_lines(out, want, "site");
-    free(out);
-    free(want);
+    planned_like_plain(env, bad, "settled while memory differs from the originals", true);
     altpatch_features_free(fs);
 }
 
