@@ -123,15 +123,16 @@ static int add_line(const struct altpatch_image_site *s, void *ctx)
         l->buf = realloc(l->buf, l->cap);
         cr_assert_not_null(l->buf);
     }
-    l->len += (size_t)sprintf(l->buf + l->len, "site %llx ", (unsigned long long)s->addr);
+    l->len += (size_t)sprintf(l->buf + l->len, " %llx ", (unsigned long long)s->addr);
     for (unsigned i = 0; i < s->len; i++)
         l->len += (size_t)sprintf(l->buf + l->len, "%02x", b[i]);
     l->len += (size_t)sprintf(l->buf + l->len, "\n");
     return 0;
 }
 
-/* "site ADDR HEX" lines of a file's original or current bytes, as the fixture prints them. */
-static char *file_lines(const char *path, bool original)
+/* " ADDR HEX" lines of a file's original or current bytes, as lines_of(out, "site")
+ * gives the fixture's "site ADDR HEX" lines. */
+static char *file_sites(const char *path, bool original)
 {
     struct altpatch_image *img;
     cr_assert_eq(altpatch_image_open(path, NULL, &img), 0, "open %s", path);
@@ -211,7 +212,7 @@ static void check_written(const char *plain, const char *pre, const char *profil
     altpatch_image_close(img);
     altpatch_features_free(fs);
     /* The originals it keeps are the plain file's bytes. */
-    char *a = file_lines(plain, false), *b = file_lines(pre, true);
+    char *a = file_sites(plain, false), *b = file_sites(pre, true);
     cr_assert_str_eq(a, b, "originals kept in %s differ from %s", pre, plain);
     free(a);
     free(b);
@@ -224,8 +225,7 @@ static void each_profile(const char *plain)
     cr_assert_eq(run(NULL, plain, "apply", &out0, NULL), 0, "plain apply:\n%s", out0);
     cr_assert_eq(run(NULL, plain, "revert", &rev0, NULL), 0, "plain revert:\n%s", rev0);
     char *want_apply = lines_of(out0, "site"), *want_revert = lines_of(rev0, "site");
-    char *orig_file = file_lines(plain, false), *orig = lines_of(orig_file, "site");
-    free(orig_file);
+    char *orig = file_sites(plain, false);
     cr_assert_str_neq(orig, "", "no site lines in %s", plain);
     cr_assert_str_eq(want_revert, orig, "REVERT must restore the file's bytes");
     for (size_t i = 0; i < NPROFILES; i++) {
@@ -284,9 +284,7 @@ static void host_without_apply(const char *plain)
     char *out, *err;
     int st = run("ALTPATCH_OFF=1", pre, "noapply", &out, &err);
     cr_assert_eq(st, 0, "noapply -> %d:\n%s%s", st, out, err);
-    char *file = file_lines(pre, false);
-    char *got = lines_of(out, "site"), *want = lines_of(file, "site");
-    free(file);
+    char *got = lines_of(out, "site"), *want = file_sites(pre, false);
     cr_assert_str_eq(got, want, "memory must hold the file's pre-patched bytes");
     /* and they are the host's plan: the plain program's bytes after apply */
     char *out0;
@@ -353,8 +351,8 @@ Test(prepatch, prepatch_again)
     altpatch_image_close(img);
     altpatch_features_free(fs);
     const char *direct = prepatch(PREPATCH_FIXTURE, "baseline");
-    char *a = file_lines(direct, false), *b = file_lines(again, false);
-    char *c = file_lines(direct, true), *d = file_lines(again, true);
+    char *a = file_sites(direct, false), *b = file_sites(again, false);
+    char *c = file_sites(direct, true), *d = file_sites(again, true);
     cr_assert_str_eq(a, b, "re-pre-patched sites differ from a direct pre-patch");
     cr_assert_str_eq(c, d, "re-pre-patched originals differ");
     free(a);
@@ -577,17 +575,14 @@ static void settles(const char *plain, const char *clear)
     cr_assert_eq(stat_of(out, "patched"), stat_of(want, "patched"), "%s\n%s", out, want);
     cr_assert_eq(stat_of(out, "unchanged"), stat_of(out, "seen"), "%s", out);
     char *before = lines_of(out, "before"), *after = lines_of(out, "site");
-    char *file = file_lines(pre, false);
+    char *file_b = file_sites(pre, false);
     cr_assert_str_eq(before, after, "memory changed by a settled apply");
-    /* file_lines() prints "site ADDR HEX" */
-    char *file_b = lines_of(file, "site");
     cr_assert_str_eq(before, file_b, "memory does not hold the file's bytes");
     char *states = lines_of(out, "state");
     cr_assert_str_eq(states, want_states, "settled states differ from the planner's");
     cr_assert_str_eq(after, want_sites, "settled bytes differ from the planner's");
     free(before);
     free(after);
-    free(file);
     free(file_b);
     free(states);
     free(out);
@@ -706,10 +701,10 @@ Test(prepatch, settled_reverts_and_applies_again)
     char *want = run_ok(NULL, PREPATCH_FIXTURE, "again");
     char *out = run_ok(NULL, pre, "again");
     cr_assert(strstr(out, SETTLED_LOG), "%s", out);
-    char *orig = file_lines(PREPATCH_FIXTURE, false), *orig_l = lines_of(orig, "site");
+    char *orig_l = file_sites(PREPATCH_FIXTURE, false);
     char *rev = lines_of(out, "reverted");
     cr_assert_str_eq(rev, orig_l, "REVERT after a settled apply did not restore the originals");
-    char *file = file_lines(pre, false), *file_l = lines_of(file, "site");
+    char *file_l = file_sites(pre, false);
     char *after = lines_of(out, "site"), *want_sites = lines_of(want, "site");
     cr_assert_str_eq(after, file_l, "the apply after REVERT did not bring the file's bytes back");
     cr_assert_str_eq(after, want_sites);
@@ -718,10 +713,8 @@ Test(prepatch, settled_reverts_and_applies_again)
     cr_assert_eq(stat_of(out, "written"), stat_of(want, "written"), "%s\n%s", out, want);
     free(a);
     free(b);
-    free(orig);
     free(orig_l);
     free(rev);
-    free(file);
     free(file_l);
     free(after);
     free(want_sites);
@@ -898,11 +891,10 @@ Test(prepatch, start_path_not_believed)
     cr_assert_eq(chmod(prog, 0755), 0);
     snprintf(args, sizeof(args), "replacedagain '%s'", forged);
     char *out = run_ok(NULL, prog, args);
-    char *orig = file_lines(PREPATCH_FIXTURE, false), *orig_l = lines_of(orig, "site");
+    char *orig_l = file_sites(PREPATCH_FIXTURE, false);
     char *rev = lines_of(out, "reverted");
     cr_assert_str_eq(rev, orig_l, "REVERT wrote originals read by the start path:\n%s", out);
     free(rev);
-    free(orig);
     free(orig_l);
     free(out);
 
@@ -999,11 +991,10 @@ Test(prepatch, revert_with_another_thread_busy)
     char *out = run_ok(NULL, pre, "threadrevert");
     cr_assert(strstr(out, "\nrc -16\n") || strncmp(out, "rc -16\n", 7) == 0,
               "a REVERT with another thread running and live patching refused:\n%s", out);
-    char *file = file_lines(pre, false), *file_l = lines_of(file, "site");
+    char *file_l = file_sites(pre, false);
     char *mem = lines_of(out, "site");
     cr_assert_str_eq(mem, file_l, "a refused REVERT changed memory");
     free(mem);
-    free(file);
     free(file_l);
     free(out);
     altpatch_features_free(fs);
@@ -1022,7 +1013,7 @@ Test(prepatch, library_path_fifo_refused)
     char lib[200], args[420], *out, *err;
     snprintf(lib, sizeof(lib), "%s.so", pre);
     cr_assert_eq(rename(pre, lib), 0);
-    char *file = file_lines(lib, false), *file_l = lines_of(file, "site");
+    char *file_l = file_sites(lib, false);
     snprintf(args, sizeof(args), "dlfifo '%s'", lib);
     int st = run("env -u ALTPATCH_CLEARCPUID timeout -k 2 30", PREPATCH_FIXTURE, args, &out,
                  &err);
@@ -1048,7 +1039,6 @@ Test(prepatch, library_path_fifo_refused)
     cr_assert_str_eq(mem, file_l, "the refused library's memory is not its file's bytes");
     free(mem);
     free(states);
-    free(file);
     free(file_l);
     free(out);
     free(err);
