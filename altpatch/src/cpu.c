@@ -25,6 +25,7 @@
  * derived by features.c's vendor rules (ap_derive_synthetic()).
  */
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -67,7 +68,31 @@
  * step depending only on words of the groups read or on the base group, so a
  * bit of a group that was read is the same whichever other groups were.
  */
-AP_STATE static pthread_mutex_t ap_leaves_mx = PTHREAD_MUTEX_INITIALIZER;
+/* Held while ap_raw and the derived set are read or written: a futex word
+ * (0 free, 1 held, 2 held with a waiter) rather than a pthread mutex, whose
+ * lock and unlock are two more symbols for the dynamic linker to resolve on a
+ * process's first apply (about 800 instructions each). */
+AP_STATE static uint32_t ap_leaves_mx;
+
+static void ap_leaves_lock(void)
+{
+    uint32_t v = 0;
+    if (__atomic_compare_exchange_n(&ap_leaves_mx, &v, 1, false, __ATOMIC_ACQUIRE,
+                                    __ATOMIC_RELAXED))
+        return;
+    if (v != 2)
+        v = __atomic_exchange_n(&ap_leaves_mx, 2, __ATOMIC_ACQUIRE);
+    while (v != 0) {
+        ap_sys(SYS_futex, (long)&ap_leaves_mx, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 2, 0, 0);
+        v = __atomic_exchange_n(&ap_leaves_mx, 2, __ATOMIC_ACQUIRE);
+    }
+}
+
+static void ap_leaves_unlock(void)
+{
+    if (__atomic_exchange_n(&ap_leaves_mx, 0, __ATOMIC_RELEASE) == 2)
+        ap_sys(SYS_futex, (long)&ap_leaves_mx, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, 0, 0);
+}
 AP_STATE static struct altpatch_features ap_raw; /* the words of ap_raw_groups; others zero */
 AP_STATE static unsigned ap_raw_groups;
 AP_STATE static uint32_t ap_std_max; /* CPUID.0:EAX (base group) */
@@ -660,7 +685,7 @@ AP_STATE static bool ap_derived_any;
 
 void ap_host_leaves(unsigned groups, struct altpatch_features *out)
 {
-    pthread_mutex_lock(&ap_leaves_mx);
+    ap_leaves_lock();
     ap_read_leaves(groups);
     ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK | AP_LEAVES_PROBE);
     if (!ap_derived_any || ap_derived_raw != ap_raw_groups || ap_derived_os != ap_os_asked) {
@@ -675,7 +700,7 @@ void ap_host_leaves(unsigned groups, struct altpatch_features *out)
         ap_derived_any = true;
     }
     *out = ap_derived;
-    pthread_mutex_unlock(&ap_leaves_mx);
+    ap_leaves_unlock();
 }
 
 /*

@@ -404,7 +404,10 @@ static bool room_reserve(struct ap_memo *m, size_t n)
     }
     if (m->nplans >= m->tmpl_cap) {
         size_t tc = m->tmpl_cap ? m->tmpl_cap * 2 : 16;
-        struct ap_memo_tmpl *t = realloc(m->tmpl, tc * sizeof(*t));
+        /* the first array from malloc(): a small program's first apply then
+         * calls no realloc() (one symbol less for the dynamic linker) */
+        struct ap_memo_tmpl *t = m->tmpl ? realloc(m->tmpl, tc * sizeof(*t))
+                                         : malloc(tc * sizeof(*t));
 
         if (!t)
             return false;

@@ -620,7 +620,10 @@ int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32
         free(e);
         return -ENOMEM;
     }
-    if (m < count) { /* several records in some site: give back the rest */
+    /* several records in some site: the rest given back, unless it is a
+     * few bytes (a small program's table: not worth the dynamic linker's
+     * resolving of realloc() on its first apply) */
+    if (m < count && (count - m) * sizeof(*s) >= 256) {
         struct ap_site *t = realloc(s, m * sizeof(*s));
         if (t)
             s = t;
