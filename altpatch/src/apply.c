@@ -435,6 +435,8 @@ struct ap_run {
     bool revert; /* ALTPATCH_APPLY_REVERT */
     bool debug;  /* ALTPATCH_DEBUG: every site is logged, in order, when the writes are done */
     bool poked;  /* the writer ran: writes[].result holds its answers */
+    bool undone; /* refused before any write: every write denied, the modules
+                  * decided for the first time left undecided (ap_run_undo()) */
     uint64_t refused_n, patched_n, unchanged_n;
 };
 
@@ -1417,12 +1419,30 @@ static bool ap_run_small(size_t total)
 
 /* A run refused before any write (ap_run_prove()): each module it decided for
  * the first time is one never decided again (memory holds its originals, the
- * next decision saves them afresh); the others were not decided. */
+ * next decision saves them afresh). */
 static void ap_run_undecide(struct ap_run *r)
 {
     for (size_t k = 0; k < r->nmods; k++)
         if (r->mods[k].first)
             r->mods[k].m->saved = false;
+}
+
+/*
+ * A run refused before any write after all its decisions (the proof asked
+ * right before the writer, or asked again there: ap_run_fresh()). A module
+ * decided again (a switch: another feature set, a revert) recorded its
+ * sites as if their writes would land; each of its writes is denied and
+ * folded in as after a writer that stopped (ap_part_write()'s -EBUSY), so
+ * each such site is recorded as memory holds it (WRITE_DENIED, m->planned
+ * what it held) and the module is no longer settled: the next apply decides
+ * it again and writes. The modules decided for the first time are left
+ * undecided (ap_run_undecide()).
+ */
+static void ap_run_undo(struct ap_run *r)
+{
+    ap_writes_deny(r->writes, r->nwrites);
+    r->poked = true; /* each write's result: WRITE_DENIED */
+    r->undone = true;
 }
 
 /*
@@ -1439,7 +1459,7 @@ static void ap_run_undecide(struct ap_run *r)
  * asks nothing; a dry run never writes (ap_check_threads() answers at once).
  * ALTPATCH_APPLY_LIVE asks at the start. A yes of the module walk's first
  * large block (ap_prove_alone()) is taken as it is. -EBUSY before any
- * write: nothing done (ap_run_undecide()).
+ * write: nothing written (ap_run_undo(), ap_run_undecide()).
  */
 static int ap_run_prove(struct ap_run *r)
 {
@@ -1635,6 +1655,8 @@ static __attribute__((noinline)) void ap_write_done(struct ap_run *r, size_t k, 
     size_t n = tag & AP_WDEC_N;
     bool done = tag & AP_WDEC_DONE;
     struct ap_mrun *mr = ap_mrun_of(r, n, hint);
+    if (r->undone && mr->first)
+        return; /* never decided (ap_run_undecide()) */
     struct ap_module *m = mr->m;
     size_t i = n - mr->n0;
     if (done && result == ALTPATCH_REASON_NONE) {
@@ -1750,6 +1772,8 @@ static void ap_record(struct ap_run *r, struct altpatch_stats *st)
         struct ap_mrun *mr = &r->mods[k];
         struct ap_module *m = mr->m;
         st->modules++;
+        if (r->undone && mr->first)
+            continue; /* never decided (ap_run_undecide()) */
         if (mr->path == AP_PATH_DECIDE) {
             if (r->debug) /* every site, in order */
                 for (size_t i = 0; i < m->nsites; i++)
@@ -1839,6 +1863,9 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         err = ap_run_prove(&r);
     if (!err)
         err = ap_collect(&r, fs, flags);
+    /* every module decided (an error of ap_collect() comes before the
+     * decisions of a module decided again: its proof is asked before them) */
+    bool collected = !err;
     if (!err)
         ap_batch(&r);
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
@@ -1852,8 +1879,8 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         else if (e)
             r.part_err = e;
     }
-    if (err && !r.poked)
-        ap_run_undecide(&r);
+    if (err && !r.poked && collected && r.nwrites)
+        ap_run_undo(&r);
     if (!err && !(flags & ALTPATCH_APPLY_DRY_RUN) && r.nwrites) {
         /* other threads may run the sites (docs/live.md); after parts
          * (ap_part_write()), the rest: the page count continues when every
@@ -1875,15 +1902,19 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
     }
     if (!err)
         err = r.part_err;
-    if (err && r.poked)
+    if (err && r.poked && !r.undone)
         ap_log(ALTPATCH_WARN, "writer stopped: %s\n", strerror(-err));
     /* recorded when the writes were made, or none was needed (the sites
-     * without one were recorded as they were decided) */
+     * without one were recorded as they were decided), or every write was
+     * denied before the writer (ap_run_undo(): the same stats as an -EBUSY
+     * after parts, none kept by altpatch_apply_opts()) */
     if (r.mods && (!err || r.poked)) {
         ap_writes_done(&r);
         ap_record(&r, st);
-        ap_applied = true;
+        ap_applied |= !r.undone;
     }
+    if (err && (!r.poked || r.undone))
+        ap_run_undecide(&r);
     /* the queue's module not decided (a failure before): its records and
      * the queue are one block, freed below */
     if (r.wmod && r.wmod->entries == (struct ap_entry *)(void *)r.writes)
