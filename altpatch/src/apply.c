@@ -163,46 +163,71 @@ AP_STATE static bool ap_lock_orphaned;
  * cannot wait for the gate to empty; in its child only this thread's
  * passages are left: ap_gate_mine, which changes with ap_gate_in under the
  * gate's lock. Where the fork interrupted this thread inside that lock, the
- * interrupted section sets the count itself before it lets the lock go
- * (ap_gate_recount).
+ * count is set by the next holder of the lock (ap_gate_recount_apply()):
+ * that thread's interrupted section as it ends, or -- where the fork came
+ * after that section's count was set -- whichever thread takes the lock
+ * first afterwards.
  */
 AP_STATE static struct ap_tlock ap_gate_mx;
 AP_STATE static uint32_t ap_gate_in;      /* passages of all threads; futex word */
 AP_STATE static uint32_t ap_gate_waiting; /* fork handlers waiting for ap_gate_in == 0 */
-AP_STATE static volatile sig_atomic_t ap_gate_recount; /* child: ap_gate_in = ap_gate_mine */
+/* child: the token of the thread whose section the fork interrupted inside
+ * ap_gate_mx (0: none), and that thread's passages at the fork */
+AP_STATE static volatile sig_atomic_t ap_gate_recount;
+AP_STATE static uint32_t ap_gate_forked_mine;
 static __thread volatile sig_atomic_t ap_gate_mine;   /* this thread's passages (nested) */
 
-/* The end of a section under ap_gate_mx: the child's count, waiters woken. */
-static void ap_gate_settle(void)
+/*
+ * Under ap_gate_mx, held by thread @p me, in a child whose fork interrupted
+ * a section (ap_gate_recount): the count set to the passages of the threads
+ * this process has. On the forking thread, its own (the interrupted section,
+ * at its end, or a later call). On another, the interrupted section has
+ * ended (its thread held the lock until then) and the forking thread has
+ * taken the lock since (that would have set the count): its passages are
+ * what they were at the fork; of the threads created in the child only this
+ * one has taken the lock.
+ */
+static void ap_gate_recount_apply(uint32_t me)
 {
-    if (ap_gate_recount) {
-        __atomic_store_n(&ap_gate_in, (uint32_t)ap_gate_mine, __ATOMIC_RELAXED);
-        ap_gate_waiting = 0;
-        ap_gate_recount = 0;
-    }
+    sig_atomic_t owner = ap_gate_recount;
+    if (!owner)
+        return;
+    uint32_t n = (uint32_t)ap_gate_mine + ((uint32_t)owner == me ? 0 : ap_gate_forked_mine);
+    __atomic_store_n(&ap_gate_in, n, __ATOMIC_RELAXED);
+    ap_gate_waiting = 0;
+    ap_gate_recount = 0;
+}
+
+/* The end of a section under ap_gate_mx of thread @p me: the child's count,
+ * waiters woken. */
+static void ap_gate_settle(uint32_t me)
+{
+    ap_gate_recount_apply(me);
     if (!__atomic_load_n(&ap_gate_in, __ATOMIC_RELAXED) && ap_gate_waiting)
         ap_futex(&ap_gate_in, FUTEX_WAKE, INT32_MAX);
 }
 
 void ap_gate_enter(void)
 {
-    ap_tlock_lock(&ap_gate_mx, ap_token());
+    uint32_t me = ap_token();
+    ap_tlock_lock(&ap_gate_mx, me);
     __atomic_store_n(&ap_gate_in, __atomic_load_n(&ap_gate_in, __ATOMIC_RELAXED) + 1,
                      __ATOMIC_RELAXED);
     ap_gate_mine = ap_gate_mine + 1;
-    ap_gate_settle();
+    ap_gate_settle(me);
     ap_tlock_unlock(&ap_gate_mx);
 }
 
 void ap_gate_leave(void)
 {
-    ap_tlock_lock(&ap_gate_mx, ap_token());
+    uint32_t me = ap_token();
+    ap_tlock_lock(&ap_gate_mx, me);
     if (ap_gate_mine > 0)
         ap_gate_mine = ap_gate_mine - 1;
     uint32_t n = __atomic_load_n(&ap_gate_in, __ATOMIC_RELAXED);
     if (n) /* never below zero, whatever a fork left */
         __atomic_store_n(&ap_gate_in, n - 1, __ATOMIC_RELAXED);
-    ap_gate_settle();
+    ap_gate_settle(me);
     ap_tlock_unlock(&ap_gate_mx);
 }
 
@@ -212,6 +237,7 @@ static void ap_atfork_prepare(void)
     if (ap_in == AP_IN_NONE && !ap_gate_mine && ap_tlock_owner(&ap_gate_mx) != me &&
         ap_tlock_owner(&ap_lock) != me) {
         ap_tlock_lock(&ap_gate_mx, me);
+        ap_gate_recount_apply(me); /* a child's count not set yet */
         uint32_t n;
         while ((n = __atomic_load_n(&ap_gate_in, __ATOMIC_RELAXED)) != 0) {
             ap_gate_waiting++;
@@ -259,12 +285,18 @@ static void ap_atfork_child(void)
     if (!gated) {
         /* only this thread's passages are left */
         if (ap_tlock_owner(&ap_gate_mx) == me) {
-            ap_gate_recount = 1; /* the interrupted section counts when it ends */
+            /* set by the next holder of the lock (ap_gate_recount_apply()) */
+            ap_gate_forked_mine = (uint32_t)ap_gate_mine;
+            ap_gate_recount = (sig_atomic_t)me;
         } else {
             __atomic_store_n(&ap_gate_mx.w, 0, __ATOMIC_RELAXED);
             __atomic_store_n(&ap_gate_in, (uint32_t)ap_gate_mine, __ATOMIC_RELAXED);
             ap_gate_waiting = 0;
+            ap_gate_recount = 0;
         }
+    } else {
+        /* the prepare handler set any count an earlier fork left to set */
+        ap_gate_recount = 0;
     }
 }
 

@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The gate the loader phases pass (apply.c: ap_gate_enter/ap_gate_leave): a
+ * fork waits until no thread is inside one, and a child must not inherit
+ * the passages of threads it does not have. Here a thread forks from a
+ * SIGTRAP handler at every instruction of one of its own passages (the trap
+ * flag) while another thread of the forking process is parked inside the
+ * gate: the child has only the forking thread, so once that thread has left
+ * the gate a fork in the child returns; and where a thread created in the
+ * child is inside the gate, a fork there waits until it leaves.
+ *
+ * White-box (the gate's internal calls); every body runs in a fork()ed child
+ * with a watchdog, each forked child with an alarm: a fork that waits for a
+ * thread that does not exist ends in SIGALRM.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "ap_isolate.h"
+#include "apply.h"
+
+struct gate_res {
+    int steps, bad, first_bad_step, first_bad_status;
+    int parent_fork;
+};
+
+static struct gate_res *gate_r;
+static volatile sig_atomic_t step_on, step_child;
+static int gate_mode; /* 0: the child forks; 1: with a thread of its own inside the gate */
+extern const char __executable_start[], etext[];
+
+/* A plain fork whose child exits at once: 0 when it returned and was reaped. */
+static int plain_fork(void)
+{
+    pid_t c = fork();
+    if (c == 0)
+        _exit(0);
+    int st;
+    return c > 0 && waitpid(c, &st, 0) == c && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+}
+
+#define STEP_TF 0x100
+static void step_tf_set(void)
+{
+    __asm__ volatile("pushfq\n\torq $0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
+}
+
+static void on_trap(int sig, siginfo_t *si, void *ucv)
+{
+    (void)sig;
+    (void)si;
+    ucontext_t *uc = ucv;
+    uintptr_t ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    if (!step_on) {
+        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)STEP_TF;
+        return;
+    }
+    if (ip < (uintptr_t)__executable_start || ip >= (uintptr_t)etext)
+        return; /* libc: not the gate's own instructions */
+    int saved = errno;
+    int n = ++gate_r->steps;
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5); /* a child whose fork waits forever is killed by SIGALRM */
+        step_child = 1;
+        step_on = 0;
+        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)STEP_TF;
+        errno = saved;
+        return;
+    }
+    int st = -1;
+    if (pid > 0 && waitpid(pid, &st, 0) != pid)
+        st = -1;
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        if (!gate_r->bad++) {
+            gate_r->first_bad_step = n;
+            gate_r->first_bad_status = st;
+        }
+    }
+    errno = saved;
+}
+
+/* ---- the thread of the forking process that stays inside the gate ---------- */
+
+static int park_pipe[2], ready_pipe[2];
+
+static void *inside(void *arg)
+{
+    (void)arg;
+    char c = 1;
+    ap_gate_enter();
+    if (write(ready_pipe[1], &c, 1) != 1)
+        _exit(20);
+    while (read(park_pipe[0], &c, 1) < 0)
+        ;
+    ap_gate_leave();
+    return NULL;
+}
+
+/* ---- in the child: a thread created there, inside the gate for a while ------ */
+
+static int in_pipe[2];
+static volatile int child_leaving; /* set right before it leaves the gate */
+
+static void *child_inside(void *arg)
+{
+    (void)arg;
+    char c = 1;
+    ap_gate_enter();
+    if (write(in_pipe[1], &c, 1) != 1)
+        _exit(21);
+    nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    __atomic_store_n(&child_leaving, 1, __ATOMIC_SEQ_CST);
+    ap_gate_leave();
+    return NULL;
+}
+
+/* In a child forked at one instruction, once that passage returned: exit
+ * status 0 when the gate counts this process's passages only. */
+static int gate_child_checks(void)
+{
+    if (gate_mode == 0) {
+        ap_gate_leave(); /* the stepped passage */
+        ap_gate_leave(); /* the one around it */
+        return plain_fork() ? 12 : 0;
+    }
+    pthread_t t;
+    char c;
+    if (pipe(in_pipe) || pthread_create(&t, NULL, child_inside, NULL))
+        return 13;
+    while (read(in_pipe[0], &c, 1) < 0)
+        ;
+    ap_gate_leave();
+    ap_gate_leave();
+    /* that thread is inside: the fork waits until it has left */
+    pid_t c2 = fork();
+    if (c2 == 0)
+        _exit(0);
+    int leaving = __atomic_load_n(&child_leaving, __ATOMIC_SEQ_CST);
+    int st;
+    if (c2 < 0 || waitpid(c2, &st, 0) != c2)
+        return 14;
+    pthread_join(t, NULL);
+    if (!leaving)
+        return 15; /* forked while a thread of this process was inside */
+    return plain_fork() ? 12 : 0;
+}
+
+static void gate_body(void *out, void *ctx)
+{
+    gate_r = out;
+    gate_mode = *(const int *)ctx;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_trap;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGTRAP, &sa, NULL);
+    pthread_t p;
+    char c = 1;
+    if (pipe(park_pipe) || pipe(ready_pipe) || pthread_create(&p, NULL, inside, NULL))
+        _exit(3);
+    while (read(ready_pipe[0], &c, 1) < 0)
+        ;
+    /* inside already: this thread's fork never waits for the other one */
+    ap_gate_enter();
+    fflush(NULL);
+    step_on = 1;
+    step_tf_set();
+    ap_gate_enter();
+    step_on = 0; /* the next trap clears the flag */
+    if (step_child)
+        _exit(gate_child_checks());
+    ap_gate_leave();
+    ap_gate_leave();
+    if (write(park_pipe[1], &c, 1) != 1)
+        _exit(4);
+    pthread_join(p, NULL);
+    gate_r->parent_fork = plain_fork();
+}
+
+static void gate_run(int mode, const char *what)
+{
+    if (AP_SANITIZED)
+        cr_skip_test("a fork per instruction is too slow under a sanitizer");
+    struct gate_res *r = ap_isolated(sizeof(*r), gate_body, &mode);
+    cr_assert_gt(r->steps, 10, "%s: %d steps", what, r->steps);
+    cr_assert_eq(r->parent_fork, 0, "%s: a fork after it", what);
+    cr_assert_eq(r->bad, 0, "%s: %d children broken, the first forked at step %d (wait status %#x)",
+                 what, r->bad, r->first_bad_step, (unsigned)r->first_bad_status);
+}
+
+/* The forking thread's own passages are what the child counts, whatever
+ * instruction of its passage the fork interrupted (inside the gate's lock,
+ * the count is set when that thread's section ends). */
+Test(gate, fork_at_every_instruction_of_a_passage, .timeout = 120)
+{
+    gate_run(0, "a passage");
+}
+
+/* A thread created in the child enters the gate before the forking thread
+ * has set the count (a fork between the count and the lock's release): its
+ * passage counts, and a fork waits for it. */
+Test(gate, thread_created_in_the_child_is_counted, .timeout = 120)
+{
+    gate_run(1, "a passage, then a thread of the child's own");
+}
