@@ -26,6 +26,7 @@
 #include <altpatch/image.h>
 
 #include "ap_copyfile.h"
+#include "pure.h"
 
 /* The fixtures are built with this header: their format, and that format pre-patched. */
 #define FIXTURE_FORMAT ALTPATCH_FORMAT_VERSION
@@ -979,6 +980,85 @@ Test(prepatch, kept_original_not_in_memory_is_planned)
 }
 
 /*
+ * A copy for the applied set with its section's planner version set to
+ * @p planner and, when @p flip, the last written byte of its first site that
+ * holds a replacement changed in both the text and the record (the choice
+ * kept): what another planner (other padding) would have written. Into
+ * tmpdir/@p name; the path (static buffer).
+ */
+static const char *other_planner_copy(const char *name, uint32_t planner, bool flip)
+{
+    static char dst[200];
+    struct altpatch_features *fs = applied_set(NULL);
+    char same[160];
+    snprintf(same, sizeof(same), "%s", prepatch_fs(PREPATCH_FIXTURE, fs, "same"));
+    altpatch_features_free(fs);
+    static struct orig_site s[MAX_SITES];
+    uint8_t *b;
+    size_t len, n = orig_sites(same, &b, &len, s, MAX_SITES);
+    uint8_t *hdr = memmem(b, len, "ALTPREP1", 8);
+    uint32_t was;
+    memcpy(&was, hdr + 12, 4);
+    cr_assert_eq(was, AP_PREPATCH_PLANNER, "the writer records this library's planner");
+    memcpy(hdr + 12, &planner, 4);
+    if (flip) {
+        size_t plen, k, off = 0;
+        uint8_t *p = slurp(PREPATCH_FIXTURE, &plen);
+        /* the first site holding a replacement found once in the text: its
+         * bytes there, and the plain file's original at the same offset */
+        for (k = 0; k < n; k++) {
+            if (s[k].chosen < 0 || !memcmp(s[k].written, s[k].orig, s[k].len))
+                continue;
+            size_t found = 0;
+            for (size_t i = 0; i + s[k].len <= plen && i + s[k].len <= len; i++)
+                if (!memcmp(b + i, s[k].written, s[k].len) &&
+                    !memcmp(p + i, s[k].orig, s[k].len)) {
+                    off = i;
+                    found++;
+                }
+            if (found == 1)
+                break;
+        }
+        cr_assert_lt(k, n, "no site holds a replacement found once in the text");
+        b[off + s[k].len - 1] ^= 0x40;
+        s[k].written[s[k].len - 1] ^= 0x40;
+        free(p);
+    }
+    snprintf(dst, sizeof(dst), "%s/%s", tmpdir, name);
+    write_file(dst, b, len);
+    free(b);
+    return dst;
+}
+
+/*
+ * A file whose section records another planner version (0: written before
+ * the version was recorded; one above this library's): its bytes are not
+ * taken as this library's plan, whatever its choices. Planned, not settled;
+ * it ends with the plain program's states and bytes.
+ */
+Test(prepatch, other_planner_version_is_planned)
+{
+    const uint32_t versions[] = {0, AP_PREPATCH_PLANNER + 1};
+    for (size_t v = 0; v < sizeof(versions) / sizeof(versions[0]); v++)
+        planned_like_plain(NULL, other_planner_copy(v ? "newer" : "older", versions[v], false),
+                           v ? "settled on a newer planner's file" : "settled on an older file",
+                           false);
+}
+
+/*
+ * Another planner's bytes for the same choices (one written byte changed in
+ * the text and in the record, version 0): the apply plans the module and
+ * writes this library's bytes at that site; nothing is listed with bytes
+ * other than the plain program's. (A file of this library's version is
+ * believed for its written bytes, as for its originals: docs/hardening.md.)
+ */
+Test(prepatch, other_planner_bytes_are_planned)
+{
+    planned_like_plain(NULL, other_planner_copy("flipped", 0, true),
+                       "settled on another planner's bytes", true);
+}
+
+/*
  * A REVERT writes even where the file chose what the applied set selects:
  * as the first call of a copy for the applied set, with a second thread
  * running and live patching refused, it returns -EBUSY and writes nothing
@@ -1354,14 +1434,14 @@ Test(prepatch, altdump_check_finds_wrong_plan)
 /* The .altpatch.orig record itself (prepatch.c)                             */
 /* ------------------------------------------------------------------------- */
 
-#include "pure.h"
 
 /* A record of two sites (3 and 5 bytes); returns its length. */
 static size_t two_sites(uint8_t *b)
 {
     static const uint8_t o1[3] = {1, 2, 3}, w1[3] = {4, 5, 6};
     static const uint8_t o2[5] = {7, 8, 9, 10, 11}, w2[5] = {12, 13, 14, 15, 16};
-    struct ap_prepatch h = {.nsites = 2, .table_addr = 0x4000, .table_size = 28};
+    struct ap_prepatch h = {
+        .nsites = 2, .planner = AP_PREPATCH_PLANNER, .table_addr = 0x4000, .table_size = 28};
     snprintf(h.profile, sizeof(h.profile), "amd-zen4");
     snprintf(h.fs.vendor, sizeof(h.fs.vendor), "AuthenticAMD");
     h.fs.word[9] = 1;
@@ -1381,6 +1461,7 @@ Test(prepatch_record, round_trip_and_every_cut_refused)
     struct ap_prepatch_site s;
     cr_assert_eq(ap_prepatch_parse(b, n, &p), 0);
     cr_assert_eq(p.nsites, 2);
+    cr_assert_eq(p.planner, AP_PREPATCH_PLANNER);
     cr_assert_eq(p.table_addr, 0x4000);
     cr_assert_eq(p.table_size, 28);
     cr_assert_str_eq(p.profile, "amd-zen4");
@@ -1416,5 +1497,10 @@ Test(prepatch_record, round_trip_and_every_cut_refused)
     memcpy(c, b, n);
     c[8] = 3;
     cr_assert_eq(ap_prepatch_parse(c, n, &p), -EINVAL, "nsites larger than the records");
+    /* a file written before the planner's version was recorded: read, version 0 */
+    memcpy(c, b, n);
+    memset(c + 12, 0, 4);
+    cr_assert_eq(ap_prepatch_parse(c, n, &p), 0);
+    cr_assert_eq(p.planner, 0);
     cr_assert_eq(ap_prepatch_parse(NULL, n, &p), -EINVAL);
 }

@@ -136,6 +136,7 @@ struct altpatch_image {
     /* pre-patched files */
     bool prepatched;
     char profile[AP_PREPATCH_PROFILE];
+    uint32_t planner; /* the planner version the file records */
     struct altpatch_features pfs;
     bool has_origsec;
     struct ap_elf_section origsec;

@@ -533,6 +533,9 @@ struct ap_module {
      * entries takes them as its plan (ap_prepatch_settle()). */
     bool prepatch_choices;
     bool prepatch_agreed; /* ap_prepatch_agrees() said so in this apply */
+    /* the file records this library's planner (AP_PREPATCH_PLANNER): its
+     * written bytes are what this planner writes for its choices */
+    bool prepatch_planner;
 };
 
 /** The template id of a site none of whose entries applies: its plan is its original. */
@@ -758,7 +761,8 @@ AP_HIDDEN int ap_prepatch_originals(struct ap_module *m);
 
 /**
  * A pre-patched module @p m whose results still hold the file's choices
- * (m->prepatch_choices): true when at every site the entry the file wrote
+ * (m->prepatch_choices), written by this library's planner
+ * (m->prepatch_planner): true when at every site the entry the file wrote
  * is the one @p fs selects (ap_plan_pick(), -1 for the original, which the
  * file must then have kept), so the plan for @p fs is what memory held when
  * the module was read: m->res holds it, m->planned those bytes;

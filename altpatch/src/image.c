@@ -220,6 +220,7 @@ static int read_prepatched(struct altpatch_image *img)
     }
     img->prepatched = true;
     memcpy(img->profile, p.profile, sizeof(img->profile));
+    img->planner = p.planner;
     img->pfs = p.fs;
     return 0;
 }
@@ -395,6 +396,7 @@ ALTPATCH_API int altpatch_image_get_info(const struct altpatch_image *img,
         .repl_addr = img->view.repl.addr,
         .repl_size = img->view.repl.size,
         .planned = img->planned,
+        .prepatched_planner = img->prepatched ? img->planner : 0,
     };
     memcpy(info, &i, sz);
     return 0;
@@ -539,6 +541,7 @@ static uint8_t *build_record(const struct altpatch_image *img, const char *profi
         return NULL;
     struct ap_prepatch h = {
         .nsites = (uint32_t)img->nsites,
+        .planner = AP_PREPATCH_PLANNER,
         .table_addr = img->note.table_start,
         .table_size = img->note.table_end - img->note.table_start,
         .fs = *fs,

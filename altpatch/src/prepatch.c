@@ -7,7 +7,7 @@
  *   header (AP_PREPATCH_HDR = 240 bytes)
  *     0   magic "ALTPREP1"
  *     8   u32 nsites
- *     12  u32 zero
+ *     12  u32 planner version (AP_PREPATCH_PLANNER; 0 in older files)
  *     16  u64 table address (link-time)
  *     24  u64 table size
  *     32  char profile[64], NUL-terminated
@@ -59,9 +59,10 @@ int ap_prepatch_parse(const uint8_t *buf, size_t len, struct ap_prepatch *out)
 {
     memset(out, 0, sizeof(*out));
     if (!buf || len < AP_PREPATCH_HDR ||
-        !ap_equal_small(buf, (const uint8_t *)AP_PREPATCH_MAGIC, 8) || get32(buf + 12) != 0)
+        !ap_equal_small(buf, (const uint8_t *)AP_PREPATCH_MAGIC, 8))
         return -EINVAL;
     out->nsites = get32(buf + 8);
+    out->planner = get32(buf + 12);
     out->table_addr = get64(buf + 16);
     out->table_size = get64(buf + 24);
     memcpy(out->profile, buf + 32, AP_PREPATCH_PROFILE);
@@ -110,12 +111,10 @@ size_t ap_prepatch_size(size_t nsites, size_t site_bytes)
 
 void ap_prepatch_put_header(uint8_t *buf, const struct ap_prepatch *p)
 {
-    uint32_t zero = 0;
-
     memset(buf, 0, AP_PREPATCH_HDR);
     memcpy(buf, AP_PREPATCH_MAGIC, 8);
     memcpy(buf + 8, &p->nsites, 4);
-    memcpy(buf + 12, &zero, 4);
+    memcpy(buf + 12, &p->planner, 4);
     memcpy(buf + 16, &p->table_addr, 8);
     memcpy(buf + 24, &p->table_size, 8);
     memcpy(buf + 32, p->profile, strnlen(p->profile, AP_PREPATCH_PROFILE - 1));

@@ -170,13 +170,16 @@ int ap_prepatch_originals(struct ap_module *m)
         for (size_t i = 0; i < m->nsites; i++)
             m->res[i] = ap_res_ok(-1);
     m->prepatch_choices = choices;
+    m->prepatch_planner = p.planner == AP_PREPATCH_PLANNER;
     free(buf);
     return 0;
 }
 
 bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
 {
-    if (!m->prepatch_choices || m->reason || m->left_orig)
+    /* another planner's bytes (other padding or folding): this library's
+     * plan is made and compared with memory (apply.c) */
+    if (!m->prepatch_choices || !m->prepatch_planner || m->reason || m->left_orig)
         return false;
     if (m->prepatch_agreed)
         return true;

@@ -299,10 +299,20 @@ static inline uint32_t ap_format_prepatched(uint32_t version)
 #define AP_PREPATCH_SITE_HDR 16u
 /** Longest profile text kept (with its NUL). */
 #define AP_PREPATCH_PROFILE 64u
+/**
+ * The planner's version a writer records in the header (offset 12): the
+ * bytes this library plans for the same records and feature set -- the
+ * padding, NOP folding, relocation. Raise it with any change to them. A
+ * file of another version (0: written before the field existed) is read as
+ * before, its written bytes not taken as this library's plan: the runtime
+ * plans its module instead of settling it on the file's choices.
+ */
+#define AP_PREPATCH_PLANNER 1u
 
 /** The section's header, decoded. */
 struct ap_prepatch {
     uint32_t nsites;
+    uint32_t planner;     /* AP_PREPATCH_PLANNER of the writer (0: older files) */
     uint64_t table_addr;  /* link-time address of altinstructions */
     uint64_t table_size;
     char profile[AP_PREPATCH_PROFILE];

@@ -173,6 +173,7 @@ struct ad_image {
      * what the file holds at site i is pp_written + pp_off[i]. */
     bool prepatched;
     char pp_profile[64];
+    unsigned pp_planner; /* the planner version .altpatch.orig records */
     struct altpatch_features *pp_fs; /* owned: the set the file was planned for */
     uint8_t *pp_written;            /* owned */
     size_t pp_nsites;               /* sites of the library's reading of the file */

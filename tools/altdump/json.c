@@ -295,10 +295,13 @@ void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct a
         ad_json_hex(j, "replacement_start", img->note.repl_start);
         ad_json_hex(j, "replacement_end", img->note.repl_end);
         ad_json_end_obj(j);
-        if (img->prepatched)
+        if (img->prepatched) {
             ad_json_str(j, "prepatched", img->pp_profile);
-        else
+            ad_json_uint(j, "prepatched_planner", img->pp_planner);
+        } else {
             ad_json_null(j, "prepatched");
+            ad_json_null(j, "prepatched_planner");
+        }
     } else {
         ad_json_null(j, "note");
     }

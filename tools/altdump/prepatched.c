@@ -122,6 +122,7 @@ int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
     altpatch_image_site_foreach(li, pp_site, &w);
     img->pp_nsites = info.sites;
     snprintf(img->pp_profile, sizeof(img->pp_profile), "%s", info.prepatched_profile);
+    img->pp_planner = info.prepatched_planner;
     altpatch_image_close(li);
     if (w.rc)
         return w.rc;

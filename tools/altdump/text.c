@@ -113,8 +113,8 @@ void ad_print_table(FILE *f, const struct ad_image *img, const struct ad_plan *p
                 img->file, type_name(img->elf_type), img->note.version, img->nentries,
                 img->nsites);
     if (img->prepatched)
-        fprintf(f, "pre-patched for %s: the sites hold its plan; originals in %s\n",
-                img->pp_profile, AD_PREPATCH_SECTION);
+        fprintf(f, "pre-patched for %s (planner version %u): the sites hold its plan; originals in %s\n",
+                img->pp_profile, img->pp_planner, AD_PREPATCH_SECTION);
     fprintf(f, "cpu %s (%s): %zu replaced, %zu kept, %zu refused\n", o->cpu->spec,
             altpatch_features_vendor(o->cpu->fs), repl, kept, ref);
     for (size_t i = 0; i < img->nsites; i++)

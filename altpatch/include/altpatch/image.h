@@ -75,6 +75,13 @@ struct altpatch_image_info {
     uint64_t repl_addr;      /**< link-time address of altinstr_replacement */
     uint64_t repl_size;
     bool planned;            /**< altpatch_image_plan() succeeded at least once */
+    /**
+     * Pre-patched files: the planner version its writer recorded (1 for this
+     * library's; 0: a file written before the version was recorded); else 0.
+     * The runtime takes a file's written bytes as its own plan only when the
+     * version is this library's.
+     */
+    unsigned prepatched_planner;
 };
 
 /** Fill @p info (info->sz must be set). -EINVAL on a bad argument. */
