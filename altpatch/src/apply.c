@@ -1085,22 +1085,11 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         if (decode && plain && count == 1) {
             /* one record: the keep bit from its raw feature word and its
              * replacement length (the last byte), decoded only when it may
-             * apply. The word turned into the feature times two plus the
-             * flag (plain: the feature below AP_SCAN_FEATURES, no flag but
-             * ALT_FLAG_NOT): its bit in keep2. Format 3: a u16, bit 15
-             * ALT_FLAG_NOT (turned left by one); format 1: a u32, the flags
-             * in the high half. */
+             * apply. Its feature times two plus its flags (plain: the
+             * feature below AP_SCAN_FEATURES, no flag but ALT_FLAG_NOT):
+             * its bit in keep2. */
             const uint8_t *p = table + (size_t)s->first * rs;
-            unsigned rw;
-            if (rs == ALTPATCH_RECORD_SIZE_COMPACT) {
-                uint16_t fw;
-                memcpy(&fw, p + 8, 2);
-                rw = (unsigned)(uint16_t)(fw << 1 | fw >> 15);
-            } else {
-                uint32_t fw;
-                memcpy(&fw, p + 8, 4);
-                rw = (fw & 0xffffu) << 1 | fw >> 16;
-            }
+            unsigned rw = ap_record_feature2(ap_record_tail(p, rs), rs);
             rw &= 64u * AP_NCAPWORDS - 1; /* plain: already below (a bound for the index) */
             uint64_t kw = keep2[rw >> 6] >> (rw & 63u);
             if ((kw & 1u) && p[rs - 1] <= len) {

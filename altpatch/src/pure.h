@@ -112,27 +112,69 @@ AP_HIDDEN int ap_records_parse(const uint8_t *table, size_t size, uint64_t table
  * replacement length; format 3: the same with a u16 feature word (bits 0..14
  * the feature, bit 15 ALT_FLAG_NOT).
  */
+/*
+ * The record at @p p past its two offsets, as one word: format 3 its four
+ * bytes (u16 feature word, u8 site length, u8 replacement length), format 1
+ * its six (u32 feature | flags << 16, the two lengths). Nothing past the
+ * record is read.
+ */
+static inline uint64_t ap_record_tail(const uint8_t *p, uint32_t record_size)
+{
+    uint32_t a;
+    uint16_t b = 0;
+    memcpy(&a, p + 8, 4);
+    if (record_size == ALTPATCH_RECORD_SIZE_KERNEL)
+        memcpy(&b, p + 12, 2);
+    return a | (uint64_t)b << 32;
+}
+
+/*
+ * ap_record_tail()'s word @p w as struct ap_entry's bytes 16..23: feature |
+ * flags << 16 | instrlen << 32 | repllen << 40 -- format 1's word as it is,
+ * format 3's feature word's bit 15 moved to bit 16 (ALT_FLAG_NOT).
+ */
+static inline uint64_t ap_record_packed(uint64_t w, uint32_t record_size)
+{
+    _Static_assert(ALT_FLAG_NOT == 1, "ALT_FLAG_NOT: bit 0 of the flags");
+    if (record_size == ALTPATCH_RECORD_SIZE_COMPACT)
+        return (w & 0x7fffu) | (w & 0x8000u) << 1 | (w >> 16) << 32;
+    return w;
+}
+
+/* ap_record_tail()'s word @p w: the record's feature. */
+static inline unsigned ap_record_feature(uint64_t w, uint32_t record_size)
+{
+    return (unsigned)(record_size == ALTPATCH_RECORD_SIZE_COMPACT ? w & 0x7fffu : w & 0xffffu);
+}
+
+/* ap_record_tail()'s word @p w: the record's replacement length. */
+static inline unsigned ap_record_repllen(uint64_t w, uint32_t record_size)
+{
+    return (unsigned)(record_size == ALTPATCH_RECORD_SIZE_COMPACT ? w >> 24 : w >> 40) & 0xffu;
+}
+
+/* ap_record_tail()'s word @p w: the record's feature times two plus its
+ * flags (ALT_FLAG_NOT, bit 0; format 1's other flags above it). */
+static inline unsigned ap_record_feature2(uint64_t w, uint32_t record_size)
+{
+    if (record_size == ALTPATCH_RECORD_SIZE_COMPACT) {
+        uint16_t fw = (uint16_t)w; /* the feature word turned left by one */
+        return (unsigned)(uint16_t)(fw << 1 | fw >> 15);
+    }
+    uint32_t fw = (uint32_t)w;
+    return (fw & 0xffffu) << 1 | fw >> 16;
+}
+
 static inline void ap_record_at(const uint8_t *table, uint64_t table_addr, uint32_t record_size,
                                 size_t i, struct ap_entry *e)
 {
     const uint8_t *p = table + i * record_size;
     uint64_t at = table_addr + (uint64_t)i * record_size;
     int32_t so, ro;
-    uint32_t w;
-    uint64_t packed; /* feature | flags << 16 | instrlen << 32 | repllen << 40 */
     memcpy(&so, p, 4);
     memcpy(&ro, p + 4, 4);
-    memcpy(&w, p + 8, 4);
-    if (record_size == ALTPATCH_RECORD_SIZE_COMPACT) {
-        /* bit 15 to bit 16 (ALT_FLAG_NOT), the lengths to bits 32..47 */
-        _Static_assert(ALT_FLAG_NOT == 1, "ALT_FLAG_NOT: bit 0 of the flags");
-        uint64_t x = w;
-        packed = (x & 0x7fffu) | (x & 0x8000u) << 1 | (x & 0xffff0000u) << 16;
-    } else {
-        uint16_t lens;
-        memcpy(&lens, p + 12, 2);
-        packed = w | (uint64_t)lens << 32;
-    }
+    /* feature | flags << 16 | instrlen << 32 | repllen << 40 */
+    uint64_t packed = ap_record_packed(ap_record_tail(p, record_size), record_size);
     e->site = at + (uint64_t)(int64_t)so;
     e->repl = at + 4 + (uint64_t)(int64_t)ro;
     /* bytes 16..23 in one store (22 and 23 are padding) */

@@ -25,14 +25,6 @@
 #define NOTE_OFF_REPL_START 16
 #define NOTE_OFF_REPL_END 20
 
-/* Offsets of the fields of a record (both formats; struct altpatch_record, packed). */
-#define REC_OFF_INSTR 0
-#define REC_OFF_REPL 4
-#define REC_OFF_FT 8
-/* The feature word of a format-3 record. */
-#define REC_COMPACT_FEATURE 0x7fffu
-#define REC_COMPACT_NOT 0x8000u
-
 static uint32_t rd_u32(const uint8_t *p)
 {
     uint32_t v;
@@ -77,45 +69,6 @@ int ap_note_parse(const uint8_t *desc, size_t descsz, uint64_t desc_addr, struct
     return ALTPATCH_REASON_NONE;
 }
 
-/* Decode format-1 record @i of @table (first byte at @table_addr) into @e. */
-static void record_decode(const uint8_t *table, uint64_t table_addr, size_t i, struct ap_entry *e)
-{
-    const uint8_t *p = table + i * ALTPATCH_RECORD_SIZE_KERNEL;
-    uint64_t at = table_addr + (uint64_t)i * ALTPATCH_RECORD_SIZE_KERNEL;
-    struct altpatch_record r;
-
-    memcpy(&r, p, sizeof(r));
-    e->site = rd_selfrel(p + REC_OFF_INSTR, at + REC_OFF_INSTR);
-    e->repl = rd_selfrel(p + REC_OFF_REPL, at + REC_OFF_REPL);
-    e->feature = (uint16_t)(r.ft_flags & 0xffffu);
-    e->flags = (uint16_t)(r.ft_flags >> ALT_FLAGS_SHIFT);
-    e->instrlen = r.instrlen;
-    e->repllen = r.replacementlen;
-    e->index = (uint32_t)i;
-}
-
-/*
- * Decode format-3 record @i: s32 site, s32 replacement, u16 feature word
- * (bits 0..14 the feature, bit 15 ALT_FLAG_NOT), u8 site length, u8
- * replacement length.
- */
-static void record_decode_compact(const uint8_t *table, uint64_t table_addr, size_t i,
-                                  struct ap_entry *e)
-{
-    const uint8_t *p = table + i * ALTPATCH_RECORD_SIZE_COMPACT;
-    uint64_t at = table_addr + (uint64_t)i * ALTPATCH_RECORD_SIZE_COMPACT;
-    uint16_t ft;
-
-    memcpy(&ft, p + REC_OFF_FT, sizeof(ft));
-    e->site = rd_selfrel(p + REC_OFF_INSTR, at + REC_OFF_INSTR);
-    e->repl = rd_selfrel(p + REC_OFF_REPL, at + REC_OFF_REPL);
-    e->feature = (uint16_t)(ft & REC_COMPACT_FEATURE);
-    e->flags = (ft & REC_COMPACT_NOT) ? ALT_FLAG_NOT : 0;
-    e->instrlen = p[REC_OFF_FT + 2];
-    e->repllen = p[REC_OFF_FT + 3];
-    e->index = (uint32_t)i;
-}
-
 int ap_records_parse(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,
                      struct ap_entry **out, size_t *n)
 {
@@ -134,12 +87,8 @@ int ap_records_parse(const uint8_t *table, size_t size, uint64_t table_addr, uin
     e = calloc(count, sizeof(*e));
     if (!e)
         return -ENOMEM;
-    if (record_size == ALTPATCH_RECORD_SIZE_KERNEL)
-        for (size_t i = 0; i < count; i++)
-            record_decode(table, table_addr, i, &e[i]);
-    else
-        for (size_t i = 0; i < count; i++)
-            record_decode_compact(table, table_addr, i, &e[i]);
+    for (size_t i = 0; i < count; i++)
+        ap_record_at(table, table_addr, record_size, i, &e[i]);
     *out = e;
     *n = count;
     return ALTPATCH_REASON_NONE;
@@ -326,17 +275,6 @@ static inline uint64_t hash_step(uint64_t h, uint64_t w0, uint64_t w1)
     return (h ^ (h >> 32)) + w1 * HASH_K1;
 }
 
-/* The second word of a record: format 3 four bytes, format 1 six. */
-static inline uint64_t rec_tail(const uint8_t *p, unsigned rs)
-{
-    uint32_t a;
-    uint16_t b = 0;
-
-    memcpy(&a, p + 8, 4);
-    if (rs == ALTPATCH_RECORD_SIZE_KERNEL)
-        memcpy(&b, p + 12, 2);
-    return a | (uint64_t)b << 32;
-}
 
 /* The bytes of an incomplete last record, into the second lane. */
 static uint64_t hash_rest(uint64_t h1, const uint8_t *p, size_t n)
@@ -354,7 +292,7 @@ uint64_t ap_table_hash(const uint8_t *table, size_t size, uint32_t record_size)
     if (record_size == ALTPATCH_RECORD_SIZE_KERNEL || record_size == ALTPATCH_RECORD_SIZE_COMPACT)
         for (; size - i >= record_size; i += record_size) {
             memcpy(&w, table + i, 8);
-            h = hash_step(h, w, rec_tail(table + i, record_size));
+            h = hash_step(h, w, ap_record_tail(table + i, record_size));
         }
     return hash_final(h, size > i ? hash_rest(HASH_SEED1, table + i, size - i) : HASH_SEED1, size);
 }
@@ -433,7 +371,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     memset(seen, 0, sizeof(seen));
     for (uint64_t ic = one, end_ic = one + count; ic != end_ic; ic++, at += rs) {
         const uint8_t *p = (const uint8_t *)(uintptr_t)(at + back);
-        uint64_t w0, w1 = rec_tail(p, rs), packed;
+        uint64_t w0, w1 = ap_record_tail(p, rs), packed;
         uint8_t ilen;
 
         memcpy(&w0, p, 8);
@@ -441,17 +379,9 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             h = hash_step(h, w0, w1);
         uint64_t addr = at + (uint64_t)(int64_t)(int32_t)(uint32_t)w0;
         /* feature | flags << 16 | instrlen << 32 | repllen << 40: struct ap_entry's
-         * bytes 16..23, and format 1's last six bytes as they are */
-        if (rs == ALTPATCH_RECORD_SIZE_COMPACT)
-            packed = (w1 & REC_COMPACT_FEATURE) | ((w1 >> 15) & 1) * ((uint64_t)ALT_FLAG_NOT << 16) |
-                     (w1 >> 16) << 32;
-        else
-            packed = w1;
-        /* the feature and the replacement length straight from the record's
-         * word (packed is built only for an entry stored) */
-        unsigned feature = rs == ALTPATCH_RECORD_SIZE_COMPACT
-                               ? (unsigned)(w1 & REC_COMPACT_FEATURE)
-                               : (unsigned)(w1 & 0xffffu);
+         * bytes 16..23 */
+        packed = ap_record_packed(w1, rs);
+        unsigned feature = ap_record_feature(w1, rs);
         ilen = p[rs - 2]; /* (packed >> 32) & 0xff, read again: one load */
         if (__builtin_expect(feature < AP_SCAN_FEATURES, 1))
             seen[feature] = 0x80;
@@ -466,8 +396,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
                 memcpy((uint8_t *)x + offsetof(struct ap_entry, feature), &packed, 8);
                 x->index = (uint32_t)ic;
             }
-            uint32_t rl = rs == ALTPATCH_RECORD_SIZE_COMPACT ? (uint32_t)(w1 >> 24) & 0xffu
-                                                             : (uint32_t)(w1 >> 40) & 0xffu;
+            uint32_t rl = ap_record_repllen(w1, rs);
             uint64_t rend = repl + rl;
             if (rs != ALTPATCH_RECORD_SIZE_COMPACT) /* else one flag bit, ALT_FLAG_NOT */
                 fl |= (uint32_t)w1;
