@@ -59,11 +59,7 @@ int ap_elf_find_section(ap_elf_read_fn rd, void *ctx, uint64_t size, const char 
         r = rd(ctx, ss->sh_offset, names, ss->sh_size);
     if (!r) {
         r = -ENOENT;
-        size_t want = 1; /* the name and its NUL; no strlen() call (a first apply) */
-        while (name[want - 1]) {
-            want++;
-            __asm__("" : "+r"(want));
-        }
+        size_t want = ap_strnlen(name, SIZE_MAX) + 1; /* the name and its NUL */
         for (uint32_t i = 1; i < eh.e_shnum && r == -ENOENT; i++) {
             uint32_t n = sh[i].sh_name;
             if (n >= ss->sh_size || ss->sh_size - n < want ||

@@ -434,11 +434,7 @@ static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, u
     /* a copy of the path without strdup() (one more function for the dynamic
      * linker to resolve on a process's first apply) */
     const char *name = info->dlpi_name ? info->dlpi_name : "";
-    size_t len = 0;
-    while (name[len]) {
-        len++;
-        __asm__("" : "+r"(len)); /* not a strlen() call */
-    }
+    size_t len = ap_strnlen(name, SIZE_MAX);
     m->path = malloc(len + 1);
     if (m->path)
         ap_copy_small((uint8_t *)m->path, (const uint8_t *)name, len + 1);

@@ -44,15 +44,10 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-/* Whether the @p n bytes at @p p hold a NUL (no memchr() call: a first apply reads this). */
-static bool has_nul(const uint8_t *p, size_t n)
+/* Whether the @p n bytes at @p p hold a NUL (a first apply reads this). */
+static bool has_nul(const char *p, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (!p[i])
-            return true;
-        __asm__("" : "+r"(i)); /* not a library call */
-    }
-    return false;
+    return ap_strnlen(p, n) < n;
 }
 
 int ap_prepatch_parse(const uint8_t *buf, size_t len, struct ap_prepatch *out)
@@ -66,12 +61,12 @@ int ap_prepatch_parse(const uint8_t *buf, size_t len, struct ap_prepatch *out)
     out->table_addr = get64(buf + 16);
     out->table_size = get64(buf + 24);
     memcpy(out->profile, buf + 32, AP_PREPATCH_PROFILE);
-    if (!has_nul((const uint8_t *)out->profile, AP_PREPATCH_PROFILE))
+    if (!has_nul(out->profile, AP_PREPATCH_PROFILE))
         return -EINVAL;
     for (size_t i = 0; i < AP_NCAPWORDS; i++)
         out->fs.word[i] = get32(buf + 96 + 4 * i);
     memcpy(out->fs.vendor, buf + 224, sizeof(out->fs.vendor));
-    if (!has_nul((const uint8_t *)out->fs.vendor, sizeof(out->fs.vendor)))
+    if (!has_nul(out->fs.vendor, sizeof(out->fs.vendor)))
         return -EINVAL;
     out->sites = buf + AP_PREPATCH_HDR;
     out->sites_len = len - AP_PREPATCH_HDR;

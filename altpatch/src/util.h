@@ -259,6 +259,22 @@ static inline void ap_fill_small(uint8_t *dst, uint8_t c, size_t n)
     }
 }
 
+/*
+ * The length of the string at @p s, or @p max when its first @p max bytes
+ * hold no NUL: strnlen() without a call into the C library, which a
+ * process's first apply would have the dynamic linker bind (one symbol
+ * lookup) for a few bytes.
+ */
+static inline size_t ap_strnlen(const char *s, size_t max)
+{
+    size_t n = 0;
+    while (n < max && s[n]) {
+        n++;
+        __asm__("" : "+r"(n)); /* not a strlen() call */
+    }
+    return n;
+}
+
 /** Are the @p n bytes at @p a and @p b equal? (a site, a key: a few words) */
 static inline bool ap_equal_small(const uint8_t *a, const uint8_t *b, size_t n)
 {
