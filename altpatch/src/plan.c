@@ -228,11 +228,17 @@ static bool rules_known(const struct ap_plan_rules *rules, unsigned id)
     return id < 32u * AP_NCAPWORDS && (rules->known[id / 32] >> (id % 32) & 1u);
 }
 
+/* The flags a record may carry under @p rules (none: ALT_FLAG_NOT only). */
+static unsigned rules_flags(const struct ap_plan_rules *rules)
+{
+    return ALT_FLAG_NOT | (rules ? rules->flags : 0u);
+}
+
 static int entry_record_reason(const struct ap_view *v, const struct ap_site *s,
                                const struct ap_entry *e, const struct ap_plan_rules *rules,
                                const uint8_t **repl)
 {
-    unsigned flags_ok = ALT_FLAG_NOT | (rules ? rules->flags : 0u);
+    unsigned flags_ok = rules_flags(rules);
 
     *repl = NULL;
     if (!rules_known(rules, e->feature))
@@ -251,7 +257,6 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
                        const struct ap_plan_rules *rules, struct ap_plan *out)
 {
     char why[sizeof(out->detail) - 32];
-    unsigned flags_ok = ALT_FLAG_NOT | (rules ? rules->flags : 0u);
     const uint8_t *repl;
     size_t off = 0;
     int reason;
@@ -261,7 +266,7 @@ static int check_entry(const struct ap_view *v, const struct ap_site *s,
         return refuse(out, reason, k, "entry %d: feature %u unknown", k, e->feature);
     if (reason == ALTPATCH_REASON_UNKNOWN_FLAGS) /* e.g. the kernel's ALT_FLAG_DIRECT_CALL */
         return refuse(out, reason, k, "entry %d: flags 0x%x unknown", k,
-                      (unsigned)(e->flags & ~flags_ok));
+                      (unsigned)(e->flags & ~rules_flags(rules)));
     if (reason == ALTPATCH_REASON_REPL_TOO_LONG)
         return refuse(out, reason, k, "entry %d: replacement %u bytes, site %u", k, e->repllen,
                       s->len);
