@@ -118,12 +118,9 @@ static int load_checked(const struct ap_module *m, const char *path, uint8_t **b
     int r = read_section(path, buf, &len, why);
     if (r == -ENOMEM)
         return r;
-    if (r)
-        *why = *why ? *why : strerror(-r);
-    else if (ap_prepatch_parse(*buf, len, p))
-        *why = "malformed " AP_PREPATCH_SECTION " section";
-    else
-        *why = mismatch(m, p);
+    if (!r) /* else read_section() said why */
+        *why = ap_prepatch_parse(*buf, len, p) ? "malformed " AP_PREPATCH_SECTION " section"
+                                               : mismatch(m, p);
     if (!*why)
         return 0;
     free(*buf);
