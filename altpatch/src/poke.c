@@ -739,9 +739,10 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
     uint64_t saved = 0;
     ap_signals_block(&saved);
     unsigned calls = 0;
-    /* a few pages: their faults cost no more than the call (in a KVM guest
-     * a text page's copy-on-write is ~2.3 us faulted, ~1.5 us in the call,
-     * which costs a few us itself: even at 4-5 pages, ahead from 6) */
+    /* windows of AP_PREFAULT_PAGES and more have their pages made private
+     * in one MADV_POPULATE_WRITE (ap_window_write()); in a smaller one each
+     * page's copy-on-write fault costs about what the call would (the call
+     * is paid once, a fault per page) */
     bool prefault = (b->flags & (AP_POKE_PREFAULT | AP_POKE_SECCOMP_OFF)) ==
                         (AP_POKE_PREFAULT | AP_POKE_SECCOMP_OFF) &&
                     end - start >= AP_PREFAULT_PAGES * b->pgsz;
