@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -74,13 +75,19 @@ static void *parked(void *arg)
 
 static int armed;   /* the next warning starts the thread */
 static int started; /* it did */
+static int denied_warnings; /* warnings of a site not written, once it had started */
 
 static int starter(enum altpatch_print_level level, const char *fmt, va_list ap)
 {
-    (void)fmt;
-    (void)ap;
-    if (level == ALTPATCH_WARN && armed && !started)
+    if (level != ALTPATCH_WARN)
+        return 0;
+    if (started) {
+        char line[512];
+        vsnprintf(line, sizeof(line), fmt, ap);
+        denied_warnings += !!strstr(line, altpatch_strreason(ALTPATCH_REASON_WRITE_DENIED));
+    } else if (armed) {
         started = !pthread_create(&parked_thread, NULL, parked, NULL);
+    }
     return 0;
 }
 
@@ -159,7 +166,7 @@ static void undo_look(struct undo_view *v, const void *lo, const void *hi)
 struct undo_result {
     int size_ok;
     int rc_first, rc_busy, rc_after;
-    int started;
+    int started, denied_warnings;
     struct undo_view busy, after;
     int ret_busy, ret_after;
 };
@@ -196,6 +203,7 @@ static void first_body(void *out, void *ctx)
     armed = 1; /* on the library's refused site, during the decisions */
     res->rc_busy = altpatch_apply_opts(&o);
     res->started = started;
+    res->denied_warnings = denied_warnings;
     undo_look(&res->busy, lo, hi);
     res->ret_busy = sites();
     armed = 0;
@@ -268,6 +276,7 @@ static void switch_body(void *out, void *ctx)
     o.features = always;
     res->rc_busy = altpatch_apply_opts(&o);
     res->started = started;
+    res->denied_warnings = denied_warnings;
     undo_look(&res->busy, undo_lo, undo_hi);
     armed = 0;
     res->rc_after = started ? undo_stop_thread_and_apply(always) : -1;
@@ -292,6 +301,8 @@ Test(undo, switch_refused_before_write_reports_memory)
                  "listed as originals %d, not written %d, other %d", r->busy.original,
                  r->busy.denied, r->busy.other);
     cr_assert_eq(r->busy.wrong, 0);
+    /* the refusal's warning says why nothing was written: none per site */
+    cr_assert_eq(r->denied_warnings, 0, "sites warned as not written: %d", r->denied_warnings);
     /* the next apply decides the sites not written again and writes them */
     cr_assert_eq(r->rc_after, 0, "apply without the thread: %d", r->rc_after);
     cr_assert_eq(r->after.mem_repl, UNDO_N - 1, "written: %d", r->after.mem_repl);

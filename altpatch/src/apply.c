@@ -550,9 +550,11 @@ static void ap_site_refused(struct ap_run *r, struct ap_mrun *mr, size_t i, size
     const struct ap_dec *d = &r->dec[n];
     struct ap_site_result *res = &m->res[i];
     /* One WARN per site and reason: a site that toggles between refused and
-     * unchanged (REVERT, another feature set) does not warn again. */
+     * unchanged (REVERT, another feature set) does not warn again. A write
+     * not made after -EBUSY is not one: the refusal's one WARN said why. */
     uint32_t bit = d->reason > 0 && d->reason < 32 ? 1u << d->reason : 0;
-    if (ap_res_reason(res) != d->reason) {
+    bool busy = d->reason == ALTPATCH_REASON_WRITE_DENIED && (r->undone || r->part_err == -EBUSY);
+    if (ap_res_reason(res) != d->reason && !busy) {
         uint32_t *warned = ap_warned_bits(m, i, bit != 0);
         if (!warned || !(*warned & bit)) {
             struct ap_work wk = ap_work_of(r, n, m, i);
