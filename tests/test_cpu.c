@@ -17,10 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 
 #include "host.h"
+#include "ap_seccomp.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -782,6 +784,33 @@ Test(cpu, probe_guard_restores_the_sigill_action)
     cr_assert_eq(ill_seen, 2);
 }
 
+/* The oracle for RDTSCP: CPUID claims it and the instruction runs here under
+ * the test's own SIGILL guard (SIGILL unblocked meanwhile; the previous
+ * action and mask put back). */
+static bool rdtscp_runs_here(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0x80000001, &a, &b, &c, &d) || !(d & (1u << 27)))
+        return false;
+    struct sigaction sa, prev;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = ill_skip_ud2;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigset_t ill, old;
+    sigemptyset(&ill);
+    sigaddset(&ill, SIGILL);
+    cr_assert_eq(sigaction(SIGILL, &sa, &prev), 0);
+    cr_assert_eq(sigprocmask(SIG_UNBLOCK, &ill, &old), 0);
+    ill_seen = 0;
+    ill_len = 3; /* rdtscp: 0f 01 f9 */
+    __asm__ volatile(".byte 0x0f, 0x01, 0xf9" ::: "eax", "ecx", "edx", "memory");
+    bool runs = !ill_seen;
+    cr_assert_eq(sigprocmask(SIG_SETMASK, &old, NULL), 0);
+    cr_assert_eq(sigaction(SIGILL, &prev, NULL), 0);
+    return runs;
+}
+
 /*
  * A SIGILL the program blocked and left pending: the probe does not unblock
  * it (it would be delivered at once, to the program's action: the default
@@ -805,6 +834,85 @@ Test(cpu, pending_blocked_sigill_is_left_alone)
     cr_assert(sigismember(&mask, SIGILL), "and still blocked");
     signal(SIGILL, SIG_IGN); /* drop it */
     cr_assert_eq(sigprocmask(SIG_UNBLOCK, &ill, NULL), 0);
+    /* that answer was not kept: asked again now, RDTSCP is what the oracle says */
+    ap_host_leaves(AP_LEAVES_ALL, &f);
+    bool runs = rdtscp_runs_here();
+    cr_assert_eq(altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs,
+                 "RDTSCP claimed %d after the pending SIGILL was taken, executes %d",
+                 altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs);
+    struct altpatch_features *h = altpatch_features_host();
+    cr_assert_not_null(h);
+    cr_assert_eq(altpatch_features_has(h, X86_FEATURE_RDTSCP), runs);
+    altpatch_features_free(h);
+}
+
+/* The probe's guard set (rt_sigaction for SIGILL), counted by a seccomp trap. */
+static volatile int guard_sets;
+
+static void count_sigsys(int sig, siginfo_t *si, void *ucv)
+{
+    (void)sig;
+    (void)si;
+    ucontext_t *uc = ucv;
+    guard_sets++;
+    uc->uc_mcontext.gregs[REG_RAX] = -EPERM; /* the probe then claims neither */
+}
+
+/*
+ * A clear list naming both RDTSCP and RDPID: the effective set an apply
+ * derives for records referencing them runs no probe (no rt_sigaction for
+ * SIGILL); a list naming RDTSCP alone does, wherever CPUID claims either
+ * instruction (CPUID read here). In a child: a seccomp filter traps the
+ * probe's rt_sigaction(SIGILL) and the child's SIGSYS handler counts it.
+ */
+Test(cpu, clear_list_naming_both_runs_no_probe)
+{
+    if (under_valgrind())
+        cr_skip_test("valgrind handles the client's rt_sigaction itself");
+    unsigned a, b, c, d;
+    bool tscp = __get_cpuid(0x80000001, &a, &b, &c, &d) && (d & (1u << 27));
+    bool pid = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 22));
+    pid_t ch = fork();
+    cr_assert_neq(ch, -1);
+    if (ch == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_sigaction = count_sigsys;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGSYS, &sa, NULL))
+            _exit(100);
+        struct sock_filter flt[] = {
+            AP_SECCOMP_PROLOGUE,
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_rt_sigaction, 0, 3),
+            BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args)),
+            BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SIGILL, 0, 1),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+            BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        };
+        if (AP_SECCOMP_INSTALL(flt))
+            _exit(101);
+        unsigned groups = ap_feature_leaves(X86_FEATURE_RDTSCP) |
+                          ap_feature_leaves(X86_FEATURE_RDPID);
+        struct altpatch_features f;
+        ap_effective_leaves_cleared(groups, "rdtscp, rdpid", &f);
+        if (altpatch_features_has(&f, X86_FEATURE_RDTSCP) ||
+            altpatch_features_has(&f, X86_FEATURE_RDPID))
+            _exit(102);
+        int both = guard_sets;
+        ap_effective_leaves_cleared(groups, "rdtscp", &f);
+        int one = guard_sets - both;
+        _exit((both ? 10 : 0) + (one ? 1 : 0));
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(ch, &st, 0), ch);
+    cr_assert(WIFEXITED(st), "child status %#x", st);
+    int code = WEXITSTATUS(st);
+    cr_assert_lt(code, 100, "child failed at step %d", code);
+    cr_assert_eq(code / 10, 0, "the probe ran for a list clearing both");
+    cr_assert_eq(code % 10, (tscp || pid) ? 1 : 0,
+                 "probe %s with RDTSCP only cleared (CPUID: RDTSCP %d, RDPID %d)",
+                 code % 10 ? "ran" : "did not run", tscp, pid);
 }
 
 /*

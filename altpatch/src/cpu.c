@@ -598,13 +598,15 @@ static bool ap_rdpid_usable(void)
     return false;
 }
 
-/* Run the probes not run yet for what @p f claims; sets ap_rdtscp_ok / ap_rdpid_ok. */
-static void ap_run_probes(const struct altpatch_features *f)
+/* Run the probes not run yet for what @p f claims; sets ap_rdtscp_ok /
+ * ap_rdpid_ok. false when a pending SIGILL kept them from running: the
+ * answers stay unknown (-1), to be asked again by a later derivation. */
+static bool ap_run_probes(const struct altpatch_features *f)
 {
     bool tscp = ap_rdtscp_ok < 0 && ap_features_test(f, X86_FEATURE_RDTSCP);
     bool pid = ap_rdpid_ok < 0 && ap_features_test(f, X86_FEATURE_RDPID);
     if (!tscp && !pid)
-        return;
+        return true;
     struct ap_ksigaction sa = {
         .handler = (void *)ap_probe_sigill,
         .flags = SA_SIGINFO | AP_SA_RESTORER,
@@ -619,7 +621,7 @@ static void ap_run_probes(const struct altpatch_features *f)
             ap_rdtscp_ok = 0;
         if (pid)
             ap_rdpid_ok = 0;
-        return;
+        return true;
     }
     /* A blocked SIGILL raised by an instruction would kill the process: the
      * probe runs with SIGILL unblocked. Where the program does not block it
@@ -628,7 +630,9 @@ static void ap_run_probes(const struct altpatch_features *f)
      * the program blocked and left pending would be delivered to the probe's
      * handler the moment it is unblocked, and put back to the program's
      * action -- the default, often: the process would die. Then nothing is
-     * probed and neither instruction is claimed. */
+     * probed and neither instruction is claimed this time; the answer is
+     * not kept (a later derivation, once the program has taken its SIGILL,
+     * probes). */
     bool held = ap_sys(SYS_rt_sigprocmask, SIG_BLOCK, 0, (long)&old, sizeof(old), 0) != 0;
     if (!held && (old & ill)) {
         uint64_t pending = 0;
@@ -636,12 +640,7 @@ static void ap_run_probes(const struct altpatch_features *f)
                (pending & ill) ||
                ap_sys(SYS_rt_sigprocmask, SIG_UNBLOCK, (long)&ill, 0, sizeof(ill), 0) != 0;
     }
-    if (held) {
-        if (tscp)
-            ap_rdtscp_ok = 0;
-        if (pid)
-            ap_rdpid_ok = 0;
-    } else {
+    if (!held) {
         if (tscp) {
             ap_probe_ill = 0;
             (void)ap_exec_rdtscp();
@@ -656,20 +655,24 @@ static void ap_run_probes(const struct altpatch_features *f)
     }
     ap_probe_at = NULL;
     ap_ksigaction(SIGILL, &ap_probe_prev, NULL);
+    return !held;
 }
 
-static void ap_probe_instructions(struct altpatch_features *f, unsigned asked)
+/* false when a probe could not run (ap_run_probes()): @p f claims neither
+ * unknown instruction, and is not to be kept as the derived set. */
+static bool ap_probe_instructions(struct altpatch_features *f, unsigned asked)
 {
     if (!(asked & AP_LEAVES_PROBE)) {
         ap_bit_clear(f, X86_FEATURE_RDTSCP);
         ap_bit_clear(f, X86_FEATURE_RDPID);
-        return;
+        return true;
     }
-    ap_run_probes(f);
-    if (ap_features_test(f, X86_FEATURE_RDTSCP) && ap_rdtscp_ok == 0)
+    bool answered = ap_run_probes(f);
+    if (ap_features_test(f, X86_FEATURE_RDTSCP) && ap_rdtscp_ok != 1)
         ap_bit_clear(f, X86_FEATURE_RDTSCP);
-    if (ap_features_test(f, X86_FEATURE_RDPID) && ap_rdpid_ok == 0)
+    if (ap_features_test(f, X86_FEATURE_RDPID) && ap_rdpid_ok != 1)
         ap_bit_clear(f, X86_FEATURE_RDPID);
+    return answered;
 }
 
 /* The facts asked of the OS so far (AP_LEAVES_XCOMP, AP_LEAVES_SHSTK, AP_LEAVES_PROBE). */
@@ -692,12 +695,12 @@ void ap_host_leaves(unsigned groups, struct altpatch_features *out)
         struct altpatch_features f = ap_raw;
         ap_mask_known(&f);
         ap_apply_os_enablement(&f, ap_os_asked);
-        ap_probe_instructions(&f, ap_os_asked);
+        bool answered = ap_probe_instructions(&f, ap_os_asked);
         ap_derive_synthetic(&f);
         ap_derived = f;
         ap_derived_raw = ap_raw_groups;
         ap_derived_os = ap_os_asked;
-        ap_derived_any = true;
+        ap_derived_any = answered; /* not kept while a probe is unanswered */
     }
     *out = ap_derived;
     ap_leaves_unlock();
@@ -751,7 +754,9 @@ const struct altpatch_features *ap_host_features(void)
 
 ALTPATCH_API struct altpatch_features *altpatch_features_host(void)
 {
-    return altpatch_features_dup(ap_host_features());
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_ALL, &f); /* derived once, unless a probe was unanswered */
+    return altpatch_features_dup(&f);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -763,13 +768,26 @@ void ap_effective_features(struct altpatch_features *out)
     ap_effective_leaves_cleared(AP_LEAVES_ALL, ap_getenv("ALTPATCH_CLEARCPUID"), out);
 }
 
+/* Whether the clear list @p list (not NULL) names @p id. */
+static bool ap_list_clears(const char *list, unsigned id)
+{
+    struct altpatch_features t;
+    memset(&t, 0, sizeof(t));
+    ap_bit_set(&t, id);
+    ap_clear_names(&t, list, false);
+    return !ap_features_test(&t, id);
+}
+
 void ap_effective_leaves_cleared(unsigned groups, const char *list,
                                  struct altpatch_features *out)
 {
-    if (groups == AP_LEAVES_ALL)
-        *out = *ap_host_features();
-    else
-        ap_host_leaves(groups, out);
+    /* The probe decides RDTSCP and RDPID only: where the list clears both it
+     * is not run (a SIGILL guard, its system calls and a getcpu for bits
+     * cleared right after). */
+    if (list && (groups & AP_LEAVES_PROBE) && ap_list_clears(list, X86_FEATURE_RDTSCP) &&
+        ap_list_clears(list, X86_FEATURE_RDPID))
+        groups &= ~AP_LEAVES_PROBE;
+    ap_host_leaves(groups, out);
     if (list)
         ap_clearcpuid(out, list);
 }
@@ -778,12 +796,12 @@ ALTPATCH_API bool altpatch_cpu_has(unsigned feature)
 {
     if (!ap_feature_known(feature))
         return false;
+    const char *list = ap_getenv("ALTPATCH_CLEARCPUID");
+    if (list && ap_list_clears(list, feature))
+        return false; /* nothing asked (RDTSCP, RDPID: no probe) */
     struct altpatch_features f;
     ap_host_leaves(ap_feature_leaves(feature), &f);
-    const char *list = ap_getenv("ALTPATCH_CLEARCPUID");
-    if (list)
-        ap_clear_names(&f, list, false); /* apply warns; a query stays quiet */
-    return ap_features_test(&f, feature);
+    return ap_features_test(&f, feature); /* apply warns of the list; a query stays quiet */
 }
 
 /* ------------------------------------------------------------------------- */
