@@ -140,11 +140,13 @@ static int refuse(struct ap_plan *out, int reason, int entry, const char *fmt, .
     return reason;
 }
 
-/* Instructions of one replacement, as decoded (lengths, kinds, relative fields). */
+/* Instructions of one replacement, as decoded (lengths, kinds, relative
+ * fields): room for one per byte of the site (a replacement is no longer,
+ * and the chosen one's padding fills the rest of the site). */
 struct insn_list {
     size_t n;
     bool has_rel; /* some instruction has a relative field */
-    struct ap_insn in[AP_MAX_SITE];
+    struct ap_insn *in;
 };
 
 /*
@@ -382,8 +384,6 @@ void ap_plan_site_rules(const struct ap_view *v, const struct ap_site *s,
                         const struct altpatch_features *fs, const struct ap_plan_rules *rules,
                         struct ap_plan *out)
 {
-    uint8_t buf[2][AP_MAX_SITE];
-    struct insn_list list[2];
     const uint8_t *bytes;
     int chosen = -1, cur = 0, reason;
 
@@ -423,6 +423,13 @@ void ap_plan_site_rules(const struct ap_view *v, const struct ap_site *s,
     }
     if (check_orig(bytes, s, out))
         return;
+    /* Two entries' bytes and instructions (the one kept, the one checked),
+     * sized by the site (1..AP_MAX_SITE bytes): a site of a few bytes,
+     * the usual kind, takes a few hundred bytes of stack, not 4.6 KB. */
+    size_t room = s->len;
+    uint8_t buf[2][room];
+    struct ap_insn insns[2][room];
+    struct insn_list list[2] = {{.in = insns[0]}, {.in = insns[1]}};
     for (uint32_t k = 0; k < s->count; k++) {
         const struct ap_entry *e = &entries[s->first + k];
 
