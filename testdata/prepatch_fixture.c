@@ -13,6 +13,9 @@
  *   prepatch_fixture stats     "before" lines (memory before apply), then
  *                              apply: the library's messages ("log" lines),
  *                              its counters ("stats"), the site list ("state")
+ *   prepatch_fixture drystats  stats after two ALTPATCH_APPLY_DRY_RUN applies:
+ *                              one for the host's set with FSGSBASE toggled,
+ *                              then one for the set the apply uses
  *   prepatch_fixture replaced FILE   stats, after renaming FILE over the path
  *                              it was started by (AT_EXECFN)
  *   prepatch_fixture again     apply, REVERT ("reverted" lines), apply: the
@@ -130,6 +133,34 @@ static bool apply(unsigned flags)
     if (st.sites_refused || !st.sites_seen) {
         fail("apply %#x: %llu of %llu sites refused", flags,
              (unsigned long long)st.sites_refused, (unsigned long long)st.sites_seen);
+        return false;
+    }
+    return true;
+}
+
+/* A dry run for the host's set with FSGSBASE toggled (a set that differs in a
+ * feature the records name); false (and a FAIL line) unless every site was
+ * decided. */
+static bool dry_other(void)
+{
+    struct altpatch_features *fs = altpatch_features_host();
+    int id = altpatch_feature_id("fsgsbase");
+    if (!fs || id < 0) {
+        fail("altpatch_features_host or altpatch_feature_id");
+        altpatch_features_free(fs);
+        return false;
+    }
+    if (altpatch_features_has(fs, (unsigned)id))
+        altpatch_features_clear(fs, (unsigned)id);
+    else
+        altpatch_features_set(fs, (unsigned)id);
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = fs,
+                                    .flags = ALTPATCH_APPLY_DRY_RUN};
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    int rc = altpatch_apply_opts(&o);
+    altpatch_features_free(fs);
+    if (rc || altpatch_get_stats(&st) || st.sites_refused || !st.sites_seen) {
+        fail("dry run for another set -> %d", rc);
         return false;
     }
     return true;
@@ -312,14 +343,18 @@ int main(int argc, char **argv)
         run(gs_block, 0);
     } else if (strcmp(mode, "noapply") == 0) {
         run(gs_block, 1);
-    } else if (strcmp(mode, "stats") == 0 || (strcmp(mode, "replaced") == 0 && argc > 2)) {
+    } else if (strcmp(mode, "stats") == 0 || strcmp(mode, "drystats") == 0 ||
+               (strcmp(mode, "replaced") == 0 && argc > 2)) {
         /* memory before, the apply's messages and counters, the site list;
          * "replaced": its file replaced first by FILE (renamed over the path
-         * it was started by), as an update does to a running program */
+         * it was started by), as an update does to a running program;
+         * "drystats": a dry run first (its messages not printed) */
         if (mode[0] == 'r' && rename(argv[2], (const char *)getauxval(AT_EXECFN)) != 0) {
             fail("rename %s over the start path", argv[2]);
             return 1;
         }
+        if (mode[0] == 'd' && (!dry_other() || !apply(ALTPATCH_APPLY_DRY_RUN)))
+            return 1;
         altpatch_set_print(log_line);
         dump_as("before");
         if (!apply(0))
@@ -367,7 +402,8 @@ int main(int argc, char **argv)
         list_sites("");
         run(gs_block, 1);
     } else {
-        fail("usage: prepatch_fixture apply|revert|noapply|stats|again|thread|threadrevert | "
+        fail("usage: prepatch_fixture apply|revert|noapply|stats|drystats|again|thread|"
+             "threadrevert | "
              "replaced|replacedagain FILE | dl|dlnoapply|dllist|dlfifo LIB");
         return 2;
     }

@@ -624,6 +624,49 @@ Test(prepatch, settles_for_the_applied_set_format1)
 }
 
 /*
+ * Dry runs leave a pre-patched module's file choices to the next apply: after
+ * one for a set that differs in FSGSBASE (it plans the module, and reports
+ * that plan) and one for the applied set, the apply settles from the file
+ * exactly as without them -- the message, nothing written, no system call,
+ * memory the same before and after, and the plain program's states and bytes.
+ * A copy made for the set that differs in FSGSBASE: the dry run for the
+ * applied set plans it, and the apply after it compares the file's choices
+ * (not that dry run's plan) with what it selects: planned and rewritten to
+ * the plain program's bytes.
+ */
+Test(prepatch, settles_after_dry_runs)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE, fs, "same");
+    char *want = run_ok(NULL, PREPATCH_FIXTURE, "stats");
+    char *out = run_ok(NULL, pre, "drystats");
+    cr_assert(strstr(out, SETTLED_LOG), "planned after dry runs:\n%s", out);
+    cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "syscalls"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "patched"), stat_of(want, "patched"), "%s\n%s", out, want);
+    same_lines(out, want, "state");
+    same_lines(out, want, "site");
+    char *before = lines_of(out, "before"), *after = lines_of(out, "site");
+    cr_assert_str_eq(before, after, "memory changed by a settled apply");
+    free(before);
+    free(after);
+    free(out);
+
+    toggle_fsgsbase(fs);
+    pre = prepatch_fs(PREPATCH_FIXTURE, fs, "other");
+    out = run_ok(NULL, pre, "drystats");
+    cr_assert(!strstr(out, SETTLED_LOG), "settled on a dry run's plan:\n%s", out);
+    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    same_lines(out, want, "state");
+    same_lines(out, want, "site");
+    free(out);
+    free(want);
+    altpatch_features_free(fs);
+}
+
+/*
  * The main program's file is read through /proc/self/exe (the file mapped):
  * a copy replaced on disk after it started (by the plain program, or by a
  * copy for another set) still settles, without a warning; one started by a

@@ -1542,8 +1542,10 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
         ap_module_save(m);
     ap_cache_check(m, ap_shapes_gen);
     /* a pre-patched module whose file chose what this feature set selects:
-     * settled on memory's bytes, nothing planned (prepatch_load.c) */
-    if (m->prepatch_choices && ap_prepatch_settle(m, &memo->fs)) {
+     * settled on memory's bytes, nothing planned (prepatch_load.c); a dry
+     * run leaves the file's choices to the next apply */
+    if (m->prepatch_choices &&
+        (r->keep ? ap_prepatch_settle(m, &memo->fs) : ap_prepatch_look(m, &memo->fs))) {
         m->settled_gen = ap_shapes_gen;
         ap_log_env(r->debug, ALTPATCH_INFO,
                    "%s: pre-patched for this feature set: %zu sites as the file planned them\n",

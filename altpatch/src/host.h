@@ -536,6 +536,11 @@ struct ap_module {
     /* the file records this library's planner (AP_PREPATCH_PLANNER): its
      * written bytes are what this planner writes for its choices */
     bool prepatch_planner;
+    /* The file's choices, moved out of res by a dry run that decided the
+     * module under another set (res then holds that run's plan, as a dry
+     * run reports it): what ap_prepatch_agrees() compares with while
+     * prepatch_choices holds. NULL: res holds them. */
+    struct ap_site_result *prepatch_res;
 };
 
 /** The template id of a site none of whose entries applies: its plan is its original. */
@@ -777,5 +782,17 @@ AP_HIDDEN bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_fea
  * and m->prepatch_agreed cleared): false, the module is decided site by site.
  */
 AP_HIDDEN bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs);
+
+/**
+ * ap_prepatch_agrees() for a dry run's decision: the file's choices are not
+ * used up (the next apply that writes still settles on them). Where they do
+ * not agree, the dry run decides the module and its plan goes to res: the
+ * choices are first copied to m->prepatch_res (none copied, and the choices
+ * dropped, when that allocation fails).
+ */
+AP_HIDDEN bool ap_prepatch_look(struct ap_module *m, const struct altpatch_features *fs);
+
+/** Forget a pre-patched module's file choices (ap_prepatch_settle() and the module's end). */
+AP_HIDDEN void ap_prepatch_drop(struct ap_module *m);
 
 #endif /* ALTPATCH_HOST_H */

@@ -218,6 +218,7 @@ static void ap_module_free(struct ap_module *m)
     free(m->sites);
     free(m->block); /* orig_off, shape, res, orig, planned */
     free(m->warned);
+    free(m->prepatch_res);
     free(m);
 }
 

@@ -181,11 +181,12 @@ bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
     if (m->prepatch_agreed)
         return true;
     size_t patched = 0;
+    const struct ap_site_result *file = m->prepatch_res ? m->prepatch_res : m->res;
     for (size_t i = 0; i < m->nsites; i++) {
         struct ap_site_entries eb;
         const struct ap_site *es;
         const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
-        int want = ap_plan_pick(&m->view, es, ents, fs), had = ap_res_chosen(&m->res[i]);
+        int want = ap_plan_pick(&m->view, es, ents, fs), had = ap_res_chosen(&file[i]);
         size_t off = ap_orig_off(m, i);
         /* the original selected: the file kept it (memory holds planned) */
         if (want != had || off == AP_NO_ORIG ||
@@ -193,15 +194,45 @@ bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
             return false;
         patched += want >= 0;
     }
+    if (m->prepatch_res) {
+        /* the plan is the file's choices: res holds them again (a dry run
+         * under another set had left its plan there) */
+        memcpy(m->res, m->prepatch_res, m->nsites * sizeof(*m->res));
+        free(m->prepatch_res);
+        m->prepatch_res = NULL;
+    }
     m->settled_patched = patched;
     m->prepatch_agreed = true;
     return true;
 }
 
+void ap_prepatch_drop(struct ap_module *m)
+{
+    m->prepatch_choices = false;
+    m->prepatch_agreed = false;
+    free(m->prepatch_res);
+    m->prepatch_res = NULL;
+}
+
 bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs)
 {
     bool ok = ap_prepatch_agrees(m, fs);
-    m->prepatch_choices = false;
-    m->prepatch_agreed = false;
+    ap_prepatch_drop(m);
     return ok;
+}
+
+bool ap_prepatch_look(struct ap_module *m, const struct altpatch_features *fs)
+{
+    if (ap_prepatch_agrees(m, fs))
+        return true;
+    if (m->prepatch_choices && !m->prepatch_planner)
+        ap_prepatch_drop(m); /* another planner's bytes: never settled on */
+    else if (m->prepatch_choices && !m->prepatch_res) {
+        m->prepatch_res = malloc(m->nsites * sizeof(*m->res));
+        if (m->prepatch_res)
+            memcpy(m->prepatch_res, m->res, m->nsites * sizeof(*m->res));
+        else
+            ap_prepatch_drop(m); /* decided site by site from now on */
+    }
+    return false;
 }
