@@ -152,6 +152,22 @@ static __thread bool ap_fork_took, ap_fork_gated;
 AP_STATE static bool ap_lock_orphaned;
 
 /*
+ * A fork() from a signal handler that interrupted this thread's own fork()
+ * between the prepare handler and the parent or child handler: the outer
+ * fork holds (or is taking, or giving back) ap_lock, the gate's lock and the
+ * live round's fork lock, which the inner one would wait for forever, and
+ * its handlers would release what the outer took. The C library reaches
+ * these handlers from such a handler only in a process that never had a
+ * second thread (otherwise it waits for its own fork lock first), so no
+ * other thread holds anything: the inner fork's handlers do nothing, and in
+ * its child the interrupted outer fork goes on and releases what it took
+ * (ap_fork_depth: this thread's forks under way, the outer one counted from
+ * the first instruction of its prepare handler to the last of its parent or
+ * child handler).
+ */
+static __thread volatile sig_atomic_t ap_fork_depth;
+
+/*
  * The pins are taken and released outside ap_lock (see ap_pins), inside the
  * loader (dl_iterate_phdr, dlopen, dlclose): a child forked meanwhile would
  * inherit the loader's locks held and hang in its first dlopen or
@@ -233,6 +249,8 @@ void ap_gate_leave(void)
 
 static void ap_atfork_prepare(void)
 {
+    if (ap_fork_depth++)
+        return; /* inside this thread's own fork (above) */
     uint32_t me = ap_token();
     if (ap_in == AP_IN_NONE && !ap_gate_mine && ap_tlock_owner(&ap_gate_mx) != me &&
         ap_tlock_owner(&ap_lock) != me) {
@@ -255,7 +273,8 @@ static void ap_atfork_prepare(void)
     ap_live_fork_prepare();
 }
 
-static void ap_atfork_parent(void)
+/* What the prepare handler took, given back (ap_fork_depth still counts this fork). */
+static void ap_atfork_release(void)
 {
     ap_live_fork_release();
     if (ap_fork_took) {
@@ -268,13 +287,31 @@ static void ap_atfork_parent(void)
     }
 }
 
+static void ap_atfork_parent(void)
+{
+    if (ap_fork_depth > 1) {
+        ap_fork_depth = ap_fork_depth - 1; /* an inner fork's: nothing taken */
+        return;
+    }
+    ap_atfork_release();
+    ap_fork_depth = 0;
+}
+
 static void ap_atfork_child(void)
 {
+    if (ap_fork_depth > 1) {
+        /* the outer fork, interrupted in this thread, goes on here; the kept
+         * maps descriptor is the parent's: forgotten, not closed (a call of
+         * this thread that the outer fork interrupted may be reading it) */
+        ap_maps_after_fork(false);
+        ap_fork_depth = ap_fork_depth - 1;
+        return;
+    }
     bool gated = ap_fork_gated, took = ap_fork_took;
     /* holding the lock, the prepare handler knew that no batch used the kept
      * maps descriptor: its number is the library's; else it is forgotten */
     ap_maps_after_fork(took);
-    ap_atfork_parent();
+    ap_atfork_release();
     uint32_t me = ap_token();
     uint32_t owner = ap_tlock_owner(&ap_lock);
     if (owner && owner != me) {
@@ -298,6 +335,7 @@ static void ap_atfork_child(void)
         /* the prepare handler set any count an earlier fork left to set */
         ap_gate_recount = 0;
     }
+    ap_fork_depth = 0;
 }
 
 __attribute__((constructor)) static void ap_atfork_register(void)

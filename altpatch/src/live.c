@@ -432,8 +432,20 @@ static void ap_sync_all(struct ap_poke_stats *st)
     ap_sync_core();
 }
 
-/* fork() waits while a round runs: no child starts with an entry barrier in its text
- * (registered by apply.c, after its own lock). */
+/*
+ * fork() waits while a round runs: no child starts with an entry barrier in its text
+ * (taken by apply.c's fork handlers, after its own lock). A plain mutex is enough:
+ * - the round holds it with every signal blocked (ap_signals_block() before the
+ *   lock, ap_signals_restore() after the unlock), so no handler of the round's
+ *   thread runs meanwhile (a fault there is not handled: the kernel kills the
+ *   process for a blocked synchronous signal) and that thread forks from none;
+ * - a fork on another thread waits for the round, which needs nothing of that
+ *   thread, and its child's copy of the forking thread unlocks what it took;
+ * - a fork from a handler that interrupted this thread's own fork between the
+ *   prepare handler and the parent or child handler never reaches
+ *   ap_live_fork_prepare() again: apply.c's handlers count the forks under way
+ *   on the thread (ap_fork_depth) and an inner one takes nothing.
+ */
 static pthread_mutex_t ap_fork_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void ap_live_fork_prepare(void)

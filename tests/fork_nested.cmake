@@ -1,0 +1,9 @@
+# test_fork_nested: its helper program (single-threaded; tests/fork_nested_helper.c).
+add_executable(fork_nested_helper fork_nested_helper.c)
+target_compile_definitions(fork_nested_helper PRIVATE _GNU_SOURCE)
+target_link_libraries(fork_nested_helper PRIVATE altpatch_internal pthread)
+if(TARGET test_fork_nested)
+  add_dependencies(test_fork_nested fork_nested_helper)
+  target_compile_definitions(test_fork_nested PRIVATE
+    FORK_NESTED_HELPER="$<TARGET_FILE:fork_nested_helper>")
+endif()

@@ -1,0 +1,41 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A fork() from a signal handler that interrupted another fork() of the same
+ * thread between the library's fork handlers, in a single-threaded program
+ * (the C library takes no lock of its own around the handlers there). The
+ * helper (fork_nested_helper.c) steps the outer fork with the trap flag and
+ * forks at step K; every K from 1 until the outer fork ends is run in a
+ * fresh helper process, and every process that results must go on working.
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ap_isolate.h"
+
+Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
+{
+    if (AP_SANITIZED)
+        cr_skip_test("a fork per step is too slow with shadow memory");
+    int k;
+    for (k = 1; k < 20000; k++) {
+        char arg[16];
+        snprintf(arg, sizeof(arg), "%d", k);
+        pid_t p = fork();
+        cr_assert_neq(p, -1);
+        if (p == 0) {
+            execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, arg, (char *)NULL);
+            _exit(127);
+        }
+        int s = 0;
+        cr_assert_eq(waitpid(p, &s, 0), p);
+        cr_assert(WIFEXITED(s), "step %d: killed by signal %d (hung or crashed)", k,
+                  WIFSIGNALED(s) ? WTERMSIG(s) : 0);
+        if (WEXITSTATUS(s) == 1)
+            break;
+        cr_assert_eq(WEXITSTATUS(s), 0, "step %d: code %d", k, WEXITSTATUS(s));
+    }
+    cr_assert_gt(k, 50, "the fork was stepped through %d instructions only", k);
+}
