@@ -433,6 +433,27 @@ Test(altdump, object_matches_linked_program)
     }
 }
 
+/* The lines of --json output @p json that give an address ("address",
+ * "replacement_address"), in order (malloc'ed). */
+static char *address_lines(const char *json)
+{
+    size_t cap = strlen(json) + 1, o = 0;
+    char *out = calloc(cap, 1);
+    cr_assert_not_null(out);
+    for (const char *l = json; *l;) {
+        const char *eol = strchr(l, '\n');
+        size_t len = eol ? (size_t)(eol - l) : strlen(l);
+        const char *t = l + strspn(l, " ");
+        if ((size_t)(t - l) < len && memmem(t, len - (size_t)(t - l), "address\": \"", 11)) {
+            memcpy(out + o, t, len - (size_t)(t - l));
+            o += len - (size_t)(t - l);
+            out[o++] = '\n';
+        }
+        l += len + (eol ? 1 : 0);
+    }
+    return out;
+}
+
 /*
  * The sites (site_keys()) of object @p obj and of the program or library
  * @p linked from it, under @p profile: the same, at other addresses.
@@ -449,7 +470,14 @@ static char *same_sites(const char *obj, const char *linked, const char *profile
               b.out);
     char *ka = site_keys(a.out), *kb = site_keys(b.out);
     cr_assert_str_eq(ka, kb, "profile %s: %s and %s differ", profile, obj, linked);
-    cr_assert_str_neq(a.out, b.out, "profile %s: the same addresses", profile);
+    /* an object's sections are laid out by altdump, the linked file's by the
+     * linker: the sites are the same at other addresses */
+    char *aa = address_lines(a.out), *ab = address_lines(b.out);
+    cr_assert_gt(strlen(aa), 0, "%s: no address: %s", obj, a.out);
+    cr_assert_gt(strlen(ab), 0, "%s: no address: %s", linked, b.out);
+    cr_assert_str_neq(aa, ab, "profile %s: %s and %s at the same addresses", profile, obj, linked);
+    free(aa);
+    free(ab);
     free(kb);
     result_free(&a);
     result_free(&b);
