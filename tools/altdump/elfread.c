@@ -393,9 +393,10 @@ static int own_copy(struct reader *r, struct ad_section *t)
 /*
  * The one rule for relocation sections: altdump applies those of an object
  * (ET_REL) of type SHT_RELA whose target section is loaded (SHF_ALLOC).
- * Every other one -- of debugging information or other unloaded sections,
- * of an executable or library, SHT_REL -- is neither applied nor read from
- * the file (read_parts()).
+ * Every other non-loaded one -- of debugging information or other unloaded
+ * sections, of an executable or library, SHT_REL -- is neither applied nor
+ * read from the file (read_parts()); a loaded one (.rela.dyn, .rela.plt of an
+ * executable or library) is read, not applied.
  */
 static bool rel_applied(unsigned elf_type, uint32_t type, uint64_t target_flags)
 {
