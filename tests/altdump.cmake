@@ -101,7 +101,8 @@ add_custom_target(altdump_fixtures DEPENDS ${AD_FIX_OUTPUTS})
 # Built from an object library so the test can also read the very .o it was
 # linked from (.o vs linked program on C code compiled with the real macros).
 add_library(altdump_live_obj OBJECT ${AD_SRC}/live.c)
-target_compile_options(altdump_live_obj PRIVATE -O2 -mno-red-zone)
+# -g in every build type: its .rela.debug_* sections are what altdump must not read
+target_compile_options(altdump_live_obj PRIVATE -O2 -g -mno-red-zone)
 target_link_libraries(altdump_live_obj PRIVATE altpatch_static)
 add_executable(altdump_live $<TARGET_OBJECTS:altdump_live_obj>)
 target_link_libraries(altdump_live PRIVATE altpatch_static ${CMAKE_DL_LIBS})

@@ -8,7 +8,10 @@
  *    section header table: every read of that table but the first returns the
  *    section-name table's header with an offset and size far past the end,
  *    and the first such forged read creates "<file>.forged" beside it (the
- *    test's proof that the second read happened).
+ *    test's proof that the second read happened);
+ *  - every read of a file whose name ends in ".logged" is logged to
+ *    "<file>.reads", one line "OFFSET LENGTH" (the bytes it returned) each:
+ *    what a test expects altdump never to read can be checked.
  */
 #include <dlfcn.h>
 #include <elf.h>
@@ -45,6 +48,15 @@ static ssize_t hooked(int fd, void *buf, size_t n, off_t off)
             return -1;
     }
     ssize_t k = real(fd, buf, n, off);
+    if (k > 0 && named(fd, ".logged", path, sizeof(path))) {
+        char log[4200];
+        snprintf(log, sizeof(log), "%s.reads", path);
+        int l = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (l < 0)
+            return -1; /* no read unlogged */
+        dprintf(l, "%lld %zd\n", (long long)off, k);
+        close(l);
+    }
     Elf64_Ehdr eh;
     if (k > 0 && named(fd, ".shift", path, sizeof(path)) &&
         real(fd, &eh, sizeof(eh), 0) == (ssize_t)sizeof(eh) && eh.e_shstrndx < eh.e_shnum) {

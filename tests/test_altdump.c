@@ -988,6 +988,90 @@ Test(altdump, headers_changed_while_read, .init = mktmp, .fini = rmtmp)
     result_free(&r);
 }
 
+/* Whether a line "OFFSET LENGTH" of @p reads (the preload's log) covers a
+ * byte of [off, off + len). */
+static bool read_within(const char *reads, uint64_t off, uint64_t len)
+{
+    for (const char *l = reads; *l;) {
+        unsigned long long o, n;
+        cr_assert_eq(sscanf(l, "%llu %llu", &o, &n), 2, "log line: %s", l);
+        if (o < off + len && off < o + n)
+            return true;
+        const char *eol = strchr(l, '\n');
+        l = eol ? eol + 1 : l + strlen(l);
+    }
+    return false;
+}
+
+/*
+ * What altdump reads of an object (a preload logs every read): never a
+ * relocation section that is neither loaded nor applied -- of debugging
+ * information (live.c's object is built with -g: .rela.debug_*), or SHT_REL
+ * (a copy whose .rela.eh_frame, which relocates a loaded section, is made
+ * SHT_REL) -- and every one it applies (.rela.text, .rela.altinstr_*).
+ */
+Test(altdump, object_relocations_not_applied_not_read, .init = mktmp, .fini = rmtmp)
+{
+    for (int rel = 0; rel < 2; rel++) {
+        char path[256], log[300];
+        snprintf(path, sizeof(path), "%s/live%d.logged", tmpdir, rel);
+        snprintf(log, sizeof(log), "%s.reads", path);
+        size_t len;
+        char *b = read_file(ALTDUMP_LIVE_OBJ, &len);
+        cr_assert_not_null(b);
+        Elf64_Ehdr eh;
+        memcpy(&eh, b, sizeof(eh));
+        cr_assert_eq(eh.e_type, ET_REL);
+        cr_assert_leq(eh.e_shoff + (uint64_t)eh.e_shnum * sizeof(Elf64_Shdr), len);
+        Elf64_Shdr *sh = calloc(eh.e_shnum, sizeof(*sh));
+        cr_assert_not_null(sh);
+        memcpy(sh, b + eh.e_shoff, eh.e_shnum * sizeof(*sh));
+        const char *names = b + sh[eh.e_shstrndx].sh_offset;
+        size_t made_rel = 0;
+        for (size_t i = 1; rel && i < eh.e_shnum; i++)
+            if (!strcmp(names + sh[i].sh_name, ".rela.eh_frame")) {
+                cr_assert(sh[sh[i].sh_info].sh_flags & SHF_ALLOC);
+                sh[i].sh_type = SHT_REL;
+                made_rel++;
+            }
+        cr_assert_eq(made_rel, (size_t)rel, "no .rela.eh_frame in %s", ALTDUMP_LIVE_OBJ);
+        memcpy(b + eh.e_shoff, sh, eh.e_shnum * sizeof(*sh));
+        write_file(path, b, len);
+        struct result r = run_preloaded(path);
+        cr_assert_eq(r.rc, 0, "exit %d: %s", r.rc, r.err);
+        cr_assert(strstr(r.out, "fs_self"), "%s", r.out);
+        char *reads = read_file(log, NULL);
+        cr_assert_not_null(reads, "the preload logged no read");
+        size_t skipped = 0, debug = 0, rels = 0, applied = 0;
+        for (size_t i = 1; i < eh.e_shnum; i++) {
+            if ((sh[i].sh_type != SHT_RELA && sh[i].sh_type != SHT_REL) || !sh[i].sh_size)
+                continue;
+            const char *name = names + sh[i].sh_name;
+            bool target_loaded = sh[i].sh_info < eh.e_shnum &&
+                                 (sh[sh[i].sh_info].sh_flags & SHF_ALLOC);
+            bool read = read_within(reads, sh[i].sh_offset, sh[i].sh_size);
+            if (sh[i].sh_type == SHT_RELA && target_loaded) {
+                cr_assert(read, "%s: %s (applied) not read", path, name);
+                applied++;
+            } else if (!(sh[i].sh_flags & SHF_ALLOC)) {
+                cr_assert(!read, "%s: %s read (neither loaded nor applied)", path, name);
+                skipped++;
+                debug += !strncmp(name, ".rela.debug_", 12);
+                rels += sh[i].sh_type == SHT_REL;
+            }
+        }
+        cr_assert_gt(applied, 0);
+        cr_assert_gt(debug, 0, "%s has no .rela.debug_* section (built without -g?)",
+                     ALTDUMP_LIVE_OBJ);
+        cr_assert_eq(rels, (size_t)rel);
+        cr_log_info("%s: %zu relocation sections not read, %zu read", path, skipped, applied);
+        free(reads);
+        free(sh);
+        free(b);
+        result_free(&r);
+    }
+}
+
 Test(altdump, usage)
 {
     struct result r = run_v((const char *const[]){NULL});
