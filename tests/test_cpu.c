@@ -1284,3 +1284,107 @@ Test(cpu, libc_leaves_are_the_cpus_answers)
             cr_assert_eq(gv[*r - 'a'], cv[*r - 'a'], "leaf %#x.%u e%cx", l, leaves[i].sub, *r);
     }
 }
+
+/* ---- the CPUID leaves' lock across fork() and signal handlers ------------- */
+
+static volatile int query_stop;
+
+static void *query_loop(void *arg)
+{
+    (void)arg;
+    while (!query_stop)
+        (void)altpatch_cpu_has(X86_FEATURE_AVX2);
+    return NULL;
+}
+
+/* One thread queries without a pause while another forks: no child may find
+ * the leaves' lock held by the querying thread, which it does not have. */
+Test(cpu, fork_while_another_thread_queries)
+{
+    bool want = altpatch_cpu_has(X86_FEATURE_AVX2);
+    pthread_t t;
+    query_stop = 0;
+    cr_assert_eq(pthread_create(&t, NULL, query_loop, NULL), 0);
+    int forks = 0, bad = 0, first_status = 0;
+    for (int i = 0; i < 400 && !bad; i++) {
+        pid_t c = fork();
+        if (c == 0) {
+            alarm(5); /* a child waiting forever on the lock: killed by SIGALRM */
+            if (altpatch_cpu_has(X86_FEATURE_AVX2) != want)
+                _exit(2);
+            struct altpatch_features *f = altpatch_features_host();
+            if (!f || altpatch_features_has(f, X86_FEATURE_AVX2) != want)
+                _exit(3);
+            altpatch_features_free(f);
+            if (altpatch_apply() < 0)
+                _exit(4);
+            _exit(0);
+        }
+        cr_assert_gt(c, 0);
+        int st;
+        cr_assert_eq(waitpid(c, &st, 0), c);
+        forks++;
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            bad++;
+            first_status = st;
+        }
+    }
+    query_stop = 1;
+    pthread_join(t, NULL);
+    cr_assert_eq(bad, 0, "fork %d: child status %#x (SIGALRM %d: it hung)", forks, first_status,
+                 SIGALRM);
+}
+
+/* A signal handler that interrupts its own thread's query, at every one of
+ * the library's instructions (trap flag), and queries too: it must come
+ * back -- with NULL and EDEADLK while the interrupted query holds the lock --
+ * and the interrupted query's answer must not change. */
+extern const char __executable_start[], etext[];
+static volatile sig_atomic_t held_seen, answered_seen, other_err, cpu_step_on;
+
+static void query_on_trap(int sig, siginfo_t *si, void *ucv)
+{
+    (void)sig;
+    (void)si;
+    ucontext_t *uc = ucv;
+    uintptr_t ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    if (!cpu_step_on) {
+        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)0x100;
+        return;
+    }
+    if (ip < (uintptr_t)__executable_start || ip >= (uintptr_t)etext)
+        return;
+    int saved = errno;
+    errno = 0;
+    struct altpatch_features *f = altpatch_features_host();
+    if (f) {
+        answered_seen++;
+        altpatch_features_free(f);
+    } else if (errno == EDEADLK) {
+        held_seen++;
+    } else {
+        other_err++;
+    }
+    errno = saved;
+}
+
+Test(cpu, query_from_handler_inside_own_query)
+{
+    bool want = altpatch_cpu_has(X86_FEATURE_AVX2);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = query_on_trap;
+    sa.sa_flags = SA_SIGINFO;
+    cr_assert_eq(sigaction(SIGTRAP, &sa, NULL), 0);
+    alarm(20); /* a handler waiting for its own thread: killed */
+    cpu_step_on = 1;
+    __asm__ volatile("pushfq\n\torq $0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
+    bool got = altpatch_cpu_has(X86_FEATURE_AVX2);
+    cpu_step_on = 0;
+    __asm__ volatile("pushfq\n\tandq $~0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
+    alarm(0);
+    cr_assert_eq(got, want);
+    cr_assert_eq(other_err, 0);
+    cr_assert_gt(held_seen, 0, "no step inside the lock");
+    cr_assert_gt(answered_seen, 0, "no step outside the lock");
+}

@@ -69,7 +69,7 @@ struct ap_tlock {
 AP_STATE static uint32_t ap_token_next;
 static __thread uint32_t ap_token_mine;
 
-static uint32_t ap_token(void)
+uint32_t ap_token(void)
 {
     uint32_t t = ap_token_mine;
     while (!t)
@@ -147,6 +147,8 @@ AP_STATE static struct ap_tlock ap_lock;
  * free again there and marks it orphaned (ap_lock_orphaned): what that thread
  * was changing is not known, so every later entry point in the child fails
  * with -EOWNERDEAD instead of waiting forever or using half-changed state.
+ * The CPUID leaves' lock (cpu.c), taken by queries outside ap_lock, is kept
+ * across the fork the same way, last (its holder waits for nothing).
  */
 static __thread bool ap_fork_took, ap_fork_gated;
 AP_STATE static bool ap_lock_orphaned;
@@ -271,11 +273,13 @@ static void ap_atfork_prepare(void)
         ap_fork_took = ap_tlock_owner(&ap_lock) != me && ap_tlock_try(&ap_lock, me);
     }
     ap_live_fork_prepare();
+    ap_leaves_fork_prepare(); /* last: its holder waits for nothing */
 }
 
 /* What the prepare handler took, given back (ap_fork_depth still counts this fork). */
 static void ap_atfork_release(void)
 {
+    ap_leaves_fork_release();
     ap_live_fork_release();
     if (ap_fork_took) {
         ap_fork_took = false;
@@ -2082,14 +2086,15 @@ static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered)
  * A call on a thread that is already inside the library: from a callback, or
  * from a signal handler that interrupted one of its calls -- also where that
  * call holds the library's lock or the gate's without marking ap_in
- * (altpatch_get_stats(), the gate's own few instructions). Taking either lock
+ * (altpatch_get_stats(), the gate's own few instructions), or the CPUID
+ * leaves' lock (altpatch_cpu_has(), altpatch_features_host()). Taking either lock
  * again would wait for this thread forever.
  */
 static bool ap_reentered(void)
 {
     uint32_t me = ap_token();
     return ap_in != AP_IN_NONE || ap_tlock_owner(&ap_lock) == me ||
-           ap_tlock_owner(&ap_gate_mx) == me;
+           ap_tlock_owner(&ap_gate_mx) == me || ap_leaves_held_here();
 }
 
 int altpatch_apply_opts(const struct altpatch_apply_opts *opts)

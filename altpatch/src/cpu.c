@@ -69,29 +69,75 @@
  * bit of a group that was read is the same whichever other groups were.
  */
 /* Held while ap_raw and the derived set are read or written: a futex word
- * (0 free, 1 held, 2 held with a waiter) rather than a pthread mutex, whose
- * lock and unlock are two more symbols for the dynamic linker to resolve on a
- * process's first apply (about 800 instructions each). */
+ * holding the owner's token (ap_token(); AP_LEAVES_WAITERS when one may
+ * sleep) rather than a pthread mutex, whose lock and unlock are two more
+ * symbols for the dynamic linker to resolve on a process's first apply
+ * (about 800 instructions each). The token lets a signal handler that
+ * interrupted its own thread inside ap_host_leaves() see that it would wait
+ * for itself, and a fork's handlers (ap_leaves_fork_prepare()) keep the lock
+ * across a fork unless the forking thread holds it already. */
+#define AP_LEAVES_WAITERS 0x80000000u
 AP_STATE static uint32_t ap_leaves_mx;
+static __thread bool ap_leaves_fork_took;
 
-static void ap_leaves_lock(void)
+static bool ap_leaves_cas(uint32_t *seen, uint32_t v)
+{
+    return __atomic_compare_exchange_n(&ap_leaves_mx, seen, v, false, __ATOMIC_ACQUIRE,
+                                       __ATOMIC_RELAXED);
+}
+
+/* Whether thread @p me holds the leaves lock. */
+static bool ap_leaves_mine(uint32_t me)
+{
+    return (__atomic_load_n(&ap_leaves_mx, __ATOMIC_RELAXED) & ~AP_LEAVES_WAITERS) == me;
+}
+
+static void ap_leaves_lock(uint32_t me)
 {
     uint32_t v = 0;
-    if (__atomic_compare_exchange_n(&ap_leaves_mx, &v, 1, false, __ATOMIC_ACQUIRE,
-                                    __ATOMIC_RELAXED))
+    if (ap_leaves_cas(&v, me))
         return;
-    if (v != 2)
-        v = __atomic_exchange_n(&ap_leaves_mx, 2, __ATOMIC_ACQUIRE);
-    while (v != 0) {
-        ap_sys(SYS_futex, (long)&ap_leaves_mx, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 2, 0, 0);
-        v = __atomic_exchange_n(&ap_leaves_mx, 2, __ATOMIC_ACQUIRE);
+    for (;;) { /* v: the word last seen */
+        if (!v) {
+            if (ap_leaves_cas(&v, me | AP_LEAVES_WAITERS)) /* others may sleep */
+                return;
+            continue;
+        }
+        if (!(v & AP_LEAVES_WAITERS)) {
+            if (!ap_leaves_cas(&v, v | AP_LEAVES_WAITERS))
+                continue;
+            v |= AP_LEAVES_WAITERS;
+        }
+        ap_sys(SYS_futex, (long)&ap_leaves_mx, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, v, 0, 0);
+        v = __atomic_load_n(&ap_leaves_mx, __ATOMIC_RELAXED);
     }
 }
 
 static void ap_leaves_unlock(void)
 {
-    if (__atomic_exchange_n(&ap_leaves_mx, 0, __ATOMIC_RELEASE) == 2)
+    if (__atomic_exchange_n(&ap_leaves_mx, 0, __ATOMIC_RELEASE) & AP_LEAVES_WAITERS)
         ap_sys(SYS_futex, (long)&ap_leaves_mx, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, 0, 0);
+}
+
+bool ap_leaves_held_here(void)
+{
+    return ap_leaves_mine(ap_token());
+}
+
+void ap_leaves_fork_prepare(void)
+{
+    uint32_t me = ap_token();
+    ap_leaves_fork_took = !ap_leaves_mine(me);
+    if (ap_leaves_fork_took)
+        ap_leaves_lock(me); /* its holder takes nothing else: never waits for this thread */
+}
+
+void ap_leaves_fork_release(void)
+{
+    if (ap_leaves_fork_took) {
+        ap_leaves_fork_took = false;
+        ap_leaves_unlock();
+    }
 }
 AP_STATE static struct altpatch_features ap_raw; /* the words of ap_raw_groups; others zero */
 AP_STATE static unsigned ap_raw_groups;
@@ -686,9 +732,15 @@ AP_STATE static struct altpatch_features ap_derived;
 AP_STATE static unsigned ap_derived_raw, ap_derived_os;
 AP_STATE static bool ap_derived_any;
 
-void ap_host_leaves(unsigned groups, struct altpatch_features *out)
+bool ap_host_leaves(unsigned groups, struct altpatch_features *out)
 {
-    ap_leaves_lock();
+    uint32_t me = ap_token();
+    if (ap_leaves_mine(me)) {
+        /* a signal handler that interrupted this thread in here */
+        memset(out, 0, sizeof(*out));
+        return false;
+    }
+    ap_leaves_lock(me);
     ap_read_leaves(groups);
     ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK | AP_LEAVES_PROBE);
     if (!ap_derived_any || ap_derived_raw != ap_raw_groups || ap_derived_os != ap_os_asked) {
@@ -704,6 +756,7 @@ void ap_host_leaves(unsigned groups, struct altpatch_features *out)
     }
     *out = ap_derived;
     ap_leaves_unlock();
+    return true;
 }
 
 /*
@@ -743,7 +796,7 @@ AP_STATE static pthread_once_t ap_host_once = PTHREAD_ONCE_INIT;
 
 static void ap_host_detect(void)
 {
-    ap_host_leaves(AP_LEAVES_ALL, &ap_host);
+    (void)ap_host_leaves(AP_LEAVES_ALL, &ap_host); /* empty only inside a query of this thread */
 }
 
 const struct altpatch_features *ap_host_features(void)
@@ -755,7 +808,10 @@ const struct altpatch_features *ap_host_features(void)
 ALTPATCH_API struct altpatch_features *altpatch_features_host(void)
 {
     struct altpatch_features f;
-    ap_host_leaves(AP_LEAVES_ALL, &f); /* derived once, unless a probe was unanswered */
+    if (!ap_host_leaves(AP_LEAVES_ALL, &f)) { /* derived once, unless a probe was unanswered */
+        errno = EDEADLK; /* from a signal handler that interrupted this thread's own query */
+        return NULL;
+    }
     return altpatch_features_dup(&f);
 }
 
@@ -787,7 +843,7 @@ void ap_effective_leaves_cleared(unsigned groups, const char *list,
     if (list && (groups & AP_LEAVES_PROBE) && ap_list_clears(list, X86_FEATURE_RDTSCP) &&
         ap_list_clears(list, X86_FEATURE_RDPID))
         groups &= ~AP_LEAVES_PROBE;
-    ap_host_leaves(groups, out);
+    (void)ap_host_leaves(groups, out); /* apply: never inside a query (ap_reentered()) */
     if (list)
         ap_clearcpuid(out, list);
 }
@@ -800,7 +856,8 @@ ALTPATCH_API bool altpatch_cpu_has(unsigned feature)
     if (list && ap_list_clears(list, feature))
         return false; /* nothing asked (RDTSCP, RDPID: no probe) */
     struct altpatch_features f;
-    ap_host_leaves(ap_feature_leaves(feature), &f);
+    if (!ap_host_leaves(ap_feature_leaves(feature), &f))
+        return false; /* a signal handler that interrupted this thread's own query: unknown */
     return ap_features_test(&f, feature); /* apply warns of the list; a query stays quiet */
 }
 

@@ -60,9 +60,19 @@ AP_HIDDEN bool ap_libc_leaf(unsigned leaf, unsigned sub, struct ap_regs *r);
 /**
  * This process's features with at least the leaves of @p groups read: every
  * bit those groups decide is what ap_host_features() holds; bits of groups
- * not read yet may be clear. Thread-safe.
+ * not read yet may be clear. Thread-safe. False (and @p out empty) on a
+ * thread that holds the leaves' lock already: a signal handler that
+ * interrupted this thread in here.
  */
-AP_HIDDEN void ap_host_leaves(unsigned groups, struct altpatch_features *out);
+AP_HIDDEN bool ap_host_leaves(unsigned groups, struct altpatch_features *out);
+/** Whether this thread holds the leaves' lock (inside ap_host_leaves()). */
+AP_HIDDEN bool ap_leaves_held_here(void);
+/** fork: the leaves' lock taken unless this thread holds it (prepare), and
+ * given back (parent and child). */
+AP_HIDDEN void ap_leaves_fork_prepare(void);
+AP_HIDDEN void ap_leaves_fork_release(void);
+/** This thread's lock token (never 0, kept by the forking thread in a child). */
+AP_HIDDEN uint32_t ap_token(void);
 /** ap_effective_features() for at least the leaves of @p groups, with
  * ALTPATCH_CLEARCPUID's value @p list (NULL: unset) read by the caller. */
 AP_HIDDEN void ap_effective_leaves_cleared(unsigned groups, const char *list,
