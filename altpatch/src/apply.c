@@ -207,13 +207,22 @@ static __thread volatile sig_atomic_t ap_gate_mine;   /* this thread's passages 
  */
 static void ap_gate_recount_apply(uint32_t me)
 {
-    sig_atomic_t owner = ap_gate_recount;
-    if (!owner)
+    for (;;) {
+        sig_atomic_t owner = __atomic_load_n(&ap_gate_recount, __ATOMIC_RELAXED);
+        if (!owner)
+            return;
+        /* cleared first, from the value the count is computed from: a fork
+         * from a signal handler between here and the store below sets it
+         * again in its child (for that child's next holder), which a plain
+         * store of 0 after the count would erase */
+        if (!__atomic_compare_exchange_n(&ap_gate_recount, &owner, 0, false, __ATOMIC_RELAXED,
+                                         __ATOMIC_RELAXED))
+            continue;
+        uint32_t n = (uint32_t)ap_gate_mine + ((uint32_t)owner == me ? 0 : ap_gate_forked_mine);
+        __atomic_store_n(&ap_gate_in, n, __ATOMIC_RELAXED);
+        ap_gate_waiting = 0;
         return;
-    uint32_t n = (uint32_t)ap_gate_mine + ((uint32_t)owner == me ? 0 : ap_gate_forked_mine);
-    __atomic_store_n(&ap_gate_in, n, __ATOMIC_RELAXED);
-    ap_gate_waiting = 0;
-    ap_gate_recount = 0;
+    }
 }
 
 /* The end of a section under ap_gate_mx of thread @p me: the child's count,
