@@ -98,13 +98,15 @@ static int started;   /* the callback started a thread */
 static int start_on = 1; /* on this warning */
 static int warnings;  /* warnings the callback saw */
 
+static int stopped; /* the writer was reported stopped */
+
 static int starter(enum altpatch_print_level level, const char *fmt, va_list ap)
 {
-    (void)fmt;
     (void)ap;
     if (level != ALTPATCH_WARN)
         return 0;
     warnings++;
+    stopped |= strstr(fmt, "writer stopped") != NULL;
     if (!started && warnings >= start_on) {
         pthread_t t;
         started = !pthread_create(&t, NULL, parked, NULL);
@@ -120,7 +122,20 @@ struct proof_result {
     int ret;        /* proof_many() after the apply */
     int prefix;     /* proof_prefix_patched() */
     int bad_above;  /* the second refused site lies above them */
+    int stopped;    /* "writer stopped" was warned */
+    int walked;     /* altpatch_site_foreach()'s sites in proof_lo..proof_hi */
+    int denied;     /* of them: REFUSED, WRITE_DENIED */
 };
+
+static int count_table(const struct altpatch_site_info *s, void *ctx)
+{
+    struct proof_result *res = ctx;
+    if (s->addr < (uintptr_t)proof_lo || s->addr >= (uintptr_t)proof_hi)
+        return 0;
+    res->walked++;
+    res->denied += s->state == ALTPATCH_SITE_REFUSED && s->reason == ALTPATCH_REASON_WRITE_DENIED;
+    return 0;
+}
 
 struct proof_ctx {
     unsigned flags;
@@ -158,6 +173,8 @@ static void proof_body(void *out, void *ctx)
     res->warnings = warnings;
     proof_count(&res->orig, &res->repl);
     res->prefix = proof_prefix_patched();
+    res->stopped = stopped;
+    (void)altpatch_site_foreach(count_table, res);
     res->ret = proof_many();
 }
 
@@ -195,6 +212,12 @@ Test(proof, callback_thread_no_live_is_refused)
     cr_assert_eq(r->orig, PROOF_N, "originals left: %d of %d (%d patched)", r->orig, PROOF_N,
                  r->repl);
     cr_assert_eq(r->ret, 1);
+    /* refused before the first part was written: the module, decided for the
+     * first time, is left undecided (as a run refused after its decisions),
+     * and no writer is reported stopped */
+    cr_assert_eq(r->denied, 0, "sites reported write-denied: %d of %d", r->denied, PROOF_N);
+    cr_assert_eq(r->walked, 0, "sites reported: %d (undecided: none)", r->walked);
+    cr_assert_not(r->stopped, "\"writer stopped\" with nothing written");
 }
 
 /* Without ALTPATCH_APPLY_NO_LIVE the thread the callback started (on its
@@ -287,6 +310,15 @@ Test(proof, callback_thread_after_parts_no_live_writes_nothing_more)
     cr_log_info("written in parts before the thread: %d of %d", r->repl, PROOF_N);
     cr_assert(r->prefix, "only a first part written");
     cr_assert_eq(r->ret, 1);
+    if (r->repl) {
+        /* parts written: the rest reported as memory holds it, the stop warned */
+        cr_assert_eq(r->denied, r->orig, "write-denied %d, originals %d", r->denied, r->orig);
+        cr_assert(r->stopped);
+    } else {
+        /* refused at the first part: nothing written, left undecided */
+        cr_assert_eq(r->denied, 0);
+        cr_assert_not(r->stopped);
+    }
     /* the two refused sites, the refusal's line saying why the rest is not
      * written and the writer's stop: no warning per site not written */
     cr_assert_lt(r->warnings, 10, "warnings: %d (%d sites not written)", r->warnings, r->orig);

@@ -520,6 +520,7 @@ struct ap_run {
     bool poked;  /* the writer ran: writes[].result holds its answers */
     bool undone; /* refused before any write: every write denied, the modules
                   * decided for the first time left undecided (ap_run_undo()) */
+    bool wrote;  /* a part or the last queue was handed to a writer */
     uint64_t refused_n, patched_n, unchanged_n;
 };
 
@@ -863,12 +864,14 @@ static __attribute__((noinline)) void ap_part_write(struct ap_run *r)
         ap_writes_deny(w, nw);
     } else if (r->live) {
         /* threads started by the callback, the flags allow the live writer */
+        r->wrote = true;
         int err = ap_live_poke(w, nw, &r->pst);
         if (err && !r->part_err)
             r->part_err = err;
     } else {
         /* the pages each part counts remembered: a last batch out of
          * address order does not count them again */
+        r->wrote = true;
         int err = ap_poke(w, nw,
                           r->pf | AP_POKE_RUNS | AP_POKE_PREFAULT |
                               (r->poked ? AP_POKE_CONTINUE : 0),
@@ -1962,10 +1965,12 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
          * (ap_part_write()), the rest: the page count continues when every
          * write came in address order */
         if (r.live) {
+            r.wrote = true;
             err = ap_live_poke(r.writes, r.nwrites, &r.pst);
         } else if (r.part_err == -ENOMEM || r.part_err == -EBUSY) {
             ap_writes_deny(r.writes, r.nwrites);
         } else {
+            r.wrote = true;
             err = ap_poke(r.writes, r.nwrites,
                           r.pf | (r.first_any ? AP_POKE_PREFAULT : 0) |
                               (!r.poked     ? 0
@@ -1978,6 +1983,12 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
     }
     if (!err)
         err = r.part_err;
+    /* refused at the first part, before any write (its proof asked again
+     * there): nothing written, as ap_run_undo() after the decisions -- each
+     * write was denied and folded in already, the modules decided for the
+     * first time are left undecided, no writer to report */
+    if (err == -EBUSY && r.poked && !r.undone && !r.wrote && collected)
+        r.undone = true;
     if (err && r.poked && !r.undone)
         ap_log(ALTPATCH_WARN, "writer stopped: %s\n", strerror(-err));
     /* recorded when the writes were made, or none was needed (the sites
