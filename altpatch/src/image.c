@@ -385,19 +385,21 @@ ALTPATCH_API int altpatch_image_get_info(const struct altpatch_image *img,
     if (!img || !info || info->sz < offsetof(struct altpatch_image_info, planned) + sizeof(bool))
         return -EINVAL;
     size_t sz = info->sz < sizeof(*info) ? info->sz : sizeof(*info);
-    struct altpatch_image_info i = {
-        .sz = info->sz,
-        .name = img->name,
-        .format_version = img->note.version,
-        .prepatched_profile = img->prepatched ? img->profile : NULL,
-        .entries = img->nentries,
-        .sites = img->nsites,
-        .table_addr = img->note.table_start,
-        .repl_addr = img->view.repl.addr,
-        .repl_size = img->view.repl.size,
-        .planned = img->planned,
-        .prepatched_planner = img->prepatched ? img->planner : 0,
-    };
+    /* every byte of the caller's sz defined, padding included: a field added
+     * later in padding reads 0 from this library */
+    struct altpatch_image_info i;
+    memset(&i, 0, sizeof(i));
+    i.sz = info->sz;
+    i.name = img->name;
+    i.format_version = img->note.version;
+    i.prepatched_profile = img->prepatched ? img->profile : NULL;
+    i.entries = img->nentries;
+    i.sites = img->nsites;
+    i.table_addr = img->note.table_start;
+    i.repl_addr = img->view.repl.addr;
+    i.repl_size = img->view.repl.size;
+    i.planned = img->planned;
+    i.prepatched_planner = img->prepatched ? img->planner : 0;
     memcpy(info, &i, sz);
     return 0;
 }

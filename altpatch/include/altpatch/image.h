@@ -79,7 +79,11 @@ struct altpatch_image_info {
      * Pre-patched files: the planner version its writer recorded (1 for this
      * library's; 0: a file written before the version was recorded); else 0.
      * The runtime takes a file's written bytes as its own plan only when the
-     * version is this library's.
+     * version is this library's. This field lies in what was the struct's
+     * tail padding (sizeof is the same with and without it), so sz cannot
+     * tell whether the library filled it: a library older than the field
+     * copies its own padding there (not defined). From this library on every
+     * byte up to sz is written, padding as 0.
      */
     unsigned prepatched_planner;
 };
