@@ -200,6 +200,8 @@ static void check_written(const char *plain, const char *pre, const char *profil
     cr_assert_eq(altpatch_image_get_info(img, &info), 0);
     cr_assert_eq(info.format_version, want);
     cr_assert_str_eq(info.prepatched_profile, profile);
+    cr_assert_eq(info.prepatched_planner, AP_PREPATCH_PLANNER, "planner version %u",
+                 info.prepatched_planner);
     struct altpatch_features *fs = altpatch_features_profile(profile);
     const struct altpatch_features *rec = altpatch_image_prepatched_features(img);
     cr_assert_not_null(rec);
@@ -1231,11 +1233,14 @@ Test(image_api, bad_arguments)
     o.reserved = 0;
     o.name = "fixture";
     cr_assert_eq(altpatch_image_open(PREPATCH_FIXTURE, &o, &img), 0);
-    struct altpatch_image_info info = {.sz = sizeof(info)};
+    struct altpatch_image_info info;
+    memset(&info, 0xa5, sizeof(info)); /* every field written by the call */
+    info.sz = sizeof(info);
     cr_assert_eq(altpatch_image_get_info(img, &info), 0);
     cr_assert_str_eq(info.name, "fixture");
     cr_assert_eq(info.format_version, FIXTURE_FORMAT);
     cr_assert_null(info.prepatched_profile);
+    cr_assert_eq(info.prepatched_planner, 0, "not pre-patched: %u", info.prepatched_planner);
     cr_assert_null(altpatch_image_prepatched_features(img));
     cr_assert_eq(errno, ENOENT);
     cr_assert(!info.planned);
@@ -1262,6 +1267,7 @@ Test(image_api, bad_arguments)
     cr_assert_eq(altpatch_image_get_info(img, &info), 0);
     cr_assert_eq(info.format_version, FIXTURE_PREPATCHED);
     cr_assert_str_eq(info.prepatched_profile, "baseline");
+    cr_assert_eq(info.prepatched_planner, AP_PREPATCH_PLANNER);
     altpatch_image_close(img);
     /* Truncated: headers out of bounds, no tables found, never a crash. */
     for (size_t cut = 0; cut < len; cut += len / 97 + 1) {
