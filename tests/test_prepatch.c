@@ -1413,6 +1413,27 @@ Test(prepatch, tool_writes_and_reports)
 /* altdump on pre-patched files                                              */
 /* ------------------------------------------------------------------------- */
 
+/* The scalar after "@p key": in altdump's JSON @p j, as text ("" when absent). */
+static const char *json_value(const char *j, const char *key)
+{
+    static char v[32];
+    char k[64];
+    snprintf(k, sizeof(k), "\"%s\":", key);
+    const char *p = strstr(j, k);
+    v[0] = 0;
+    if (!p)
+        return v;
+    p += strlen(k);
+    while (*p == ' ')
+        p++;
+    size_t n = strcspn(p, ",}\n ");
+    if (n >= sizeof(v))
+        n = sizeof(v) - 1;
+    memcpy(v, p, n);
+    v[n] = 0;
+    return v;
+}
+
 Test(prepatch, altdump_shows_and_checks)
 {
     const char *pre = prepatch(PREPATCH_FIXTURE, "amd-zen4");
@@ -1423,6 +1444,8 @@ Test(prepatch, altdump_shows_and_checks)
     snprintf(want, sizeof(want), "altpatch format %u", FIXTURE_PREPATCHED);
     cr_assert(strstr(o, want), "%s", o);
     cr_assert(strstr(o, "pre-patched for amd-zen4"), "%s", o);
+    snprintf(want, sizeof(want), "(planner version %u)", AP_PREPATCH_PLANNER);
+    cr_assert(strstr(o, want), "%s", o);
     free(o);
     free(e);
     snprintf(args, sizeof(args), "--check '%s'", pre);
@@ -1438,6 +1461,9 @@ Test(prepatch, altdump_shows_and_checks)
     snprintf(args, sizeof(args), "--json --cpu intel-spr '%s'", PREPATCH_FIXTURE);
     cr_assert_eq(run(NULL, ALTDUMP, args, &b, &e), 0, "%s", e);
     free(e);
+    snprintf(want, sizeof(want), "%u", AP_PREPATCH_PLANNER);
+    cr_assert_str_eq(json_value(a, "prepatched_planner"), want, "%s", a);
+    cr_assert_str_eq(json_value(b, "prepatched_planner"), "null", "%s", b);
     const char *sa = strstr(a, "\"sites\""), *sb = strstr(b, "\"sites\"");
     cr_assert(sa && sb);
     cr_assert_str_eq(sa, sb, "altdump plans a pre-patched copy differently from its source");
