@@ -26,6 +26,8 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <altpatch/altpatch.h>
+
 #include "ap_isolate.h"
 #include "apply.h"
 
@@ -36,7 +38,28 @@ struct gate_res {
 
 static struct gate_res *gate_r;
 static volatile sig_atomic_t step_on, step_child;
-static int gate_mode; /* 0: the child forks; 1: with a thread of its own inside the gate */
+static int gate_mode; /* 0: the child forks; 1: with a thread of its own inside the gate;
+                       * 2: the stepped call is the passage's leave, the child forks next */
+static int leave_held_seen; /* mode 2: a step found the gate's lock held by this thread */
+
+static int no_site(const struct altpatch_site_info *s, void *ctx)
+{
+    (void)s;
+    (void)ctx;
+    return 0;
+}
+
+/* Mode 2: whether a fork at this step cannot wait for the thread parked
+ * inside the gate: this thread is still in its passage (before the leave's
+ * lock, or holding it: a public call answers -EDEADLK then), not after the
+ * leave's unlock (its fork would wait for the parked thread to leave). */
+static bool leave_step_forks(void)
+{
+    bool held = altpatch_site_foreach(no_site, NULL) == -EDEADLK;
+    if (held)
+        leave_held_seen = 1;
+    return held || !leave_held_seen;
+}
 extern const char __executable_start[], etext[];
 
 /* A plain fork whose child exits at once: 0 when it returned and was reaped. */
@@ -68,6 +91,10 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
     if (ip < (uintptr_t)__executable_start || ip >= (uintptr_t)etext)
         return; /* libc: not the gate's own instructions */
     int saved = errno;
+    if (gate_mode == 2 && !leave_step_forks()) {
+        errno = saved;
+        return;
+    }
     int n = ++gate_r->steps;
     pid_t pid = fork();
     if (pid == 0) {
@@ -171,6 +198,23 @@ static void gate_body(void *out, void *ctx)
         _exit(3);
     while (read(ready_pipe[0], &c, 1) < 0)
         ;
+    if (gate_mode == 2) {
+        /* the leave stepped; in a child the next holder of the gate's lock
+         * is the fork's prepare handler */
+        ap_gate_enter();
+        fflush(NULL);
+        step_on = 1;
+        step_tf_set();
+        ap_gate_leave();
+        step_on = 0;
+        if (step_child)
+            _exit(plain_fork() ? 12 : 0);
+        if (write(park_pipe[1], &c, 1) != 1)
+            _exit(4);
+        pthread_join(p, NULL);
+        gate_r->parent_fork = plain_fork();
+        return;
+    }
     /* inside already: this thread's fork never waits for the other one */
     ap_gate_enter();
     fflush(NULL);
@@ -205,6 +249,16 @@ static void gate_run(int mode, const char *what)
 Test(gate, fork_at_every_instruction_of_a_passage, .timeout = 120)
 {
     gate_run(0, "a passage");
+}
+
+/* A fork at every instruction of a leave until its unlock (its own gate
+ * passages then end; the parked thread's are not the child's): the child's
+ * next fork passes, also where the fork came after the leave's count was
+ * settled and before its unlock (the prepare handler, first to take the
+ * lock there, sets the count). */
+Test(gate, fork_at_every_instruction_of_a_leave, .timeout = 120)
+{
+    gate_run(2, "a leave");
 }
 
 /* A thread created in the child enters the gate before the forking thread
