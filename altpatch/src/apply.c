@@ -66,17 +66,7 @@ static __thread volatile sig_atomic_t ap_in;
 struct ap_tlock {
     uint32_t w; /* 0 free; else owner token, AP_TLOCK_WAITERS when one may sleep */
 };
-AP_STATE static uint32_t ap_token_next;
-static __thread uint32_t ap_token_mine;
-
-uint32_t ap_token(void)
-{
-    uint32_t t = ap_token_mine;
-    while (!t)
-        t = __atomic_add_fetch(&ap_token_next, 1, __ATOMIC_RELAXED) & ~AP_TLOCK_WAITERS;
-    ap_token_mine = t;
-    return t;
-}
+/* ap_token(): cpu.c's (its leaves' lock has the same word, the same bit) */
 
 static void ap_futex(uint32_t *w, int op, uint32_t val)
 {

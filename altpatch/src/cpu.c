@@ -78,6 +78,20 @@
  * across a fork unless the forking thread holds it already. */
 #define AP_LEAVES_WAITERS 0x80000000u
 AP_STATE static uint32_t ap_leaves_mx;
+
+/* Tokens (also apply.c's locks'): per thread, kept by the forking thread in
+ * a child, never 0 nor with the waiters' bit. */
+AP_STATE static uint32_t ap_token_next;
+static __thread uint32_t ap_token_mine;
+
+uint32_t ap_token(void)
+{
+    uint32_t t = ap_token_mine;
+    while (!t)
+        t = __atomic_add_fetch(&ap_token_next, 1, __ATOMIC_RELAXED) & ~AP_LEAVES_WAITERS;
+    ap_token_mine = t;
+    return t;
+}
 static __thread bool ap_leaves_fork_took;
 
 static bool ap_leaves_cas(uint32_t *seen, uint32_t v)
