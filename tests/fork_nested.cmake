@@ -1,4 +1,4 @@
-# test_fork_nested: its helper program (single-threaded; tests/fork_nested_helper.c).
+# test_fork_nested: its helper program (tests/fork_nested_helper.c).
 add_executable(fork_nested_helper fork_nested_helper.c)
 target_compile_definitions(fork_nested_helper PRIVATE _GNU_SOURCE)
 target_link_libraries(fork_nested_helper PRIVATE altpatch_internal pthread)

@@ -1,13 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Helper of test_fork_nested (a program of its own: the C library takes its
- * own lock around fork handlers once a process has had a second thread, and
- * a Criterion worker has). `fork_nested_helper K`: an apply, then a fork()
- * stepped with the trap flag from a prepare handler that runs before the
- * library's; at step K the SIGTRAP handler forks. Every process that results
- * checks that the library answers and that a plain fork() returns. Exit 0:
- * all worked; 1: the fork ended before step K; other codes: what failed. A
- * hang is ended by alarm() (SIGALRM).
+ * Helper of test_fork_nested (a program of its own: each step in a fresh
+ * process, without the Criterion worker's threads). `fork_nested_helper K`:
+ * an apply, then a fork() stepped with the trap flag from a prepare handler
+ * that runs before the library's; at step K the SIGTRAP handler forks. Every
+ * process that results checks that the library answers and that a plain
+ * fork() returns. Exit 0: all worked; 1: the fork ended before step K; other
+ * codes: what failed. A hang is ended by alarm() (SIGALRM).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -16,10 +15,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
 #define TF 0x100
@@ -56,6 +58,43 @@ static int still_works(int base)
     return 0;
 }
 
+/*
+ * The library's fork handlers block every signal while they take and give
+ * back their locks (a trap there would kill the process): the system call
+ * that blocks them is seen coming and SIGTRAP is left out of its set, so
+ * that stepping goes on, and the instructions until the system call that
+ * restores the mask are stepped but not counted (no signal can arrive there
+ * in a real run).
+ */
+static volatile sig_atomic_t blocked, unblocking;
+
+static bool at_sigprocmask(const ucontext_t *uc)
+{
+    const uint8_t *ip = (const uint8_t *)uc->uc_mcontext.gregs[REG_RIP];
+    return ip[0] == 0x0f && ip[1] == 0x05 && uc->uc_mcontext.gregs[REG_RAX] == SYS_rt_sigprocmask;
+}
+
+/* Whether a signal can arrive at this instruction boundary; the state for
+ * the next one updated. */
+static bool deliverable(ucontext_t *uc)
+{
+    if (unblocking) {
+        unblocking = 0;
+        blocked = 0;
+    }
+    bool now = !blocked;
+    if (at_sigprocmask(uc)) {
+        uint64_t *set = (uint64_t *)uc->uc_mcontext.gregs[REG_RSI];
+        if (blocked) {
+            unblocking = 1;
+        } else if (uc->uc_mcontext.gregs[REG_RDI] == SIG_SETMASK && set && *set == ~0ull) {
+            *set &= ~(1ull << (SIGTRAP - 1));
+            blocked = 1;
+        }
+    }
+    return now;
+}
+
 static void on_trap(int sig, siginfo_t *si, void *ucv)
 {
     (void)sig;
@@ -65,7 +104,7 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
         uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)TF;
         return;
     }
-    if (++steps < target)
+    if (!deliverable(uc) || ++steps < target)
         return;
     uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)TF;
     stepping = 0;
@@ -142,9 +181,123 @@ static int one_step(int k)
     return 0;
 }
 
+/*
+ * `fork_nested_helper mt`: the same with a second thread, which holds the
+ * library's lock in a site-walk callback while the main thread forks; once
+ * that fork is in the fork handlers (a prepare handler that runs before the
+ * library's says so), the second thread sends the main thread SIGUSR1,
+ * whose handler forks. The C library runs the handlers again for that fork
+ * (it gives its own fork lock back while they run). Every process that
+ * results must go on working.
+ */
+static pthread_t main_thread;
+static volatile sig_atomic_t mt_in_fork, mt_walks;
+static volatile pid_t mt_top;
+
+static void sleep_ms(int n)
+{
+    struct timespec t = {n / 1000, (long)(n % 1000) * 1000000L};
+    while (nanosleep(&t, &t) && errno == EINTR)
+        ;
+}
+
+static int mt_slow_walk(const struct altpatch_site_info *site, void *ctx)
+{
+    (void)site;
+    (void)ctx;
+    if (mt_walks++)
+        return 0;
+    for (int i = 0; i < 2000 && !mt_in_fork; i++)
+        sleep_ms(1);
+    sleep_ms(200); /* the main thread's fork waits for the lock this thread holds */
+    pthread_kill(main_thread, SIGUSR1);
+    sleep_ms(800);
+    return 0;
+}
+
+static void *mt_thread(void *arg)
+{
+    (void)arg;
+    return (void *)(intptr_t)altpatch_site_foreach(mt_slow_walk, NULL);
+}
+
+static void mt_on_usr1(int sig)
+{
+    (void)sig;
+    pid_t g = fork();
+    if (g == 0) {
+        alarm(5); /* goes on with the interrupted fork, then its checks */
+        return;
+    }
+    int s = -1;
+    if (g > 0 && waitpid(g, &s, 0) != g)
+        s = -1;
+    nested_status = s;
+    nested = 1;
+}
+
+static void mt_prepare_first(void)
+{
+    if (getpid() == mt_top && pthread_equal(pthread_self(), main_thread))
+        mt_in_fork = 1;
+}
+
+static int site_value(void)
+{
+    int v;
+    __asm__ __volatile__(ALTERNATIVE("movl $1, %0", "movl $2, %0", X86_FEATURE_ALWAYS)
+                         : "=r"(v));
+    return v;
+}
+
+static int multi_threaded(void)
+{
+    alarm(20);
+    mt_top = getpid();
+    main_thread = pthread_self();
+    if (altpatch_apply() != 0 || site_value() != 2)
+        return 10;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = mt_on_usr1;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGUSR1, &sa, NULL) || pthread_atfork(mt_prepare_first, NULL, NULL))
+        return 11;
+    pthread_t t;
+    if (pthread_create(&t, NULL, mt_thread, NULL))
+        return 12;
+    while (!mt_walks)
+        sleep_ms(1);
+    pid_t c = fork();
+    if (c < 0)
+        return 13;
+    if (c == 0) {
+        alarm(10);
+        _exit(still_works(20));
+    }
+    int s = 0;
+    if (waitpid(c, &s, 0) != c || !WIFEXITED(s) || WEXITSTATUS(s) != 0)
+        return 31;
+    int r = still_works(40);
+    if (r)
+        return r;
+    if (getpid() != mt_top)
+        return 0; /* the nested fork's child: worked */
+    void *walked = NULL;
+    if (pthread_join(t, &walked) || walked != NULL)
+        return 14;
+    if (!nested)
+        return 15;
+    if (nested_status == -1 || !WIFEXITED(nested_status) || WEXITSTATUS(nested_status) != 0)
+        return 50 + (WIFEXITED(nested_status) ? WEXITSTATUS(nested_status) % 50 : 49);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
         return 2;
+    if (!strcmp(argv[1], "mt"))
+        return multi_threaded();
     return one_step(atoi(argv[1]));
 }

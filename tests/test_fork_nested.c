@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * A fork() from a signal handler that interrupted another fork() of the same
- * thread between the library's fork handlers, in a single-threaded program
- * (the C library takes no lock of its own around the handlers there). The
+ * thread between the library's fork handlers. The C library runs the fork
+ * handlers again for the inner fork, with or without other threads. The
  * helper (fork_nested_helper.c) steps the outer fork with the trap flag and
  * forks at step K; every K from 1 until the outer fork ends is run in a
  * fresh helper process, and every process that results must go on working.
@@ -38,4 +38,25 @@ Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
         cr_assert_eq(WEXITSTATUS(s), 0, "step %d: code %d", k, WEXITSTATUS(s));
     }
     cr_assert_gt(k, 50, "the fork was stepped through %d instructions only", k);
+}
+
+/*
+ * With a second thread: the main thread's fork waits in the library's
+ * prepare handler for the lock the other thread holds when a signal handler
+ * on the main thread forks; the C library runs the fork handlers for that
+ * inner fork too. Its child must not wait for the thread it lacks.
+ */
+Test(fork_nested, fork_from_a_handler_while_the_fork_waits, .timeout = 60)
+{
+    pid_t p = fork();
+    cr_assert_neq(p, -1);
+    if (p == 0) {
+        execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, "mt", (char *)NULL);
+        _exit(127);
+    }
+    int s = 0;
+    cr_assert_eq(waitpid(p, &s, 0), p);
+    cr_assert(WIFEXITED(s), "killed by signal %d (hung or crashed)",
+              WIFSIGNALED(s) ? WTERMSIG(s) : 0);
+    cr_assert_eq(WEXITSTATUS(s), 0, "code %d", WEXITSTATUS(s));
 }

@@ -144,18 +144,20 @@ static __thread bool ap_fork_took, ap_fork_gated;
 AP_STATE static bool ap_lock_orphaned;
 
 /*
- * A fork() from a signal handler that interrupted this thread's own fork()
- * between the prepare handler and the parent or child handler: the outer
- * fork holds (or is taking, or giving back) ap_lock, the gate's lock and the
- * live round's fork lock, which the inner one would wait for forever, and
- * its handlers would release what the outer took. The C library reaches
- * these handlers from such a handler only in a process that never had a
- * second thread (otherwise it waits for its own fork lock first), so no
- * other thread holds anything: the inner fork's handlers do nothing, and in
- * its child the interrupted outer fork goes on and releases what it took
- * (ap_fork_depth: this thread's forks under way, the outer one counted from
- * the first instruction of its prepare handler to the last of its parent or
- * child handler).
+ * A fork() from a signal handler on the thread that is in its own fork():
+ * the C library runs the fork handlers again for it, with or without a
+ * second thread in the process (glibc gives its own fork lock back while the
+ * handlers run). The handlers take and give back their locks with every
+ * signal blocked, so such an inner fork comes either before the outer
+ * prepare handler starts (a fork like any other) or while the outer fork
+ * holds everything it took: between the end of the prepare handler and the
+ * start of the parent or child handler. There the inner fork's handlers take
+ * and release nothing (they would wait for this very thread, or release what
+ * the outer fork took); in its child, where the outer fork goes on and gives
+ * back what it took, the child handler repairs only what other threads held
+ * (ap_atfork_child_repair()). ap_fork_depth: this thread's forks under way,
+ * the outer one counted from inside the blocked part of its prepare handler
+ * to inside the blocked part of its parent or child handler.
  */
 static __thread volatile sig_atomic_t ap_fork_depth;
 
@@ -250,8 +252,14 @@ void ap_gate_leave(void)
 
 static void ap_atfork_prepare(void)
 {
-    if (ap_fork_depth++)
-        return; /* inside this thread's own fork (above) */
+    if (ap_fork_depth) {
+        /* inside this thread's own fork, which holds everything (above) */
+        ap_fork_depth = ap_fork_depth + 1;
+        return;
+    }
+    uint64_t mask;
+    ap_signals_block(&mask);
+    ap_fork_depth = 1;
     uint32_t me = ap_token();
     if (ap_in == AP_IN_NONE && !ap_gate_mine && ap_tlock_owner(&ap_gate_mx) != me &&
         ap_tlock_owner(&ap_lock) != me) {
@@ -273,9 +281,10 @@ static void ap_atfork_prepare(void)
     }
     ap_live_fork_prepare();
     ap_leaves_fork_prepare(); /* last: its holder waits for nothing */
+    ap_signals_restore(&mask);
 }
 
-/* What the prepare handler took, given back (ap_fork_depth still counts this fork). */
+/* What the prepare handler took, given back. */
 static void ap_atfork_release(void)
 {
     ap_leaves_fork_release();
@@ -296,29 +305,24 @@ static void ap_atfork_parent(void)
         ap_fork_depth = ap_fork_depth - 1; /* an inner fork's: nothing taken */
         return;
     }
+    uint64_t mask;
+    ap_signals_block(&mask);
     ap_atfork_release();
     ap_fork_depth = 0;
+    ap_signals_restore(&mask);
 }
 
-static void ap_atfork_child(void)
+/*
+ * In a child, what threads other than this one held (they are not in this
+ * process): ap_lock made free and marked orphaned, the gate's count reduced
+ * to this thread's passages. What this thread holds is its own to give back:
+ * @p gated, whether the prepare handler of its outer fork holds the gate's
+ * lock (it then set the count, zero: no passage under way).
+ */
+static void ap_atfork_child_repair(uint32_t me, bool gated)
 {
-    if (ap_fork_depth > 1) {
-        /* the outer fork, interrupted in this thread, goes on here; the kept
-         * maps descriptor is the parent's: forgotten, not closed (a call of
-         * this thread that the outer fork interrupted may be reading it) */
-        ap_maps_after_fork(false);
-        ap_fork_depth = ap_fork_depth - 1;
-        return;
-    }
-    bool gated = ap_fork_gated, took = ap_fork_took;
-    /* holding the lock, the prepare handler knew that no batch used the kept
-     * maps descriptor: its number is the library's; else it is forgotten */
-    ap_maps_after_fork(took);
-    ap_atfork_release();
-    uint32_t me = ap_token();
     uint32_t owner = ap_tlock_owner(&ap_lock);
     if (owner && owner != me) {
-        /* held by another thread: not in this process */
         __atomic_store_n(&ap_lock.w, 0, __ATOMIC_RELAXED);
         ap_lock_orphaned = true;
     }
@@ -338,7 +342,32 @@ static void ap_atfork_child(void)
         /* the prepare handler set any count an earlier fork left to set */
         ap_gate_recount = 0;
     }
+}
+
+static void ap_atfork_child(void)
+{
+    uint32_t me = ap_token();
+    if (ap_fork_depth > 1) {
+        /* the outer fork, interrupted in this thread while it held what it
+         * took, goes on here and gives that back (in its parent or child
+         * handler); the other threads' part is repaired now. The kept maps
+         * descriptor is the parent's: forgotten, not closed (a call of this
+         * thread that the outer fork interrupted may be reading it) */
+        ap_maps_after_fork(false);
+        ap_atfork_child_repair(me, ap_fork_gated);
+        ap_fork_depth = ap_fork_depth - 1;
+        return;
+    }
+    uint64_t mask;
+    ap_signals_block(&mask);
+    bool gated = ap_fork_gated, took = ap_fork_took;
+    /* holding the lock, the prepare handler knew that no batch used the kept
+     * maps descriptor: its number is the library's; else it is forgotten */
+    ap_maps_after_fork(took);
+    ap_atfork_release();
+    ap_atfork_child_repair(me, gated);
     ap_fork_depth = 0;
+    ap_signals_restore(&mask);
 }
 
 __attribute__((constructor)) static void ap_atfork_register(void)

@@ -441,10 +441,11 @@ static void ap_sync_all(struct ap_poke_stats *st)
  *   process for a blocked synchronous signal) and that thread forks from none;
  * - a fork on another thread waits for the round, which needs nothing of that
  *   thread, and its child's copy of the forking thread unlocks what it took;
- * - a fork from a handler that interrupted this thread's own fork between the
- *   prepare handler and the parent or child handler never reaches
- *   ap_live_fork_prepare() again: apply.c's handlers count the forks under way
- *   on the thread (ap_fork_depth) and an inner one takes nothing.
+ * - a fork from a handler on a thread that is in its own fork comes, by apply.c's
+ *   fork handlers (which take and release their locks with every signal
+ *   blocked), either before this lock is taken or while it is held until the
+ *   parent or child handler: the handlers count the forks under way on the
+ *   thread (ap_fork_depth) and the inner one takes and releases nothing.
  */
 static pthread_mutex_t ap_fork_lock = PTHREAD_MUTEX_INITIALIZER;
 
