@@ -59,8 +59,8 @@ static int still_works(int base)
 }
 
 /*
- * The library's fork handlers block every signal while they take and give
- * back their locks (a trap there would kill the process): the system call
+ * The library's fork handlers block every signal (glibc's internal ones
+ * aside) while they take and give back their locks (a trap there would kill the process): the system call
  * that blocks them is seen coming and SIGTRAP is left out of its set, so
  * that stepping goes on, and the instructions until the system call that
  * restores the mask are stepped but not counted (no signal can arrive there
@@ -87,7 +87,8 @@ static bool deliverable(ucontext_t *uc)
         uint64_t *set = (uint64_t *)uc->uc_mcontext.gregs[REG_RSI];
         if (blocked) {
             unblocking = 1;
-        } else if (uc->uc_mcontext.gregs[REG_RDI] == SIG_SETMASK && set && *set == ~0ull) {
+        } else if (uc->uc_mcontext.gregs[REG_RDI] == SIG_SETMASK && set &&
+                   (*set & 0x7fffffffull) == 0x7fffffffull) {
             *set &= ~(1ull << (SIGTRAP - 1));
             blocked = 1;
         }
@@ -188,10 +189,13 @@ static int one_step(int k)
  * library's says so), the second thread sends the main thread SIGUSR1,
  * whose handler forks. The C library runs the handlers again for that fork
  * (it gives its own fork lock back while they run). Every process that
- * results must go on working.
+ * results must go on working. `fork_nested_helper setxid`: the same, but
+ * the second thread calls setresuid() instead (the C library has every
+ * thread run a signal handler of its own and waits for them all), then
+ * returns: the fork, waiting for it, must not keep that signal out.
  */
 static pthread_t main_thread;
-static volatile sig_atomic_t mt_in_fork, mt_walks;
+static volatile sig_atomic_t mt_in_fork, mt_walks, mt_setxid;
 static volatile pid_t mt_top;
 
 static void sleep_ms(int n)
@@ -210,6 +214,13 @@ static int mt_slow_walk(const struct altpatch_site_info *site, void *ctx)
     for (int i = 0; i < 2000 && !mt_in_fork; i++)
         sleep_ms(1);
     sleep_ms(200); /* the main thread's fork waits for the lock this thread holds */
+    if (mt_setxid) {
+        /* glibc signals every thread and waits for each to answer */
+        uid_t r, e, su;
+        if (getresuid(&r, &e, &su) || setresuid(r, e, su))
+            mt_setxid = 2;
+        return 0;
+    }
     pthread_kill(main_thread, SIGUSR1);
     sleep_ms(800);
     return 0;
@@ -286,6 +297,8 @@ static int multi_threaded(void)
     void *walked = NULL;
     if (pthread_join(t, &walked) || walked != NULL)
         return 14;
+    if (mt_setxid)
+        return mt_setxid == 1 ? 0 : 16;
     if (!nested)
         return 15;
     if (nested_status == -1 || !WIFEXITED(nested_status) || WEXITSTATUS(nested_status) != 0)
@@ -299,5 +312,9 @@ int main(int argc, char **argv)
         return 2;
     if (!strcmp(argv[1], "mt"))
         return multi_threaded();
+    if (!strcmp(argv[1], "setxid")) {
+        mt_setxid = 1;
+        return multi_threaded();
+    }
     return one_step(atoi(argv[1]));
 }

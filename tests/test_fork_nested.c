@@ -67,3 +67,23 @@ Test(fork_nested, fork_from_a_handler_while_the_fork_waits, .timeout = 60)
               WIFSIGNALED(s) ? WTERMSIG(s) : 0);
     cr_assert_eq(WEXITSTATUS(s), 0, "code %d", WEXITSTATUS(s));
 }
+
+/*
+ * The other thread calls setresuid() while the main thread's fork waits for
+ * it: the C library has every thread run a handler of its own for that and
+ * waits for them all, the fork handler's blocked signals included.
+ */
+Test(fork_nested, setuid_on_the_thread_the_fork_waits_for, .timeout = 60)
+{
+    pid_t p = fork();
+    cr_assert_neq(p, -1);
+    if (p == 0) {
+        execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, "setxid", (char *)NULL);
+        _exit(127);
+    }
+    int s = 0;
+    cr_assert_eq(waitpid(p, &s, 0), p);
+    cr_assert(WIFEXITED(s), "killed by signal %d (hung or crashed)",
+              WIFSIGNALED(s) ? WTERMSIG(s) : 0);
+    cr_assert_eq(WEXITSTATUS(s), 0, "code %d", WEXITSTATUS(s));
+}

@@ -250,6 +250,21 @@ void ap_gate_leave(void)
     ap_tlock_unlock(&ap_gate_mx);
 }
 
+/*
+ * The fork handlers' mask: every signal but glibc's internal SIGSETXID
+ * (__SIGRTMIN + 1). A thread in setuid() and its kin waits until every other
+ * thread has run that signal's handler, and the prepare handler may be
+ * waiting for that very thread (in the gate or holding ap_lock); the handler
+ * forks nothing.
+ */
+#define AP_SIGSETXID 33
+
+static void ap_fork_signals_block(uint64_t *saved)
+{
+    uint64_t set = ~(1ull << (AP_SIGSETXID - 1));
+    ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&set, (long)saved, sizeof(set), 0);
+}
+
 static void ap_atfork_prepare(void)
 {
     if (ap_fork_depth) {
@@ -258,7 +273,7 @@ static void ap_atfork_prepare(void)
         return;
     }
     uint64_t mask;
-    ap_signals_block(&mask);
+    ap_fork_signals_block(&mask);
     ap_fork_depth = 1;
     uint32_t me = ap_token();
     if (ap_in == AP_IN_NONE && !ap_gate_mine && ap_tlock_owner(&ap_gate_mx) != me &&
@@ -306,7 +321,7 @@ static void ap_atfork_parent(void)
         return;
     }
     uint64_t mask;
-    ap_signals_block(&mask);
+    ap_fork_signals_block(&mask);
     ap_atfork_release();
     ap_fork_depth = 0;
     ap_signals_restore(&mask);
@@ -359,7 +374,7 @@ static void ap_atfork_child(void)
         return;
     }
     uint64_t mask;
-    ap_signals_block(&mask);
+    ap_fork_signals_block(&mask);
     bool gated = ap_fork_gated, took = ap_fork_took;
     /* holding the lock, the prepare handler knew that no batch used the kept
      * maps descriptor: its number is the library's; else it is forgotten */
