@@ -8,6 +8,7 @@
  * fork() returns. Exit 0: all worked; 1: the fork ended before step K; other
  * codes: what failed. A hang is ended by alarm() (SIGALRM).
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -195,7 +196,7 @@ static int one_step(int k)
  * returns: the fork, waiting for it, must not keep that signal out.
  */
 static pthread_t main_thread;
-static volatile sig_atomic_t mt_in_fork, mt_walks, mt_setxid;
+static volatile sig_atomic_t mt_in_fork, mt_walks, mt_setxid, mt_orphan;
 static volatile pid_t mt_top;
 
 static void sleep_ms(int n)
@@ -211,6 +212,10 @@ static int mt_slow_walk(const struct altpatch_site_info *site, void *ctx)
     (void)ctx;
     if (mt_walks++)
         return 0;
+    if (mt_orphan) {
+        sleep_ms(1000); /* the main thread forks meanwhile */
+        return 0;
+    }
     for (int i = 0; i < 2000 && !mt_in_fork; i++)
         sleep_ms(1);
     sleep_ms(200); /* the main thread's fork waits for the lock this thread holds */
@@ -306,12 +311,139 @@ static int multi_threaded(void)
     return 0;
 }
 
+/*
+ * `fork_nested_helper orphan`: the repair an inner fork's child needs. A
+ * second thread holds the library's lock in a site-walk callback; the main
+ * thread, inside altpatch_dlopen() (in the gate), forks from a SIGUSR1
+ * handler that the loaded library's constructor raises: the prepare handler
+ * cannot take the lock, which stays the other thread's. A prepare handler
+ * that runs after the library's raises SIGUSR2, whose handler forks again:
+ * in that inner child the other thread does not exist, so its lock must be
+ * given up (every later call: -EOWNERDEAD) instead of waited for.
+ */
+static volatile sig_atomic_t orphan_arm;
+static volatile pid_t orphan_outer = -1;
+static volatile int orphan_outer_status = -1;
+
+static void orphan_inner(int sig)
+{
+    (void)sig;
+    pid_t g = fork();
+    if (g == 0) {
+        alarm(5); /* goes on with the outer fork, altpatch_dlopen(), then its checks */
+        return;
+    }
+    int s = -1;
+    if (g > 0 && waitpid(g, &s, 0) != g)
+        s = -1;
+    nested_status = s;
+    nested = 1;
+}
+
+static void orphan_after_library(void)
+{
+    if (orphan_arm && getpid() == mt_top) {
+        orphan_arm = 0;
+        raise(SIGUSR2);
+    }
+}
+
+/* Registered before the library's handlers: its prepare handler runs after theirs. */
+__attribute__((constructor(101))) static void orphan_register(void)
+{
+    pthread_atfork(orphan_after_library, NULL, NULL);
+}
+
+/* A child's checks: the library answers at once (0 or -EOWNERDEAD), a plain fork() returns. */
+static int answers(int base)
+{
+    struct altpatch_stats st = {.sz = sizeof(st)};
+    int r = altpatch_get_stats(&st);
+    if (r != 0 && r != -EOWNERDEAD)
+        return base + 1;
+    pid_t c = fork();
+    if (c < 0)
+        return base + 2;
+    if (c == 0)
+        _exit(0);
+    int s = 0;
+    if (waitpid(c, &s, 0) != c || !WIFEXITED(s) || WEXITSTATUS(s) != 0)
+        return base + 3;
+    return 0;
+}
+
+static void orphan_outer_fork(int sig)
+{
+    (void)sig;
+    orphan_arm = 1;
+    pid_t c = fork();
+    if (c == 0) {
+        alarm(5);
+        _exit(answers(20));
+    }
+    int s = -1;
+    if (c > 0 && waitpid(c, &s, 0) != c)
+        s = -1;
+    if (getpid() == mt_top) {
+        orphan_outer = c;
+        orphan_outer_status = s;
+    }
+}
+
+static int orphaned_lock(void)
+{
+    alarm(20);
+    mt_top = getpid();
+    main_thread = pthread_self();
+    if (altpatch_apply() != 0 || site_value() != 2)
+        return 10;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = orphan_outer_fork;
+    if (sigaction(SIGUSR1, &sa, NULL))
+        return 11;
+    sa.sa_handler = orphan_inner;
+    if (sigaction(SIGUSR2, &sa, NULL))
+        return 11;
+    pthread_t t;
+    if (pthread_create(&t, NULL, mt_thread, NULL))
+        return 12;
+    while (!mt_walks)
+        sleep_ms(1);
+    void *h = altpatch_dlopen(FORKCTOR_LIB, RTLD_NOW);
+    if (getpid() != mt_top) {
+        /* the inner fork's child: the other thread's lock given up */
+        struct altpatch_stats st = {.sz = sizeof(st)};
+        if (altpatch_get_stats(&st) != -EOWNERDEAD)
+            _exit(60);
+        _exit(answers(40));
+    }
+    if (!h)
+        return 13;
+    void *walked = NULL;
+    if (pthread_join(t, &walked) || walked != NULL)
+        return 14;
+    if (orphan_outer <= 0 || orphan_outer_status == -1 || !WIFEXITED(orphan_outer_status) ||
+        WEXITSTATUS(orphan_outer_status) != 0)
+        return 31;
+    if (!nested)
+        return 15;
+    if (nested_status == -1 || !WIFEXITED(nested_status) || WEXITSTATUS(nested_status) != 0)
+        return 50 + (WIFEXITED(nested_status) ? WEXITSTATUS(nested_status) % 50 : 49);
+    return still_works(70);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
         return 2;
     if (!strcmp(argv[1], "mt"))
         return multi_threaded();
+    if (!strcmp(argv[1], "orphan")) {
+        mt_orphan = 1;
+        return orphaned_lock();
+    }
     if (!strcmp(argv[1], "setxid")) {
         mt_setxid = 1;
         return multi_threaded();

@@ -47,6 +47,22 @@ Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
     cr_log_info("the fork ended after %d steps", k - 1);
 }
 
+/* The helper in @p mode: it exits 0 (a hang: its alarm kills it). */
+static void helper_mode(const char *mode)
+{
+    pid_t p = fork();
+    cr_assert_neq(p, -1);
+    if (p == 0) {
+        execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, mode, (char *)NULL);
+        _exit(127);
+    }
+    int s = 0;
+    cr_assert_eq(waitpid(p, &s, 0), p);
+    cr_assert(WIFEXITED(s), "%s: killed by signal %d (hung or crashed)", mode,
+              WIFSIGNALED(s) ? WTERMSIG(s) : 0);
+    cr_assert_eq(WEXITSTATUS(s), 0, "%s: code %d", mode, WEXITSTATUS(s));
+}
+
 /*
  * With a second thread: the main thread's fork waits in the library's
  * prepare handler for the lock the other thread holds when a signal handler
@@ -55,17 +71,7 @@ Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
  */
 Test(fork_nested, fork_from_a_handler_while_the_fork_waits, .timeout = 60)
 {
-    pid_t p = fork();
-    cr_assert_neq(p, -1);
-    if (p == 0) {
-        execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, "mt", (char *)NULL);
-        _exit(127);
-    }
-    int s = 0;
-    cr_assert_eq(waitpid(p, &s, 0), p);
-    cr_assert(WIFEXITED(s), "killed by signal %d (hung or crashed)",
-              WIFSIGNALED(s) ? WTERMSIG(s) : 0);
-    cr_assert_eq(WEXITSTATUS(s), 0, "code %d", WEXITSTATUS(s));
+    helper_mode("mt");
 }
 
 /*
@@ -75,15 +81,15 @@ Test(fork_nested, fork_from_a_handler_while_the_fork_waits, .timeout = 60)
  */
 Test(fork_nested, setuid_on_the_thread_the_fork_waits_for, .timeout = 60)
 {
-    pid_t p = fork();
-    cr_assert_neq(p, -1);
-    if (p == 0) {
-        execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, "setxid", (char *)NULL);
-        _exit(127);
-    }
-    int s = 0;
-    cr_assert_eq(waitpid(p, &s, 0), p);
-    cr_assert(WIFEXITED(s), "killed by signal %d (hung or crashed)",
-              WIFSIGNALED(s) ? WTERMSIG(s) : 0);
-    cr_assert_eq(WEXITSTATUS(s), 0, "code %d", WEXITSTATUS(s));
+    helper_mode("setxid");
+}
+
+/*
+ * A fork inside altpatch_dlopen() while another thread holds the library's
+ * lock, and a fork from a signal handler inside that fork: the inner child
+ * gives up the other thread's lock (-EOWNERDEAD) instead of waiting for it.
+ */
+Test(fork_nested, inner_child_gives_up_another_threads_lock, .timeout = 60)
+{
+    helper_mode("orphan");
 }
