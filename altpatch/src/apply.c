@@ -251,17 +251,18 @@ void ap_gate_leave(void)
 }
 
 /*
- * The fork handlers' mask: every signal but glibc's internal SIGSETXID
- * (__SIGRTMIN + 1). A thread in setuid() and its kin waits until every other
- * thread has run that signal's handler, and the prepare handler may be
- * waiting for that very thread (in the gate or holding ap_lock); the handler
- * forks nothing.
+ * The fork handlers' mask: every signal but the C library's own, those
+ * below SIGRTMIN (glibc: SIGCANCEL and SIGSETXID; musl: its timer, cancel
+ * and synccall signals). A thread in setuid() and its kin waits until every
+ * other thread has run the setxid signal's handler, and the prepare handler
+ * may be waiting for that very thread (in the gate or holding ap_lock); the
+ * C library's handlers fork nothing.
  */
-#define AP_SIGSETXID 33
-
 static void ap_fork_signals_block(uint64_t *saved)
 {
-    uint64_t set = ~(1ull << (AP_SIGSETXID - 1));
+    uint64_t set = ~0ull;
+    for (int s = 32; s < SIGRTMIN && s <= 64; s++)
+        set &= ~(1ull << (s - 1));
     ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&set, (long)saved, sizeof(set), 0);
 }
 
