@@ -73,8 +73,9 @@ static int answers(int base)
 }
 
 /*
- * The library's fork handlers block every signal (glibc's internal ones
- * aside) while they take and give back their locks (a trap there would kill the process): the system call
+ * The library's fork handlers block every signal (the C library's own
+ * aside) while they take and give back their locks (a trap there would kill
+ * the process): the system call
  * that blocks them is seen coming and SIGTRAP is left out of its set, so
  * that stepping goes on, and the instructions until the system call that
  * restores the mask are stepped but not counted (no signal can arrive there
