@@ -2138,6 +2138,28 @@ static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered)
 }
 
 /*
+ * The entry points that hold ap_lock or a gate passage are not cancellation
+ * points: a thread cancelled at one of the C library's cancellation points
+ * inside them (a log line's write, the maps file's read, a constructor run by
+ * dlopen()) would leave the lock held for good, and every later call and
+ * every fork() would wait for it. Cancellation is disabled for the call and
+ * the thread's state given back at its end; a request made meanwhile acts at
+ * the thread's next cancellation point after the call.
+ */
+static int ap_cancel_off(void)
+{
+    int old = PTHREAD_CANCEL_ENABLE;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+    return old;
+}
+
+static void ap_cancel_restore(int old)
+{
+    if (old != PTHREAD_CANCEL_DISABLE)
+        pthread_setcancelstate(old, NULL);
+}
+
+/*
  * A call on a thread that is already inside the library: from a callback, or
  * from a signal handler that interrupted one of its calls -- also where that
  * call holds the library's lock or the gate's without marking ap_in
@@ -2161,6 +2183,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     if (ap_reentered())
         return -EDEADLK; /* from a callback, or a signal handler that interrupted a call */
     ap_in = AP_IN_ENTRY;
+    int cancel = ap_cancel_off();
     struct ap_pins pins;
     ap_pins_empty(&pins);
     struct ap_env env; /* ALTPATCH_OFF, _DEBUG, _CLEARCPUID: one pass */
@@ -2198,6 +2221,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     ap_tlock_unlock(&ap_lock);
     ap_pins_release(&pins);
     ap_in = AP_IN_NONE;
+    ap_cancel_restore(cancel);
     return err;
 }
 
@@ -2214,9 +2238,11 @@ void *altpatch_dlopen(const char *path, int flags)
         errno = EDEADLK;
         return NULL;
     }
+    int cancel = ap_cancel_off();
     ap_gate_enter(); /* a fork waits: no child with the loader's locks held */
     void *h = dlopen(path, flags);
     ap_gate_leave();
+    ap_cancel_restore(cancel);
     if (!h)
         return NULL;
     int err = altpatch_apply();
@@ -2289,6 +2315,7 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     if (ap_reentered())
         return -EDEADLK;
     ap_in = AP_IN_ENTRY;
+    int cancel = ap_cancel_off();
     struct ap_pins pins;
     ap_pins_take(&pins); /* before ap_lock: see ap_pins */
     ap_tlock_lock(&ap_lock, ap_token());
@@ -2315,5 +2342,6 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     ap_tlock_unlock(&ap_lock);
     ap_pins_release(&pins);
     ap_in = AP_IN_NONE;
+    ap_cancel_restore(cancel);
     return ret;
 }
