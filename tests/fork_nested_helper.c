@@ -251,12 +251,15 @@ static void *mt_thread(void *arg)
     return (void *)(intptr_t)altpatch_site_foreach(mt_slow_walk, NULL);
 }
 
-static void mt_on_usr1(int sig)
+/* The inner fork, from a signal handler that interrupted the outer one: the
+ * inner child goes on with the interrupted fork (and whatever follows it),
+ * then its checks; the parent records how the inner child ended. */
+static void fork_from_handler(int sig)
 {
     (void)sig;
     pid_t g = fork();
     if (g == 0) {
-        alarm(5); /* goes on with the interrupted fork, then its checks */
+        alarm(5);
         return;
     }
     int s = -1;
@@ -289,7 +292,7 @@ static int multi_threaded(void)
         return 10;
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = mt_on_usr1;
+    sa.sa_handler = fork_from_handler;
     sigemptyset(&sa.sa_mask);
     if (sigaction(SIGUSR1, &sa, NULL) || pthread_atfork(mt_prepare_first, NULL, NULL))
         return 11;
@@ -339,21 +342,6 @@ static volatile sig_atomic_t orphan_arm;
 static volatile pid_t orphan_outer = -1;
 static volatile int orphan_outer_status = -1;
 
-static void orphan_inner(int sig)
-{
-    (void)sig;
-    pid_t g = fork();
-    if (g == 0) {
-        alarm(5); /* goes on with the outer fork, altpatch_dlopen(), then its checks */
-        return;
-    }
-    int s = -1;
-    if (g > 0 && waitpid(g, &s, 0) != g)
-        s = -1;
-    nested_status = s;
-    nested = 1;
-}
-
 static void orphan_after_library(void)
 {
     if (orphan_arm && getpid() == mt_top) {
@@ -400,7 +388,7 @@ static int orphaned_lock(void)
     sa.sa_handler = orphan_outer_fork;
     if (sigaction(SIGUSR1, &sa, NULL))
         return 11;
-    sa.sa_handler = orphan_inner;
+    sa.sa_handler = fork_from_handler;
     if (sigaction(SIGUSR2, &sa, NULL))
         return 11;
     pthread_t t;
