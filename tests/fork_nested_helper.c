@@ -24,22 +24,12 @@
 
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
+#include "ap_step.h"
 
-#define TF 0x100
 
 static volatile sig_atomic_t armed, stepping, steps, target, nested;
 static volatile pid_t stepper;
 static volatile int nested_status = -1;
-
-static void tf_on(void)
-{
-    __asm__ volatile("pushfq\n\torq $0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
-}
-
-static void tf_off(void)
-{
-    __asm__ volatile("pushfq\n\tandq $~0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
-}
 
 /* The library answers and a plain fork() returns: 0, else a code. */
 static int answers_as(int base, bool owner_dead)
@@ -117,12 +107,12 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
     (void)si;
     ucontext_t *uc = ucv;
     if (!stepping || getpid() != stepper) {
-        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)TF;
+        ap_step_stop(uc);
         return;
     }
     if (!deliverable(uc) || ++steps < target)
         return;
-    uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)TF;
+    ap_step_stop(uc);
     stepping = 0;
     nested = 1;
     pid_t g = fork();
@@ -143,13 +133,13 @@ static void prepare_first(void)
     armed = 0;
     steps = 0;
     stepping = 1;
-    tf_on();
+    ap_step_on();
 }
 
 static void after_fork(void)
 {
     stepping = 0;
-    tf_off();
+    ap_step_off();
 }
 
 /* One process: an apply, then the outer fork stepped until step @p k. 0 when

@@ -23,6 +23,7 @@
 
 #include "host.h"
 #include "ap_seccomp.h"
+#include "ap_step.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -1364,7 +1365,7 @@ static void query_on_trap(int sig, siginfo_t *si, void *ucv)
     ucontext_t *uc = ucv;
     uintptr_t ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     if (!cpu_step_on) {
-        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)0x100;
+        ap_step_stop(uc);
         return;
     }
     if (ip < (uintptr_t)__executable_start || ip >= (uintptr_t)etext)
@@ -1393,10 +1394,10 @@ Test(cpu, query_from_handler_inside_own_query)
     cr_assert_eq(sigaction(SIGTRAP, &sa, NULL), 0);
     alarm(20); /* a handler waiting for its own thread: killed */
     cpu_step_on = 1;
-    __asm__ volatile("pushfq\n\torq $0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
+    ap_step_on();
     bool got = altpatch_cpu_has(X86_FEATURE_AVX2);
     cpu_step_on = 0;
-    __asm__ volatile("pushfq\n\tandq $~0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
+    ap_step_off();
     alarm(0);
     cr_assert_eq(got, want);
     cr_assert_eq(other_err, 0);

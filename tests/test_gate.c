@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <altpatch/altpatch.h>
+#include "ap_step.h"
 
 #include "ap_isolate.h"
 #include "apply.h"
@@ -72,11 +73,6 @@ static int plain_fork(void)
     return c > 0 && waitpid(c, &st, 0) == c && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
 }
 
-#define STEP_TF 0x100
-static void step_tf_set(void)
-{
-    __asm__ volatile("pushfq\n\torq $0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
-}
 
 static void on_trap(int sig, siginfo_t *si, void *ucv)
 {
@@ -85,7 +81,7 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
     ucontext_t *uc = ucv;
     uintptr_t ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     if (!step_on) {
-        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)STEP_TF;
+        ap_step_stop(uc);
         return;
     }
     if (ip < (uintptr_t)__executable_start || ip >= (uintptr_t)etext)
@@ -101,7 +97,7 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
         alarm(5); /* a child whose fork waits forever is killed by SIGALRM */
         step_child = 1;
         step_on = 0;
-        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)STEP_TF;
+        ap_step_stop(uc);
         errno = saved;
         return;
     }
@@ -204,7 +200,7 @@ static void gate_body(void *out, void *ctx)
         ap_gate_enter();
         fflush(NULL);
         step_on = 1;
-        step_tf_set();
+        ap_step_on();
         ap_gate_leave();
         step_on = 0;
         if (step_child)
@@ -219,7 +215,7 @@ static void gate_body(void *out, void *ctx)
     ap_gate_enter();
     fflush(NULL);
     step_on = 1;
-    step_tf_set();
+    ap_step_on();
     ap_gate_enter();
     step_on = 0; /* the next trap clears the flag */
     if (step_child)

@@ -33,6 +33,7 @@
 
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
+#include "ap_step.h"
 
 #include "ap_copyfile.h"
 #include "ap_isolate.h"
@@ -482,11 +483,6 @@ static volatile enum step_op step_which;
 static volatile uintptr_t step_entry, step_ret;
 extern const char __executable_start[], etext[];
 
-#define STEP_TF 0x100
-static void step_tf_set(void)
-{
-    __asm__ volatile("pushfq\n\torq $0x100, (%%rsp)\n\tpopfq" ::: "memory", "cc");
-}
 
 static void on_trap(int sig, siginfo_t *si, void *ucv)
 {
@@ -495,7 +491,7 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
     ucontext_t *uc = ucv;
     uintptr_t ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     if (!step_on) {
-        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)STEP_TF;
+        ap_step_stop(uc);
         return;
     }
     if (ip < (uintptr_t)__executable_start || ip >= (uintptr_t)etext)
@@ -529,7 +525,7 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
         alarm(5); /* a child that hangs is killed by SIGALRM */
         step_child = 1;
         step_on = 0;
-        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)STEP_TF;
+        ap_step_stop(uc);
         errno = saved;
         return;
     }
@@ -593,7 +589,7 @@ static void step_body(void *out)
     altpatch_get_stats(&st0);
     fflush(NULL);
     step_on = 1;
-    step_tf_set();
+    ap_step_on();
     int rc = step_call();
     step_on = 0; /* the next trap clears the flag */
     if (step_child)
