@@ -35,6 +35,7 @@
 struct gate_res {
     int steps, bad, first_bad_step, first_bad_status;
     int parent_fork;
+    int held_seen; /* mode 2: some step found the gate's lock held */
 };
 
 static struct gate_res *gate_r;
@@ -57,8 +58,10 @@ static int no_site(const struct altpatch_site_info *s, void *ctx)
 static bool leave_step_forks(void)
 {
     bool held = altpatch_site_foreach(no_site, NULL) == -EDEADLK;
-    if (held)
+    if (held) {
         leave_held_seen = 1;
+        gate_r->held_seen = 1;
+    }
     return held || !leave_held_seen;
 }
 extern const char __executable_start[], etext[];
@@ -235,6 +238,9 @@ static void gate_run(int mode, const char *what)
     struct gate_res *r = ap_isolated(sizeof(*r), gate_body, &mode);
     cr_assert_gt(r->steps, 10, "%s: %d steps", what, r->steps);
     cr_assert_eq(r->parent_fork, 0, "%s: a fork after it", what);
+    if (mode == 2)
+        cr_assert(r->held_seen, "%s: no step with the gate's lock held (the window the test is for)",
+                  what);
     cr_assert_eq(r->bad, 0, "%s: %d children broken, the first forked at step %d (wait status %#x)",
                  what, r->bad, r->first_bad_step, (unsigned)r->first_bad_status);
 }
