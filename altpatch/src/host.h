@@ -802,7 +802,4 @@ AP_HIDDEN bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_fea
  */
 AP_HIDDEN bool ap_prepatch_look(struct ap_module *m, const struct altpatch_features *fs);
 
-/** Forget a pre-patched module's file choices (ap_prepatch_settle() and the module's end). */
-AP_HIDDEN void ap_prepatch_drop(struct ap_module *m);
-
 #endif /* ALTPATCH_HOST_H */

@@ -357,7 +357,7 @@ static bool ap_maps_line(const char *line, struct ap_map *e)
     const char *end;
     if (!ap_hex(line, &e->start, &end) || *end != '-')
         return false;
-    if (!ap_hex(end + 1, &e->end, &end) || *end != ' ' || strnlen(end, 5) < 5)
+    if (!ap_hex(end + 1, &e->end, &end) || *end != ' ' || ap_strnlen(end, 5) < 5)
         return false;
     const char *p = end + 1;
     e->prot = (p[0] == 'r' ? PROT_READ : 0) | (p[1] == 'w' ? PROT_WRITE : 0) |

@@ -206,7 +206,8 @@ bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
     return true;
 }
 
-void ap_prepatch_drop(struct ap_module *m)
+/* Forget a module's file choices (and the copy a dry run kept). */
+static void ap_prepatch_drop(struct ap_module *m)
 {
     m->prepatch_choices = false;
     m->prepatch_agreed = false;
