@@ -20,7 +20,6 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <linux/futex.h>
 #include <link.h>
 #include <pthread.h>
 #include <signal.h>
@@ -47,76 +46,7 @@ AP_STATE static bool ap_applied;              /* an apply has planned at least o
 enum { AP_IN_NONE, AP_IN_ENTRY, AP_IN_LOCKED };
 static __thread volatile sig_atomic_t ap_in;
 
-/* ------------------------------------------------------------------------- */
-/* Locks that know their owner                                               */
-/* ------------------------------------------------------------------------- */
-
-/*
- * A fork from a signal handler must know whether its own thread holds a lock
- * at the very instruction the handler interrupted: a flag stored after
- * pthread_mutex_lock() returns (or before unlock) leaves windows where the
- * child would take its own thread's lock for another's. So the library's two
- * locks are a futex word holding the owner's token: the compare-and-swap that
- * takes the lock is the step that names the owner, the exchange that frees
- * it the step that clears it. A token is per thread (not the TID: the forking
- * thread keeps its token in the child), taken from a counter on first use:
- * unique among the live threads unless 2^31 threads were created since.
- */
-#define AP_TLOCK_WAITERS 0x80000000u
-struct ap_tlock {
-    uint32_t w; /* 0 free; else owner token, AP_TLOCK_WAITERS when one may sleep */
-};
-/* ap_token(): cpu.c's (its leaves' lock has the same word, the same bit) */
-
-static void ap_futex(uint32_t *w, int op, uint32_t val)
-{
-    ap_sys(SYS_futex, (long)w, op | FUTEX_PRIVATE_FLAG, val, 0, 0);
-}
-
-static bool ap_tlock_cas(struct ap_tlock *l, uint32_t *seen, uint32_t v)
-{
-    return __atomic_compare_exchange_n(&l->w, seen, v, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
-}
-
-static void ap_tlock_lock(struct ap_tlock *l, uint32_t me)
-{
-    uint32_t v = 0;
-    if (ap_tlock_cas(l, &v, me))
-        return;
-    for (;;) { /* v: the word last seen */
-        if (!v) {
-            if (ap_tlock_cas(l, &v, me | AP_TLOCK_WAITERS)) /* others may sleep */
-                return;
-            continue;
-        }
-        if (!(v & AP_TLOCK_WAITERS)) {
-            if (!ap_tlock_cas(l, &v, v | AP_TLOCK_WAITERS))
-                continue;
-            v |= AP_TLOCK_WAITERS;
-        }
-        ap_futex(&l->w, FUTEX_WAIT, v);
-        v = __atomic_load_n(&l->w, __ATOMIC_RELAXED);
-    }
-}
-
-static bool ap_tlock_try(struct ap_tlock *l, uint32_t me)
-{
-    uint32_t v = 0;
-    return ap_tlock_cas(l, &v, me);
-}
-
-static void ap_tlock_unlock(struct ap_tlock *l)
-{
-    if (__atomic_exchange_n(&l->w, 0, __ATOMIC_RELEASE) & AP_TLOCK_WAITERS)
-        ap_futex(&l->w, FUTEX_WAKE, 1);
-}
-
-/** The lock's owner token (0: free). */
-static uint32_t ap_tlock_owner(const struct ap_tlock *l)
-{
-    return __atomic_load_n(&l->w, __ATOMIC_RELAXED) & ~AP_TLOCK_WAITERS;
-}
-
+/* The entry points' lock (host.h's ap_tlock: a futex word naming its owner). */
 AP_STATE static struct ap_tlock ap_lock;
 
 /* ------------------------------------------------------------------------- */

@@ -25,7 +25,6 @@
  * derived by features.c's vendor rules (ap_derive_synthetic()).
  */
 #include <errno.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -68,16 +67,14 @@
  * step depending only on words of the groups read or on the base group, so a
  * bit of a group that was read is the same whichever other groups were.
  */
-/* Held while ap_raw and the derived set are read or written: a futex word
- * holding the owner's token (ap_token(); AP_LEAVES_WAITERS when one may
- * sleep) rather than a pthread mutex, whose lock and unlock are two more
+/* Held while ap_raw and the derived set are read or written: an ap_tlock
+ * (host.h) rather than a pthread mutex, whose lock and unlock are two more
  * symbols for the dynamic linker to resolve on a process's first apply
- * (about 800 instructions each). The token lets a signal handler that
- * interrupted its own thread inside ap_host_leaves() see that it would wait
- * for itself, and a fork's handlers (ap_leaves_fork_prepare()) keep the lock
- * across a fork unless the forking thread holds it already. */
-#define AP_LEAVES_WAITERS 0x80000000u
-AP_STATE static uint32_t ap_leaves_mx;
+ * (about 800 instructions each). The owner's token lets a signal handler
+ * that interrupted its own thread inside ap_host_leaves() see that it would
+ * wait for itself, and a fork's handlers (ap_leaves_fork_prepare()) keep the
+ * lock across a fork unless the forking thread holds it already. */
+AP_STATE static struct ap_tlock ap_leaves_mx;
 
 /* Tokens (also apply.c's locks'): per thread, kept by the forking thread in
  * a child, never 0 nor with the waiters' bit. */
@@ -88,69 +85,31 @@ uint32_t ap_token(void)
 {
     uint32_t t = ap_token_mine;
     while (!t)
-        t = __atomic_add_fetch(&ap_token_next, 1, __ATOMIC_RELAXED) & ~AP_LEAVES_WAITERS;
+        t = __atomic_add_fetch(&ap_token_next, 1, __ATOMIC_RELAXED) & ~AP_TLOCK_WAITERS;
     ap_token_mine = t;
     return t;
 }
 static __thread bool ap_leaves_fork_took;
 
-static bool ap_leaves_cas(uint32_t *seen, uint32_t v)
-{
-    return __atomic_compare_exchange_n(&ap_leaves_mx, seen, v, false, __ATOMIC_ACQUIRE,
-                                       __ATOMIC_RELAXED);
-}
-
-/* Whether thread @p me holds the leaves lock. */
-static bool ap_leaves_mine(uint32_t me)
-{
-    return (__atomic_load_n(&ap_leaves_mx, __ATOMIC_RELAXED) & ~AP_LEAVES_WAITERS) == me;
-}
-
-static void ap_leaves_lock(uint32_t me)
-{
-    uint32_t v = 0;
-    if (ap_leaves_cas(&v, me))
-        return;
-    for (;;) { /* v: the word last seen */
-        if (!v) {
-            if (ap_leaves_cas(&v, me | AP_LEAVES_WAITERS)) /* others may sleep */
-                return;
-            continue;
-        }
-        if (!(v & AP_LEAVES_WAITERS)) {
-            if (!ap_leaves_cas(&v, v | AP_LEAVES_WAITERS))
-                continue;
-            v |= AP_LEAVES_WAITERS;
-        }
-        ap_sys(SYS_futex, (long)&ap_leaves_mx, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, v, 0, 0);
-        v = __atomic_load_n(&ap_leaves_mx, __ATOMIC_RELAXED);
-    }
-}
-
-static void ap_leaves_unlock(void)
-{
-    if (__atomic_exchange_n(&ap_leaves_mx, 0, __ATOMIC_RELEASE) & AP_LEAVES_WAITERS)
-        ap_sys(SYS_futex, (long)&ap_leaves_mx, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, 0, 0);
-}
-
 bool ap_leaves_held_here(void)
 {
-    return ap_leaves_mine(ap_token());
+    return ap_tlock_owner(&ap_leaves_mx) == ap_token();
 }
 
 void ap_leaves_fork_prepare(void)
 {
     uint32_t me = ap_token();
-    ap_leaves_fork_took = !ap_leaves_mine(me);
+    ap_leaves_fork_took = ap_tlock_owner(&ap_leaves_mx) != me;
+    /* its holder takes nothing else: never waits for this thread */
     if (ap_leaves_fork_took)
-        ap_leaves_lock(me); /* its holder takes nothing else: never waits for this thread */
+        ap_tlock_lock(&ap_leaves_mx, me);
 }
 
 void ap_leaves_fork_release(void)
 {
     if (ap_leaves_fork_took) {
         ap_leaves_fork_took = false;
-        ap_leaves_unlock();
+        ap_tlock_unlock(&ap_leaves_mx);
     }
 }
 AP_STATE static struct altpatch_features ap_raw; /* the words of ap_raw_groups; others zero */
@@ -749,12 +708,12 @@ AP_STATE static bool ap_derived_any;
 bool ap_host_leaves(unsigned groups, struct altpatch_features *out)
 {
     uint32_t me = ap_token();
-    if (ap_leaves_mine(me)) {
+    if (ap_tlock_owner(&ap_leaves_mx) == me) {
         /* a signal handler that interrupted this thread in here */
         memset(out, 0, sizeof(*out));
         return false;
     }
-    ap_leaves_lock(me);
+    ap_tlock_lock(&ap_leaves_mx, me);
     ap_read_leaves(groups);
     ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK | AP_LEAVES_PROBE);
     if (!ap_derived_any || ap_derived_raw != ap_raw_groups || ap_derived_os != ap_os_asked) {
@@ -769,7 +728,7 @@ bool ap_host_leaves(unsigned groups, struct altpatch_features *out)
         ap_derived_any = answered; /* not kept while a probe is unanswered */
     }
     *out = ap_derived;
-    ap_leaves_unlock();
+    ap_tlock_unlock(&ap_leaves_mx);
     return true;
 }
 

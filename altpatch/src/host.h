@@ -24,6 +24,9 @@
 
 #include "plan.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+
 /* ------------------------------------------------------------------------- */
 /* This CPU (cpu.c)                                                          */
 /* ------------------------------------------------------------------------- */
@@ -71,8 +74,6 @@ AP_HIDDEN bool ap_leaves_held_here(void);
  * given back (parent and child). */
 AP_HIDDEN void ap_leaves_fork_prepare(void);
 AP_HIDDEN void ap_leaves_fork_release(void);
-/** This thread's lock token (never 0, kept by the forking thread in a child). */
-AP_HIDDEN uint32_t ap_token(void);
 /** ap_effective_features() for at least the leaves of @p groups, with
  * ALTPATCH_CLEARCPUID's value @p list (NULL: unset) read by the caller. */
 AP_HIDDEN void ap_effective_leaves_cleared(unsigned groups, const char *list,
@@ -246,6 +247,85 @@ static inline long ap_sys(long nr, long a, long b, long c, long d, long e)
                      : "0"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8)
                      : "rcx", "r11", "memory");
     return ret;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Locks that know their owner (apply.c's entry and gate locks, cpu.c's       */
+/* leaves lock)                                                               */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * A fork from a signal handler must know whether its own thread holds a lock
+ * at the very instruction the handler interrupted: a flag stored after
+ * pthread_mutex_lock() returns (or before unlock) leaves windows where the
+ * child would take its own thread's lock for another's. So the library's
+ * locks are a futex word holding the owner's token: the compare-and-swap that
+ * takes the lock is the step that names the owner, the exchange that frees
+ * it the step that clears it. A token is per thread (not the TID: the forking
+ * thread keeps its token in the child), taken from a counter on first use:
+ * unique among the live threads unless 2^31 threads were created since. Not
+ * a pthread mutex either for a second reason: its lock and unlock are two
+ * more symbols for the dynamic linker to resolve on a process's first apply.
+ */
+#define AP_TLOCK_WAITERS 0x80000000u
+struct ap_tlock {
+    uint32_t w; /* 0 free; else owner token, AP_TLOCK_WAITERS when one may sleep */
+};
+
+/** This thread's lock token (cpu.c): never 0 nor with AP_TLOCK_WAITERS, kept
+ * by the forking thread in a child. */
+AP_HIDDEN uint32_t ap_token(void);
+
+/** FUTEX_WAIT or FUTEX_WAKE (@p op) on the process-private word @p w. */
+static inline void ap_futex(uint32_t *w, int op, uint32_t val)
+{
+    ap_sys(SYS_futex, (long)w, op | FUTEX_PRIVATE_FLAG, val, 0, 0);
+}
+
+static inline bool ap_tlock_cas(struct ap_tlock *l, uint32_t *seen, uint32_t v)
+{
+    return __atomic_compare_exchange_n(&l->w, seen, v, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+/** Take @p l for thread @p me (ap_token()); sleeps while another holds it. */
+static inline void ap_tlock_lock(struct ap_tlock *l, uint32_t me)
+{
+    uint32_t v = 0;
+    if (ap_tlock_cas(l, &v, me))
+        return;
+    for (;;) { /* v: the word last seen */
+        if (!v) {
+            if (ap_tlock_cas(l, &v, me | AP_TLOCK_WAITERS)) /* others may sleep */
+                return;
+            continue;
+        }
+        if (!(v & AP_TLOCK_WAITERS)) {
+            if (!ap_tlock_cas(l, &v, v | AP_TLOCK_WAITERS))
+                continue;
+            v |= AP_TLOCK_WAITERS;
+        }
+        ap_futex(&l->w, FUTEX_WAIT, v);
+        v = __atomic_load_n(&l->w, __ATOMIC_RELAXED);
+    }
+}
+
+/** Take @p l for @p me only if it is free. */
+static inline bool ap_tlock_try(struct ap_tlock *l, uint32_t me)
+{
+    uint32_t v = 0;
+    return ap_tlock_cas(l, &v, me);
+}
+
+static inline void ap_tlock_unlock(struct ap_tlock *l)
+{
+    if (__atomic_exchange_n(&l->w, 0, __ATOMIC_RELEASE) & AP_TLOCK_WAITERS)
+        ap_futex(&l->w, FUTEX_WAKE, 1);
+}
+
+/** The lock's owner token (0: free). */
+static inline uint32_t ap_tlock_owner(const struct ap_tlock *l)
+{
+    return __atomic_load_n(&l->w, __ATOMIC_RELAXED) & ~AP_TLOCK_WAITERS;
 }
 
 /**
