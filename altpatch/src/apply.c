@@ -188,12 +188,12 @@ void ap_gate_leave(void)
  * may be waiting for that very thread (in the gate or holding ap_lock); the
  * C library's handlers fork nothing.
  */
-static void ap_fork_signals_block(uint64_t *saved)
+static uint64_t ap_fork_signals(void)
 {
-    uint64_t set = ~0ull;
+    uint64_t set = AP_SIGNALS_ALL;
     for (int s = 32; s < SIGRTMIN && s <= 64; s++)
         set &= ~(1ull << (s - 1));
-    ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&set, (long)saved, sizeof(set), 0);
+    return set;
 }
 
 static void ap_atfork_prepare(void)
@@ -204,7 +204,7 @@ static void ap_atfork_prepare(void)
         return;
     }
     uint64_t mask;
-    ap_fork_signals_block(&mask);
+    ap_signals_block(ap_fork_signals(), &mask);
     ap_fork_depth = 1;
     uint32_t me = ap_token();
     if (ap_in == AP_IN_NONE && !ap_gate_mine && ap_tlock_owner(&ap_gate_mx) != me &&
@@ -252,7 +252,7 @@ static void ap_atfork_parent(void)
         return;
     }
     uint64_t mask;
-    ap_fork_signals_block(&mask);
+    ap_signals_block(ap_fork_signals(), &mask);
     ap_atfork_release();
     ap_fork_depth = 0;
     ap_signals_restore(&mask);
@@ -305,7 +305,7 @@ static void ap_atfork_child(void)
         return;
     }
     uint64_t mask;
-    ap_fork_signals_block(&mask);
+    ap_signals_block(ap_fork_signals(), &mask);
     bool gated = ap_fork_gated, took = ap_fork_took;
     /* holding the lock, the prepare handler knew that no batch used the kept
      * maps descriptor: its number is the library's; else it is forgotten */

@@ -370,12 +370,15 @@ static inline bool ap_write_pending(struct ap_write *w)
 
 /** Distinct pages of size @p pgsz touched by the writes of w[0..n) that landed (@c wrote). */
 AP_HIDDEN uint64_t ap_pages_written(const struct ap_write *w, size_t n, uintptr_t pgsz);
+/** Every signal (ap_signals_block()'s @p set): the writers' mask. */
+#define AP_SIGNALS_ALL (~0ull)
 /**
- * Block every signal with the raw system call, the old mask in *@p saved
- * (glibc's pthread_sigmask keeps its internal SIGCANCEL/SIGSETXID
- * deliverable; sanitizers intercept it).
+ * Block the signals of @p set (bit s-1: signal s; AP_SIGNALS_ALL or apply.c's
+ * fork handlers' set) and unblock the others, with the raw system call, the
+ * old mask in *@p saved (glibc's pthread_sigmask keeps its internal
+ * SIGCANCEL/SIGSETXID deliverable; sanitizers intercept it).
  */
-AP_HIDDEN void ap_signals_block(uint64_t *saved);
+AP_HIDDEN void ap_signals_block(uint64_t set, uint64_t *saved);
 /** Restore the mask ap_signals_block() saved. */
 AP_HIDDEN void ap_signals_restore(const uint64_t *saved);
 /**

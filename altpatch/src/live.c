@@ -1066,7 +1066,7 @@ int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
             if (any_multi)
                 ap_restorers_scan(); /* for the handshake's frame search */
             uint64_t mask;
-            ap_signals_block(&mask);
+            ap_signals_block(AP_SIGNALS_ALL, &mask);
             pthread_mutex_lock(&ap_fork_lock);
             ap_round_run(&r);
             pthread_mutex_unlock(&ap_fork_lock);

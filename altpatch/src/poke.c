@@ -737,7 +737,7 @@ static int ap_write_window(struct ap_batch *b, size_t first, size_t last, uintpt
 {
     struct ap_window_acc acc = {0};
     uint64_t saved = 0;
-    ap_signals_block(&saved);
+    ap_signals_block(AP_SIGNALS_ALL, &saved);
     unsigned calls = 0;
     /* windows of AP_PREFAULT_PAGES and more have their pages made private
      * in one MADV_POPULATE_WRITE (ap_window_write()); in a smaller one each

@@ -99,10 +99,9 @@ uint64_t ap_pages_written(const struct ap_write *w, size_t n, uintptr_t pgsz)
     return pages;
 }
 
-void ap_signals_block(uint64_t *saved)
+void ap_signals_block(uint64_t set, uint64_t *saved)
 {
-    uint64_t all = ~0ull;
-    ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)saved, sizeof(all), 0);
+    ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&set, (long)saved, sizeof(set), 0);
 }
 
 void ap_signals_restore(const uint64_t *saved)
