@@ -1294,7 +1294,7 @@ Test(poke, filled_block_present_only_where_allowed)
     ap_fill_allow(false);
     cr_assert(b && small);
     in = resident_pages(b, SIZE, &total);
-    if (known && no_filter()) /* under a filter the advice is never given */
+    if (known) /* allowed, no callback since: not asked again */
         cr_assert_eq(in, total, "allowed: %zu of %zu pages present", in, total);
     /* the memory is the caller's either way */
     memset(a, 0x5a, SIZE);
@@ -1343,7 +1343,7 @@ Test(poke, filled_block_asks_its_proof_once)
         in = resident_pages(b, SIZE, &total);
         cr_assert_eq(in, total, "proved: %zu of %zu pages present", in, total);
     }
-    if (known && no_filter()) { /* a later block asks the mode again */
+    if (known) { /* the proof holds for a later block: no callback since */
         in = resident_pages(c, SIZE, &total);
         cr_assert_eq(in, total, "proved, the next block: %zu of %zu pages present", in, total);
     }
@@ -1378,15 +1378,32 @@ Test(poke, filled_block_asks_its_proof_once)
 }
 
 /*
- * A filter installed after the proof (by a print callback, say) that kills
- * the process on madvise(): the next large block asks the mode, finds the
- * filter and gives no advice. In a child: a filter is never removed.
+ * A filter installed after the proof by a print callback, one that kills the
+ * process on madvise(): the next large block asks the mode (the callback ran
+ * since the proof), finds the filter and gives no advice. In a child: a
+ * filter is never removed.
  */
 struct filled_filter_result {
     int installed;
     bool allocated;
     size_t in_before, in_after, total;
 };
+
+static int filled_filter_installed;
+
+static int install_madvise_killer(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level, (void)fmt, (void)ap;
+    struct sock_filter f[] = {
+        AP_SECCOMP_PROLOGUE,
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_madvise, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    if (!filled_filter_installed)
+        filled_filter_installed = AP_SECCOMP_INSTALL(f) == 0 ? 1 : -1;
+    return 0;
+}
 
 static void filled_filter_body(void *out, void *ctx)
 {
@@ -1395,13 +1412,10 @@ static void filled_filter_body(void *out, void *ctx)
     struct filled_filter_result *r = out;
     ap_fill_ask(proof_yes);
     uint8_t *b = ap_malloc_filled(SIZE); /* proved: advised */
-    struct sock_filter f[] = {
-        AP_SECCOMP_PROLOGUE,
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_madvise, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    r->installed = AP_SECCOMP_INSTALL(f) == 0 ? 1 : -1;
+    altpatch_set_print(install_madvise_killer);
+    ap_log(ALTPATCH_WARN, "a line for the print callback\n");
+    altpatch_set_print(NULL);
+    r->installed = filled_filter_installed;
     uint8_t *c = ap_malloc_filled(SIZE); /* a madvise() here ends the child */
     uint8_t *d = ap_malloc_filled(SIZE); /* and here: the answer is kept */
     ap_fill_allow(false);
@@ -1432,6 +1446,80 @@ Test(poke, filled_block_after_a_filter_gives_no_advice)
         cr_assert_leq(r->in_after, 2, "under the filter: %zu of %zu pages present",
                       r->in_after, r->total);
     }
+}
+
+/*
+ * The mode is asked only where the print callback ran since the proof, once
+ * per such call. A filter that answers EPERM to prctl() (and allows the rest)
+ * tells whether it was asked: an answer other than 0 gives no advice. In a
+ * child: a filter is never removed.
+ */
+struct filled_ask_result {
+    bool filtered; /* before the test's filter (a container's, say) */
+    int installed;
+    bool allocated;
+    size_t in[4], total;
+};
+
+static unsigned filled_ask_lines;
+
+static int count_lines(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level, (void)fmt, (void)ap;
+    filled_ask_lines++;
+    return 0;
+}
+
+static void filled_ask_body(void *out, void *ctx)
+{
+    enum { SIZE = 4 << 20 };
+    (void)ctx;
+    struct filled_ask_result *r = out;
+    uint8_t *b[4] = {0};
+    r->filtered = !no_filter();
+    if (r->filtered)
+        return;
+    ap_fill_ask(proof_yes);
+    b[0] = ap_malloc_filled(SIZE); /* proved: advised */
+    altpatch_set_print(count_lines);
+    ap_log(ALTPATCH_WARN, "a line for the print callback\n");
+    b[1] = ap_malloc_filled(SIZE); /* asked once: 0, advised */
+    struct sock_filter f[] = {
+        AP_SECCOMP_PROLOGUE,
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_prctl, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    r->installed = AP_SECCOMP_INSTALL(f) == 0 ? 1 : -1;
+    b[2] = ap_malloc_filled(SIZE); /* no callback since the answer: not asked, advised */
+    ap_log(ALTPATCH_WARN, "another line\n");
+    b[3] = ap_malloc_filled(SIZE); /* asked: EPERM, no advice */
+    altpatch_set_print(NULL);
+    ap_fill_allow(false);
+    r->allocated = b[0] && b[1] && b[2] && b[3] && filled_ask_lines == 2;
+    for (int i = 0; i < 4 && r->allocated; i++)
+        r->in[i] = resident_pages(b[i], SIZE, &r->total);
+}
+
+Test(poke, filled_block_asks_the_mode_once_per_callback)
+{
+    if (AP_SANITIZED)
+        cr_skip_test("the sanitizer's allocator calls madvise() itself");
+    struct filled_ask_result *r = ap_isolated(sizeof(*r), filled_ask_body, NULL);
+    if (r->filtered)
+        cr_skip_test("a seccomp filter runs already: the mode is never 0");
+    if (r->installed < 0)
+        cr_skip_test("seccomp filters cannot be installed here");
+    cr_assert(r->allocated);
+    if (!populate_write_known() || ap_under_valgrind())
+        return;
+    cr_assert_eq(r->in[0], r->total, "proved: %zu of %zu pages present", r->in[0], r->total);
+    cr_assert_eq(r->in[1], r->total, "asked after a callback: %zu of %zu pages present",
+                 r->in[1], r->total);
+    cr_assert_eq(r->in[2], r->total, "not asked again: %zu of %zu pages present", r->in[2],
+                 r->total);
+    cr_assert_leq(r->in[3], 2, "asked after another callback, refused: %zu of %zu pages present",
+                  r->in[3], r->total);
 }
 
 /* Page faults taken by this thread from now on (exceptions only: pages a

@@ -1435,11 +1435,6 @@ AP_STATE static int ap_alone_early;
 /* ap_user_calls when it was asked: a later call into user code makes it old */
 AP_STATE static unsigned long ap_alone_early_calls;
 
-static unsigned long ap_user_calls_now(void)
-{
-    return __atomic_load_n(&ap_user_calls, __ATOMIC_RELAXED);
-}
-
 static bool ap_prove_alone(void)
 {
     ap_alone_early_calls = ap_user_calls_now();

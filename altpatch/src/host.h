@@ -227,27 +227,8 @@ AP_HIDDEN extern unsigned ap_records_keep_max;
 AP_HIDDEN extern uint64_t ap_settled_found;
 
 /*
- * Shared by both writers (writer.c; the pending check and ap_sys() inline here).
+ * Shared by both writers (writer.c; the pending check inline here).
  */
-
-/**
- * A system call made directly (the system call ABI, no C library wrapper):
- * -errno on failure, errno untouched. The writer's path and the host
- * detection use it so that a process's first apply does not bind a wrapper
- * lazily (the dynamic linker's symbol lookup, each time several hundred
- * instructions and cold pages). Unused arguments: 0.
- */
-static inline long ap_sys(long nr, long a, long b, long c, long d, long e)
-{
-    register long r10 __asm__("r10") = d;
-    register long r8 __asm__("r8") = e;
-    long ret;
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "0"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8)
-                     : "rcx", "r11", "memory");
-    return ret;
-}
 
 /* ------------------------------------------------------------------------- */
 /* Locks that know their owner (apply.c's entry and gate locks, cpu.c's       */

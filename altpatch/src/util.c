@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <time.h>
 
 #define AP_XSTR(x) #x
@@ -189,12 +189,16 @@ static void ap_vlog(altpatch_print_fn fn, enum altpatch_print_level level, const
  */
 
 AP_STATE static bool ap_fill_on;
+/* ap_user_calls when this thread was last known to run without a seccomp
+ * filter: the proof's, or the mode's answer 0 asked since */
+AP_STATE static unsigned long ap_fill_calls;
 /* ap_fill_ask()'s proof, not asked yet (NULL once asked, or none) */
 AP_STATE static bool (*ap_fill_prove)(void);
 
 void ap_fill_allow(bool on)
 {
     ap_fill_on = on;
+    ap_fill_calls = ap_user_calls_now();
     ap_fill_prove = NULL;
 }
 
@@ -209,24 +213,33 @@ void *ap_malloc_filled_head(size_t size, size_t head)
     void *p = malloc(size ? size : 1);
     if (head > size)
         head = size;
-    bool fresh = false; /* the proof asked just now */
-    if (p && ap_fill_prove && head >= AP_FILL_MIN) {
+    if (!p || head < AP_FILL_MIN)
+        return p;
+    if (ap_fill_prove) {
         bool (*prove)(void) = ap_fill_prove;
         ap_fill_prove = NULL; /* asked once */
+        ap_fill_calls = ap_user_calls_now();
         ap_fill_on = prove();
-        fresh = true;
     }
-    if (p && ap_fill_on && head >= AP_FILL_MIN) {
-        uintptr_t pg = 4096, a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
-        uintptr_t e = ((uintptr_t)p + head) & ~(pg - 1);
-        /* An older proof may predate a print callback of the application's
-         * that installed a seccomp filter (one may kill the process for the
-         * advice): the mode asked again right before, unless just proved. */
-        if (e > a && !fresh && prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L) != 0)
+    uintptr_t pg = 4096, a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
+    uintptr_t e = ((uintptr_t)p + head) & ~(pg - 1);
+    if (!ap_fill_on || e <= a)
+        return p;
+    /* A print callback of the application's called since the proof may
+     * have installed a seccomp filter (one may kill the process for the
+     * advice): the mode asked again, once per such call. Without one, the
+     * proof holds as the writer's does (AP_POKE_SECCOMP_OFF): the process
+     * was alone and ran none of its code since. Direct system calls: a
+     * first apply binds neither prctl() nor madvise(). */
+    unsigned long calls = ap_user_calls_now();
+    if (calls != ap_fill_calls) {
+        if (ap_sys(SYS_prctl, PR_GET_SECCOMP, 0, 0, 0, 0) != 0) {
             ap_fill_on = false; /* a mode is never cleared: not asked again */
-        if (e > a && ap_fill_on)
-            madvise((void *)a, e - a, AP_MADV_POPULATE_WRITE);
+            return p;
+        }
+        ap_fill_calls = calls;
     }
+    ap_sys(SYS_madvise, (long)a, (long)(e - a), AP_MADV_POPULATE_WRITE, 0, 0);
     return p;
 }
 

@@ -44,6 +44,10 @@
  * code that may have started a thread or installed a seccomp filter since
  * a proof that the process was alone (apply.c's ap_run_fresh()). */
 AP_HIDDEN extern unsigned long ap_user_calls;
+static inline unsigned long ap_user_calls_now(void)
+{
+    return __atomic_load_n(&ap_user_calls, __ATOMIC_RELAXED);
+}
 /** Log through the callback set by altpatch_set_print(). */
 AP_HIDDEN void ap_log(enum altpatch_print_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -87,12 +91,13 @@ AP_HIDDEN void *ap_malloc_filled(size_t size);
  */
 AP_HIDDEN void *ap_malloc_filled_head(size_t size, size_t head);
 /**
- * Allow ap_malloc_filled() its madvise() (@p on: the caller knows that no
+ * Allow ap_malloc_filled() its madvise() (@p on: the caller knows, from a
+ * proof taken since its last call into the application's code, that no
  * seccomp filter runs in this single-threaded call, so an advice an older
- * kernel does not know cannot be fatal), or forbid it again. Each advice
- * still asks PR_GET_SECCOMP right before (a print callback may have installed
- * a filter since) and is skipped unless it answers 0; only the block whose
- * proof ap_fill_ask() just took skips that question.
+ * kernel does not know cannot be fatal), or forbid it again. Where the print
+ * callback was called since the proof (ap_user_calls; it may have installed
+ * a filter), the next advice first asks PR_GET_SECCOMP, once per such call,
+ * and none is given unless it answers 0.
  */
 AP_HIDDEN void ap_fill_allow(bool on);
 /**
@@ -107,6 +112,25 @@ AP_HIDDEN void ap_fill_ask(bool (*prove)(void));
 /* ------------------------------------------------------------------------- */
 /* x86 instructions the library runs itself                                  */
 /* ------------------------------------------------------------------------- */
+
+/**
+ * A system call made directly (the system call ABI, no C library wrapper):
+ * -errno on failure, errno untouched. The writer's path, the host
+ * detection and the block prefault use it so that a process's first apply does not bind a wrapper
+ * lazily (the dynamic linker's symbol lookup, each time several hundred
+ * instructions and cold pages). Unused arguments: 0.
+ */
+static inline long ap_sys(long nr, long a, long b, long c, long d, long e)
+{
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "0"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
 
 struct ap_regs {
     uint32_t a, b, c, d;
