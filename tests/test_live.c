@@ -33,6 +33,7 @@
 #include "ap_isolate.h"
 #include "host.h"
 #include "ap_live_sites.h"
+#include "ap_seccomp.h"
 #include "ap_warnlog.h"
 
 /* ---- sites ------------------------------------------------------------------ */
@@ -173,6 +174,49 @@ Test(live, bad_flag_combinations)
     cr_assert_eq(altpatch_apply_opts(&o), -EINVAL);
     o.flags = ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_NO_PROCMEM;
     cr_assert_eq(altpatch_apply_opts(&o), -EINVAL);
+}
+
+/* The flag on a single thread where live patching is impossible (a filter
+ * answers ENOSYS to membarrier): refused before any write, and the warning
+ * says why -- not that threads run. */
+struct unready_res {
+    int installed, rc;
+    long one;
+    char log[1024];
+};
+
+static void unready_body(void *out, void *ctx)
+{
+    struct unready_res *r = out;
+    (void)ctx;
+    struct sock_filter f[] = {
+        AP_SECCOMP_PROLOGUE,
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_membarrier, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    r->installed = AP_SECCOMP_INSTALL(f) == 0 ? 1 : -1;
+    if (r->installed < 0)
+        return;
+    ap_warn_log[0] = '\0';
+    altpatch_set_print(ap_warn_capture);
+    r->rc = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
+    altpatch_set_print(NULL);
+    r->one = site_one();
+    snprintf(r->log, sizeof(r->log), "%s", ap_warn_log);
+}
+
+Test(live, flag_where_live_is_impossible_says_why)
+{
+    struct unready_res *r = ap_isolated(sizeof(*r), unready_body, NULL);
+    if (r->installed < 0)
+        cr_skip_test("seccomp filters cannot be installed here");
+    cr_assert_eq(r->rc, -EBUSY);
+    cr_assert_eq(r->one, 1, "nothing written");
+    cr_assert(strstr(r->log, "altpatch: ALTPATCH_APPLY_LIVE: live patching is not possible: "
+                             "membarrier(PRIVATE_EXPEDITED_SYNC_CORE) is not available\n"),
+              "%s", r->log);
+    cr_assert_null(strstr(r->log, "threads running"), "%s", r->log);
 }
 
 /* ---- other threads ------------------------------------------------------------ */

@@ -2055,10 +2055,13 @@ static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered)
     }
     if (flags & ALTPATCH_APPLY_NO_PROCMEM)
         why = "ALTPATCH_APPLY_NO_PROCMEM (live patching writes through /proc/self/mem)";
-    ap_log(ALTPATCH_WARN,
-           "%ld threads running: call altpatch_apply() before starting threads "
-           "(live patching: %s)\n",
-           n, why);
+    if (n > 1)
+        ap_log(ALTPATCH_WARN,
+               "%ld threads running: call altpatch_apply() before starting threads "
+               "(live patching: %s)\n",
+               n, why);
+    else /* ALTPATCH_APPLY_LIVE on this thread alone (or no /proc): only live is refused */
+        ap_log(ALTPATCH_WARN, "ALTPATCH_APPLY_LIVE: live patching is not possible: %s\n", why);
     return -EBUSY;
 }
 
