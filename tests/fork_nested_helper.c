@@ -8,8 +8,10 @@
  * fork() returns. Exit 0: all worked; 1: the fork ended before step K; other
  * codes: what failed. A hang is ended by alarm() (SIGALRM).
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -30,6 +32,45 @@
 static volatile sig_atomic_t armed, stepping, steps, target, nested;
 static volatile pid_t stepper;
 static volatile int nested_status = -1;
+
+/*
+ * Descriptors of this process that name a maps file (/proc/PID/maps), or -1
+ * where /proc cannot say. System calls only: counted in a signal handler of
+ * a child forked inside a fork (the C library may hold malloc's locks there).
+ */
+static int maps_fds(void)
+{
+    int dir = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0)
+        return -1;
+    int n = 0;
+    char buf[4096];
+    long got;
+    while ((got = syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0) {
+        for (long off = 0; off < got;) {
+            struct dirent64 *d = (struct dirent64 *)(void *)(buf + off);
+            off += d->d_reclen;
+            if (d->d_name[0] < '0' || d->d_name[0] > '9')
+                continue;
+            char link[256];
+            long len = syscall(SYS_readlinkat, dir, d->d_name, link, sizeof(link) - 1);
+            if (len < 11)
+                continue;
+            link[len] = '\0';
+            if (!strncmp(link, "/proc/", 6) && !strcmp(link + len - 5, "/maps"))
+                n++;
+        }
+    }
+    syscall(SYS_close, dir);
+    return got < 0 ? -1 : n;
+}
+
+/* In the child of a fork from a signal handler inside a fork: the maps
+ * descriptors it holds right after that fork's handlers ran (-1: not such a
+ * child). The library's kept descriptor, inherited from the parent, is
+ * closed there where the outer fork's prepare handler held the library's
+ * lock (no call of this thread could be reading it). */
+static volatile int inner_maps = -1;
 
 /* The library answers and a plain fork() returns: 0, else a code. */
 static int answers_as(int base, bool owner_dead)
@@ -118,6 +159,7 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
     pid_t g = fork();
     if (g == 0) {
         alarm(10); /* goes on with the interrupted fork, then its checks */
+        inner_maps = maps_fds();
         return;
     }
     int s = -1;
@@ -149,6 +191,8 @@ static int one_step(int k)
     alarm(10);
     if (altpatch_apply() != 0)
         return 10;
+    if (maps_fds() < 0)
+        return 13;
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_sigaction = on_trap;
@@ -178,8 +222,8 @@ static int one_step(int k)
     int r = still_works(40);
     if (r)
         return r;
-    if (getpid() != stepper)
-        return 0; /* the nested fork's child: worked */
+    if (getpid() != stepper) /* the nested fork's child: worked, the kept maps descriptor closed */
+        return inner_maps != 0 ? 60 + (inner_maps > 0) : 0;
     if (!nested)
         return 1;
     if (nested_status == -1 || !WIFEXITED(nested_status) || WEXITSTATUS(nested_status) != 0)
@@ -250,6 +294,7 @@ static void fork_from_handler(int sig)
     pid_t g = fork();
     if (g == 0) {
         alarm(5);
+        inner_maps = maps_fds();
         return;
     }
     int s = -1;
@@ -304,8 +349,8 @@ static int multi_threaded(void)
     int r = still_works(40);
     if (r)
         return r;
-    if (getpid() != mt_top)
-        return 0; /* the nested fork's child: worked */
+    if (getpid() != mt_top) /* the nested fork's child: worked, the kept maps descriptor closed */
+        return inner_maps != 0 ? 60 + (inner_maps > 0) : 0;
     void *walked = NULL;
     if (pthread_join(t, &walked) || walked != NULL)
         return 14;

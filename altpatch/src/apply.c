@@ -297,9 +297,12 @@ static void ap_atfork_child(void)
         /* the outer fork, interrupted in this thread while it held what it
          * took, goes on here and gives that back (in its parent or child
          * handler); the other threads' part is repaired now. The kept maps
-         * descriptor is the parent's: forgotten, not closed (a call of this
-         * thread that the outer fork interrupted may be reading it) */
-        ap_maps_after_fork(false);
+         * descriptor is closed where the outer fork's prepare handler holds
+         * the lock (no batch can be using it: as in the child of a fork
+         * that was not interrupted), else forgotten (a call of this thread
+         * that the outer fork interrupted, or another thread's in the
+         * parent, may have been reading it) */
+        ap_maps_after_fork(ap_fork_took);
         ap_atfork_child_repair(me, ap_fork_gated);
         ap_fork_depth = ap_fork_depth - 1;
         return;
