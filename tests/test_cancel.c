@@ -1,7 +1,11 @@
 /*
  * pthread_cancel() of a thread inside the library: the entry points are not
  * cancellation points, so a thread cancelled while it loops on them leaves
- * no lock behind, and later calls and fork() go on.
+ * no lock behind, and later calls and fork() go on. The loops leave to
+ * chance where a cancellation lands; the "pending" cases make it land inside
+ * the library: a callback cancels its own thread and then reaches a
+ * cancellation point, and the call must return normally, the cancellation
+ * acting at the thread's next cancellation point after it.
  *
  * Each scenario runs in a child process under a watchdog (alarm): a lock
  * left held would hang it, and SIGALRM ends it with a status the test reads.
@@ -106,17 +110,108 @@ static int scenario(int what)
     return printed > 0 ? 0 : 17;
 }
 
-static void run(int what)
+/* A cancellation made pending inside the library, by the callback itself,
+ * which then reaches cancellation points (write(), pthread_testcancel()). */
+static volatile int pend_passed, pend_returned, pend_after;
+static volatile int pend_rc = -1;
+
+static void cancel_self_then_points(void)
+{
+    if (pend_passed)
+        return;
+    pthread_cancel(pthread_self());
+    if (write(devnull, "c", 1) != 1)
+        pend_passed = -1;
+    pthread_testcancel();
+    if (!pend_passed)
+        pend_passed = 1; /* both points passed: cancellation is off here */
+}
+
+static int pend_site(const struct altpatch_site_info *info, void *ctx)
+{
+    (void)info;
+    (void)ctx;
+    cancel_self_then_points();
+    return 0;
+}
+
+static int pend_print(enum altpatch_print_level level, const char *fmt, va_list ap)
+{
+    (void)level, (void)fmt, (void)ap;
+    cancel_self_then_points();
+    return 0;
+}
+
+static void *pend_thread(void *arg)
+{
+    if ((int)(long)arg == WHAT_FOREACH) {
+        pend_rc = altpatch_site_foreach(pend_site, NULL);
+    } else {
+        altpatch_set_print(pend_print); /* ALTPATCH_DEBUG: apply prints under its lock */
+        pend_rc = altpatch_apply();
+        altpatch_set_print(print_to_null);
+    }
+    pend_returned = 1;
+    pthread_testcancel(); /* the pending cancellation acts here */
+    pend_after = 1;
+    return NULL;
+}
+
+/* In a child: a thread whose callback cancels it inside @what; joined, then
+ * this thread applies and forks. 0 when all of it returns as it should. */
+static int pending_scenario(int what)
+{
+    alarm(10);
+    devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (devnull < 0)
+        return 10;
+    setenv("ALTPATCH_DEBUG", "1", 1);
+    altpatch_set_print(print_to_null);
+    if (altpatch_apply() != 0 || !altpatch_fs_self())
+        return 11;
+    pthread_t t;
+    void *res = NULL;
+    if (pthread_create(&t, NULL, pend_thread, (void *)(long)what))
+        return 12;
+    if (pthread_join(t, &res))
+        return 13;
+    if (pend_passed != 1)
+        return 20; /* the callback never ran, or was cancelled inside */
+    if (!pend_returned)
+        return 21; /* cancelled inside the library */
+    if (pend_rc != 0)
+        return 22;
+    if (res != PTHREAD_CANCELED || pend_after)
+        return 23; /* the cancellation was lost */
+    if (altpatch_apply() != 0)
+        return 14;
+    pid_t c = fork();
+    if (c < 0)
+        return 15;
+    if (c == 0)
+        _exit(altpatch_apply() == 0 ? 0 : 1);
+    int st = 0;
+    if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return 16;
+    return 0;
+}
+
+static void run_body(int (*body)(int), int what)
 {
     pid_t c = fork();
     cr_assert(c >= 0);
     if (c == 0)
-        _exit(scenario(what));
+        _exit(body(what));
     int st = 0;
     cr_assert_eq(waitpid(c, &st, 0), c);
     cr_assert(!WIFSIGNALED(st), "the child was killed by signal %d (SIGALRM: a lock left held "
                                 "by a cancelled thread)", WTERMSIG(st));
     cr_assert_eq(WEXITSTATUS(st), 0, "the child's step %d failed", WEXITSTATUS(st));
+}
+
+static void run(int what)
+{
+    run_body(scenario, what);
 }
 
 Test(cancel, thread_cancelled_in_apply_leaves_no_lock, .timeout = 60)
@@ -132,4 +227,14 @@ Test(cancel, thread_cancelled_in_site_foreach_leaves_no_lock, .timeout = 60)
 Test(cancel, thread_cancelled_in_dlopen_leaves_no_gate, .timeout = 60)
 {
     run(WHAT_DLOPEN);
+}
+
+Test(cancel, cancel_pending_in_a_site_callback_acts_after_the_call, .timeout = 30)
+{
+    run_body(pending_scenario, WHAT_FOREACH);
+}
+
+Test(cancel, cancel_pending_in_a_print_callback_acts_after_the_apply, .timeout = 30)
+{
+    run_body(pending_scenario, WHAT_APPLY);
 }
