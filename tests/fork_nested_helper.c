@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -377,11 +378,19 @@ static volatile sig_atomic_t orphan_arm;
 static volatile pid_t orphan_outer = -1;
 static volatile int orphan_outer_status = -1;
 
+/* `fork_nested_helper jump`: a signal handler leaves the fork with
+ * siglongjmp() after the library's prepare handler ran (jump_arm). */
+static volatile sig_atomic_t jump_arm;
+
 static void orphan_after_library(void)
 {
     if (orphan_arm && getpid() == mt_top) {
         orphan_arm = 0;
         raise(SIGUSR2);
+    }
+    if (jump_arm && getpid() == mt_top) {
+        jump_arm = 0;
+        raise(SIGUSR1);
     }
 }
 
@@ -454,6 +463,68 @@ static int orphaned_lock(void)
     return still_works(70);
 }
 
+/*
+ * `fork_nested_helper jump`: a fork left with siglongjmp() from a signal
+ * handler that interrupted it between its prepare handlers, after the
+ * library's: that handler took the library's locks for a parent or child
+ * handler that never runs. The thread's next fork gives them back (its
+ * prepare handler runs above the abandoned fork's frames, not inside it):
+ * that fork's child answers and forks, and afterwards another thread's
+ * apply and this thread's calls return instead of waiting for the locks.
+ */
+static sigjmp_buf jump_buf;
+
+static void jump_out(int sig)
+{
+    (void)sig;
+    siglongjmp(jump_buf, 1);
+}
+
+static void *apply_thread(void *arg)
+{
+    (void)arg;
+    return (void *)(intptr_t)altpatch_apply();
+}
+
+static int jumped_out(void)
+{
+    alarm(10);
+    mt_top = getpid();
+    if (altpatch_apply() != 0 || site_value() != 2)
+        return 10;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = jump_out;
+    if (sigaction(SIGUSR1, &sa, NULL))
+        return 11;
+    if (sigsetjmp(jump_buf, 1) == 0) {
+        jump_arm = 1;
+        pid_t c = fork();
+        if (c == 0)
+            _exit(0);
+        return 12; /* the fork returned: no jump */
+    }
+    pid_t c = fork();
+    if (c < 0)
+        return 13;
+    if (c == 0) {
+        alarm(10);
+        _exit(still_works(20));
+    }
+    int s = 0;
+    if (waitpid(c, &s, 0) != c || !WIFEXITED(s) || WEXITSTATUS(s) != 0)
+        return 31;
+    pthread_t t;
+    void *applied = (void *)1;
+    if (pthread_create(&t, NULL, apply_thread, NULL) || pthread_join(t, &applied) ||
+        applied != NULL)
+        return 14;
+    if (altpatch_apply() != 0)
+        return 15;
+    return still_works(40);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -464,6 +535,8 @@ int main(int argc, char **argv)
         mt_orphan = 1;
         return orphaned_lock();
     }
+    if (!strcmp(argv[1], "jump"))
+        return jumped_out();
     if (!strcmp(argv[1], "setxid")) {
         mt_setxid = 1;
         return multi_threaded();

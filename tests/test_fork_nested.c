@@ -93,3 +93,14 @@ Test(fork_nested, inner_child_gives_up_another_threads_lock, .timeout = 60)
 {
     helper_mode("orphan");
 }
+
+/*
+ * A fork left with siglongjmp() from a signal handler between its prepare
+ * handlers, after the library's (which took its locks for handlers that
+ * never run): the thread's next fork gives them back. That fork's child
+ * answers and forks; then another thread's apply and this thread's return.
+ */
+Test(fork_nested, next_fork_recovers_from_a_fork_left_by_longjmp, .timeout = 60)
+{
+    helper_mode("jump");
+}
