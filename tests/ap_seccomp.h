@@ -48,17 +48,24 @@ static inline int ap_seccomp_allow_all(void)
     return AP_SECCOMP_INSTALL(f);
 }
 
+/** A filter that answers @p err to every system call @p nr and allows the
+ * rest: 0 or -errno. */
+static inline int ap_seccomp_refuse(unsigned nr, unsigned err)
+{
+    struct sock_filter f[] = {
+        AP_SECCOMP_PROLOGUE,
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (err & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    return AP_SECCOMP_INSTALL(f);
+}
+
 /** A filter that answers ENOTTY to every ioctl (as a kernel before 6.11
  * answers PROCMAP_QUERY) and allows the rest: 0 or -errno. */
 static inline int ap_seccomp_refuse_ioctl(void)
 {
-    struct sock_filter f[] = {
-        AP_SECCOMP_PROLOGUE,
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOTTY),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    return AP_SECCOMP_INSTALL(f);
+    return ap_seccomp_refuse(SYS_ioctl, ENOTTY);
 }
 
 #endif /* AP_TEST_SECCOMP_H */

@@ -104,6 +104,33 @@ static int answers(int base)
     return answers_as(base, true);
 }
 
+/* A fork whose child checks still_works(@p base): 0 in both processes
+ * when the child exited 0, else (in the parent) @p base + 11. */
+static int fork_child_works(int base)
+{
+    pid_t c = fork();
+    if (c < 0)
+        return base + 10;
+    if (c == 0) {
+        alarm(10);
+        _exit(still_works(base));
+    }
+    int s = 0;
+    if (waitpid(c, &s, 0) != c || !WIFEXITED(s) || WEXITSTATUS(s) != 0)
+        return base + 11;
+    return 0;
+}
+
+/* sigaction(@p sig) with handler @p fn, no flags, nothing else blocked. */
+static int on_signal(int sig, void (*fn)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = fn;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(sig, &sa, NULL);
+}
+
 /*
  * The library's fork handlers block every signal (the C library's own
  * aside) while they take and give back their locks (a trap there would kill
@@ -326,28 +353,17 @@ static int multi_threaded(void)
     main_thread = pthread_self();
     if (altpatch_apply() != 0 || site_value() != 2)
         return 10;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = fork_from_handler;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGUSR1, &sa, NULL) || pthread_atfork(mt_prepare_first, NULL, NULL))
+    if (on_signal(SIGUSR1, fork_from_handler) || pthread_atfork(mt_prepare_first, NULL, NULL))
         return 11;
     pthread_t t;
     if (pthread_create(&t, NULL, mt_thread, NULL))
         return 12;
     while (!mt_walks)
         sleep_ms(1);
-    pid_t c = fork();
-    if (c < 0)
-        return 13;
-    if (c == 0) {
-        alarm(10);
-        _exit(still_works(20));
-    }
-    int s = 0;
-    if (waitpid(c, &s, 0) != c || !WIFEXITED(s) || WEXITSTATUS(s) != 0)
-        return 31;
-    int r = still_works(40);
+    int r = fork_child_works(20);
+    if (r)
+        return r;
+    r = still_works(40);
     if (r)
         return r;
     if (getpid() != mt_top) /* the nested fork's child: worked, the kept maps descriptor closed */
@@ -426,14 +442,7 @@ static int orphaned_lock(void)
     main_thread = pthread_self();
     if (altpatch_apply() != 0 || site_value() != 2)
         return 10;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sigemptyset(&sa.sa_mask);
-    sa.sa_handler = orphan_outer_fork;
-    if (sigaction(SIGUSR1, &sa, NULL))
-        return 11;
-    sa.sa_handler = fork_from_handler;
-    if (sigaction(SIGUSR2, &sa, NULL))
+    if (on_signal(SIGUSR1, orphan_outer_fork) || on_signal(SIGUSR2, fork_from_handler))
         return 11;
     pthread_t t;
     if (pthread_create(&t, NULL, mt_thread, NULL))
@@ -468,7 +477,7 @@ static int orphaned_lock(void)
  * handler that interrupted it between its prepare handlers, after the
  * library's: that handler took the library's locks for a parent or child
  * handler that never runs. The thread's next fork gives them back (its
- * prepare handler runs above the abandoned fork's frames, not inside it):
+ * prepare handler runs where the left fork's did, not below it):
  * that fork's child answers and forks, and afterwards another thread's
  * apply and this thread's calls return instead of waiting for the locks.
  */
@@ -492,29 +501,19 @@ static int jumped_out(void)
     mt_top = getpid();
     if (altpatch_apply() != 0 || site_value() != 2)
         return 10;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sigemptyset(&sa.sa_mask);
-    sa.sa_handler = jump_out;
-    if (sigaction(SIGUSR1, &sa, NULL))
+    if (on_signal(SIGUSR1, jump_out))
         return 11;
+    /* both forks from the same frame: the next one runs where the left one
+     * did, not below it (a fork from a deeper frame is taken for one inside
+     * the left fork, and recovers nothing) */
     if (sigsetjmp(jump_buf, 1) == 0) {
         jump_arm = 1;
-        pid_t c = fork();
-        if (c == 0)
-            _exit(0);
+        (void)fork_child_works(20);
         return 12; /* the fork returned: no jump */
     }
-    pid_t c = fork();
-    if (c < 0)
-        return 13;
-    if (c == 0) {
-        alarm(10);
-        _exit(still_works(20));
-    }
-    int s = 0;
-    if (waitpid(c, &s, 0) != c || !WIFEXITED(s) || WEXITSTATUS(s) != 0)
-        return 31;
+    int r = fork_child_works(20);
+    if (r)
+        return r;
     pthread_t t;
     void *applied = (void *)1;
     if (pthread_create(&t, NULL, apply_thread, NULL) || pthread_join(t, &applied) ||

@@ -73,9 +73,9 @@ static void *loop(void *arg)
     return NULL;
 }
 
-/* In a child: a thread loops on @what, is cancelled and joined; then this
- * thread applies and forks. 0 when all of it returns. */
-static int scenario(int what)
+/* A scenario's start in its child: the watchdog, a debug line per apply,
+ * a first apply. 0, else a step's code. */
+static int scenario_start(void)
 {
     alarm(10);
     devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
@@ -85,6 +85,33 @@ static int scenario(int what)
     altpatch_set_print(print_to_null);
     if (altpatch_apply() != 0 || !altpatch_fs_self())
         return 11;
+    return 0;
+}
+
+/* After a cancelled thread: this thread applies, and forks a child that
+ * applies. 0 when all of it returns (a lock left held: the watchdog). */
+static int apply_and_fork(void)
+{
+    if (altpatch_apply() != 0)
+        return 14;
+    pid_t c = fork();
+    if (c < 0)
+        return 15;
+    if (c == 0)
+        _exit(altpatch_apply() == 0 ? 0 : 1);
+    int st = 0;
+    if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return 16;
+    return 0;
+}
+
+/* In a child: a thread loops on @what, is cancelled and joined; then this
+ * thread applies and forks. 0 when all of it returns. */
+static int scenario(int what)
+{
+    int r = scenario_start();
+    if (r)
+        return r;
     for (int round = 0; round < 20; round++) {
         pthread_t t;
         if (pthread_create(&t, NULL, loop, (void *)(long)what))
@@ -93,17 +120,8 @@ static int scenario(int what)
         nanosleep(&d, NULL);
         if (pthread_cancel(t) || pthread_join(t, NULL))
             return 13;
-        int r = altpatch_apply();
-        if (r != 0)
-            return 14;
-        pid_t c = fork();
-        if (c < 0)
-            return 15;
-        if (c == 0)
-            _exit(altpatch_apply() == 0 ? 0 : 1);
-        int st = 0;
-        if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            return 16;
+        if ((r = apply_and_fork()) != 0)
+            return r;
     }
     if (what == WHAT_FOREACH && !listed)
         return 18; /* no site listed: nothing was tested */
@@ -161,14 +179,9 @@ static void *pend_thread(void *arg)
  * this thread applies and forks. 0 when all of it returns as it should. */
 static int pending_scenario(int what)
 {
-    alarm(10);
-    devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (devnull < 0)
-        return 10;
-    setenv("ALTPATCH_DEBUG", "1", 1);
-    altpatch_set_print(print_to_null);
-    if (altpatch_apply() != 0 || !altpatch_fs_self())
-        return 11;
+    int r = scenario_start();
+    if (r)
+        return r;
     pthread_t t;
     void *res = NULL;
     if (pthread_create(&t, NULL, pend_thread, (void *)(long)what))
@@ -183,17 +196,7 @@ static int pending_scenario(int what)
         return 22;
     if (res != PTHREAD_CANCELED || pend_after)
         return 23; /* the cancellation was lost */
-    if (altpatch_apply() != 0)
-        return 14;
-    pid_t c = fork();
-    if (c < 0)
-        return 15;
-    if (c == 0)
-        _exit(altpatch_apply() == 0 ? 0 : 1);
-    int st = 0;
-    if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        return 16;
-    return 0;
+    return apply_and_fork();
 }
 
 static void run_body(int (*body)(int), int what)

@@ -189,13 +189,7 @@ static void unready_body(void *out, void *ctx)
 {
     struct unready_res *r = out;
     (void)ctx;
-    struct sock_filter f[] = {
-        AP_SECCOMP_PROLOGUE,
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_membarrier, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    r->installed = AP_SECCOMP_INSTALL(f) == 0 ? 1 : -1;
+    r->installed = ap_seccomp_refuse(SYS_membarrier, ENOSYS) == 0 ? 1 : -1;
     if (r->installed < 0)
         return;
     ap_warn_log[0] = '\0';

@@ -1484,13 +1484,7 @@ static void filled_ask_body(void *out, void *ctx)
     altpatch_set_print(count_lines);
     ap_log(ALTPATCH_WARN, "a line for the print callback\n");
     b[1] = ap_malloc_filled(SIZE); /* asked once: 0, advised */
-    struct sock_filter f[] = {
-        AP_SECCOMP_PROLOGUE,
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_prctl, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    r->installed = AP_SECCOMP_INSTALL(f) == 0 ? 1 : -1;
+    r->installed = ap_seccomp_refuse(SYS_prctl, EPERM) == 0 ? 1 : -1;
     b[2] = ap_malloc_filled(SIZE); /* no callback since the answer: not asked, advised */
     ap_log(ALTPATCH_WARN, "another line\n");
     b[3] = ap_malloc_filled(SIZE); /* asked: EPERM, no advice */
