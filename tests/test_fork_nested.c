@@ -15,6 +15,23 @@
 
 #include "ap_isolate.h"
 
+/* The helper run with @p arg in a process of its own: its exit code (killed
+ * by a signal, its alarm's on a hang: the test fails). */
+static int helper_exit(const char *arg)
+{
+    pid_t p = fork();
+    cr_assert_neq(p, -1);
+    if (p == 0) {
+        execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, arg, (char *)NULL);
+        _exit(127);
+    }
+    int s = 0;
+    cr_assert_eq(waitpid(p, &s, 0), p);
+    cr_assert(WIFEXITED(s), "fork_nested_helper %s: killed by signal %d (hung or crashed)", arg,
+              WIFSIGNALED(s) ? WTERMSIG(s) : 0);
+    return WEXITSTATUS(s);
+}
+
 Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
 {
     if (AP_SANITIZED)
@@ -29,19 +46,10 @@ Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
         cr_assert_leq(k, STEP_LIMIT, "the fork still runs after %d steps", STEP_LIMIT);
         char arg[16];
         snprintf(arg, sizeof(arg), "%d", k);
-        pid_t p = fork();
-        cr_assert_neq(p, -1);
-        if (p == 0) {
-            execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, arg, (char *)NULL);
-            _exit(127);
-        }
-        int s = 0;
-        cr_assert_eq(waitpid(p, &s, 0), p);
-        cr_assert(WIFEXITED(s), "step %d: killed by signal %d (hung or crashed)", k,
-                  WIFSIGNALED(s) ? WTERMSIG(s) : 0);
-        if (WEXITSTATUS(s) == 1)
+        int code = helper_exit(arg);
+        if (code == 1)
             break;
-        cr_assert_eq(WEXITSTATUS(s), 0, "step %d: code %d", k, WEXITSTATUS(s));
+        cr_assert_eq(code, 0, "step %d: code %d", k, code);
     }
     cr_assert_gt(k, 50, "the fork was stepped through %d instructions only", k);
     cr_log_info("the fork ended after %d steps", k - 1);
@@ -50,17 +58,8 @@ Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
 /* The helper in @p mode: it exits 0 (a hang: its alarm kills it). */
 static void helper_mode(const char *mode)
 {
-    pid_t p = fork();
-    cr_assert_neq(p, -1);
-    if (p == 0) {
-        execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, mode, (char *)NULL);
-        _exit(127);
-    }
-    int s = 0;
-    cr_assert_eq(waitpid(p, &s, 0), p);
-    cr_assert(WIFEXITED(s), "%s: killed by signal %d (hung or crashed)", mode,
-              WIFSIGNALED(s) ? WTERMSIG(s) : 0);
-    cr_assert_eq(WEXITSTATUS(s), 0, "%s: code %d", mode, WEXITSTATUS(s));
+    int code = helper_exit(mode);
+    cr_assert_eq(code, 0, "%s: code %d", mode, code);
 }
 
 /*

@@ -179,6 +179,29 @@ static void undo_prepare(struct undo_result *res)
     altpatch_set_print(starter);
 }
 
+/*
+ * Both scenarios' end: the apply of @p o, whose print callback starts the
+ * thread (refused before any write), then what memory holds and what the
+ * listing says of the sites in [@p lo, @p hi) and what @p sites (the
+ * function running them) returns; then the apply under @p again once the
+ * thread has left, and the same.
+ */
+static void undo_refused_then_again(struct undo_result *res, const struct altpatch_apply_opts *o,
+                                    const struct altpatch_features *again, const void *lo,
+                                    const void *hi, int (*sites)(void))
+{
+    armed = 1;
+    res->rc_busy = altpatch_apply_opts(o);
+    res->started = started;
+    res->denied_warnings = denied_warnings;
+    undo_look(&res->busy, lo, hi);
+    res->ret_busy = sites();
+    armed = 0;
+    res->rc_after = started ? undo_stop_thread_and_apply(again) : -1;
+    undo_look(&res->after, lo, hi);
+    res->ret_after = sites();
+}
+
 /* A library's first decision (ALWAYS), in an apply after the program's,
  * refused before the writer: the module is left as never decided, its sites
  * reported with their originals. */
@@ -200,16 +223,8 @@ static void first_body(void *out, void *ctx)
     if (!lo || !hi || !sites)
         _exit(5);
     res->size_ok = hi - lo == 5 * UNDO_N;
-    armed = 1; /* on the library's refused site, during the decisions */
-    res->rc_busy = altpatch_apply_opts(&o);
-    res->started = started;
-    res->denied_warnings = denied_warnings;
-    undo_look(&res->busy, lo, hi);
-    res->ret_busy = sites();
-    armed = 0;
-    res->rc_after = started ? undo_stop_thread_and_apply(always) : -1;
-    undo_look(&res->after, lo, hi);
-    res->ret_after = sites();
+    /* the thread starts on the library's refused site, during the decisions */
+    undo_refused_then_again(res, &o, always, lo, hi, sites);
     altpatch_features_free(always);
 }
 
@@ -272,15 +287,8 @@ static void switch_body(void *out, void *ctx)
         .sz = sizeof(o), .features = none, .flags = ALTPATCH_APPLY_NO_LIVE};
     res->rc_first = altpatch_apply_opts(&o);
     undo_scribble(UNDO_SCRIBBLED);
-    armed = 1;
     o.features = always;
-    res->rc_busy = altpatch_apply_opts(&o);
-    res->started = started;
-    res->denied_warnings = denied_warnings;
-    undo_look(&res->busy, undo_lo, undo_hi);
-    armed = 0;
-    res->rc_after = started ? undo_stop_thread_and_apply(always) : -1;
-    undo_look(&res->after, undo_lo, undo_hi);
+    undo_refused_then_again(res, &o, always, undo_lo, undo_hi, undo_sites);
     altpatch_features_free(none);
     altpatch_features_free(always);
 }
@@ -301,6 +309,7 @@ Test(undo, switch_refused_before_write_reports_memory)
                  "listed as originals %d, not written %d, other %d", r->busy.original,
                  r->busy.denied, r->busy.other);
     cr_assert_eq(r->busy.wrong, 0);
+    cr_assert_eq(r->ret_busy, 1, "the last site runs its original");
     /* the refusal's warning says why nothing was written: none per site */
     cr_assert_eq(r->denied_warnings, 0, "sites warned as not written: %d", r->denied_warnings);
     /* the next apply decides the sites not written again and writes them */
@@ -309,4 +318,5 @@ Test(undo, switch_refused_before_write_reports_memory)
     cr_assert_eq(r->after.patched, UNDO_N - 1);
     cr_assert_eq(r->after.mismatch, 1);
     cr_assert_eq(r->after.wrong, 0);
+    cr_assert_eq(r->ret_after, 2, "the last site runs its replacement");
 }
