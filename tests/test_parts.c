@@ -149,6 +149,7 @@ struct ctx {
     unsigned part;
     unsigned records; /* ap_records_keep_max: 0 decodes every site's records */
     bool deny; /* PR_SET_MDWE and ALTPATCH_APPLY_NO_PROCMEM: every write denied */
+    bool apart; /* ap_run_block_max 0: the queue in a block of its own */
 };
 
 static int seen_cb(const struct altpatch_site_info *si, void *p)
@@ -201,6 +202,8 @@ static struct altpatch_features *parts_begin(const struct ctx *c, int *mdwe,
 {
     ap_part_writes = c->part;
     ap_records_keep_max = c->records;
+    if (c->apart)
+        ap_run_block_max = 0;
     *o = (struct altpatch_apply_opts){.sz = sizeof(*o)};
     if (c->deny) {
         altpatch_set_print(NULL); /* the refusals are expected */
@@ -229,9 +232,9 @@ static void body(void *out, void *cv)
     altpatch_features_free(f);
 }
 
-static struct run *run_parts(unsigned part, unsigned records, bool deny)
+static struct run *run_parts_apart(unsigned part, unsigned records, bool deny, bool apart)
 {
-    struct ctx c = {part, records, deny};
+    struct ctx c = {part, records, deny, apart};
     struct run *r = ap_isolated(sizeof(*r), body, &c);
     if (deny)
         ap_mdwe_require(r->mdwe);
@@ -239,6 +242,11 @@ static struct run *run_parts(unsigned part, unsigned records, bool deny)
     cr_assert_eq(r->rc2, 0, "part of %u: the next apply %d", part, r->rc2);
     cr_assert_eq(r->n, N_SITES, "part of %u: %u sites listed", part, r->n);
     return r;
+}
+
+static struct run *run_parts(unsigned part, unsigned records, bool deny)
+{
+    return run_parts_apart(part, records, deny, false);
 }
 
 /* Written under the set {ALWAYS}: W and N. */
@@ -310,6 +318,31 @@ Test(parts, parts_of_one_three_and_all_agree)
                       parts[k]);
         for (unsigned i = 0; i < r->n; i++) {
             cr_assert_eq(r->s[i].addr, all->s[i].addr);
+            cr_assert_eq(r->s[i].state, all->s[i].state);
+            cr_assert_eq(r->s[i].chosen, all->s[i].chosen);
+        }
+    }
+}
+
+/* The queue in a block of its own (a run whose buffers together pass
+ * ap_run_block_max), in parts and whole: the same sites, bytes and stats. */
+Test(parts, a_queue_apart_agrees)
+{
+#ifdef PARTS_OUT_OF_ORDER
+    if ((uintptr_t)parts_low_site >= (uintptr_t)many)
+        cr_skip_test("the link did not put .text.hot below many() (GNU ld does)");
+#endif
+    struct run *all = run_parts(1u << 20, 1u << 20, false);
+    static const unsigned parts[] = {3, 1u << 20};
+    for (size_t q = 0; q < 2 * sizeof(parts) / sizeof(parts[0]); q++) {
+        size_t k = q / 2;
+        struct run *r = run_parts_apart(parts[k], records[q % 2], false, true);
+        assert_written(r, parts[k]);
+        cr_assert_eq(r->st.sites_seen, all->st.sites_seen);
+        cr_assert_eq(r->st.sites_patched, all->st.sites_patched);
+        cr_assert_eq(r->st.bytes_written, all->st.bytes_written);
+        cr_assert_eq(r->st.pages_written, all->st.pages_written);
+        for (unsigned i = 0; i < r->n; i++) {
             cr_assert_eq(r->s[i].state, all->s[i].state);
             cr_assert_eq(r->s[i].chosen, all->s[i].chosen);
         }
@@ -485,8 +518,13 @@ Test(parts, relocated_calls_in_every_part)
 {
     bool valgrind = ap_under_valgrind();
     static const unsigned parts[] = {1, 2, 1u << 20};
-    for (size_t q = 0; q < 4 * sizeof(parts) / sizeof(parts[0]); q++) {
-        struct ctx c = {parts[q / 4], records[q % 2], (q / 2) % 2 == 1};
+    /* q: the part, the writes denied or not, the records decoded or kept;
+     * then parts of 2 again with the queue in a block of its own
+     * (ap_run_block_max 0) */
+    size_t np = sizeof(parts) / sizeof(parts[0]);
+    for (size_t q = 0; q < 4 * np + 4; q++) {
+        size_t k = q / 4 < np ? q / 4 : 1;
+        struct ctx c = {parts[k], records[q % 2], (q / 2) % 2 == 1, q >= 4 * np};
         if (c.deny && valgrind)
             continue; /* PR_SET_MDWE would stop valgrind's own code generation */
         struct calls_run *r = ap_isolated(sizeof(*r), calls_body, &c);

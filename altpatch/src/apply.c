@@ -472,6 +472,7 @@ static inline void ap_queue(struct ap_write *q, size_t k, uintptr_t addr, const 
 }
 
 struct ap_run {
+    void *buf;          /* one block: the queue (unless r->wmod's), dec, arena */
     struct ap_dec *dec; /* written only where needed: slow sites, the log */
     size_t ndec;
     uint8_t *arena; /* final bytes of sites whose template has relative fields, or planned */
@@ -1430,6 +1431,9 @@ static struct ap_module *ap_first_module(const struct ap_run *r, struct ap_modul
     return best;
 }
 
+/* The most bytes the run's buffers share (host.h). */
+size_t ap_run_block_max = 32u << 20;
+
 /*
  * The run's per-site buffers for @p n sites of @p bytes, once, when a module
  * needs them (an apply where every module is settled allocates none). malloc,
@@ -1457,14 +1461,38 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
          * the module is decided) */
         wm->entries = e;
     }
-    r->dec = malloc((n ? n : 1) * sizeof(*r->dec));
-    r->arena = malloc(bytes ? bytes : 1);
-    size_t size = (n ? n : 1) * sizeof(*r->writes);
-    r->writes = wm             ? (struct ap_write *)(void *)wm->entries
-                : r->first_any
-                    ? ap_malloc_filled_head(size, r->part * sizeof(*r->writes))
-                    : malloc(size);
-    return r->dec && r->arena && r->writes ? 0 : -ENOMEM;
+    /* One block: the queue (unless the module's records hold it), the
+     * decisions, the arena; a run of thousands of sites maps it apart from
+     * the heap (malloc's threshold): one mapping made and unmade, not two.
+     * The queue has a block of its own when the whole would pass
+     * ap_run_block_max. */
+    _Static_assert(sizeof(struct ap_write) % _Alignof(struct ap_dec) == 0,
+                   "the queue, then the decisions, then bytes: each aligned in one block");
+    size_t nn = n ? n : 1, qsize = wm ? 0 : nn * sizeof(*r->writes);
+    size_t rest = nn * sizeof(*r->dec) + (bytes ? bytes : 1);
+    bool apart = qsize && qsize + rest > ap_run_block_max;
+    size_t size = (apart ? 0 : qsize) + rest;
+    size_t head = r->first_any && qsize ? r->part * sizeof(*r->writes) : 0; /* made present */
+    uint8_t *q, *b;
+    if (!apart) {
+        b = head ? ap_malloc_filled_head(size, head) : malloc(size);
+        q = qsize ? b : NULL;
+    } else {
+        q = head ? ap_malloc_filled_head(qsize, head) : malloc(qsize);
+        b = q ? malloc(size) : NULL;
+    }
+    if (!b || (qsize && !q)) {
+        if (q != b)
+            free(q);
+        free(b);
+        return -ENOMEM;
+    }
+    r->buf = b;
+    r->writes = wm ? (struct ap_write *)(void *)wm->entries : (struct ap_write *)(void *)q;
+    b += apart ? 0 : qsize;
+    r->dec = (struct ap_dec *)(void *)b;
+    r->arena = b + nn * sizeof(*r->dec);
+    return 0;
 }
 
 static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered);
@@ -2018,9 +2046,9 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
     for (size_t i = 0; i < r.ndetails; i++)
         free(r.details[i].text);
     free(r.details);
-    free(r.dec);
-    free(r.arena);
-    free(r.writes);
+    if (r.writes != (struct ap_write *)r.buf)
+        free(r.writes); /* a block of its own, or the records of r.wmod */
+    free(r.buf);
     free(r.mods);
     free(r.pst.runs);
     return err;

@@ -195,6 +195,17 @@ AP_HIDDEN void ap_maps_after_fork(bool close_kept);
 AP_HIDDEN extern unsigned ap_part_writes;
 
 /**
+ * The largest block an apply's buffers share (apply.c): its write queue,
+ * decisions and final bytes in one allocation up to this size, one mapping
+ * made and unmade per apply; beyond it the queue has a block of its own.
+ * glibc's largest dynamic mmap threshold, 32 MiB: a block up to it, once
+ * freed, raises the threshold, and the next apply's comes from the heap's
+ * pages (a warm apply finds them present), while a larger one is mapped
+ * afresh every time. Tests set 0 to give every queue its own block.
+ */
+AP_HIDDEN extern size_t ap_run_block_max;
+
+/**
  * The part an apply of @p sites sites uses: as many parts as parts of
  * ap_part_writes need, made equal (10,000 sites: 3 parts of 3334, not 4096,
  * 4096 and 1808), so that the queue's slots made present at once are no
