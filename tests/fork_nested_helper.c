@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -398,6 +399,11 @@ static volatile int orphan_outer_status = -1;
  * siglongjmp() after the library's prepare handler ran (jump_arm). */
 static volatile sig_atomic_t jump_arm;
 
+/* `fork_nested_helper altstack`: the forking thread's checks after the
+ * library's prepare handler ran (alt_arm; defined below). */
+static volatile sig_atomic_t alt_arm;
+static void alt_after_library(void);
+
 static void orphan_after_library(void)
 {
     if (orphan_arm && getpid() == mt_top) {
@@ -407,6 +413,10 @@ static void orphan_after_library(void)
     if (jump_arm && getpid() == mt_top) {
         jump_arm = 0;
         raise(SIGUSR1);
+    }
+    if (alt_arm && getpid() == mt_top) {
+        alt_arm = 0;
+        alt_after_library();
     }
 }
 
@@ -476,12 +486,20 @@ static int orphaned_lock(void)
  * `fork_nested_helper jump`: a fork left with siglongjmp() from a signal
  * handler that interrupted it between its prepare handlers, after the
  * library's: that handler took the library's locks for a parent or child
- * handler that never runs. The thread's next fork gives them back (its
- * prepare handler runs where the left fork's did, not below it):
- * that fork's child answers and forks, and afterwards another thread's
- * apply and this thread's calls return instead of waiting for the locks.
+ * handler that never runs, and they stay taken (fork() does not support
+ * leaving it so; a later fork cannot be told from one inside the left one).
+ * Never a hang for the thread, never a crash: its calls answer -EDEADLK,
+ * its next fork is taken for one inside the left fork (its child, whose
+ * thread holds the locks too, answers -EDEADLK and forks), and another
+ * thread's call waits.
  */
 static sigjmp_buf jump_buf;
+
+static int count_site(const struct altpatch_site_info *info, void *ctx)
+{
+    (void)info, (void)ctx;
+    return 0;
+}
 
 static void jump_out(int sig)
 {
@@ -489,10 +507,14 @@ static void jump_out(int sig)
     siglongjmp(jump_buf, 1);
 }
 
+static volatile sig_atomic_t waiter_done;
+
 static void *apply_thread(void *arg)
 {
     (void)arg;
-    return (void *)(intptr_t)altpatch_apply();
+    int r = altpatch_apply();
+    waiter_done = 1;
+    return (void *)(intptr_t)r;
 }
 
 static int jumped_out(void)
@@ -503,25 +525,163 @@ static int jumped_out(void)
         return 10;
     if (on_signal(SIGUSR1, jump_out))
         return 11;
-    /* both forks from the same frame: the next one runs where the left one
-     * did, not below it (a fork from a deeper frame is taken for one inside
-     * the left fork, and recovers nothing) */
     if (sigsetjmp(jump_buf, 1) == 0) {
         jump_arm = 1;
         (void)fork_child_works(20);
         return 12; /* the fork returned: no jump */
     }
-    int r = fork_child_works(20);
-    if (r)
-        return r;
-    pthread_t t;
-    void *applied = (void *)1;
-    if (pthread_create(&t, NULL, apply_thread, NULL) || pthread_join(t, &applied) ||
-        applied != NULL)
+    if (getpid() != mt_top)
+        _exit(13);
+    /* the left fork's locks are held right after the jump */
+    if (altpatch_apply() != -EDEADLK)
         return 14;
-    if (altpatch_apply() != 0)
+    if (altpatch_site_foreach(count_site, NULL) != -EDEADLK)
         return 15;
-    return still_works(40);
+    pid_t c = fork();
+    if (c < 0)
+        return 16;
+    if (c == 0) {
+        alarm(5);
+        if (altpatch_apply() != -EDEADLK)
+            _exit(21);
+        pid_t g = fork();
+        if (g == 0)
+            _exit(0);
+        int gs = 0;
+        _exit(g > 0 && waitpid(g, &gs, 0) == g && WIFEXITED(gs) && WEXITSTATUS(gs) == 0 ? 0 : 22);
+    }
+    int s = 0;
+    if (waitpid(c, &s, 0) != c || !WIFEXITED(s) || WEXITSTATUS(s) != 0)
+        return 30 + (WIFEXITED(s) ? WEXITSTATUS(s) % 20 : 19);
+    if (altpatch_apply() != -EDEADLK)
+        return 17;
+    pthread_t t;
+    if (pthread_create(&t, NULL, apply_thread, NULL))
+        return 18;
+    sleep_ms(200);
+    if (waiter_done)
+        return 19; /* another thread's apply got in */
+    return 0; /* that thread still waits: the process ends with it */
+}
+
+/*
+ * `fork_nested_helper altstack`: a fork from a signal handler inside the
+ * fork of a thread other than the main one, the handler on an alternate
+ * signal stack set up with SS_AUTODISARM (sigaltstack() reports no
+ * alternate stack while the handler runs) that lies above the thread's
+ * stack. The inner fork takes and gives back nothing: after it the outer
+ * fork still holds the library's locks -- the thread's own calls answer
+ * -EDEADLK, another thread's calls do not get in -- and the outer child
+ * answers.
+ */
+#ifndef SS_AUTODISARM
+#define SS_AUTODISARM (1u << 31)
+#endif
+enum { ALT_SIZE = 256 << 10 };
+static void *alt_stack;
+static volatile sig_atomic_t alt_stop, alt_moved;
+static volatile unsigned long alt_entered;
+static volatile int alt_held = 1, alt_inner_status = -1;
+
+static int alt_site(const struct altpatch_site_info *info, void *ctx)
+{
+    (void)info, (void)ctx;
+    alt_entered = alt_entered + 1;
+    return 1;
+}
+
+static void *alt_walker(void *arg)
+{
+    (void)arg;
+    while (!alt_stop)
+        (void)altpatch_site_foreach(alt_site, NULL);
+    return NULL;
+}
+
+static void alt_inner_fork(int sig)
+{
+    (void)sig;
+    pid_t c = fork();
+    if (c == 0)
+        _exit(0);
+    int s = -1;
+    if (c > 0 && waitpid(c, &s, 0) != c)
+        s = -1;
+    alt_inner_status = s;
+}
+
+static void alt_after_library(void)
+{
+    raise(SIGUSR1); /* its handler forks, on the alternate stack */
+    alt_held = altpatch_site_foreach(count_site, NULL);
+    unsigned long e0 = alt_entered;
+    sleep_ms(100); /* the other thread tries meanwhile */
+    alt_moved = alt_entered != e0;
+}
+
+static void *alt_forker(void *arg)
+{
+    (void)arg;
+    stack_t ss = {.ss_sp = alt_stack, .ss_size = ALT_SIZE, .ss_flags = (int)SS_AUTODISARM};
+    if (sigaltstack(&ss, NULL) != 0)
+        return (void *)(intptr_t)3; /* SS_AUTODISARM unknown (Linux 4.7) */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = alt_inner_fork;
+    sa.sa_flags = SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGUSR1, &sa, NULL))
+        return (void *)(intptr_t)11;
+    alt_arm = 1;
+    pid_t c = fork();
+    if (c == 0) {
+        alarm(5);
+        _exit(still_works(20));
+    }
+    alt_arm = 0;
+    int s = 0;
+    if (c < 0 || waitpid(c, &s, 0) != c || !WIFEXITED(s) || WEXITSTATUS(s) != 0)
+        return (void *)(intptr_t)(40 + (c > 0 && WIFEXITED(s) ? WEXITSTATUS(s) % 20 : 19));
+    return NULL;
+}
+
+static int altstack_fork(void)
+{
+    alarm(20);
+    mt_top = getpid();
+    if (altpatch_apply() != 0 || site_value() != 2)
+        return 10;
+    /* the alternate stack above the thread's */
+    uint8_t *m1 = mmap(NULL, ALT_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *m2 = mmap(NULL, ALT_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m1 == MAP_FAILED || m2 == MAP_FAILED)
+        return 12;
+    void *stack = m1 < m2 ? m1 : m2;
+    alt_stack = m1 < m2 ? m2 : m1;
+    pthread_t w, f;
+    if (pthread_create(&w, NULL, alt_walker, NULL))
+        return 13;
+    while (!alt_entered)
+        sleep_ms(1);
+    pthread_attr_t at;
+    if (pthread_attr_init(&at) || pthread_attr_setstack(&at, stack, ALT_SIZE) ||
+        pthread_create(&f, &at, alt_forker, NULL))
+        return 14;
+    void *code = NULL;
+    if (pthread_join(f, &code))
+        return 15;
+    alt_stop = 1;
+    if (pthread_join(w, NULL))
+        return 16;
+    if (code)
+        return (int)(intptr_t)code;
+    if (alt_inner_status == -1 || !WIFEXITED(alt_inner_status) || WEXITSTATUS(alt_inner_status))
+        return 30;
+    if (alt_held != -EDEADLK)
+        return 31; /* the outer fork's lock was given back */
+    if (alt_moved)
+        return 32; /* another thread got in during the fork */
+    return still_works(60);
 }
 
 int main(int argc, char **argv)
@@ -536,6 +696,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "jump"))
         return jumped_out();
+    if (!strcmp(argv[1], "altstack"))
+        return altstack_fork();
     if (!strcmp(argv[1], "setxid")) {
         mt_setxid = 1;
         return multi_threaded();

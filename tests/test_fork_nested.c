@@ -96,10 +96,22 @@ Test(fork_nested, inner_child_gives_up_another_threads_lock, .timeout = 60)
 /*
  * A fork left with siglongjmp() from a signal handler between its prepare
  * handlers, after the library's (which took its locks for handlers that
- * never run): the thread's next fork gives them back. That fork's child
- * answers and forks; then another thread's apply and this thread's return.
+ * never run): the locks stay taken. Right after the jump the thread's calls
+ * answer -EDEADLK; its next fork is taken for one inside the left fork (the
+ * child answers -EDEADLK and forks); another thread's apply waits.
  */
-Test(fork_nested, next_fork_recovers_from_a_fork_left_by_longjmp, .timeout = 60)
+Test(fork_nested, fork_left_by_longjmp_keeps_its_locks, .timeout = 60)
 {
     helper_mode("jump");
+}
+
+/*
+ * A fork from a signal handler inside a thread's fork, the handler on an
+ * alternate signal stack with SS_AUTODISARM above the thread's stack: the
+ * outer fork keeps its locks through the inner one (the thread's calls
+ * answer -EDEADLK, another thread's do not get in) and its child answers.
+ */
+Test(fork_nested, inner_fork_on_an_autodisarm_stack_keeps_the_outer_locks, .timeout = 60)
+{
+    helper_mode("altstack");
 }

@@ -90,31 +90,16 @@ AP_STATE static bool ap_lock_orphaned;
  * to inside the blocked part of its parent or child handler.
  *
  * A fork left by a longjmp between its handlers (a signal handler that
- * interrupted it jumps out) keeps what its prepare handler took, and its
- * count. The thread's next fork tells it from a fork inside that one by the
- * stack: an inner fork runs in a signal handler, whose frames lie below the
- * kernel's signal frame (over a kilobyte, with the FPU state) below the
- * interrupted instruction, which is inside fork() -- at most fork()'s own
- * frame, itself above the outer prepare handler's: so an inner prepare
- * handler runs below the outer one's stack pointer (ap_fork_sp), unless on
- * the alternate signal stack. One at or above it, not on that stack, runs
- * after the outer fork was left: it gives back what that fork took and goes
- * on as any fork. A next fork called from a deeper frame than the one left,
- * or on the alternate signal stack, is taken for an inner one (the locks
- * stay held: the thread's calls answer -EDEADLK, other threads' wait).
+ * interrupted it jumps out, which fork() does not support) keeps what its
+ * prepare handler took, and its count, for good: the thread's later forks
+ * are taken for forks inside it, its calls answer -EDEADLK and other
+ * threads' calls wait. A later fork of the thread cannot be told from one
+ * inside that fork without guessing (a signal handler may run on any stack,
+ * an alternate one with SS_AUTODISARM reports none), and a wrong guess gives
+ * an outer fork's locks back while it runs; in a process that has had a
+ * second thread the C library's own fork locks may stay held anyway.
  */
 static __thread volatile sig_atomic_t ap_fork_depth;
-static __thread uintptr_t ap_fork_sp;
-
-/* Whether the fork of this thread under way was left (above), for a prepare
- * handler running at stack pointer @p sp. */
-static bool ap_fork_left(uintptr_t sp)
-{
-    if (sp < ap_fork_sp)
-        return false;
-    stack_t ss;
-    return ap_sys(SYS_sigaltstack, 0, (long)&ss, 0, 0, 0) == 0 && !(ss.ss_flags & SS_ONSTACK);
-}
 
 /*
  * The pins are taken and released outside ap_lock (see ap_pins), inside the
@@ -221,28 +206,16 @@ static uint64_t ap_fork_signals(void)
     return set;
 }
 
-static void ap_atfork_release(void);
-
 static void ap_atfork_prepare(void)
 {
-    uintptr_t sp;
-    __asm__ volatile("mov %%rsp, %0" : "=r"(sp));
-    uint64_t mask;
     if (ap_fork_depth) {
-        if (!ap_fork_left(sp)) {
-            /* inside this thread's own fork, which holds everything (above) */
-            ap_fork_depth = ap_fork_depth + 1;
-            return;
-        }
-        /* that fork was left by a longjmp: what it took given back */
-        ap_signals_block(ap_fork_signals(), &mask);
-        ap_atfork_release();
-        ap_fork_depth = 0;
-        ap_signals_restore(&mask);
+        /* inside this thread's own fork, which holds everything (above) */
+        ap_fork_depth = ap_fork_depth + 1;
+        return;
     }
+    uint64_t mask;
     ap_signals_block(ap_fork_signals(), &mask);
     ap_fork_depth = 1;
-    ap_fork_sp = sp;
     uint32_t me = ap_token();
     if (ap_in == AP_IN_NONE && !ap_gate_mine && ap_tlock_owner(&ap_gate_mx) != me &&
         ap_tlock_owner(&ap_lock) != me) {
