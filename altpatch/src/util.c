@@ -189,8 +189,8 @@ static void ap_vlog(altpatch_print_fn fn, enum altpatch_print_level level, const
  */
 
 AP_STATE static bool ap_fill_on;
-/* ap_user_calls when this thread was last known to run without a seccomp
- * filter: the proof's, or the mode's answer 0 asked since */
+/* ap_user_calls when the proof was taken (this thread then ran without a
+ * seccomp filter, alone) */
 AP_STATE static unsigned long ap_fill_calls;
 /* ap_fill_ask()'s proof, not asked yet (NULL once asked, or none) */
 AP_STATE static bool (*ap_fill_prove)(void);
@@ -227,17 +227,15 @@ void *ap_malloc_filled_head(size_t size, size_t head)
         return p;
     /* A print callback of the application's called since the proof may
      * have installed a seccomp filter (one may kill the process for the
-     * advice): the mode asked again, once per such call. Without one, the
-     * proof holds as the writer's does (AP_POKE_SECCOMP_OFF): the process
-     * was alone and ran none of its code since. Direct system calls: a
-     * first apply binds neither prctl() nor madvise(). */
-    unsigned long calls = ap_user_calls_now();
-    if (calls != ap_fill_calls) {
-        if (ap_sys(SYS_prctl, PR_GET_SECCOMP, 0, 0, 0, 0) != 0) {
-            ap_fill_on = false; /* a mode is never cleared: not asked again */
-            return p;
-        }
-        ap_fill_calls = calls;
+     * advice), or started a thread that installs one at any time: no more
+     * advice until the next proof, and no question either (an answer would
+     * be old by the next system call). Without such a call, the proof holds
+     * as the writer's does (AP_POKE_SECCOMP_OFF): the process was alone and
+     * ran none of its code since. A direct system call: a first apply binds
+     * no madvise(). */
+    if (ap_user_calls_now() != ap_fill_calls) {
+        ap_fill_on = false;
+        return p;
     }
     ap_sys(SYS_madvise, (long)a, (long)(e - a), AP_MADV_POPULATE_WRITE, 0, 0);
     return p;

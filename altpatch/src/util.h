@@ -94,10 +94,10 @@ AP_HIDDEN void *ap_malloc_filled_head(size_t size, size_t head);
  * Allow ap_malloc_filled() its madvise() (@p on: the caller knows, from a
  * proof taken since its last call into the application's code, that no
  * seccomp filter runs in this single-threaded call, so an advice an older
- * kernel does not know cannot be fatal), or forbid it again. Where the print
- * callback was called since the proof (ap_user_calls; it may have installed
- * a filter), the next advice first asks PR_GET_SECCOMP, once per such call,
- * and none is given unless it answers 0.
+ * kernel does not know cannot be fatal), or forbid it again. Once the print
+ * callback has been called since the proof (ap_user_calls; it may have
+ * installed a filter, or started a thread that installs one later), no
+ * advice is given until the next proof.
  */
 AP_HIDDEN void ap_fill_allow(bool on);
 /**
