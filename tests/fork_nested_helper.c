@@ -495,7 +495,7 @@ static int orphaned_lock(void)
  */
 static sigjmp_buf jump_buf;
 
-static int count_site(const struct altpatch_site_info *info, void *ctx)
+static int walk_site(const struct altpatch_site_info *info, void *ctx)
 {
     (void)info, (void)ctx;
     return 0;
@@ -535,7 +535,7 @@ static int jumped_out(void)
     /* the left fork's locks are held right after the jump */
     if (altpatch_apply() != -EDEADLK)
         return 14;
-    if (altpatch_site_foreach(count_site, NULL) != -EDEADLK)
+    if (altpatch_site_foreach(walk_site, NULL) != -EDEADLK)
         return 15;
     pid_t c = fork();
     if (c < 0)
@@ -577,7 +577,7 @@ static int jumped_out(void)
 #ifndef SS_AUTODISARM
 #define SS_AUTODISARM (1u << 31)
 #endif
-enum { ALT_SIZE = 256 << 10 };
+enum { ALT_SIZE = 1 << 20 };
 static void *alt_stack;
 static volatile sig_atomic_t alt_stop, alt_moved;
 static volatile unsigned long alt_entered;
@@ -613,7 +613,7 @@ static void alt_inner_fork(int sig)
 static void alt_after_library(void)
 {
     raise(SIGUSR1); /* its handler forks, on the alternate stack */
-    alt_held = altpatch_site_foreach(count_site, NULL);
+    alt_held = altpatch_site_foreach(walk_site, NULL);
     unsigned long e0 = alt_entered;
     sleep_ms(100); /* the other thread tries meanwhile */
     alt_moved = alt_entered != e0;
