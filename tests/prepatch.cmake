@@ -6,7 +6,9 @@ if(TARGET test_prepatch AND TARGET prepatch_fixture AND TARGET altprepatch AND T
     PREPATCH_FIXTURE_FORMAT1="$<TARGET_FILE:prepatch_fixture_format1>"
     ALTPREPATCH="$<TARGET_FILE:altprepatch>"
     ALTDUMP="$<TARGET_FILE:altdump>"
-    PREPATCH_LIB="$<TARGET_FILE:apfix_dl>")
+    PREPATCH_LIB="$<TARGET_FILE:apfix_dl>"
+    PREPATCH_FIXTURE_PLAN="$<TARGET_FILE:prepatch_fixture_plan>"
+    PREPATCH_LIB_PLAN="$<TARGET_FILE:apfix_dlplan>")
   add_dependencies(test_prepatch prepatch_fixture prepatch_fixture_nopie prepatch_fixture_format1
-                   altprepatch altdump apfix_dl)
+                   altprepatch altdump apfix_dl prepatch_fixture_plan apfix_dlplan)
 endif()

@@ -1599,6 +1599,12 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
     /* a pre-patched module whose file chose what this feature set selects:
      * settled on memory's bytes, nothing planned (prepatch_load.c); a dry
      * run leaves the file's choices to the next apply */
+    /* a debug run shows each site's original */
+    if (r->debug && m->orig_in_file) {
+        int err = ap_prepatch_need(m);
+        if (err)
+            return err;
+    }
     if (m->prepatch_choices &&
         (r->keep ? ap_prepatch_settle(m, &memo->fs) : ap_prepatch_look(m, &memo->fs))) {
         m->settled_gen = ap_shapes_gen;
@@ -1607,7 +1613,16 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
                    m->path[0] ? m->path : "(main program)", m->nsites);
     }
     bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
-    if (settled && r->revert == m->left_orig && ap_still_settled(m)) {
+    bool stays = settled && r->revert == m->left_orig && ap_still_settled(m);
+    /* settled from its plan note: the originals are read from the file for
+     * anything but staying as it is (prepatch_load.c) */
+    if (!stays && m->orig_in_file) {
+        int err = ap_prepatch_need(m);
+        if (err)
+            return err;
+        settled = settled && !m->reason;
+    }
+    if (stays) {
         mr->path = AP_PATH_SETTLED;
         ap_settled_found++;
     } else {
@@ -2299,6 +2314,8 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
     for (struct ap_module *m = ap_mods; m && !ret; m = m->next) {
         if (!m->gone)
             ap_module_save(m); /* not decided yet: memory holds the originals */
+        if (!m->gone && m->orig_in_file)
+            ret = ap_prepatch_need(m); /* listed with the file's originals */
         for (size_t i = 0; i < m->nsites && !ret && !m->gone; i++) {
             struct altpatch_site_info info;
             ap_site_info(m, i, &info);

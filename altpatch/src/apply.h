@@ -139,6 +139,12 @@ struct altpatch_image {
     uint32_t planner; /* the planner version the file records */
     struct altpatch_features pfs;
     bool has_origsec;
+    /* the plan note: ALTPATCH_PLAN_NOTE_NONE, _EMPTY or _FILLED (plan_note
+     * decoded), its descriptor at file offset plan_off */
+    unsigned plan_state;
+    uint64_t plan_off;
+    uint32_t plansz;
+    struct ap_plan_note plan_note;
     struct ap_elf_section origsec;
     /* the last plan */
     bool planned;

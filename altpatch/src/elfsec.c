@@ -86,6 +86,12 @@ static size_t align_up(size_t x, size_t a)
 
 const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align, uint32_t *descsz)
 {
+    return ap_note_find_type(p, size, align, ALTPATCH_NOTE_TYPE, descsz);
+}
+
+const uint8_t *ap_note_find_type(const uint8_t *p, size_t size, size_t align, uint32_t type,
+                                 uint32_t *descsz)
+{
     size_t off = 0;
     while (size - off >= sizeof(Elf64_Nhdr)) {
         Elf64_Nhdr nh;
@@ -96,7 +102,7 @@ const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align, uint32_
         if (nh.n_namesz > size || nh.n_descsz > size || desc > size ||
             next > align_up(size, align) || next <= off)
             return NULL; /* malformed: stop, never read past the segment */
-        if (nh.n_type == ALTPATCH_NOTE_TYPE && nh.n_namesz == sizeof(ALTPATCH_NOTE_NAME) &&
+        if (nh.n_type == type && nh.n_namesz == sizeof(ALTPATCH_NOTE_NAME) &&
             memcmp(p + name, ALTPATCH_NOTE_NAME, sizeof(ALTPATCH_NOTE_NAME)) == 0 &&
             desc + nh.n_descsz <= size) {
             *descsz = nh.n_descsz;

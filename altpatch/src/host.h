@@ -626,6 +626,11 @@ struct ap_module {
      * run reports it): what ap_prepatch_agrees() compares with while
      * prepatch_choices holds. NULL: res holds them. */
     struct ap_site_result *prepatch_res;
+    /* A pre-patched module opened from its filled plan note (loaded, in the
+     * module: plan_note): orig holds memory's bytes, not the originals, until
+     * ap_prepatch_need() reads them from the file. */
+    bool orig_in_file;
+    const uint8_t *plan_note;
 };
 
 /** The template id of a site none of whose entries applies: its plan is its original. */
@@ -848,6 +853,26 @@ AP_HIDDEN int ap_modules_refresh_seen(struct ap_module **list, const struct ap_n
  * the module (m->reason, one WARN line). 0 or -ENOMEM.
  */
 AP_HIDDEN int ap_prepatch_originals(struct ap_module *m);
+
+/**
+ * Open pre-patched module @p m (its per-site arrays hold memory's bytes):
+ * from its plan note @p plan of @p plansz bytes where the writer filled it
+ * (the choices and planner version from the note, checked against memory;
+ * the file is not read: m->orig_in_file), else ap_prepatch_originals(). A
+ * note that does not hold refuses the module (BAD_TABLE, one warning). 0 or
+ * -ENOMEM.
+ */
+AP_HIDDEN int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz);
+
+/**
+ * The originals of @p m, opened from its plan note, read from its file now
+ * (with ap_prepatch_originals()'s checks, and the file's choices and planner
+ * version must be the note's): before anything plans, reverts or lists
+ * original bytes. Nothing to do when they are in memory already. A file
+ * that cannot be used refuses the module (BAD_TABLE, one warning: its sites
+ * keep the bytes they hold). 0 or -ENOMEM (then asked again next time).
+ */
+AP_HIDDEN int ap_prepatch_need(struct ap_module *m);
 
 /**
  * A pre-patched module @p m whose results still hold the file's choices

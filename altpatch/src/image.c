@@ -107,6 +107,22 @@ static int read_note(struct altpatch_image *img)
         if (off < 0 || (uint64_t)off != p->p_offset + rel)
             return fail(img, -ENOEXEC, "altpatch note not inside a loaded segment");
         img->note_off = (uint64_t)off;
+        /* the plan note, in the same segment (the header puts it right after) */
+        uint32_t plansz = 0;
+        const uint8_t *pd = ap_note_find_type(img->buf + p->p_offset, p->p_filesz, align,
+                                              ALTPATCH_PLAN_NOTE_TYPE, &plansz);
+        if (pd) {
+            uint64_t prel = (uint64_t)(pd - (img->buf + p->p_offset));
+            int64_t poff = file_off(img, p->p_vaddr + prel, plansz);
+            if (poff < 0 || (uint64_t)poff != p->p_offset + prel)
+                return fail(img, -ENOEXEC, "altpatch plan note not inside a loaded segment");
+            img->plan_off = (uint64_t)poff;
+            img->plansz = plansz;
+            int st = ap_plan_note_parse(pd, plansz, &img->plan_note);
+            if (st < 0)
+                return fail(img, -EBADMSG, "malformed altpatch plan note (%u bytes)", plansz);
+            img->plan_state = st ? ALTPATCH_PLAN_NOTE_FILLED : ALTPATCH_PLAN_NOTE_EMPTY;
+        }
         int r = ap_note_parse(d, descsz, p->p_vaddr + rel, &img->note);
         if (r == ALTPATCH_REASON_BAD_VERSION)
             return fail(img, -EPROTO,
@@ -204,6 +220,31 @@ static int read_prepatched(struct altpatch_image *img)
     if (p.table_addr != img->note.table_start ||
         p.table_size != img->note.table_end - img->note.table_start || p.nsites != img->nsites)
         return fail(img, -EBADMSG, "%s describes another table", AP_PREPATCH_SECTION);
+    if (img->plan_state == ALTPATCH_PLAN_NOTE_FILLED) {
+        /* the plan note is what a first apply believes: it must say what
+         * the section says, and hash the bytes the sites hold */
+        const struct ap_plan_note *pn = &img->plan_note;
+        size_t total = 0;
+        for (size_t i = 0; i < img->nsites; i++)
+            total += img->sites[i].len;
+        const char *why = NULL;
+        if (pn->nsites != img->nsites || pn->table_size != p.table_size)
+            why = "describes another table";
+        else if (pn->planner != p.planner)
+            why = "records another planner version";
+        else if (ap_bytes_hash(img->orig, total) != pn->hash)
+            why = "does not hash the bytes the sites hold";
+        for (size_t i = 0, pos = 0; !why && i < img->nsites; i++) {
+            const struct ap_site *s = &img->sites[i];
+            if (img->orig_off[i] == AP_NO_ORIG)
+                why = "covers a site outside the text";
+            else if (ap_prepatch_next(&p, &pos, &ps) ||
+                     ps.chosen != ap_plan_pick(&img->view, s, img->entries, &pn->fs))
+                why = "names other choices than the section";
+        }
+        if (why)
+            return fail(img, -EBADMSG, "altpatch plan note %s", why);
+    }
     size_t pos = 0;
     for (size_t i = 0; i < img->nsites; i++) {
         const struct ap_site *s = &img->sites[i];
@@ -400,6 +441,7 @@ ALTPATCH_API int altpatch_image_get_info(const struct altpatch_image *img,
     i.repl_size = img->view.repl.size;
     i.planned = img->planned;
     i.prepatched_planner = img->prepatched ? img->planner : 0;
+    i.plan_note = img->plan_state;
     memcpy(info, &i, sz);
     return 0;
 }
@@ -565,6 +607,32 @@ static uint8_t *build_record(const struct altpatch_image *img, const char *profi
     return b;
 }
 
+/*
+ * The plan note of the copy: filled when the plan is what its set selects at
+ * every site (none refused, none outside the text), which is then all a first
+ * apply needs to settle; else zeros (read from the file, as without a note).
+ */
+static void put_plan_note(const struct altpatch_image *img, uint8_t *desc)
+{
+    memset(desc, 0, ALTPATCH_PLAN_NOTE_SIZE);
+    size_t total = 0;
+    for (size_t i = 0; i < img->nsites; i++) {
+        const struct ap_site *s = &img->sites[i];
+        if (img->orig_off[i] == AP_NO_ORIG || img->plan[i].reason ||
+            img->plan[i].chosen != ap_plan_pick(&img->view, s, img->entries, &img->plan_fs))
+            return;
+        total += s->len;
+    }
+    struct ap_plan_note pn = {
+        .planner = AP_PREPATCH_PLANNER,
+        .nsites = (uint32_t)img->nsites,
+        .table_size = img->note.table_end - img->note.table_start,
+        .hash = ap_bytes_hash(img->final, total),
+        .fs = img->plan_fs,
+    };
+    ap_plan_note_put(desc, &pn);
+}
+
 /* Append (or move) the section of originals: returns the new file, or NULL with *err. */
 static uint8_t *with_section(const struct altpatch_image *img, const uint8_t *rec, size_t reclen,
                              size_t *outlen, int *err)
@@ -665,6 +733,8 @@ ALTPATCH_API int altpatch_image_write_mem(const struct altpatch_image *img,
     }
     uint32_t v = ap_format_prepatched(img->note.version);
     memcpy(out + img->note_off, &v, sizeof(v));
+    if (img->plan_state)
+        put_plan_note(img, out + img->plan_off);
     *buf = out;
     *len = outlen;
     return 0;

@@ -80,7 +80,8 @@ static void ap_text_regions(const struct dl_phdr_info *info, struct ap_view *v,
 /* ------------------------------------------------------------------------- */
 
 /** The module's altpatch note descriptor, or NULL. Only notes inside a PT_LOAD are read. */
-static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *descsz)
+static const uint8_t *ap_find_note_type(const struct dl_phdr_info *info, uint32_t type,
+                                        uint32_t *descsz)
 {
     for (size_t i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
@@ -91,11 +92,16 @@ static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *de
         if (start < info->dlpi_addr || !ap_in_load(info, start, start + ph->p_filesz))
             continue; /* not mapped by the module (a broken or hostile header): never read */
         const uint8_t *p = (const uint8_t *)(uintptr_t)start;
-        const uint8_t *d = ap_note_find(p, ph->p_filesz, align, descsz);
+        const uint8_t *d = ap_note_find_type(p, ph->p_filesz, align, type, descsz);
         if (d)
             return d;
     }
     return NULL;
+}
+
+static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *descsz)
+{
+    return ap_find_note_type(info, ALTPATCH_NOTE_TYPE, descsz);
 }
 
 /* Whether the callback's @p size covers the loader's counters. */
@@ -259,7 +265,7 @@ void ap_module_save_all(struct ap_module *m)
  * else by the module's first decision (apply.c), which reads every site's
  * memory anyway, or by whatever reads them before.
  */
-static int ap_save_originals(struct ap_module *m, uint64_t total)
+static int ap_save_originals(struct ap_module *m, uint64_t total, const struct dl_phdr_info *info)
 {
     size_t n = m->nsites;
     if (total >= AP_NO_ORIG32)
@@ -284,7 +290,9 @@ static int ap_save_originals(struct ap_module *m, uint64_t total)
     if (!ap_note_prepatched(&m->note))
         return 0;
     ap_module_save_all(m);
-    return ap_prepatch_originals(m);
+    uint32_t plansz = 0;
+    const uint8_t *plan = ap_find_note_type(info, ALTPATCH_PLAN_NOTE_TYPE, &plansz);
+    return ap_prepatch_open(m, plan, plansz);
 }
 
 /*
@@ -414,7 +422,7 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     m->entries_keep = sc.max_count > AP_SITE_ENTRIES;
     ap_module_facts(m, &sc);
     ap_module_apart(m, &sc);
-    return ap_save_originals(m, sc.site_bytes);
+    return ap_save_originals(m, sc.site_bytes, info);
 }
 
 void ap_module_drop_entries(struct ap_module *m)

@@ -128,3 +128,49 @@ size_t ap_prepatch_put_site(uint8_t *buf, const struct ap_prepatch_site *s)
     memcpy(buf + AP_PREPATCH_SITE_HDR + s->len, s->written, s->len);
     return AP_PREPATCH_SITE_HDR + 2u * s->len;
 }
+
+/* ------------------------------------------------------------------------- */
+/* The plan note (pure.h)                                                    */
+/* ------------------------------------------------------------------------- */
+
+_Static_assert(32 + AP_NCAPWORDS * 4 + 16 == ALTPATCH_PLAN_NOTE_SIZE, "plan note layout");
+
+int ap_plan_note_parse(const uint8_t *desc, size_t descsz, struct ap_plan_note *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!desc || descsz != ALTPATCH_PLAN_NOTE_SIZE)
+        return -EINVAL;
+    uint32_t state = get32(desc);
+    if (state == 0) {
+        for (size_t i = 0; i < ALTPATCH_PLAN_NOTE_SIZE; i++)
+            if (desc[i])
+                return -EINVAL;
+        return 0;
+    }
+    if (state != AP_PLAN_NOTE_FILLED || get32(desc + 12))
+        return -EINVAL;
+    out->planner = get32(desc + 4);
+    out->nsites = get32(desc + 8);
+    out->table_size = get64(desc + 16);
+    out->hash = get64(desc + 24);
+    for (size_t i = 0; i < AP_NCAPWORDS; i++)
+        out->fs.word[i] = get32(desc + 32 + 4 * i);
+    memcpy(out->fs.vendor, desc + 160, sizeof(out->fs.vendor));
+    if (!has_nul(out->fs.vendor, sizeof(out->fs.vendor)))
+        return -EINVAL;
+    return 1;
+}
+
+void ap_plan_note_put(uint8_t *buf, const struct ap_plan_note *n)
+{
+    uint32_t state = AP_PLAN_NOTE_FILLED;
+    memset(buf, 0, ALTPATCH_PLAN_NOTE_SIZE);
+    memcpy(buf, &state, 4);
+    memcpy(buf + 4, &n->planner, 4);
+    memcpy(buf + 8, &n->nsites, 4);
+    memcpy(buf + 16, &n->table_size, 8);
+    memcpy(buf + 24, &n->hash, 8);
+    for (size_t i = 0; i < AP_NCAPWORDS; i++)
+        memcpy(buf + 32 + 4 * i, &n->fs.word[i], 4);
+    memcpy(buf + 160, n->fs.vendor, strnlen(n->fs.vendor, sizeof(n->fs.vendor) - 1));
+}

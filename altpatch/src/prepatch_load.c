@@ -14,6 +14,14 @@
  * written there. Then the originals are taken; otherwise the module is
  * refused and runs as it is. Only a regular file is read (a FIFO or a device
  * at the path would block or answer anything).
+ *
+ * A module with a filled plan note (pure.h) is not read at all while its
+ * sites can stay as they are: the note gives the planner version, the set
+ * the file was planned for (so each site's choice: the entry that set
+ * selects) and a hash of the bytes written, checked against memory when the
+ * module is read. The originals are read from the file when something first
+ * needs them (ap_prepatch_need()), with every check above, and the file's
+ * choices must then be the note's.
  */
 #include <elf.h>
 #include <errno.h>
@@ -168,6 +176,93 @@ int ap_prepatch_originals(struct ap_module *m)
             m->res[i] = ap_res_ok(-1);
     m->prepatch_choices = choices;
     m->prepatch_planner = p.planner == AP_PREPATCH_PLANNER;
+    free(buf);
+    return 0;
+}
+
+/* Check the filled plan note @p pn against the module; NULL when it holds, else why not. */
+static const char *plan_mismatch(struct ap_module *m, const struct ap_plan_note *pn)
+{
+    if (pn->nsites != m->nsites || pn->table_size != m->table_size)
+        return "it describes another table";
+    /* the writer fills it only when every site lies in the text: then
+     * m->orig is every site's bytes, concatenated in table order */
+    for (size_t i = 0; i < m->nsites; i++) {
+        if (ap_orig_off(m, i) == AP_NO_ORIG)
+            return "a site lies outside the text";
+        struct ap_site_entries eb;
+        const struct ap_site *es;
+        const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
+        int pick = ap_plan_pick(&m->view, es, ents, &pn->fs);
+        if (pick < -1)
+            return "a site it says was planned is refused";
+        m->res[i] = ap_res_ok(pick);
+    }
+    if (ap_bytes_hash(m->orig, m->site_bytes) != pn->hash)
+        return "memory does not hold the bytes it says were written";
+    return NULL;
+}
+
+int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz)
+{
+    struct ap_plan_note pn;
+    int state = plan ? ap_plan_note_parse(plan, plansz, &pn) : 0;
+    if (state == 0) /* no note, or left empty by the writer: the file says */
+        return ap_prepatch_originals(m);
+    const char *why = state < 0 ? "malformed" : plan_mismatch(m, &pn);
+    if (why) {
+        for (size_t i = 0; i < m->nsites; i++)
+            m->res[i] = ap_res_ok(-1);
+        ap_log(ALTPATCH_WARN, "%s: pre-patched file: plan note refused: %s\n",
+               m->path[0] ? m->path : "main program", why);
+        m->reason = ALTPATCH_REASON_BAD_TABLE;
+        return 0;
+    }
+    m->plan_note = plan;
+    m->orig_in_file = true;
+    m->prepatch_choices = true;
+    m->prepatch_planner = pn.planner == AP_PREPATCH_PLANNER;
+    return 0;
+}
+
+int ap_prepatch_need(struct ap_module *m)
+{
+    if (!m->orig_in_file)
+        return 0;
+    const char *path = m->path[0] ? m->path : "/proc/self/exe";
+    uint8_t *buf = NULL;
+    struct ap_prepatch p;
+    const char *why = NULL;
+    int r = load_checked(m, path, &buf, &p, &why);
+    if (r < 0)
+        return r; /* -ENOMEM: asked again next time */
+    m->orig_in_file = false;
+    struct ap_plan_note pn;
+    if (!r && ap_plan_note_parse(m->plan_note, ALTPATCH_PLAN_NOTE_SIZE, &pn) == 1) {
+        size_t pos = 0;
+        struct ap_prepatch_site ps;
+        for (size_t i = 0; i < m->nsites && !why && ap_prepatch_next(&p, &pos, &ps) == 0; i++) {
+            struct ap_site_entries eb;
+            const struct ap_site *es;
+            const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
+            if (ps.chosen != ap_plan_pick(&m->view, es, ents, &pn.fs))
+                why = "its choices are not its plan note's";
+        }
+        if (!why && pn.planner != p.planner)
+            why = "its planner version is not its plan note's";
+    } else if (!r) {
+        why = "its plan note changed";
+    }
+    if (why) {
+        free(buf);
+        ap_log(ALTPATCH_WARN, "%s: pre-patched file: originals not usable: %s\n", path, why);
+        m->reason = ALTPATCH_REASON_BAD_TABLE;
+        return 0;
+    }
+    size_t pos = 0;
+    struct ap_prepatch_site ps;
+    for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++)
+        ap_copy_small(m->orig + ap_orig_off(m, i), ps.orig, ps.len);
     free(buf);
     return 0;
 }

@@ -394,6 +394,44 @@ AP_HIDDEN void ap_prepatch_put_header(uint8_t *buf, const struct ap_prepatch *p)
 /** Write one site record at @p buf; returns the bytes written. */
 AP_HIDDEN size_t ap_prepatch_put_site(uint8_t *buf, const struct ap_prepatch_site *s);
 
+/*
+ * The plan note (docs/format.md, "The plan note"): ALTPATCH_PLAN_NOTE_SIZE
+ * bytes the public header reserves, as zeros, right after the table note;
+ * loaded with the module. altprepatch fills it when the plan it wrote is
+ * exactly what its feature set selects at every site (no site refused, none
+ * outside the text): then the planner version, that set and a hash of every
+ * site's written bytes are all a first apply needs to settle the module
+ * without reading its file. Layout (little-endian, 4-byte aligned):
+ *   0   u32 state (0: empty, as compiled; 1: filled)
+ *   4   u32 planner version (AP_PREPATCH_PLANNER)
+ *   8   u32 nsites
+ *   12  u32 zero
+ *   16  u64 table size in bytes
+ *   24  u64 ap_bytes_hash() of the sites' written bytes, concatenated in table order
+ *   32  u32 feature words[32]
+ *   160 char vendor[16], NUL-terminated
+ */
+#define AP_PLAN_NOTE_FILLED 1u
+
+/** A filled plan note, decoded. */
+struct ap_plan_note {
+    uint32_t planner;
+    uint32_t nsites;
+    uint64_t table_size;
+    uint64_t hash;
+    struct altpatch_features fs;
+};
+
+/**
+ * Decode the plan note descriptor @p desc of @p descsz bytes: 1 filled (*@p
+ * out set), 0 empty (all zeros), -EINVAL anything else (another size, an
+ * unknown state, a vendor without its NUL, a nonzero reserved byte).
+ */
+AP_HIDDEN int ap_plan_note_parse(const uint8_t *desc, size_t descsz, struct ap_plan_note *out);
+
+/** Write @p n as a filled descriptor (ALTPATCH_PLAN_NOTE_SIZE bytes at @p buf). */
+AP_HIDDEN void ap_plan_note_put(uint8_t *buf, const struct ap_plan_note *n);
+
 /* ------------------------------------------------------------------------- */
 /* ELF sections and notes (elfsec.c)                                         */
 /* ------------------------------------------------------------------------- */
@@ -429,6 +467,10 @@ AP_HIDDEN int ap_elf_find_section(ap_elf_read_fn rd, void *ctx, uint64_t file_si
  */
 AP_HIDDEN const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align,
                                       uint32_t *descsz);
+
+/** ap_note_find() for the altpatch note of type @p type (ALTPATCH_PLAN_NOTE_TYPE). */
+AP_HIDDEN const uint8_t *ap_note_find_type(const uint8_t *p, size_t size, size_t align,
+                                           uint32_t type, uint32_t *descsz);
 
 /* ------------------------------------------------------------------------- */
 /* Instructions (insn.c: the only place that includes Zydis)                 */

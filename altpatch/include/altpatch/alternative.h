@@ -66,6 +66,16 @@
 /** ELF note owner name and type of the table note. */
 #define ALTPATCH_NOTE_NAME "altpatch"
 #define ALTPATCH_NOTE_TYPE 0x41505431 /* 'APT1' */
+/**
+ * Type and descriptor size of the plan note: space the header reserves next
+ * to the table note (zeros as compiled) where altprepatch records the plan it
+ * wrote into the sites, so that a pre-patched module's first apply settles
+ * from loaded memory without reading its file (docs/format.md, "The plan
+ * note"). Define ALTPATCH_NO_PLAN_NOTE before the first include to leave it
+ * out: a pre-patched copy then reads its file to settle, as before the note.
+ */
+#define ALTPATCH_PLAN_NOTE_TYPE 0x41504c31 /* 'APL1' */
+#define ALTPATCH_PLAN_NOTE_SIZE 176
 
 /** Flags live in the upper 16 bits of an ft_flags word (a format-1 record holds it as is). */
 #define ALT_FLAGS_SHIFT 16
@@ -78,6 +88,20 @@
 #define ALTPATCH_STR(x) ALTPATCH_STR_(x)
 #define ALTPATCH_PASTE2_(a, b) a##b
 #define ALTPATCH_PASTE_(a, b) ALTPATCH_PASTE2_(a, b)
+
+/* The plan note, in the same section right after the table note (one per
+ * module with it). */
+#ifdef ALTPATCH_NO_PLAN_NOTE
+#define ALTPATCH_PLAN_NOTE_ ""
+#else
+#define ALTPATCH_PLAN_NOTE_                                                                \
+    ".long 9\n"                                                                            \
+    ".long " ALTPATCH_STR(ALTPATCH_PLAN_NOTE_SIZE) "\n"                                     \
+    ".long " ALTPATCH_STR(ALTPATCH_PLAN_NOTE_TYPE) "\n"                                     \
+    ".asciz \"altpatch\"\n"                                                                \
+    ".balign 4\n"                                                                          \
+    ".zero " ALTPATCH_STR(ALTPATCH_PLAN_NOTE_SIZE) "\n"
+#endif
 
 /* One note per module: the .ifndef keeps it to one per object file, the COMDAT
  * group to one per linked module. */
@@ -100,6 +124,7 @@
     ".long " ALTPATCH_STR(ALTPATCH_PASTE_(__stop_, ALTPATCH_TABLE_NAME_)) " - .\n"           \
     ".long __start_altinstr_replacement - .\n"                                             \
     ".long __stop_altinstr_replacement - .\n"                                              \
+    ALTPATCH_PLAN_NOTE_                                                                    \
     ".popsection\n"                                                                        \
     ".endif\n"
 

@@ -86,6 +86,24 @@ struct altpatch_image_info {
      * byte up to sz is written, padding as 0.
      */
     unsigned prepatched_planner;
+    /**
+     * The file's plan note (loaded space next to the table note that the
+     * header reserves; docs/format.md, "The plan note"):
+     * ALTPATCH_PLAN_NOTE_NONE (built without it, or by an older header),
+     * ALTPATCH_PLAN_NOTE_EMPTY (as compiled, or a pre-patched copy whose plan
+     * is not its set's selection at every site: a first apply reads the file),
+     * ALTPATCH_PLAN_NOTE_FILLED (written by altprepatch: a first apply on a
+     * CPU that selects the same entries settles without reading the file).
+     * Only with sz covering it.
+     */
+    unsigned plan_note;
+};
+
+/** altpatch_image_info.plan_note values. */
+enum {
+    ALTPATCH_PLAN_NOTE_NONE = 0,
+    ALTPATCH_PLAN_NOTE_EMPTY = 1,
+    ALTPATCH_PLAN_NOTE_FILLED = 2,
 };
 
 /** Fill @p info (info->sz must be set). -EINVAL on a bad argument. */
