@@ -30,6 +30,12 @@
  *                              "rc N", the messages, counters, LIB's site list
  *   prepatch_fixture dllist LIB   apply, dlopen LIB, LIB's site list; apply:
  *                              counters and LIB's site list again
+ *   prepatch_fixture sealed    "before" lines, then no file can be opened any
+ *                              more (a seccomp filter answers open and openat
+ *                              EACCES): apply (messages, counters), run the
+ *                              primitives; REVERT: "rc N", counters, the site
+ *                              list; run them again as decided (no "site"
+ *                              lines: they open the file)
  *
  * Each run checks the primitives' values against oracles outside the
  * planner (pthread_self, sched_getcpu, the functions called), refuses to run
@@ -39,7 +45,14 @@
  * "prepatch_fixture MODE: ok" (exit 0) or FAIL lines (exit 1).
  */
 #include <dlfcn.h>
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <link.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -265,6 +278,28 @@ static void dl_calls(void *h, bool replaced, const char *when)
         fail("%s: library fs_self %p != pthread_self", when, fs());
 }
 
+/* From now on open() and openat() fail with EACCES (everything else runs). */
+static bool seal_open(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_open, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EACCES),
+    };
+    struct sock_fprog prog = {.len = (unsigned short)(sizeof(f) / sizeof(f[0])), .filter = f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L) ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) {
+        fail("seccomp filter: %s", strerror(errno));
+        return false;
+    }
+    return true;
+}
+
 static int dl_mode(const char *mode, const char *lib)
 {
     void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
@@ -362,6 +397,22 @@ int main(int argc, char **argv)
         print_stats();
         list_sites("");
         run(gs_block, 1);
+    } else if (strcmp(mode, "sealed") == 0) {
+        altpatch_set_print(log_line);
+        dump_as("before");
+        fflush(stdout);
+        if (!seal_open() || !apply(0))
+            return 1;
+        print_stats();
+        run(gs_block, 1);
+        struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = ALTPATCH_APPLY_REVERT};
+        int rc = altpatch_apply_opts(&o);
+        printf("rc %d\n", rc);
+        print_stats();
+        list_sites("");
+        run(gs_block, 1); /* what the sites hold: this CPU's plan */
+        printf("prepatch_fixture %s: %s\n", mode, failures ? "FAIL" : "ok");
+        return failures ? 1 : 0;
     } else if (strcmp(mode, "thread") == 0 || strcmp(mode, "threadrevert") == 0) {
         /* an apply (or a REVERT) refused to patch live while another thread
          * runs: its return value ("rc N"), then counters when it returned 0 */
@@ -403,7 +454,7 @@ int main(int argc, char **argv)
         run(gs_block, 1);
     } else {
         fail("usage: prepatch_fixture apply|revert|noapply|stats|drystats|again|thread|"
-             "threadrevert | "
+             "threadrevert|sealed | "
              "replaced|replacedagain FILE | dl|dlnoapply|dllist|dlfifo LIB");
         return 2;
     }

@@ -174,6 +174,7 @@ struct ad_image {
     bool prepatched;
     char pp_profile[64];
     unsigned pp_planner; /* the planner version .altpatch.orig records */
+    unsigned pp_plan_note; /* ALTPATCH_PLAN_NOTE_NONE, _EMPTY or _FILLED */
     struct altpatch_features *pp_fs; /* owned: the set the file was planned for */
     uint8_t *pp_written;            /* owned */
     size_t pp_nsites;               /* sites of the library's reading of the file */
@@ -395,5 +396,8 @@ enum ad_mem_state {
  * AD_EXIT_* code (AD_EXIT_REFUSED when any site mismatches).
  */
 int ad_pid_report(long pid, const struct ad_opts *o);
+
+/** "none", "empty" or "filled": a pre-patched file's plan note (ALTPATCH_PLAN_NOTE_*). */
+const char *ad_plan_note_name(unsigned state);
 
 #endif /* ALTDUMP_H */

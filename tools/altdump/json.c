@@ -298,9 +298,11 @@ void ad_json_image(struct ad_json *j, const struct ad_image *img, const struct a
         if (img->prepatched) {
             ad_json_str(j, "prepatched", img->pp_profile);
             ad_json_uint(j, "prepatched_planner", img->pp_planner);
+            ad_json_str(j, "prepatched_plan_note", ad_plan_note_name(img->pp_plan_note));
         } else {
             ad_json_null(j, "prepatched");
             ad_json_null(j, "prepatched_planner");
+            ad_json_null(j, "prepatched_plan_note");
         }
     } else {
         ad_json_null(j, "note");

@@ -123,6 +123,7 @@ int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
     img->pp_nsites = info.sites;
     snprintf(img->pp_profile, sizeof(img->pp_profile), "%s", info.prepatched_profile);
     img->pp_planner = info.prepatched_planner;
+    img->pp_plan_note = info.plan_note;
     altpatch_image_close(li);
     if (w.rc)
         return w.rc;
@@ -171,4 +172,11 @@ size_t ad_prepatched_check(FILE *f, const struct ad_image *img)
     }
     free(plans);
     return bad;
+}
+
+const char *ad_plan_note_name(unsigned state)
+{
+    return state == ALTPATCH_PLAN_NOTE_FILLED  ? "filled"
+           : state == ALTPATCH_PLAN_NOTE_EMPTY ? "empty"
+                                               : "none";
 }

@@ -115,6 +115,15 @@ void ad_print_table(FILE *f, const struct ad_image *img, const struct ad_plan *p
     if (img->prepatched)
         fprintf(f, "pre-patched for %s (planner version %u): the sites hold its plan; originals in %s\n",
                 img->pp_profile, img->pp_planner, AD_PREPATCH_SECTION);
+    if (img->prepatched)
+        fprintf(f, "plan note: %s%s\n", ad_plan_note_name(img->pp_plan_note),
+                img->pp_plan_note == ALTPATCH_PLAN_NOTE_FILLED
+                    ? " (a first apply that selects the same entries settles without reading "
+                      "the file)"
+                : img->pp_plan_note == ALTPATCH_PLAN_NOTE_EMPTY
+                    ? " (the plan is not its set's selection at every site: a first apply "
+                      "reads the file)"
+                    : " (built without it: a first apply reads the file)");
     fprintf(f, "cpu %s (%s): %zu replaced, %zu kept, %zu refused\n", o->cpu->spec,
             altpatch_features_vendor(o->cpu->fs), repl, kept, ref);
     for (size_t i = 0; i < img->nsites; i++)
