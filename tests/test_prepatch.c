@@ -1579,3 +1579,346 @@ Test(prepatch_record, round_trip_and_every_cut_refused)
     cr_assert_eq(p.planner, 0);
     cr_assert_eq(ap_prepatch_parse(NULL, n, &p), -EINVAL);
 }
+
+/* ------------------------------------------------------------------------- */
+/* The plan note: settling from loaded memory                                */
+/* ------------------------------------------------------------------------- */
+
+TestSuite(plan_note, .init = setup, .fini = teardown, .timeout = 120);
+
+/* The plan note state altpatch_image_get_info() reads in @p file. */
+static unsigned plan_note_of(const char *file)
+{
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(file, NULL, &img), 0, "open %s", file);
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
+    altpatch_image_close(img);
+    return info.plan_note;
+}
+
+/*
+ * The header reserves the note (empty as compiled; none where the program
+ * opts out); altprepatch fills it for a copy whose plan is its set's
+ * selection at every site, and a copy made from that copy for another set
+ * holds the other set's note.
+ */
+Test(plan_note, reserved_and_filled)
+{
+    cr_assert_eq(plan_note_of(PREPATCH_FIXTURE_PLAN), ALTPATCH_PLAN_NOTE_EMPTY);
+    cr_assert_eq(plan_note_of(PREPATCH_LIB_PLAN), ALTPATCH_PLAN_NOTE_EMPTY);
+    cr_assert_eq(plan_note_of(PREPATCH_FIXTURE), ALTPATCH_PLAN_NOTE_NONE);
+    cr_assert_eq(plan_note_of(PREPATCH_LIB), ALTPATCH_PLAN_NOTE_NONE);
+    for (size_t i = 0; i < NPROFILES; i++) {
+        const char *pre = prepatch(PREPATCH_FIXTURE_PLAN, profiles[i]);
+        cr_assert_eq(plan_note_of(pre), ALTPATCH_PLAN_NOTE_FILLED, "%s", profiles[i]);
+        check_written(PREPATCH_FIXTURE_PLAN, pre, profiles[i]);
+    }
+    /* pre-patched again from a copy: the note is the new set's */
+    char first[160];
+    snprintf(first, sizeof(first), "%s", prepatch(PREPATCH_FIXTURE_PLAN, "amd-zen4"));
+    char again[200];
+    snprintf(again, sizeof(again), "%s.again", first);
+    cr_assert_eq(rename(first, again), 0);
+    const char *pre = prepatch(again, "baseline");
+    cr_assert_eq(plan_note_of(pre), ALTPATCH_PLAN_NOTE_FILLED);
+    check_written(PREPATCH_FIXTURE_PLAN, pre, "baseline");
+    /* a copy without the note stays without it */
+    pre = prepatch(PREPATCH_FIXTURE, "host");
+    cr_assert_eq(plan_note_of(pre), ALTPATCH_PLAN_NOTE_NONE);
+}
+
+/* With the note: settled for the applied set, planned for another (as without). */
+Test(plan_note, settles_for_the_applied_set)
+{
+    settles(PREPATCH_FIXTURE_PLAN, NULL);
+}
+
+Test(plan_note, settles_under_clearcpuid)
+{
+    settles(PREPATCH_FIXTURE_PLAN, "fsgsbase");
+}
+
+/* Lazy originals: REVERT after an apply settled from the note writes the
+ * compiler's bytes back, byte for byte; the next apply brings the file's
+ * bytes back. */
+Test(plan_note, settled_reverts_and_applies_again)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
+    char *want = run_ok(NULL, PREPATCH_FIXTURE_PLAN, "again");
+    char *out = run_ok(NULL, pre, "again");
+    cr_assert(strstr(out, SETTLED_LOG), "%s", out);
+    cr_assert(!strstr(out, "not usable"), "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    char *orig_l = file_sites(PREPATCH_FIXTURE_PLAN, false);
+    char *rev = lines_of(out, "reverted");
+    cr_assert_str_eq(rev, orig_l, "REVERT after a settled apply did not restore the originals");
+    char *file_l = file_sites(pre, false);
+    char *after = lines_of(out, "site"), *want_sites = lines_of(want, "site");
+    cr_assert_str_eq(after, file_l, "the apply after REVERT did not bring the file's bytes back");
+    cr_assert_str_eq(after, want_sites);
+    same_lines(out, want, "state");
+    free(orig_l);
+    free(rev);
+    free(file_l);
+    free(after);
+    free(want_sites);
+    free(out);
+    free(want);
+    altpatch_features_free(fs);
+}
+
+/* Lazy originals: a copy made for another set (FSGSBASE toggled) is planned
+ * from the file's originals and rewritten to the plain program's bytes;
+ * one for the set ALTPATCH_CLEARCPUID takes away is too. */
+Test(plan_note, other_set_is_planned_from_the_file)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    toggle_fsgsbase(fs);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "other");
+    char *want = run_ok(NULL, PREPATCH_FIXTURE_PLAN, "stats");
+    char *out = run_ok(NULL, pre, "stats");
+    cr_assert(!strstr(out, SETTLED_LOG), "%s", out);
+    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    same_lines(out, want, "state");
+    same_lines(out, want, "site");
+    free(out);
+    free(want);
+    altpatch_features_free(fs);
+}
+
+/* The "state" lines of @p out: every site REFUSED for @p reason, holding the
+ * bytes its "before" line says (memory unchanged since before the apply). */
+static void refused_holding_before(const char *out, int reason)
+{
+    char *states = lines_of(out, "state"), *before = lines_of(out, "before");
+    char *mem = calloc(1, strlen(states) + 1);
+    cr_assert_not_null(mem);
+    cr_assert_str_neq(states, "", "%s", out);
+    for (char *l = states; *l;) {
+        char addr[32], cur[600];
+        int state, why;
+        cr_assert_eq(sscanf(l, " %31s %d %*d %d %599s", addr, &state, &why, cur), 4, "%s", l);
+        cr_assert_eq(state, ALTPATCH_SITE_REFUSED, "%s", l);
+        cr_assert_eq(why, reason, "%s", l);
+        sprintf(mem + strlen(mem), " %s %s\n", addr, cur);
+        l = strchr(l, '\n') + 1;
+    }
+    cr_assert_str_eq(mem, before, "memory changed:\n%s", out);
+    free(mem);
+    free(states);
+    free(before);
+}
+
+/*
+ * No file is read by a first apply that settles from the note: with open()
+ * and openat() refused from before the first apply on, a copy for the
+ * applied set settles (nothing written, every primitive right); the REVERT
+ * after it needs the originals, cannot read them, refuses the module with
+ * a warning and writes nothing (the sites still hold this CPU's plan, and
+ * the primitives still run as decided). The same copy without the note
+ * reads its file in its first apply: refused there.
+ */
+Test(plan_note, settles_without_opening_a_file)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
+    char *out = run_ok(NULL, pre, "sealed");
+    char *first = strstr(out, "\nstats ");
+    cr_assert_not_null(first, "%s", out);
+    cr_assert(strstr(out, SETTLED_LOG), "%s", out);
+    cr_assert(strstr(out, "originals not usable: Permission denied"), "%s", out);
+    cr_assert_lt((size_t)(strstr(out, SETTLED_LOG) - out), (size_t)(first - out));
+    cr_assert_gt((size_t)(strstr(out, "not usable") - out), (size_t)(first - out),
+                 "the first apply read the file:\n%s", out);
+    cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    char *second = strstr(first + 1, "\nstats ");
+    cr_assert_not_null(second, "%s", out);
+    cr_assert(strstr(out, "\nrc 0\n"), "%s", out);
+    cr_assert_eq(stat_of(second, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(second, "refused"), stat_of(second, "seen"), "%s", out);
+    refused_holding_before(out, ALTPATCH_REASON_BAD_TABLE);
+    free(out);
+
+    /* without the note: the first apply reads the file */
+    pre = prepatch_fs(PREPATCH_FIXTURE, fs, "noteless");
+    char *err;
+    int st = run("env -u ALTPATCH_CLEARCPUID", pre, "sealed", &out, &err);
+    cr_assert_eq(st, 1, "%s%s", out, err);
+    cr_assert(strstr(out, "originals not usable: Permission denied"), "%s", out);
+    cr_assert(!strstr(out, SETTLED_LOG), "%s", out);
+    free(out);
+    free(err);
+    altpatch_features_free(fs);
+}
+
+/*
+ * A library settles from its note whatever its path holds now: with a FIFO
+ * in place of its file (reading it would block) its apply writes nothing,
+ * refuses nothing, and the library's calls run replaced. Listing its sites
+ * afterwards needs the originals: the FIFO is refused then (one warning).
+ */
+Test(plan_note, library_settles_with_a_fifo_at_its_path)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_LIB_PLAN, fs, "lib");
+    char lib[200], args[420], *out, *err;
+    snprintf(lib, sizeof(lib), "%s.so", pre);
+    cr_assert_eq(rename(pre, lib), 0);
+    char *file_l = file_sites(lib, false);
+    snprintf(args, sizeof(args), "dlfifo '%s'", lib);
+    int st = run("env -u ALTPATCH_CLEARCPUID timeout -k 2 30", PREPATCH_FIXTURE, args, &out,
+                 &err);
+    cr_assert(st != 124 && st != 128 + 9, "the apply blocked on a FIFO:\n%s%s", out, err);
+    cr_assert_eq(st, 0, "dlfifo -> %d:\n%s%s", st, out, err);
+    cr_assert(strstr(out, "rc 0\n"), "%s", out);
+    char *stats = strstr(out, "\nstats ");
+    cr_assert_not_null(stats, "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    char settled[300];
+    snprintf(settled, sizeof(settled), "%s: " SETTLED_LOG, lib);
+    cr_assert(strstr(out, settled), "%s", out);
+    char *fifo = strstr(out, "not a regular file");
+    cr_assert(fifo && fifo > stats, "the apply read the library's path:\n%s", out);
+    /* its sites hold the file's bytes, listed with the file's choices */
+    char *states = lines_of(out, "state"), *mem = calloc(1, strlen(states) + 1);
+    cr_assert_not_null(mem);
+    cr_assert_str_neq(states, "", "%s", out);
+    for (char *l = states; *l;) {
+        char addr[32], cur[600];
+        int state, reason;
+        cr_assert_eq(sscanf(l, " %31s %d %*d %d %599s", addr, &state, &reason, cur), 4, "%s", l);
+        cr_assert_neq(state, ALTPATCH_SITE_REFUSED, "%s", l);
+        sprintf(mem + strlen(mem), " %s %s\n", addr, cur);
+        l = strchr(l, '\n') + 1;
+    }
+    cr_assert_str_eq(mem, file_l, "the library's memory is not its file's bytes");
+    free(mem);
+    free(states);
+    free(file_l);
+    free(out);
+    free(err);
+    altpatch_features_free(fs);
+}
+
+/* Copy @p src to @p dst with @p edit applied to its filled plan note's descriptor. */
+static void forged_note_copy(const char *src, const char *dst, void (*edit)(uint8_t *desc))
+{
+    size_t len;
+    uint8_t *b = slurp(src, &len);
+    /* the note header: namesz 9, descsz, type, "altpatch\0" padded to 12 */
+    uint8_t hdr[24] = {9, 0, 0, 0};
+    uint32_t dsz = ALTPATCH_PLAN_NOTE_SIZE, type = ALTPATCH_PLAN_NOTE_TYPE;
+    memcpy(hdr + 4, &dsz, 4);
+    memcpy(hdr + 8, &type, 4);
+    memcpy(hdr + 12, "altpatch", 9);
+    uint8_t *n = memmem(b, len, hdr, sizeof(hdr));
+    cr_assert_not_null(n, "no plan note in %s", src);
+    uint32_t state;
+    memcpy(&state, n + 24, 4);
+    cr_assert_eq(state, 1, "the plan note of %s is not filled", src);
+    edit(n + 24);
+    write_file(dst, b, len);
+    cr_assert_eq(chmod(dst, 0755), 0);
+    free(b);
+}
+
+static void edit_hash(uint8_t *d)
+{
+    d[24] ^= 1;
+}
+static void edit_nsites(uint8_t *d)
+{
+    d[8] += 1;
+}
+static void edit_state(uint8_t *d)
+{
+    d[0] = 7;
+}
+static void edit_fsgsbase(uint8_t *d)
+{
+    /* feature words at +32: FSGSBASE is word 9, bit 0 */
+    d[32 + 9 * 4] ^= 1;
+}
+
+/*
+ * A forged or inconsistent note is refused with its reason, the module is
+ * refused and nothing is written (the site list: every site refused, memory
+ * as before the apply); the image API (altdump, altprepatch) rejects the
+ * file. A note whose set was changed is believed where the records'
+ * selection under it is still what memory's hash says: it is checked when
+ * the file is read -- the apply for the applied set (which selects other
+ * entries than the forged set) plans, reads the file and finds the choices
+ * are not the note's.
+ */
+Test(plan_note, forged_note_refused)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    char same[160];
+    snprintf(same, sizeof(same), "%s", prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same"));
+    struct {
+        void (*edit)(uint8_t *);
+        const char *why;
+    } cases[] = {
+        {edit_hash, "plan note refused: memory does not hold the bytes it says were written"},
+        {edit_nsites, "plan note refused: it describes another table"},
+        {edit_state, "plan note refused: malformed"},
+        {edit_fsgsbase, "originals not usable: its choices are not its plan note's"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char dst[200];
+        snprintf(dst, sizeof(dst), "%s/forged%zu", tmpdir, i);
+        forged_note_copy(same, dst, cases[i].edit);
+        struct altpatch_image *img = NULL;
+        altpatch_set_print(quiet);
+        cr_assert_neq(altpatch_image_open(dst, NULL, &img), 0, "case %zu opened", i);
+        altpatch_set_print(NULL);
+        char *out, *err;
+        int st = run("env -u ALTPATCH_CLEARCPUID", dst, "stats", &out, &err);
+        /* the fixture's own listing opens the file with the image API: it
+         * fails, and so does its apply (every site refused) */
+        cr_assert_eq(st, 1, "case %zu:\n%s%s", i, out, err);
+        cr_assert(strstr(out, cases[i].why), "case %zu:\n%s", i, out);
+        cr_assert(strstr(out, " 0 bytes in 0 pages"), "case %zu wrote:\n%s", i, out);
+        cr_assert(!strstr(out, SETTLED_LOG), "case %zu:\n%s", i, out);
+        free(out);
+        free(err);
+    }
+    altpatch_features_free(fs);
+}
+
+/* altdump shows the note: text and JSON. */
+Test(plan_note, altdump_shows_it)
+{
+    const char *pre = prepatch(PREPATCH_FIXTURE_PLAN, "amd-zen4");
+    char args[512], *o, *e;
+    snprintf(args, sizeof(args), "'%s'", pre);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, "\nplan note: filled ("), "%s", o);
+    free(o);
+    free(e);
+    snprintf(args, sizeof(args), "--json '%s'", pre);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
+    cr_assert_str_eq(json_value(o, "prepatched_plan_note"), "\"filled\"", "%s", o);
+    free(o);
+    free(e);
+    pre = prepatch(PREPATCH_FIXTURE, "amd-zen4");
+    snprintf(args, sizeof(args), "'%s'", pre);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, "\nplan note: none ("), "%s", o);
+    free(o);
+    free(e);
+    snprintf(args, sizeof(args), "--json '%s'", pre);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
+    cr_assert_str_eq(json_value(o, "prepatched_plan_note"), "\"none\"", "%s", o);
+    free(o);
+    free(e);
+    snprintf(args, sizeof(args), "--json '%s'", PREPATCH_FIXTURE_PLAN);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
+    cr_assert_str_eq(json_value(o, "prepatched_plan_note"), "null", "%s", o);
+    free(o);
+    free(e);
+}
