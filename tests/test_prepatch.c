@@ -1838,6 +1838,10 @@ static void edit_state(uint8_t *d)
 {
     d[0] = 7;
 }
+static void edit_reserved(uint8_t *d)
+{
+    d[12] = 1;
+}
 static void edit_fsgsbase(uint8_t *d)
 {
     /* feature words at +32: FSGSBASE is word 9, bit 0 */
@@ -1865,7 +1869,6 @@ Test(plan_note, forged_note_refused)
     } cases[] = {
         {edit_hash, "plan note refused: memory does not hold the bytes it says were written"},
         {edit_nsites, "plan note refused: it describes another table"},
-        {edit_state, "plan note refused: malformed"},
         {edit_fsgsbase, "originals not usable: its choices are not its plan note's"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -1887,6 +1890,39 @@ Test(plan_note, forged_note_refused)
         free(out);
         free(err);
     }
+    altpatch_features_free(fs);
+}
+
+/* A note of a state this reader does not know is not used: the file is read
+ * (and the copy settles from it, as one without a note); one filled with a
+ * nonzero reserved field is malformed: refused, nothing written. */
+Test(plan_note, unknown_state_reads_the_file)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    char same[160], dst[200];
+    snprintf(same, sizeof(same), "%s", prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same"));
+    snprintf(dst, sizeof(dst), "%s/state7", tmpdir);
+    forged_note_copy(same, dst, edit_state);
+    cr_assert_eq(plan_note_of(dst), ALTPATCH_PLAN_NOTE_EMPTY);
+    char *out = run_ok(NULL, dst, "stats");
+    cr_assert(strstr(out, SETTLED_LOG), "%s", out);
+    cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
+    free(out);
+    /* the same copy, sealed: its first apply reads the file, and cannot */
+    char *err;
+    int st = run("env -u ALTPATCH_CLEARCPUID", dst, "sealed", &out, &err);
+    cr_assert_eq(st, 1, "%s%s", out, err);
+    cr_assert(strstr(out, "originals not usable: Permission denied"), "%s", out);
+    free(out);
+    free(err);
+    snprintf(dst, sizeof(dst), "%s/reserved", tmpdir);
+    forged_note_copy(same, dst, edit_reserved);
+    st = run("env -u ALTPATCH_CLEARCPUID", dst, "stats", &out, &err);
+    cr_assert_eq(st, 1, "%s%s", out, err);
+    cr_assert(strstr(out, "plan note refused: malformed"), "%s", out);
+    cr_assert(strstr(out, " 0 bytes in 0 pages"), "%s", out);
+    free(out);
+    free(err);
     altpatch_features_free(fs);
 }
 

@@ -111,7 +111,7 @@ static int read_note(struct altpatch_image *img)
         uint32_t plansz = 0;
         const uint8_t *pd = ap_note_find_type(img->buf + p->p_offset, p->p_filesz, align,
                                               ALTPATCH_PLAN_NOTE_TYPE, &plansz);
-        if (pd) {
+        if (pd && plansz == ALTPATCH_PLAN_NOTE_SIZE) { /* another size: another layout */
             uint64_t prel = (uint64_t)(pd - (img->buf + p->p_offset));
             int64_t poff = file_off(img, p->p_vaddr + prel, plansz);
             if (poff < 0 || (uint64_t)poff != p->p_offset + prel)

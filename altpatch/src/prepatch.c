@@ -138,16 +138,10 @@ _Static_assert(32 + AP_NCAPWORDS * 4 + 16 == ALTPATCH_PLAN_NOTE_SIZE, "plan note
 int ap_plan_note_parse(const uint8_t *desc, size_t descsz, struct ap_plan_note *out)
 {
     memset(out, 0, sizeof(*out));
-    if (!desc || descsz != ALTPATCH_PLAN_NOTE_SIZE)
-        return -EINVAL;
-    uint32_t state = get32(desc);
-    if (state == 0) {
-        for (size_t i = 0; i < ALTPATCH_PLAN_NOTE_SIZE; i++)
-            if (desc[i])
-                return -EINVAL;
+    /* another size or state is another layout: not this reader's to use */
+    if (!desc || descsz != ALTPATCH_PLAN_NOTE_SIZE || get32(desc) != AP_PLAN_NOTE_FILLED)
         return 0;
-    }
-    if (state != AP_PLAN_NOTE_FILLED || get32(desc + 12))
+    if (get32(desc + 12))
         return -EINVAL;
     out->planner = get32(desc + 4);
     out->nsites = get32(desc + 8);

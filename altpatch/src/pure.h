@@ -424,8 +424,9 @@ struct ap_plan_note {
 
 /**
  * Decode the plan note descriptor @p desc of @p descsz bytes: 1 filled (*@p
- * out set), 0 empty (all zeros), -EINVAL anything else (another size, an
- * unknown state, a vendor without its NUL, a nonzero reserved byte).
+ * out set); 0 not filled -- empty, or another size or state (a layout this
+ * reader does not know: the file is read, as without a note); -EINVAL
+ * filled but malformed (a nonzero reserved field, a vendor without its NUL).
  */
 AP_HIDDEN int ap_plan_note_parse(const uint8_t *desc, size_t descsz, struct ap_plan_note *out);
 
