@@ -225,21 +225,23 @@ static int read_prepatched(struct altpatch_image *img)
          * the section says, and hash the bytes the sites hold */
         const struct ap_plan_note *pn = &img->plan_note;
         size_t total = 0;
-        for (size_t i = 0; i < img->nsites; i++)
-            total += img->sites[i].len;
         const char *why = NULL;
-        if (pn->nsites != img->nsites || pn->table_size != p.table_size)
+        for (size_t i = 0; i < img->nsites; i++) {
+            total += img->sites[i].len;
+            if (img->orig_off[i] == AP_NO_ORIG)
+                why = "covers a site outside the text";
+        }
+        if (!why && (pn->nsites != img->nsites || pn->table_size != p.table_size))
             why = "describes another table";
-        else if (pn->planner != p.planner)
+        if (!why && pn->planner != p.planner)
             why = "records another planner version";
-        else if (ap_bytes_hash(img->orig, total) != pn->hash)
+        /* every site inside the text: img->orig is their bytes, concatenated */
+        if (!why && ap_bytes_hash(img->orig, total) != pn->hash)
             why = "does not hash the bytes the sites hold";
         for (size_t i = 0, pos = 0; !why && i < img->nsites; i++) {
             const struct ap_site *s = &img->sites[i];
-            if (img->orig_off[i] == AP_NO_ORIG)
-                why = "covers a site outside the text";
-            else if (ap_prepatch_next(&p, &pos, &ps) ||
-                     ps.chosen != ap_plan_pick(&img->view, s, img->entries, &pn->fs))
+            if (ap_prepatch_next(&p, &pos, &ps) ||
+                ps.chosen != ap_plan_pick(&img->view, s, img->entries, &pn->fs))
                 why = "names other choices than the section";
         }
         if (why)
