@@ -1626,6 +1626,19 @@ Test(plan_note, reserved_and_filled)
     /* a copy without the note stays without it */
     pre = prepatch(PREPATCH_FIXTURE, "host");
     cr_assert_eq(plan_note_of(pre), ALTPATCH_PLAN_NOTE_NONE);
+    /* the tool says which */
+    char out[160], args[512], *o, *e;
+    snprintf(out, sizeof(out), "%s/tool-out", tmpdir);
+    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", PREPATCH_FIXTURE_PLAN, out);
+    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, "; plan note filled ("), "%s", o);
+    free(o);
+    free(e);
+    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", PREPATCH_FIXTURE, out);
+    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, "; no plan note ("), "%s", o);
+    free(o);
+    free(e);
 }
 
 /* With the note: settled for the applied set, planned for another (as without). */

@@ -172,8 +172,21 @@ int main(int argc, char **argv)
     if (!status && !quiet) {
         struct counts n = {0, 0, 0};
         altpatch_image_site_foreach(img, count_site, &n);
-        printf("%s: %u sites, %u hold a replacement for %s, %u refused (original kept)\n", out,
-               n.sites, n.replaced, spec, n.refused);
+        /* the copy's plan note, as a reader finds it */
+        struct altpatch_image *oi = NULL;
+        struct altpatch_image_info info = {.sz = sizeof(info)};
+        unsigned note = ALTPATCH_PLAN_NOTE_NONE;
+        if (altpatch_image_open(out, NULL, &oi) == 0 && altpatch_image_get_info(oi, &info) == 0)
+            note = info.plan_note;
+        altpatch_image_close(oi);
+        printf("%s: %u sites, %u hold a replacement for %s, %u refused (original kept); %s\n",
+               out, n.sites, n.replaced, spec, n.refused,
+               note == ALTPATCH_PLAN_NOTE_FILLED
+                   ? "plan note filled (a first apply that selects the same entries opens no file)"
+               : note == ALTPATCH_PLAN_NOTE_EMPTY
+                   ? "plan note left empty (not every site holds its selection: the first apply "
+                     "reads the file)"
+                   : "no plan note (built without it: the first apply reads the file)");
     }
     altpatch_image_close(img);
     altpatch_features_free(fs);
