@@ -611,8 +611,9 @@ static uint8_t *build_record(const struct altpatch_image *img, const char *profi
 
 /*
  * The plan note of the copy: filled when the plan is what its set selects at
- * every site (none refused, none outside the text), which is then all a first
- * apply needs to settle; else zeros (read from the file, as without a note).
+ * every site (none refused, none outside the text, the original written where
+ * none is selected), which is then all a first apply needs to settle; else
+ * zeros (read from the file, as without a note).
  */
 static void put_plan_note(const struct altpatch_image *img, uint8_t *desc)
 {
@@ -620,8 +621,10 @@ static void put_plan_note(const struct altpatch_image *img, uint8_t *desc)
     size_t total = 0;
     for (size_t i = 0; i < img->nsites; i++) {
         const struct ap_site *s = &img->sites[i];
-        if (img->orig_off[i] == AP_NO_ORIG || img->plan[i].reason ||
-            img->plan[i].chosen != ap_plan_pick(&img->view, s, img->entries, &img->plan_fs))
+        size_t off = img->orig_off[i];
+        if (off == AP_NO_ORIG || img->plan[i].reason ||
+            img->plan[i].chosen != ap_plan_pick(&img->view, s, img->entries, &img->plan_fs) ||
+            (img->plan[i].chosen < 0 && memcmp(img->final + off, img->orig + off, s->len)))
             return;
         total += s->len;
     }
