@@ -12,6 +12,7 @@
  * ever checked, never executed before apply: the fixture applies first.
  */
 #include <criterion/criterion.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -1639,6 +1640,55 @@ Test(plan_note, reserved_and_filled)
     cr_assert(strstr(o, "; no plan note ("), "%s", o);
     free(o);
     free(e);
+}
+
+/* The file offset of link-time address @p addr in the ELF image @p b (a PT_LOAD maps it). */
+static size_t file_offset_of(const uint8_t *b, size_t len, uint64_t addr)
+{
+    Elf64_Ehdr eh;
+    cr_assert_geq(len, sizeof(eh));
+    memcpy(&eh, b, sizeof(eh));
+    for (size_t i = 0; i < eh.e_phnum; i++) {
+        Elf64_Phdr ph;
+        cr_assert_leq(eh.e_phoff + (i + 1) * sizeof(ph), len);
+        memcpy(&ph, b + eh.e_phoff + i * sizeof(ph), sizeof(ph));
+        if (ph.p_type == PT_LOAD && addr >= ph.p_vaddr && addr - ph.p_vaddr < ph.p_filesz)
+            return (size_t)(ph.p_offset + (addr - ph.p_vaddr));
+    }
+    cr_assert_fail("address %#llx not in the file", (unsigned long long)addr);
+    return 0;
+}
+
+/*
+ * A plan that is not its set's selection at every site -- here one site
+ * refused by the record checks (its first record's replacement made longer
+ * than the site) -- leaves the copy's note empty: its first apply reads the
+ * file. The tool says so.
+ */
+Test(plan_note, left_empty_where_a_site_is_refused)
+{
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(PREPATCH_FIXTURE_PLAN, NULL, &img), 0);
+    struct altpatch_image_info info = {.sz = sizeof(info)};
+    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
+    altpatch_image_close(img);
+    cr_assert_eq(info.format_version, ALTPATCH_FORMAT_COMPACT);
+    size_t len;
+    uint8_t *b = slurp(PREPATCH_FIXTURE_PLAN, &len);
+    size_t rec = file_offset_of(b, len, info.table_addr);
+    cr_assert_lt(rec + 12, len);
+    b[rec + 11] = (uint8_t)(b[rec + 10] + 1); /* replacementlen > instrlen */
+    char bad[160], out[200], args[512], *o, *e;
+    snprintf(bad, sizeof(bad), "%s/oneref", tmpdir);
+    write_file(bad, b, len);
+    free(b);
+    snprintf(out, sizeof(out), "%s/oneref-pp", tmpdir);
+    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", bad, out);
+    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, ", 1 refused (original kept); plan note left empty ("), "%s", o);
+    free(o);
+    free(e);
+    cr_assert_eq(plan_note_of(out), ALTPATCH_PLAN_NOTE_EMPTY);
 }
 
 /* With the note: settled for the applied set, planned for another (as without). */
