@@ -1784,11 +1784,26 @@ static void refused_holding_before(const char *out, int reason)
  * the primitives still run as decided). The same copy without the note
  * reads its file in its first apply: refused there.
  */
+/* Run fixture @p prog in mode @p mode (open/openat refused by a seccomp
+ * filter after its first look) under @p env; exit status 0 asserted; its
+ * stdout. Skips the test where no seccomp filter can be installed. */
+static char *run_sealed(const char *env, const char *prog, const char *mode)
+{
+    char e[256], *out, *err;
+    snprintf(e, sizeof(e), "env -u ALTPATCH_CLEARCPUID %s", env ? env : "");
+    int st = run(e, prog, mode, &out, &err);
+    if (st == 3)
+        cr_skip("%s", out); /* "seccomp filter unavailable: ..." */
+    cr_assert_eq(st, 0, "%s %s -> %d:\n%s%s", prog, mode, st, out, err);
+    free(err);
+    return out;
+}
+
 Test(plan_note, settles_without_opening_a_file)
 {
     struct altpatch_features *fs = applied_set(NULL);
     const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
-    char *out = run_ok(NULL, pre, "sealed");
+    char *out = run_sealed(NULL, pre, "sealed");
     char *first = strstr(out, "\nstats ");
     cr_assert_not_null(first, "%s", out);
     cr_assert(strstr(out, SETTLED_LOG), "%s", out);
@@ -1810,6 +1825,8 @@ Test(plan_note, settles_without_opening_a_file)
     pre = prepatch_fs(PREPATCH_FIXTURE, fs, "noteless");
     char *err;
     int st = run("env -u ALTPATCH_CLEARCPUID", pre, "sealed", &out, &err);
+    if (st == 3)
+        cr_skip("%s", out);
     cr_assert_eq(st, 1, "%s%s", out, err);
     cr_assert(strstr(out, "originals not usable: Permission denied"), "%s", out);
     cr_assert(!strstr(out, SETTLED_LOG), "%s", out);
@@ -1819,49 +1836,95 @@ Test(plan_note, settles_without_opening_a_file)
 }
 
 /*
- * A library settles from its note whatever its path holds now: with a FIFO
- * in place of its file (reading it would block) its apply writes nothing,
- * refuses nothing, and the library's calls run replaced. Listing its sites
- * afterwards needs the originals: the FIFO is refused then (one warning).
+ * A site list and a debug run cannot read the file (open/openat refused
+ * after the first look) of a main program settled from its note: nothing
+ * changes -- the sites listed as the note planned them (PATCHED or
+ * ORIGINAL, no reason) with no original bytes (memory's are not the
+ * compiler's), and the next apply finds the module settled, nothing
+ * refused. ALTPATCH_DEBUG changes nothing of that (before: the list refused
+ * the module, and the next apply refused every site).
  */
-Test(plan_note, library_settles_with_a_fifo_at_its_path)
+Test(plan_note, unreadable_file_does_not_refuse_a_settled_module)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
+    const char *envs[] = {NULL, "ALTPATCH_DEBUG=1"};
+    for (size_t k = 0; k < 2; k++) {
+        char *out = run_sealed(envs[k], pre, "sealedlist");
+        cr_assert(strstr(out, SETTLED_LOG), "%s", out);
+        cr_assert(!strstr(out, "refused: bad"), "%s", out);
+        cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+        cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
+        char *again = strstr(out, "\nagain\n");
+        cr_assert_not_null(again, "%s", out);
+        cr_assert_eq(stat_of(again, "refused"), 0, "%s", out);
+        cr_assert_eq(stat_of(again, "written"), 0, "%s", out);
+        char *states = lines_of(out, "state");
+        cr_assert_str_neq(states, "", "%s", out);
+        for (char *l = states; *l;) {
+            char addr[32], cur[600], orig[600] = "";
+            int state, reason;
+            char *nl = strchr(l, '\n');
+            *nl = '\0'; /* one line */
+            int n = sscanf(l, " %31s %d %*d %d %599s %599s", addr, &state, &reason, cur, orig);
+            cr_assert_eq(n, 4, "an original listed without the file: %s", l);
+            cr_assert_neq(state, ALTPATCH_SITE_REFUSED, "%s", l);
+            cr_assert_eq(reason, ALTPATCH_REASON_NONE, "%s", l);
+            l = nl + 1;
+        }
+        free(states);
+        free(out);
+    }
+    altpatch_features_free(fs);
+}
+
+/*
+ * A library's file is read at its first apply, note or not: its path may
+ * name nothing, or another file, later. Applied while its file is there,
+ * then with a FIFO in place of its file (reading it would block): the site
+ * list shows the compiler's bytes, REVERT writes them back (the library's
+ * calls run their originals), the apply after it brings the file's bytes
+ * back; nothing refused, nothing read from the path (before: the library
+ * settled from its note, and the REVERT found the FIFO: every site refused,
+ * the replacements left in place).
+ */
+Test(plan_note, library_reads_its_file_at_its_first_apply)
 {
     struct altpatch_features *fs = applied_set(NULL);
     const char *pre = prepatch_fs(PREPATCH_LIB_PLAN, fs, "lib");
     char lib[200], args[420], *out, *err;
     snprintf(lib, sizeof(lib), "%s.so", pre);
     cr_assert_eq(rename(pre, lib), 0);
-    char *file_l = file_sites(lib, false);
-    snprintf(args, sizeof(args), "dlfifo '%s'", lib);
+    char *orig_l = file_sites(PREPATCH_LIB_PLAN, false);
+    snprintf(args, sizeof(args), "dlgone '%s'", lib);
     int st = run("env -u ALTPATCH_CLEARCPUID timeout -k 2 30", PREPATCH_FIXTURE, args, &out,
                  &err);
-    cr_assert(st != 124 && st != 128 + 9, "the apply blocked on a FIFO:\n%s%s", out, err);
+    cr_assert(st != 124 && st != 128 + 9, "an apply blocked on a FIFO:\n%s%s", out, err);
     cr_assert_eq(st, 0, "dlfifo -> %d:\n%s%s", st, out, err);
     cr_assert(strstr(out, "rc 0\n"), "%s", out);
-    char *stats = strstr(out, "\nstats ");
-    cr_assert_not_null(stats, "%s", out);
-    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    cr_assert(!strstr(out, "not a regular file"), "%s", out);
     char settled[300];
     snprintf(settled, sizeof(settled), "%s: " SETTLED_LOG, lib);
     cr_assert(strstr(out, settled), "%s", out);
-    char *fifo = strstr(out, "not a regular file");
-    cr_assert(fifo && fifo > stats, "the apply read the library's path:\n%s", out);
-    /* its sites hold the file's bytes, listed with the file's choices */
-    char *states = lines_of(out, "state"), *mem = calloc(1, strlen(states) + 1);
-    cr_assert_not_null(mem);
+    for (const char *l = strstr(out, "\nstats "); l; l = strstr(l + 1, "\nstats "))
+        cr_assert_eq(stat_of(l, "refused"), 0, "%s", out);
+    /* listed with the compiler's bytes */
+    char *states = lines_of(out, "state"), *orig = calloc(1, strlen(states) + 1);
+    cr_assert_not_null(orig);
     cr_assert_str_neq(states, "", "%s", out);
     for (char *l = states; *l;) {
-        char addr[32], cur[600];
+        char addr[32], cur[600], o[600];
         int state, reason;
-        cr_assert_eq(sscanf(l, " %31s %d %*d %d %599s", addr, &state, &reason, cur), 4, "%s", l);
+        cr_assert_eq(sscanf(l, " %31s %d %*d %d %599s %599s", addr, &state, &reason, cur, o), 5,
+                     "%s", l);
         cr_assert_neq(state, ALTPATCH_SITE_REFUSED, "%s", l);
-        sprintf(mem + strlen(mem), " %s %s\n", addr, cur);
+        sprintf(orig + strlen(orig), " %s %s\n", addr, o);
         l = strchr(l, '\n') + 1;
     }
-    cr_assert_str_eq(mem, file_l, "the library's memory is not its file's bytes");
-    free(mem);
+    cr_assert_str_eq(orig, orig_l, "the library's listed originals are not the compiler's");
+    free(orig);
     free(states);
-    free(file_l);
+    free(orig_l);
     free(out);
     free(err);
     altpatch_features_free(fs);
@@ -1912,16 +1975,17 @@ static void edit_fsgsbase(uint8_t *d)
 }
 
 /*
- * A forged or inconsistent note is refused with its reason, the module is
- * refused and nothing is written (the site list: every site refused, memory
- * as before the apply); the image API (altdump, altprepatch) rejects the
- * file. A note whose set was changed is believed where the records'
- * selection under it is still what memory's hash says: it is checked when
- * the file is read -- the apply for the applied set (which selects other
- * entries than the forged set) plans, reads the file and finds the choices
- * are not the note's.
+ * A note that does not hold -- forged, malformed, or naming another set than
+ * the one the file's records were written for -- is not used: the image API
+ * reports it stale, and the first apply reads the file as without a note
+ * (the copy is for the applied set: it settles from the file, nothing
+ * written, nothing refused). A note whose set was changed is believed where
+ * the records' selection under it is still what memory's hash says: it is
+ * checked when the file is read -- the apply for the applied set (which
+ * selects other entries than the forged set) reads the file, finds the
+ * choices are not the note's, and takes the file's.
  */
-Test(plan_note, forged_note_refused)
+Test(plan_note, forged_note_not_used)
 {
     struct altpatch_features *fs = applied_set(NULL);
     char same[160];
@@ -1930,35 +1994,29 @@ Test(plan_note, forged_note_refused)
         void (*edit)(uint8_t *);
         const char *why;
     } cases[] = {
-        {edit_hash, "plan note refused: memory does not hold the bytes it says were written"},
-        {edit_nsites, "plan note refused: it describes another table"},
-        {edit_fsgsbase, "originals not usable: its choices are not its plan note's"},
+        {edit_hash, "plan note not used (memory does not hold the bytes it says were written)"},
+        {edit_nsites, "plan note not used (it describes another table)"},
+        {edit_fsgsbase, "plan note not used (the file's choices are not its)"},
+        {edit_reserved, "plan note not used (malformed)"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char dst[200];
         snprintf(dst, sizeof(dst), "%s/forged%zu", tmpdir, i);
         forged_note_copy(same, dst, cases[i].edit);
-        struct altpatch_image *img = NULL;
-        altpatch_set_print(quiet);
-        cr_assert_neq(altpatch_image_open(dst, NULL, &img), 0, "case %zu opened", i);
-        altpatch_set_print(NULL);
-        char *out, *err;
-        int st = run("env -u ALTPATCH_CLEARCPUID", dst, "stats", &out, &err);
-        /* the fixture's own listing opens the file with the image API: it
-         * fails, and so does its apply (every site refused) */
-        cr_assert_eq(st, 1, "case %zu:\n%s%s", i, out, err);
+        cr_assert_eq(plan_note_of(dst), ALTPATCH_PLAN_NOTE_STALE, "case %zu", i);
+        char *out = run_ok(NULL, dst, "stats");
         cr_assert(strstr(out, cases[i].why), "case %zu:\n%s", i, out);
-        cr_assert(strstr(out, " 0 bytes in 0 pages"), "case %zu wrote:\n%s", i, out);
-        cr_assert(!strstr(out, SETTLED_LOG), "case %zu:\n%s", i, out);
+        cr_assert(strstr(out, SETTLED_LOG), "case %zu:\n%s", i, out);
+        cr_assert_eq(stat_of(out, "written"), 0, "case %zu:\n%s", i, out);
+        cr_assert_eq(stat_of(out, "refused"), 0, "case %zu:\n%s", i, out);
         free(out);
-        free(err);
     }
     altpatch_features_free(fs);
 }
 
 /* A note of a state this reader does not know is not used: the file is read
- * (and the copy settles from it, as one without a note); one filled with a
- * nonzero reserved field is malformed: refused, nothing written. */
+ * (and the copy settles from it, as one without a note); sealed, that first
+ * apply cannot read it. */
 Test(plan_note, unknown_state_reads_the_file)
 {
     struct altpatch_features *fs = applied_set(NULL);
@@ -1974,18 +2032,89 @@ Test(plan_note, unknown_state_reads_the_file)
     /* the same copy, sealed: its first apply reads the file, and cannot */
     char *err;
     int st = run("env -u ALTPATCH_CLEARCPUID", dst, "sealed", &out, &err);
+    if (st == 3)
+        cr_skip("seccomp filters unavailable here: %s", out);
     cr_assert_eq(st, 1, "%s%s", out, err);
     cr_assert(strstr(out, "originals not usable: Permission denied"), "%s", out);
     free(out);
     free(err);
-    snprintf(dst, sizeof(dst), "%s/reserved", tmpdir);
-    forged_note_copy(same, dst, edit_reserved);
-    st = run("env -u ALTPATCH_CLEARCPUID", dst, "stats", &out, &err);
-    cr_assert_eq(st, 1, "%s%s", out, err);
-    cr_assert(strstr(out, "plan note refused: malformed"), "%s", out);
-    cr_assert(strstr(out, " 0 bytes in 0 pages"), "%s", out);
+    altpatch_features_free(fs);
+}
+
+/* The plan note descriptor of @p file (ALTPATCH_PLAN_NOTE_SIZE bytes into @p desc). */
+static void note_desc_of(const char *file, uint8_t *desc)
+{
+    size_t len;
+    uint8_t *b = slurp(file, &len);
+    uint8_t hdr[24] = {9, 0, 0, 0};
+    uint32_t dsz = ALTPATCH_PLAN_NOTE_SIZE, type = ALTPATCH_PLAN_NOTE_TYPE;
+    memcpy(hdr + 4, &dsz, 4);
+    memcpy(hdr + 8, &type, 4);
+    memcpy(hdr + 12, "altpatch", 9);
+    uint8_t *n = memmem(b, len, hdr, sizeof(hdr));
+    cr_assert_not_null(n, "no plan note in %s", file);
+    memcpy(desc, n + 24, ALTPATCH_PLAN_NOTE_SIZE);
+    free(b);
+}
+
+static uint8_t stale_desc[ALTPATCH_PLAN_NOTE_SIZE];
+static void edit_to_stale(uint8_t *d)
+{
+    memcpy(d, stale_desc, sizeof(stale_desc));
+}
+
+/*
+ * What an altprepatch that does not know the note leaves when it pre-patches
+ * again a copy the current one filled: the records and sites of its set (here
+ * the applied set's), the note of the first set (amd-zen4's). The image API
+ * and altdump say it is stale; the program's first apply under a set without
+ * FSGSBASE reads the file and plans: the states and bytes of the plain
+ * program under that set, nothing refused (before: every site refused, the
+ * FSGSBASE instructions left in place). altprepatch rewrites the note.
+ */
+Test(plan_note, stale_note_of_an_older_writer)
+{
+    char zen4[160], dst[200];
+    snprintf(zen4, sizeof(zen4), "%s", prepatch(PREPATCH_FIXTURE_PLAN, "amd-zen4"));
+    cr_assert_eq(plan_note_of(zen4), ALTPATCH_PLAN_NOTE_FILLED);
+    note_desc_of(zen4, stale_desc);
+    struct altpatch_features *fs = applied_set(NULL);
+    char host[160];
+    snprintf(host, sizeof(host), "%s", prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "host"));
+    snprintf(dst, sizeof(dst), "%s/stale", tmpdir);
+    forged_note_copy(host, dst, edit_to_stale);
+    cr_assert_eq(plan_note_of(dst), ALTPATCH_PLAN_NOTE_STALE);
+
+    const char *env = "ALTPATCH_CLEARCPUID=fsgsbase";
+    char *want = run_ok(env, PREPATCH_FIXTURE_PLAN, "stats");
+    char *out = run_ok(env, dst, "stats");
+    cr_assert(strstr(out, "plan note not used ("), "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    same_lines(out, want, "state");
+    same_lines(out, want, "site");
     free(out);
-    free(err);
+    free(want);
+    /* and settles for the applied set, from the file */
+    out = run_ok(NULL, dst, "stats");
+    cr_assert(strstr(out, SETTLED_LOG), "%s", out);
+    cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    free(out);
+
+    char args[512], *o, *e;
+    snprintf(args, sizeof(args), "'%s'", dst);
+    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, "\nplan note: stale (warning: "), "%s", o);
+    free(o);
+    free(e);
+    char again[200];
+    snprintf(again, sizeof(again), "%s/stale-again", tmpdir);
+    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", dst, again);
+    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 0, "%s", e);
+    cr_assert(strstr(o, "; plan note filled ("), "%s", o);
+    free(o);
+    free(e);
+    cr_assert_eq(plan_note_of(again), ALTPATCH_PLAN_NOTE_FILLED);
     altpatch_features_free(fs);
 }
 

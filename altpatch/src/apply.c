@@ -533,7 +533,8 @@ static struct ap_work ap_work_of(const struct ap_run *r, size_t n, struct ap_mod
 {
     const struct ap_dec *d = &r->dec[n];
     size_t off = ap_orig_off(m, i);
-    const uint8_t *orig = off != AP_NO_ORIG ? m->orig + off : NULL;
+    /* the file's originals not read (prepatch_load.c): none shown */
+    const uint8_t *orig = off != AP_NO_ORIG && !m->orig_in_file ? m->orig + off : NULL;
     return (struct ap_work){.m = m, .idx = i, .orig = orig,
                             .cur = orig ? (const uint8_t *)(uintptr_t)m->sites[i].addr : NULL,
                             .target = d->target, .detail = ap_detail_of(r, n),
@@ -1599,12 +1600,6 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
     /* a pre-patched module whose file chose what this feature set selects:
      * settled on memory's bytes, nothing planned (prepatch_load.c); a dry
      * run leaves the file's choices to the next apply */
-    /* a debug run shows each site's original */
-    if (r->debug && m->orig_in_file) {
-        int err = ap_prepatch_need(m);
-        if (err)
-            return err;
-    }
     if (m->prepatch_choices &&
         (r->keep ? ap_prepatch_settle(m, &memo->fs) : ap_prepatch_look(m, &memo->fs))) {
         m->settled_gen = ap_shapes_gen;
@@ -1614,14 +1609,8 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
     }
     bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
     bool stays = settled && r->revert == m->left_orig && ap_still_settled(m);
-    /* settled from its plan note: the originals are read from the file for
-     * anything but staying as it is (prepatch_load.c) */
-    if (!stays && m->orig_in_file) {
-        int err = ap_prepatch_need(m);
-        if (err)
-            return err;
-        settled = settled && !m->reason;
-    }
+    /* settled from its plan note, not staying: its originals were read by
+     * ap_needed_originals() (or could not be: refused) */
     if (stays) {
         mr->path = AP_PATH_SETTLED;
         ap_settled_found++;
@@ -1670,6 +1659,32 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
     return 0;
 }
 
+/*
+ * Read the file's originals of every module opened from its plan note that
+ * this run needs them for -- anything but staying as it is, and every site's
+ * original in a debug run -- before the first decision, in one pass: an
+ * allocation failure then changes nothing. What ap_collect_module() decides
+ * the same way (ap_prepatch_agrees() keeps its answer for the run). A file
+ * that cannot be used refuses the module only where the run needs it.
+ */
+static int ap_needed_originals(struct ap_run *r, struct ap_memo *memo)
+{
+    for (struct ap_module *m = ap_mods; m; m = m->next) {
+        if (m->gone || !m->orig_in_file || m->reason)
+            continue;
+        bool settled =
+            (m->prepatch_choices && ap_prepatch_agrees(m, &memo->fs)) ||
+            (m->settled_gen && m->settled_gen == ap_shapes_gen);
+        bool stays = settled && r->revert == m->left_orig && ap_still_settled(m);
+        if (stays && !r->debug)
+            continue;
+        int err = ap_prepatch_need(m, !stays);
+        if (err)
+            return err;
+    }
+    return 0;
+}
+
 static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsigned flags)
 {
     size_t n = 0, bytes = 0, nm = 0;
@@ -1689,12 +1704,15 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     struct ap_memo *memo = ap_shapes_for(fs);
     r->keep = !(flags & ALTPATCH_APPLY_DRY_RUN);
     r->revert = flags & ALTPATCH_APPLY_REVERT;
+    int err = ap_needed_originals(r, memo);
+    if (err)
+        return err;
     struct ap_module *first = ap_first_module(r, &r->wmod);
     r->first_any = first != NULL;
     size_t total = n, total_bytes = bytes;
     bytes = 0;
     /* that module first (r->mods stays in decision order) */
-    int err = first ? ap_collect_module(r, first, memo, &bytes, total, total_bytes) : 0;
+    err = first ? ap_collect_module(r, first, memo, &bytes, total, total_bytes) : 0;
     for (struct ap_module *m = ap_mods; m && !err; m = m->next)
         if (!m->gone && m != first)
             err = ap_collect_module(r, m, memo, &bytes, total, total_bytes);
@@ -2287,7 +2305,9 @@ static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_si
         .flags = e->flags,
         .state = m->left_orig ? ALTPATCH_SITE_ORIGINAL : ap_res_state(res),
         .reason = m->left_orig ? ALTPATCH_REASON_NONE : ap_res_reason(res),
-        .original = off != AP_NO_ORIG ? m->orig + off : NULL,
+        /* never memory's bytes for the compiler's: absent while the file's
+         * originals could not be read (prepatch_load.c) */
+        .original = off != AP_NO_ORIG && !m->orig_in_file ? m->orig + off : NULL,
         .current = off != AP_NO_ORIG ? (const uint8_t *)(uintptr_t)s->addr : NULL,
     };
 }
@@ -2315,7 +2335,7 @@ int altpatch_site_foreach(altpatch_site_fn fn, void *ctx)
         if (!m->gone)
             ap_module_save(m); /* not decided yet: memory holds the originals */
         if (!m->gone && m->orig_in_file)
-            ret = ap_prepatch_need(m); /* listed with the file's originals */
+            ret = ap_prepatch_need(m, false); /* listed with the file's originals */
         for (size_t i = 0; i < m->nsites && !ret && !m->gone; i++) {
             struct altpatch_site_info info;
             ap_site_info(m, i, &info);

@@ -626,9 +626,10 @@ struct ap_module {
      * run reports it): what ap_prepatch_agrees() compares with while
      * prepatch_choices holds. NULL: res holds them. */
     struct ap_site_result *prepatch_res;
-    /* A pre-patched module opened from its filled plan note (loaded, in the
-     * module: plan_note): orig holds memory's bytes, not the originals, until
-     * ap_prepatch_need() reads them from the file. */
+    /* A pre-patched main program opened from its filled plan note (loaded,
+     * in the module: plan_note): orig holds memory's bytes, not the
+     * originals, until ap_prepatch_need() reads them from the file; never
+     * listed or logged as originals meanwhile. */
     bool orig_in_file;
     const uint8_t *plan_note;
 };
@@ -855,24 +856,28 @@ AP_HIDDEN int ap_modules_refresh_seen(struct ap_module **list, const struct ap_n
 AP_HIDDEN int ap_prepatch_originals(struct ap_module *m);
 
 /**
- * Open pre-patched module @p m (its per-site arrays hold memory's bytes):
- * from its plan note @p plan of @p plansz bytes where the writer filled it
- * (the choices and planner version from the note, checked against memory;
- * the file is not read: m->orig_in_file), else ap_prepatch_originals(). A
- * note that does not hold refuses the module (BAD_TABLE, one warning). 0 or
- * -ENOMEM.
+ * Open pre-patched module @p m (its per-site arrays hold memory's bytes).
+ * The main program with a filled plan note @p plan of @p plansz bytes that
+ * holds against memory: the choices and planner version from the note, the
+ * file not read (m->orig_in_file). Anything else -- a library (its path may
+ * not reach its file later), no note, an empty one, one that does not hold
+ * (stale or forged: one INFO line) -- ap_prepatch_originals(). 0 or -ENOMEM.
  */
 AP_HIDDEN int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz);
 
 /**
  * The originals of @p m, opened from its plan note, read from its file now
- * (with ap_prepatch_originals()'s checks, and the file's choices and planner
- * version must be the note's): before anything plans, reverts or lists
- * original bytes. Nothing to do when they are in memory already. A file
- * that cannot be used refuses the module (BAD_TABLE, one warning: its sites
- * keep the bytes they hold). 0 or -ENOMEM (then asked again next time).
+ * with ap_prepatch_originals()'s checks: before anything plans, reverts or
+ * lists original bytes. Nothing to do when they are in memory already. A
+ * file whose choices or planner version are not the note's is believed (its
+ * choices taken, the module no longer settled: planned as without a note).
+ * A file that cannot be read or used leaves m->orig_in_file set and, only
+ * when @p refuse (the apply cannot go on without the originals), refuses the
+ * module (BAD_TABLE, one warning: its sites keep the bytes they hold); a
+ * site list or a debug run asks with !@p refuse and changes nothing then.
+ * 0 or -ENOMEM (nothing changed; asked again next time).
  */
-AP_HIDDEN int ap_prepatch_need(struct ap_module *m);
+AP_HIDDEN int ap_prepatch_need(struct ap_module *m, bool refuse);
 
 /**
  * A pre-patched module @p m whose results still hold the file's choices

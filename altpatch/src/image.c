@@ -118,10 +118,12 @@ static int read_note(struct altpatch_image *img)
                 return fail(img, -ENOEXEC, "altpatch plan note not inside a loaded segment");
             img->plan_off = (uint64_t)poff;
             img->plansz = plansz;
+            /* malformed: not used by a first apply (the file is read), as
+             * one that does not hold (read_prepatched()) */
             int st = ap_plan_note_parse(pd, plansz, &img->plan_note);
-            if (st < 0)
-                return fail(img, -EBADMSG, "malformed altpatch plan note (%u bytes)", plansz);
-            img->plan_state = st ? ALTPATCH_PLAN_NOTE_FILLED : ALTPATCH_PLAN_NOTE_EMPTY;
+            img->plan_state = st > 0   ? ALTPATCH_PLAN_NOTE_FILLED
+                              : st < 0 ? ALTPATCH_PLAN_NOTE_STALE
+                                       : ALTPATCH_PLAN_NOTE_EMPTY;
         }
         int r = ap_note_parse(d, descsz, p->p_vaddr + rel, &img->note);
         if (r == ALTPATCH_REASON_BAD_VERSION)
@@ -221,8 +223,10 @@ static int read_prepatched(struct altpatch_image *img)
         p.table_size != img->note.table_end - img->note.table_start || p.nsites != img->nsites)
         return fail(img, -EBADMSG, "%s describes another table", AP_PREPATCH_SECTION);
     if (img->plan_state == ALTPATCH_PLAN_NOTE_FILLED) {
-        /* the plan note is what a first apply believes: it must say what
-         * the section says, and hash the bytes the sites hold */
+        /* the plan note is what a first apply believes where it says what
+         * the section says and hashes the bytes the sites hold; else it is
+         * stale (an older writer pre-patched the copy again and left it, or
+         * forged), and a first apply reads the file as without it */
         const struct ap_plan_note *pn = &img->plan_note;
         size_t total = 0;
         const char *why = NULL;
@@ -245,7 +249,7 @@ static int read_prepatched(struct altpatch_image *img)
                 why = "names other choices than the section";
         }
         if (why)
-            return fail(img, -EBADMSG, "altpatch plan note %s", why);
+            img->plan_state = ALTPATCH_PLAN_NOTE_STALE;
     }
     size_t pos = 0;
     for (size_t i = 0; i < img->nsites; i++) {
@@ -286,6 +290,9 @@ static int image_load(struct altpatch_image *img)
     img->has_origsec = r == 0;
     if (ap_note_prepatched(&img->note))
         return read_prepatched(img);
+    /* a plain file's filled note is never read by a first apply */
+    if (img->plan_state == ALTPATCH_PLAN_NOTE_FILLED)
+        img->plan_state = ALTPATCH_PLAN_NOTE_STALE;
     return 0;
 }
 

@@ -79,9 +79,13 @@ static void ap_text_regions(const struct dl_phdr_info *info, struct ap_view *v,
 /* Notes                                                                     */
 /* ------------------------------------------------------------------------- */
 
-/** The module's altpatch note descriptor, or NULL. Only notes inside a PT_LOAD are read. */
+/*
+ * The module's altpatch note descriptor of @p type, or NULL: in any PT_NOTE
+ * segment, or only in the one holding @p within when it is not NULL. Only
+ * notes inside a PT_LOAD are read.
+ */
 static const uint8_t *ap_find_note_type(const struct dl_phdr_info *info, uint32_t type,
-                                        uint32_t *descsz)
+                                        const uint8_t *within, uint32_t *descsz)
 {
     for (size_t i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
@@ -92,6 +96,8 @@ static const uint8_t *ap_find_note_type(const struct dl_phdr_info *info, uint32_
         if (start < info->dlpi_addr || !ap_in_load(info, start, start + ph->p_filesz))
             continue; /* not mapped by the module (a broken or hostile header): never read */
         const uint8_t *p = (const uint8_t *)(uintptr_t)start;
+        if (within && (within < p || (uint64_t)(within - p) >= ph->p_filesz))
+            continue;
         const uint8_t *d = ap_note_find_type(p, ph->p_filesz, align, type, descsz);
         if (d)
             return d;
@@ -101,7 +107,7 @@ static const uint8_t *ap_find_note_type(const struct dl_phdr_info *info, uint32_
 
 static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *descsz)
 {
-    return ap_find_note_type(info, ALTPATCH_NOTE_TYPE, descsz);
+    return ap_find_note_type(info, ALTPATCH_NOTE_TYPE, NULL, descsz);
 }
 
 /* Whether the callback's @p size covers the loader's counters. */
@@ -265,7 +271,8 @@ void ap_module_save_all(struct ap_module *m)
  * else by the module's first decision (apply.c), which reads every site's
  * memory anyway, or by whatever reads them before.
  */
-static int ap_save_originals(struct ap_module *m, uint64_t total, const struct dl_phdr_info *info)
+static int ap_save_originals(struct ap_module *m, uint64_t total, const struct dl_phdr_info *info,
+                             const uint8_t *desc)
 {
     size_t n = m->nsites;
     if (total >= AP_NO_ORIG32)
@@ -290,8 +297,11 @@ static int ap_save_originals(struct ap_module *m, uint64_t total, const struct d
     if (!ap_note_prepatched(&m->note))
         return 0;
     ap_module_save_all(m);
+    /* the plan note: in the table note's segment (image.c reads it there
+     * too); only the main program's is used (prepatch_load.c) */
     uint32_t plansz = 0;
-    const uint8_t *plan = ap_find_note_type(info, ALTPATCH_PLAN_NOTE_TYPE, &plansz);
+    const uint8_t *plan =
+        m->path[0] ? NULL : ap_find_note_type(info, ALTPATCH_PLAN_NOTE_TYPE, desc, &plansz);
     return ap_prepatch_open(m, plan, plansz);
 }
 
@@ -359,7 +369,8 @@ static void ap_module_apart(struct ap_module *m, const struct ap_table_scan *sc)
 unsigned ap_records_keep_max = 4096;
 
 /** Decode the table and group it into sites (the module is refused on a bad table). */
-static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info)
+static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info,
+                            const uint8_t *desc)
 {
     const struct ap_note *n = &m->note;
     if (n->table_end < n->table_start || n->repl_end < n->repl_start ||
@@ -422,7 +433,7 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     m->entries_keep = sc.max_count > AP_SITE_ENTRIES;
     ap_module_facts(m, &sc);
     ap_module_apart(m, &sc);
-    return ap_save_originals(m, sc.site_bytes, info);
+    return ap_save_originals(m, sc.site_bytes, info, desc);
 }
 
 void ap_module_drop_entries(struct ap_module *m)
@@ -454,7 +465,7 @@ static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, u
     if (!err) {
         m->reason = ap_note_parse(desc, descsz, (uint64_t)(uintptr_t)desc, &m->note);
         if (m->reason == ALTPATCH_REASON_NONE)
-            err = ap_module_tables(m, info);
+            err = ap_module_tables(m, info, desc);
     }
     if (err) {
         ap_module_free(m);

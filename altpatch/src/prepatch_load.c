@@ -136,30 +136,18 @@ static int load_checked(const struct ap_module *m, const char *path, uint8_t **b
     return 1;
 }
 
-int ap_prepatch_originals(struct ap_module *m)
+/*
+ * Take the originals of the checked record @p p, and the file's choices as
+ * the sites' results: a site list before the module's first apply shows what
+ * memory holds. A choice that names no entry of its site, or a site outside
+ * the text, keeps every result at the original (the module is then planned).
+ */
+static void take_file(struct ap_module *m, const struct ap_prepatch *p)
 {
-    /* the main program: the file mapped, not the path it was started by
-     * (which may name another file by now) */
-    const char *path = m->path[0] ? m->path : "/proc/self/exe";
-    uint8_t *buf = NULL;
-    struct ap_prepatch p;
-    const char *why = NULL;
-    int r = load_checked(m, path, &buf, &p, &why);
-    if (r < 0)
-        return r;
-    if (r) {
-        ap_log(ALTPATCH_WARN, "%s: pre-patched file: originals not usable: %s\n", path, why);
-        m->reason = ALTPATCH_REASON_BAD_TABLE;
-        return 0;
-    }
-    /* The originals, and the file's choices as the sites' results: a site
-     * list before the module's first apply shows what memory holds. A choice
-     * that names no entry of its site, or a site outside the text, keeps
-     * every result at the original (what ap_module_save_all() set). */
     size_t pos = 0;
     struct ap_prepatch_site ps;
     bool choices = true;
-    for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++) {
+    for (size_t i = 0; i < m->nsites && ap_prepatch_next(p, &pos, &ps) == 0; i++) {
         size_t off = ap_orig_off(m, i);
         if (off == AP_NO_ORIG) {
             choices = false;
@@ -175,7 +163,32 @@ int ap_prepatch_originals(struct ap_module *m)
         for (size_t i = 0; i < m->nsites; i++)
             m->res[i] = ap_res_ok(-1);
     m->prepatch_choices = choices;
-    m->prepatch_planner = p.planner == AP_PREPATCH_PLANNER;
+    m->prepatch_planner = p->planner == AP_PREPATCH_PLANNER;
+}
+
+/* The path the module's file is read by: the main program's is the file
+ * mapped, not the path it was started by (which may name another file by
+ * now). */
+static const char *file_path(const struct ap_module *m)
+{
+    return m->path[0] ? m->path : "/proc/self/exe";
+}
+
+int ap_prepatch_originals(struct ap_module *m)
+{
+    const char *path = file_path(m);
+    uint8_t *buf = NULL;
+    struct ap_prepatch p;
+    const char *why = NULL;
+    int r = load_checked(m, path, &buf, &p, &why);
+    if (r < 0)
+        return r;
+    if (r) {
+        ap_log(ALTPATCH_WARN, "%s: pre-patched file: originals not usable: %s\n", path, why);
+        m->reason = ALTPATCH_REASON_BAD_TABLE;
+        return 0;
+    }
+    take_file(m, &p);
     free(buf);
     return 0;
 }
@@ -205,18 +218,26 @@ static const char *plan_mismatch(struct ap_module *m, const struct ap_plan_note 
 
 int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz)
 {
+    /* Only the main program's file is reached whatever happens after it is
+     * loaded (/proc/self/exe names the file mapped): a library's path may
+     * name nothing, or another file, by the time its originals are needed
+     * (a relative path after chdir(), an upgrade, a seccomp filter), so its
+     * file is read now, as without a note. */
+    if (m->path[0])
+        return ap_prepatch_originals(m);
     struct ap_plan_note pn;
     int state = plan ? ap_plan_note_parse(plan, plansz, &pn) : 0;
     if (state == 0) /* no note, or left empty by the writer: the file says */
         return ap_prepatch_originals(m);
     const char *why = state < 0 ? "malformed" : plan_mismatch(m, &pn);
     if (why) {
+        /* stale (an older writer pre-patched the copy again and left it), or
+         * forged: as if empty, the file says */
         for (size_t i = 0; i < m->nsites; i++)
             m->res[i] = ap_res_ok(-1);
-        ap_log(ALTPATCH_WARN, "%s: pre-patched file: plan note refused: %s\n",
-               m->path[0] ? m->path : "main program", why);
-        m->reason = ALTPATCH_REASON_BAD_TABLE;
-        return 0;
+        ap_log(ALTPATCH_INFO, "main program: pre-patched file: plan note not used (%s): "
+                              "the file is read\n", why);
+        return ap_prepatch_originals(m);
     }
     m->plan_note = plan;
     m->orig_in_file = true;
@@ -225,44 +246,61 @@ int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz)
     return 0;
 }
 
-int ap_prepatch_need(struct ap_module *m)
+/* Whether the file's record @p p names the plan note's choices and planner. */
+static const char *note_disagrees(struct ap_module *m, const struct ap_prepatch *p)
+{
+    struct ap_plan_note pn;
+    if (ap_plan_note_parse(m->plan_note, ALTPATCH_PLAN_NOTE_SIZE, &pn) != 1)
+        return "it changed";
+    size_t pos = 0;
+    struct ap_prepatch_site ps;
+    for (size_t i = 0; i < m->nsites && ap_prepatch_next(p, &pos, &ps) == 0; i++) {
+        struct ap_site_entries eb;
+        const struct ap_site *es;
+        const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
+        if (ps.chosen != ap_plan_pick(&m->view, es, ents, &pn.fs))
+            return "the file's choices are not its";
+    }
+    return pn.planner != p->planner ? "the file's planner version is not its" : NULL;
+}
+
+int ap_prepatch_need(struct ap_module *m, bool refuse)
 {
     if (!m->orig_in_file)
         return 0;
-    const char *path = m->path[0] ? m->path : "/proc/self/exe";
+    const char *path = file_path(m);
     uint8_t *buf = NULL;
     struct ap_prepatch p;
     const char *why = NULL;
     int r = load_checked(m, path, &buf, &p, &why);
     if (r < 0)
         return r; /* -ENOMEM: asked again next time */
-    m->orig_in_file = false;
-    struct ap_plan_note pn;
-    if (!r && ap_plan_note_parse(m->plan_note, ALTPATCH_PLAN_NOTE_SIZE, &pn) == 1) {
-        size_t pos = 0;
-        struct ap_prepatch_site ps;
-        for (size_t i = 0; i < m->nsites && !why && ap_prepatch_next(&p, &pos, &ps) == 0; i++) {
-            struct ap_site_entries eb;
-            const struct ap_site *es;
-            const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
-            if (ps.chosen != ap_plan_pick(&m->view, es, ents, &pn.fs))
-                why = "its choices are not its plan note's";
-        }
-        if (!why && pn.planner != p.planner)
-            why = "its planner version is not its plan note's";
-    } else if (!r) {
-        why = "its plan note changed";
-    }
-    if (why) {
-        free(buf);
-        ap_log(ALTPATCH_WARN, "%s: pre-patched file: originals not usable: %s\n", path, why);
-        m->reason = ALTPATCH_REASON_BAD_TABLE;
+    if (r) {
+        /* memory still holds the note's plan, and orig memory's bytes
+         * (never listed as originals while orig_in_file holds) */
+        ap_log(refuse ? ALTPATCH_WARN : ALTPATCH_INFO,
+               "%s: pre-patched file: originals not usable: %s\n", path, why);
+        if (refuse)
+            m->reason = ALTPATCH_REASON_BAD_TABLE;
         return 0;
     }
-    size_t pos = 0;
-    struct ap_prepatch_site ps;
-    for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++)
-        ap_copy_small(m->orig + ap_orig_off(m, i), ps.orig, ps.len);
+    m->orig_in_file = false;
+    why = note_disagrees(m, &p);
+    if (why) {
+        /* the file checked against memory is the truth: its originals and
+         * its choices, as without a note (planned unless they are the set's) */
+        ap_log(ALTPATCH_INFO, "%s: pre-patched file: plan note not used (%s)\n", path, why);
+        free(m->prepatch_res);
+        m->prepatch_res = NULL;
+        m->prepatch_agreed = false;
+        m->settled_gen = 0;
+        take_file(m, &p);
+    } else {
+        size_t pos = 0;
+        struct ap_prepatch_site ps;
+        for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++)
+            ap_copy_small(m->orig + ap_orig_off(m, i), ps.orig, ps.len);
+    }
     free(buf);
     return 0;
 }

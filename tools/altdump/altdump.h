@@ -174,7 +174,7 @@ struct ad_image {
     bool prepatched;
     char pp_profile[64];
     unsigned pp_planner; /* the planner version .altpatch.orig records */
-    unsigned pp_plan_note; /* ALTPATCH_PLAN_NOTE_NONE, _EMPTY or _FILLED */
+    unsigned pp_plan_note; /* ALTPATCH_PLAN_NOTE_NONE, _EMPTY, _FILLED or _STALE */
     struct altpatch_features *pp_fs; /* owned: the set the file was planned for */
     uint8_t *pp_written;            /* owned */
     size_t pp_nsites;               /* sites of the library's reading of the file */
@@ -397,7 +397,7 @@ enum ad_mem_state {
  */
 int ad_pid_report(long pid, const struct ad_opts *o);
 
-/** "none", "empty" or "filled": a pre-patched file's plan note (ALTPATCH_PLAN_NOTE_*). */
+/** "none", "empty", "filled" or "stale": a pre-patched file's plan note (ALTPATCH_PLAN_NOTE_*). */
 const char *ad_plan_note_name(unsigned state);
 
 #endif /* ALTDUMP_H */

@@ -178,5 +178,6 @@ const char *ad_plan_note_name(unsigned state)
 {
     return state == ALTPATCH_PLAN_NOTE_FILLED  ? "filled"
            : state == ALTPATCH_PLAN_NOTE_EMPTY ? "empty"
+           : state == ALTPATCH_PLAN_NOTE_STALE ? "stale"
                                                : "none";
 }

@@ -123,6 +123,10 @@ void ad_print_table(FILE *f, const struct ad_image *img, const struct ad_plan *p
                 : img->pp_plan_note == ALTPATCH_PLAN_NOTE_EMPTY
                     ? " (the plan is not its set's selection at every site: a first apply "
                       "reads the file)"
+                : img->pp_plan_note == ALTPATCH_PLAN_NOTE_STALE
+                    ? " (warning: it does not describe what the file holds -- left by an older "
+                      "altprepatch, or damaged: not used, a first apply reads the file; "
+                      "pre-patching the file again rewrites it)"
                     : " (built without it: a first apply reads the file)");
     fprintf(f, "cpu %s (%s): %zu replaced, %zu kept, %zu refused\n", o->cpu->spec,
             altpatch_features_vendor(o->cpu->fs), repl, kept, ref);

@@ -182,7 +182,7 @@ int main(int argc, char **argv)
         printf("%s: %u sites, %u hold a replacement for %s, %u refused (original kept); %s\n",
                out, n.sites, n.replaced, spec, n.refused,
                note == ALTPATCH_PLAN_NOTE_FILLED
-                   ? "plan note filled (a first apply that selects the same entries opens no file)"
+                   ? "plan note filled (a main program's first apply that selects the same entries opens no file)"
                : note == ALTPATCH_PLAN_NOTE_EMPTY
                    ? "plan note left empty (not every site holds its selection: the first apply "
                      "reads the file)"

@@ -92,9 +92,14 @@ struct altpatch_image_info {
      * ALTPATCH_PLAN_NOTE_NONE (built without it, or by an older header),
      * ALTPATCH_PLAN_NOTE_EMPTY (as compiled, or a pre-patched copy whose plan
      * is not its set's selection at every site: a first apply reads the file),
-     * ALTPATCH_PLAN_NOTE_FILLED (written by altprepatch: a first apply on a
-     * CPU that selects the same entries settles without reading the file).
-     * Only with sz covering it.
+     * ALTPATCH_PLAN_NOTE_FILLED (written by altprepatch: a first apply of
+     * the main program on a CPU that selects the same entries settles
+     * without reading the file; a library's file is always read),
+     * ALTPATCH_PLAN_NOTE_STALE (filled, but not what the file holds -- an
+     * older altprepatch pre-patched the copy again and left it, or it is
+     * malformed or forged -- or in a file that is not pre-patched: never
+     * used, a first apply reads the file as without it; writing the image
+     * overwrites it). Only with sz covering it.
      */
     unsigned plan_note;
 };
@@ -104,6 +109,7 @@ enum {
     ALTPATCH_PLAN_NOTE_NONE = 0,
     ALTPATCH_PLAN_NOTE_EMPTY = 1,
     ALTPATCH_PLAN_NOTE_FILLED = 2,
+    ALTPATCH_PLAN_NOTE_STALE = 3,
 };
 
 /** Fill @p info (info->sz must be set). -EINVAL on a bad argument. */
