@@ -286,9 +286,10 @@ int ap_prepatch_need(struct ap_module *m, bool refuse)
     }
     m->orig_in_file = false;
     why = note_disagrees(m, &p);
-    if (why) {
-        /* the file checked against memory is the truth: its originals and
-         * its choices, as without a note (planned unless they are the set's) */
+    if (why && m->prepatch_choices) {
+        /* no apply has used the note's choices yet: the file checked against
+         * memory is believed, its originals and its choices, as without a
+         * note (planned unless they are the applied set's) */
         ap_log(ALTPATCH_INFO, "%s: pre-patched file: plan note not used (%s)\n", path, why);
         free(m->prepatch_res);
         m->prepatch_res = NULL;
@@ -296,6 +297,12 @@ int ap_prepatch_need(struct ap_module *m, bool refuse)
         m->settled_gen = 0;
         take_file(m, &p);
     } else {
+        /* an apply settled the module from the note (memory held what it
+         * hashes): the results are that apply's; the originals are the
+         * file's, as a file whose choices are not usable gives them */
+        if (why)
+            ap_log(ALTPATCH_INFO, "%s: pre-patched file: its record is not its plan note's (%s)\n",
+                   path, why);
         size_t pos = 0;
         struct ap_prepatch_site ps;
         for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++)
