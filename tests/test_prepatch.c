@@ -1905,6 +1905,46 @@ Test(plan_note, unreadable_file_does_not_refuse_a_settled_module)
 }
 
 /*
+ * ALTPATCH_DEBUG on a copy settled from its note: the debug run reads the
+ * file for the originals it logs -- every "old_insn" line is a site's
+ * compiler bytes, never memory's -- and changes nothing of the outcome: the
+ * same counters, states and bytes as the run without it.
+ */
+Test(plan_note, debug_logs_the_originals_and_changes_nothing)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
+    char *plain = run_ok(NULL, pre, "stats");
+    char *dbg = run_ok("ALTPATCH_DEBUG=1", pre, "stats");
+    cr_assert(strstr(plain, SETTLED_LOG), "%s", plain);
+    const char *keys[] = {"written", "patched", "unchanged", "refused", "seen"};
+    for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
+        cr_assert_eq(stat_of(dbg, keys[k]), stat_of(plain, keys[k]), "%s\n%s", dbg, plain);
+    same_lines(dbg, plain, "state");
+    same_lines(dbg, plain, "site");
+    /* the originals logged: each old_insn is the compiler's bytes of a site */
+    char *orig_l = file_sites(PREPATCH_FIXTURE_PLAN, false);
+    size_t n = 0;
+    for (const char *l = strstr(dbg, "old_insn: "); l; l = strstr(l + 1, "old_insn: ")) {
+        /* "old_insn: 0f ae f0 ..." up to the line's end, without spaces */
+        char hex[600], want[610];
+        size_t h = 0;
+        for (const char *c = l + strlen("old_insn: "); *c && *c != '\n' && h < 599; c++)
+            if (*c != ' ')
+                hex[h++] = *c;
+        hex[h] = '\0';
+        snprintf(want, sizeof(want), " %s\n", hex);
+        cr_assert(strstr(orig_l, want), "old_insn %s is no site's original:\n%s", hex, orig_l);
+        n++;
+    }
+    cr_assert_gt(n, 0, "no old_insn line:\n%s", dbg);
+    free(orig_l);
+    free(dbg);
+    free(plain);
+    altpatch_features_free(fs);
+}
+
+/*
  * A library's file is read at its first apply, note or not: its path may
  * name nothing, or another file, later. Applied while its file is there,
  * then with a FIFO in place of its file (reading it would block): the site
