@@ -2184,6 +2184,54 @@ Test(plan_note, stale_note_of_an_older_writer)
     altpatch_features_free(fs);
 }
 
+/* Copy @p src to @p dst with its plan note's descriptor replaced by @p desc
+ * (whatever state the note of @p src is in). */
+static void note_put_copy(const char *src, const char *dst, const uint8_t *desc)
+{
+    size_t len;
+    uint8_t *b = slurp(src, &len);
+    uint8_t hdr[24] = {9, 0, 0, 0};
+    uint32_t dsz = ALTPATCH_PLAN_NOTE_SIZE, type = ALTPATCH_PLAN_NOTE_TYPE;
+    memcpy(hdr + 4, &dsz, 4);
+    memcpy(hdr + 8, &type, 4);
+    memcpy(hdr + 12, "altpatch", 9);
+    uint8_t *n = memmem(b, len, hdr, sizeof(hdr));
+    cr_assert_not_null(n, "no plan note in %s", src);
+    memcpy(n + 24, desc, ALTPATCH_PLAN_NOTE_SIZE);
+    write_file(dst, b, len);
+    cr_assert_eq(chmod(dst, 0755), 0);
+    free(b);
+}
+
+/*
+ * A plain (not pre-patched) file's plan note is never read by a first apply:
+ * filled or malformed, the image API opens the file and calls the note
+ * stale (before: a malformed one failed the open with -EBADMSG), and the
+ * program applies as the plain program does.
+ */
+Test(plan_note, plain_file_note_is_never_used)
+{
+    char zen4[160], dst[200];
+    snprintf(zen4, sizeof(zen4), "%s", prepatch(PREPATCH_FIXTURE_PLAN, "amd-zen4"));
+    uint8_t desc[ALTPATCH_PLAN_NOTE_SIZE];
+    note_desc_of(zen4, desc);
+    char *want = run_ok(NULL, PREPATCH_FIXTURE_PLAN, "stats");
+    for (int bad = 0; bad < 2; bad++) {
+        if (bad)
+            desc[12] = 1; /* a nonzero reserved field: malformed */
+        snprintf(dst, sizeof(dst), "%s/plain-note%d", tmpdir, bad);
+        note_put_copy(PREPATCH_FIXTURE_PLAN, dst, desc);
+        cr_assert_eq(plan_note_of(dst), ALTPATCH_PLAN_NOTE_STALE, "case %d", bad);
+        char *out = run_ok(NULL, dst, "stats");
+        cr_assert(!strstr(out, "plan note"), "%s", out);
+        cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+        same_lines(out, want, "state");
+        same_lines(out, want, "site");
+        free(out);
+    }
+    free(want);
+}
+
 /* altdump shows the note: text and JSON. */
 Test(plan_note, altdump_shows_it)
 {
