@@ -42,6 +42,10 @@
  *   prepatch_fixture sealedlist   "before" lines, no file opened from then on:
  *                              apply (messages, counters), the site list,
  *                              apply again ("again", counters), run them
+ *   prepatch_fixture forklive  apply (counters); a forked child reverts
+ *                              ("child reverted: ok"); with a second thread
+ *                              running, a live REVERT and a live apply ("rc N",
+ *                              counters each), the site list
  *   (sealed modes exit 3 with a line where no seccomp filter can be installed)
  *
  * Each run checks the primitives' values against oracles outside the
@@ -68,6 +72,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <altpatch/altpatch.h>
@@ -431,6 +436,58 @@ int main(int argc, char **argv)
         print_stats();
         list_sites("");
         run(gs_block, 1);
+    } else if (strcmp(mode, "forklive") == 0) {
+        /* apply; a child forked then reverts ("child reverted: ok"); then,
+         * with a second thread running, a live REVERT ("rc N", counters)
+         * and a live apply ("rc N", counters) */
+        altpatch_set_print(log_line);
+        if (!apply(0))
+            return 1;
+        print_stats();
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = ALTPATCH_APPLY_REVERT};
+            int rc = altpatch_apply_opts(&o);
+            if (rc)
+                fail("child: revert -> %d", rc);
+            else
+                run(gs_block, 0);
+            printf("child reverted: %s\n", failures ? "FAIL" : "ok");
+            fflush(stdout);
+            _exit(failures ? 1 : 0);
+        }
+        int wst = 0;
+        if (pid < 0 || waitpid(pid, &wst, 0) != pid || !WIFEXITED(wst) || WEXITSTATUS(wst))
+            fail("the child");
+        run(gs_block, 1); /* the parent's sites: as applied */
+        static int fds[2];
+        pthread_t t;
+        if (pipe(fds) || pthread_create(&t, NULL, waiter, &fds[0])) {
+            fail("pipe or pthread_create");
+            return 1;
+        }
+        for (int k = 0; k < 2; k++) {
+            struct altpatch_apply_opts o = {
+                .sz = sizeof(o),
+                .flags = ALTPATCH_APPLY_LIVE | (k ? 0 : ALTPATCH_APPLY_REVERT)};
+            int rc = altpatch_apply_opts(&o);
+            if (rc == -EBUSY && k == 0) {
+                /* live patching impossible here (docs/live.md): refused
+                 * before anything is decided */
+                printf("live unavailable\n");
+                break;
+            }
+            printf("rc %d\n", rc);
+            print_stats();
+            if (rc == 0)
+                run(gs_block, k);
+            else
+                fail("live %s -> %d", k ? "apply" : "revert", rc);
+        }
+        if (write(fds[1], "x", 1) != 1 || pthread_join(t, NULL))
+            fail("the waiting thread");
+        list_sites("");
     } else if (strcmp(mode, "sealedlist") == 0) {
         /* open() and openat() refused from before the first apply on: the
          * apply, the site list (which would read the file), the apply again */
@@ -505,7 +562,7 @@ int main(int argc, char **argv)
         run(gs_block, 1);
     } else {
         fail("usage: prepatch_fixture apply|revert|noapply|stats|drystats|again|thread|"
-             "threadrevert|sealed|sealedlist | "
+             "threadrevert|sealed|sealedlist|forklive | "
              "replaced|replacedagain FILE | dl|dlnoapply|dllist|dlfifo|dlgone LIB");
         return 2;
     }

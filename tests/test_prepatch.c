@@ -1945,6 +1945,38 @@ Test(plan_note, debug_logs_the_originals_and_changes_nothing)
 }
 
 /*
+ * A program settled from its note, then: a forked child reverts (its file
+ * read in the child, its primitives checked on the originals), the parent
+ * still runs its plan; with a second thread running, a live REVERT and a
+ * live apply (the originals read by the REVERT, nothing refused), the sites
+ * ending with the file's bytes again. (Where the host cannot patch live, the
+ * fixture says so and the live part is left out.)
+ */
+Test(plan_note, fork_and_live_after_settling)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
+    char *out = run_ok(NULL, pre, "forklive");
+    cr_assert(strstr(out, SETTLED_LOG), "%s", out);
+    cr_assert(strstr(out, "child reverted: ok\n"), "%s", out);
+    cr_assert(!strstr(out, "not usable"), "%s", out);
+    size_t nstats = 0;
+    for (const char *l = strstr(out, "\nstats "); l; l = strstr(l + 1, "\nstats ")) {
+        cr_assert_eq(stat_of(l, "refused"), 0, "%s", out);
+        nstats++;
+    }
+    /* live patching may be impossible on the host (docs/live.md): then the
+     * fork part alone */
+    cr_assert_eq(nstats, strstr(out, "\nlive unavailable\n") ? 1 : 3, "%s", out);
+    char *after = lines_of(out, "site"), *file_l = file_sites(pre, false);
+    cr_assert_str_eq(after, file_l, "the live apply did not bring the file's bytes back");
+    free(after);
+    free(file_l);
+    free(out);
+    altpatch_features_free(fs);
+}
+
+/*
  * A library's file is read at its first apply, note or not: its path may
  * name nothing, or another file, later. Applied while its file is there,
  * then with a FIFO in place of its file (reading it would block): the site
