@@ -1610,7 +1610,14 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
     bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
     bool stays = settled && r->revert == m->left_orig && ap_still_settled(m);
     /* settled from its plan note, not staying: its originals were read by
-     * ap_needed_originals() (or could not be: refused) */
+     * ap_needed_originals() (or could not be: refused), which decides as
+     * above; never planned from memory's bytes taken for the originals */
+    if (!stays && m->orig_in_file && !m->reason) {
+        int err = ap_prepatch_need(m, true);
+        if (err)
+            return err;
+        settled = settled && !m->reason && m->settled_gen;
+    }
     if (stays) {
         mr->path = AP_PATH_SETTLED;
         ap_settled_found++;
