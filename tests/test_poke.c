@@ -1290,7 +1290,7 @@ Test(poke, filled_block_present_only_where_allowed)
 
     ap_fill_allow(true);
     uint8_t *b = ap_malloc_filled(SIZE);
-    uint8_t *small = ap_malloc_filled(4096); /* below the threshold: plain malloc */
+    uint8_t *small = ap_malloc_filled(4096); /* below the threshold: no advice */
     ap_fill_allow(false);
     cr_assert(b && small);
     in = resident_pages(b, SIZE, &total);
@@ -1303,9 +1303,9 @@ Test(poke, filled_block_present_only_where_allowed)
     cr_assert_eq(a[SIZE - 1], 0x5a);
     cr_assert_eq(b[0], 0xa5);
     cr_assert_eq(b[SIZE - 1], 0xa5);
-    free(a);
-    free(b);
-    free(small);
+    ap_mem_free(a);
+    ap_mem_free(b);
+    ap_mem_free(small);
 }
 
 static unsigned proofs_asked;
@@ -1369,12 +1369,12 @@ Test(poke, filled_block_asks_its_proof_once)
     uint8_t *f = ap_malloc_filled(SIZE);
     cr_assert_eq(proofs_asked, 0);
     cr_assert_not_null(f);
-    free(small);
-    free(b);
-    free(c);
-    free(d);
-    free(e);
-    free(f);
+    ap_mem_free(small);
+    ap_mem_free(b);
+    ap_mem_free(c);
+    ap_mem_free(d);
+    ap_mem_free(e);
+    ap_mem_free(f);
 }
 
 /*

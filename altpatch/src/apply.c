@@ -508,7 +508,7 @@ static void ap_keep_detail(struct ap_run *r, size_t idx, char *text)
 {
     if (r->ndetails == r->details_cap) {
         size_t cap = r->details_cap ? 2 * r->details_cap : 16;
-        struct ap_detail *d = realloc(r->details, cap * sizeof(*d));
+        struct ap_detail *d = ap_mem_realloc(r->details, cap * sizeof(*d));
         if (!d) {
             free(text);
             return;
@@ -564,7 +564,7 @@ static uint32_t *ap_warned_bits(struct ap_module *m, size_t i, bool add)
     /* sites are refused in order: usually appended; room for 4, 8, 16, ... */
     size_t n = m->nwarned;
     if (n == 0 || (n >= 4 && !(n & (n - 1)))) {
-        struct ap_warned *w = realloc(m->warned, (n ? 2 * n : 4) * sizeof(*w));
+        struct ap_warned *w = ap_mem_realloc(m->warned, (n ? 2 * n : 4) * sizeof(*w));
         if (!w)
             return NULL;
         m->warned = w;
@@ -1427,7 +1427,7 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
         return 0;
     struct ap_module *wm = r->wmod;
     if (wm && wm->nentries < n) {
-        struct ap_entry *e = realloc(wm->entries, n * sizeof(*e));
+        struct ap_entry *e = ap_mem_realloc(wm->entries, n * sizeof(*e));
         if (!e)
             return -ENOMEM;
         /* n slots now; m->nentries stays the record count (the slots
@@ -1449,16 +1449,16 @@ static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
     size_t head = r->first_any && qsize ? r->part * sizeof(*r->writes) : 0; /* made present */
     uint8_t *q, *b;
     if (!apart) {
-        b = head ? ap_malloc_filled_head(size, head) : malloc(size);
+        b = head ? ap_malloc_filled_head(size, head) : ap_mem_alloc(size);
         q = qsize ? b : NULL;
     } else {
-        q = head ? ap_malloc_filled_head(qsize, head) : malloc(qsize);
-        b = q ? malloc(size) : NULL;
+        q = head ? ap_malloc_filled_head(qsize, head) : ap_mem_alloc(qsize);
+        b = q ? ap_mem_alloc(size) : NULL;
     }
     if (!b || (qsize && !q)) {
         if (q != b)
-            free(q);
-        free(b);
+            ap_mem_free(q);
+        ap_mem_free(b);
         return -ENOMEM;
     }
     r->buf = b;
@@ -1705,7 +1705,7 @@ static int ap_collect(struct ap_run *r, const struct altpatch_features *fs, unsi
     if (n > AP_WDEC_N)
         return -ENOMEM; /* decision numbers are 30-bit */
     r->part = ap_part_size(n);
-    r->mods = malloc((nm ? nm : 1) * sizeof(*r->mods));
+    r->mods = ap_mem_alloc((nm ? nm : 1) * sizeof(*r->mods));
     if (!r->mods || (r->debug && ap_run_buffers(r, n, bytes)))
         return -ENOMEM;
     struct ap_memo *memo = ap_shapes_for(fs);
@@ -2058,11 +2058,11 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
     ap_unpin(ap_mods);
     for (size_t i = 0; i < r.ndetails; i++)
         free(r.details[i].text);
-    free(r.details);
+    ap_mem_free(r.details);
     if (r.writes != (struct ap_write *)r.buf)
-        free(r.writes); /* a block of its own, or the records of r.wmod */
-    free(r.buf);
-    free(r.mods);
+        ap_mem_free(r.writes); /* a block of its own, or the records of r.wmod */
+    ap_mem_free(r.buf);
+    ap_mem_free(r.mods);
     free(r.pst.runs);
     return err;
 }

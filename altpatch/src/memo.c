@@ -125,13 +125,13 @@ void ap_memo_init_zeroed(struct ap_memo *m, const struct altpatch_features *fs)
 
 void ap_memo_free(struct ap_memo *m)
 {
-    free(m->slots);
-    free(m->tmpl);
+    ap_mem_free(m->slots);
+    ap_mem_free(m->tmpl);
     while (m->arena) {
         uint8_t *prev;
 
         memcpy(&prev, m->arena, sizeof(prev));
-        free(m->arena);
+        ap_mem_free(m->arena);
         m->arena = prev;
     }
     m->slots = NULL;
@@ -371,7 +371,7 @@ static struct ap_memo_slot *slot_free(const struct ap_memo *m, uint64_t h)
 static bool slots_grow(struct ap_memo *m)
 {
     size_t n = m->nslots ? m->nslots * 2 : AP_MEMO_MIN_SLOTS;
-    struct ap_memo_slot *old = m->slots, *nw = calloc(n, sizeof(*nw));
+    struct ap_memo_slot *old = m->slots, *nw = ap_mem_calloc(n, sizeof(*nw));
     size_t oldn = m->nslots;
 
     if (!nw)
@@ -381,7 +381,7 @@ static bool slots_grow(struct ap_memo *m)
     for (size_t i = 0; i < oldn; i++)
         if (old[i].id)
             *slot_free(m, old[i].hash) = old[i];
-    free(old);
+    ap_mem_free(old);
     return true;
 }
 
@@ -393,7 +393,7 @@ static bool room_reserve(struct ap_memo *m, size_t n)
 {
     if (!m->arena || m->arena_len + n > m->arena_cap) {
         size_t cap = n + sizeof(uint8_t *) > AP_MEMO_BLOCK ? n + sizeof(uint8_t *) : AP_MEMO_BLOCK;
-        uint8_t *b = malloc(cap);
+        uint8_t *b = ap_mem_alloc(cap);
 
         if (!b)
             return false;
@@ -404,10 +404,7 @@ static bool room_reserve(struct ap_memo *m, size_t n)
     }
     if (m->nplans >= m->tmpl_cap) {
         size_t tc = m->tmpl_cap ? m->tmpl_cap * 2 : 16;
-        /* the first array from malloc(): a small program's first apply then
-         * calls no realloc() (one symbol less for the dynamic linker) */
-        struct ap_memo_tmpl *t = m->tmpl ? realloc(m->tmpl, tc * sizeof(*t))
-                                         : malloc(tc * sizeof(*t));
+        struct ap_memo_tmpl *t = ap_mem_realloc(m->tmpl, tc * sizeof(*t));
 
         if (!t)
             return false;

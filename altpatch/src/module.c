@@ -225,13 +225,13 @@ static void ap_module_free(struct ap_module *m)
 {
     if (!m)
         return;
-    free(m->path);
-    free(m->entries);
-    free(m->sites);
-    free(m->block); /* orig_off, shape, res, orig, planned */
-    free(m->warned);
-    free(m->prepatch_res);
-    free(m);
+    ap_mem_free(m->path);
+    ap_mem_free(m->entries);
+    ap_mem_free(m->sites);
+    ap_mem_free(m->block); /* orig_off, shape, res, orig, planned */
+    ap_mem_free(m->warned);
+    ap_mem_free(m->prepatch_res);
+    ap_mem_free(m);
 }
 
 void ap_module_save_all(struct ap_module *m)
@@ -411,7 +411,7 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
         return 0;
     }
     if (!keep && sc.max_count > AP_SITE_ENTRIES) {
-        free(sc.sites);
+        ap_mem_free(sc.sites);
         uint64_t hash = sc.hash;
         r = ap_table_scan(table, m->table_size, n->table_start, n->record_size, AP_SCAN_ENTRIES,
                           &sc);
@@ -440,7 +440,7 @@ void ap_module_drop_entries(struct ap_module *m)
 {
     if (m->entries_keep)
         return;
-    free(m->entries);
+    ap_mem_free(m->entries);
     m->entries = NULL;
 }
 
@@ -448,14 +448,14 @@ void ap_module_drop_entries(struct ap_module *m)
 static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, uint32_t descsz,
                          struct ap_module **out)
 {
-    struct ap_module *m = calloc(1, sizeof(*m));
+    struct ap_module *m = ap_mem_calloc(1, sizeof(*m));
     if (!m)
         return -ENOMEM;
     /* a copy of the path without strdup() (one more function for the dynamic
      * linker to resolve on a process's first apply) */
     const char *name = info->dlpi_name ? info->dlpi_name : "";
     size_t len = ap_strnlen(name, SIZE_MAX);
-    m->path = malloc(len + 1);
+    m->path = ap_mem_alloc(len + 1);
     if (m->path)
         ap_copy_small((uint8_t *)m->path, (const uint8_t *)name, len + 1);
     m->base = info->dlpi_addr;

@@ -533,8 +533,8 @@ int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32
     if (want_entries)
         e = ap_malloc_filled(count * sizeof(*e));
     if (!s || (want_entries && !e)) {
-        free(s);
-        free(e);
+        ap_mem_free(s);
+        ap_mem_free(e);
         return -ENOMEM;
     }
     size_t m = record_size == ALTPATCH_RECORD_SIZE_COMPACT
@@ -545,15 +545,14 @@ int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32
     if (!want_hash)
         out->hash = 0;
     if (!sorted && mark_overlaps_sorted_copy(s, m) < 0) {
-        free(s);
-        free(e);
+        ap_mem_free(s);
+        ap_mem_free(e);
         return -ENOMEM;
     }
     /* several records in some site: the rest given back, unless it is a
-     * few bytes (a small program's table: not worth the dynamic linker's
-     * resolving of realloc() on its first apply) */
+     * few bytes */
     if (m < count && (count - m) * sizeof(*s) >= 256) {
-        struct ap_site *t = realloc(s, m * sizeof(*s));
+        struct ap_site *t = ap_mem_realloc(s, m * sizeof(*s));
         if (t)
             s = t;
     }

@@ -210,7 +210,7 @@ void ap_fill_ask(bool (*prove)(void))
 
 void *ap_malloc_filled_head(size_t size, size_t head)
 {
-    void *p = malloc(size ? size : 1);
+    void *p = ap_mem_alloc(size);
     if (head > size)
         head = size;
     if (!p || head < AP_FILL_MIN)

@@ -75,13 +75,40 @@ AP_HIDDEN void ap_log_env(bool debug, enum altpatch_print_level level, const cha
 AP_HIDDEN uint64_t ap_now_ns(void);
 /** madvise() advice that makes a range present, writable (Linux 5.14). */
 #define AP_MADV_POPULATE_WRITE 23
+/*
+ * The library's blocks (mem.c): a small block comes from a bounded static
+ * region of the library's own while it has room (a small program's first
+ * apply then never sets up the C library's heap), any other from malloc().
+ * A block of ap_mem_alloc(), ap_mem_calloc(), ap_malloc_filled() or
+ * ap_malloc_filled_head() is resized by ap_mem_realloc() and given back by
+ * ap_mem_free() only (never realloc() or free()); these two take a block of
+ * malloc() too. Thread-safe, never waits: a request made while the region
+ * is held elsewhere goes to malloc().
+ */
+/** Bytes of the region. */
+#define AP_MEM_REGION (32u * 1024)
+/** The largest block taken from the region; larger ones come from malloc(). */
+#define AP_MEM_BLOCK_MAX (8u * 1024)
+/** malloc(), from the region where it can. NULL when memory is short. */
+AP_HIDDEN void *ap_mem_alloc(size_t size);
+/** calloc(), from the region where it can. NULL when memory is short. */
+AP_HIDDEN void *ap_mem_calloc(size_t n, size_t size);
+/** realloc() of a block of this allocator or of malloc(). */
+AP_HIDDEN void *ap_mem_realloc(void *p, size_t size);
+/** free() of a block of this allocator or of malloc(); NULL does nothing. */
+AP_HIDDEN void ap_mem_free(void *p);
+/** @p p lies in the region. */
+AP_HIDDEN bool ap_mem_owns(const void *p);
+/** Bytes of the region in blocks in use, headers included. */
+AP_HIDDEN size_t ap_mem_in_use(void);
 /** The smallest block ap_malloc_filled() makes present in one advice. */
 #define AP_FILL_MIN (64u * 1024)
 /**
  * malloc(@p size) for an array about to be written from end to end: where
  * the caller allowed it (ap_fill_allow()) and the block is large, its pages
  * are made present in one madvise(MADV_POPULATE_WRITE) instead of one page
- * fault each as the writes reach them. NULL when malloc() fails.
+ * fault each as the writes reach them. A small block comes from
+ * ap_mem_alloc(). NULL when memory is short.
  */
 AP_HIDDEN void *ap_malloc_filled(size_t size);
 /**

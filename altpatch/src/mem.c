@@ -1,0 +1,252 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * mem.c - the library's small blocks: a bounded region of its own before
+ * the C library's heap.
+ *
+ * A process's first malloc() sets the heap up (brk, the arena, the thread
+ * cache: several microseconds), and each of malloc, calloc, realloc and free
+ * is one more symbol for the dynamic linker to bind. A small program's first
+ * apply needs a few blocks of a few KiB (the module, its path, its sites and
+ * kept state, the shape memo, the run's arrays); they come from a static
+ * region here instead, and a program that never used the heap does not set
+ * it up for the library.
+ *
+ * The region is AP_MEM_REGION bytes of .bss (pages the kernel gives at their
+ * first write): blocks one after the other from its start, each after a
+ * 16-byte header (capacity, size asked, state). A block is taken first-fit
+ * among the freed ones (neighbours joined as the search meets them) or from
+ * the top; a freed block at the top lowers it. A request larger than
+ * AP_MEM_BLOCK_MAX, one the region has no room for, or one made while
+ * another thread (or a signal handler interrupting this one) holds the
+ * region goes to malloc(): callers see one allocator.
+ *
+ * ap_mem_free() and ap_mem_realloc() take either kind and tell them apart by
+ * address; every block from here is given back or resized through them (a
+ * region block handed to free() would be a crash). Freeing marks the header
+ * with one atomic store and takes no lock: it never waits, and never fails.
+ * Taking a block needs the region (a try-lock, never a wait). A child forked
+ * while another thread held it never gets it and uses the heap; its blocks
+ * of the parent stay valid.
+ *
+ * Under AddressSanitizer the region's free bytes are poisoned and a block is
+ * unpoisoned for the size asked, as the sanitizer's own malloc would.
+ */
+#include "util.h"
+
+#include <stdlib.h>
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AP_MEM_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define AP_MEM_ASAN 1
+#endif
+#ifdef AP_MEM_ASAN
+void __asan_poison_memory_region(void const volatile *addr, size_t size);
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#define AP_POISON(p, n) __asan_poison_memory_region((p), (n))
+#define AP_UNPOISON(p, n) __asan_unpoison_memory_region((p), (n))
+#else
+#define AP_POISON(p, n) ((void)(p), (void)(n))
+#define AP_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* A block's header: its capacity (bytes after the header, a multiple of
+ * 16), the size asked, and its state. */
+struct ap_mem_head {
+    uint32_t cap;
+    uint32_t size;
+    uint32_t used; /* AP_MEM_USED, or 0: free (stored atomically) */
+    uint32_t pad;
+};
+#define AP_MEM_USED 0x55534544u
+#define AP_MEM_HEAD ((uint32_t)sizeof(struct ap_mem_head))
+
+_Static_assert(sizeof(struct ap_mem_head) == 16, "a header keeps the blocks 16-byte aligned");
+_Static_assert(AP_MEM_REGION % 16 == 0 && AP_MEM_BLOCK_MAX < AP_MEM_REGION, "region sizes");
+
+static unsigned char ap_mem_region[AP_MEM_REGION] __attribute__((aligned(4096)));
+/* The state below is read and written by the holder of ap_mem_lock only. */
+AP_STATE static uint32_t ap_mem_top;    /* bytes of the region in blocks */
+AP_STATE static int ap_mem_lock;        /* 1: held */
+AP_STATE static bool ap_mem_poisoned;   /* the free part poisoned once (ASan) */
+AP_STATE static size_t ap_mem_taken; /* capacity of the blocks in use, headers included */
+
+static inline struct ap_mem_head *ap_mem_at(uint32_t off)
+{
+    return (struct ap_mem_head *)(void *)(ap_mem_region + off);
+}
+
+bool ap_mem_owns(const void *p)
+{
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)ap_mem_region;
+    return a >= b + AP_MEM_HEAD && a < b + AP_MEM_REGION;
+}
+
+static struct ap_mem_head *ap_mem_head_of(void *p)
+{
+    return (struct ap_mem_head *)(void *)((unsigned char *)p - AP_MEM_HEAD);
+}
+
+static bool ap_mem_is_free(const struct ap_mem_head *h)
+{
+    return __atomic_load_n(&h->used, __ATOMIC_ACQUIRE) != AP_MEM_USED;
+}
+
+/* A block of @p size bytes from the region, or NULL. The region held. */
+static void *ap_mem_take_locked(size_t size)
+{
+    uint32_t need = (uint32_t)((size + 15) & ~(size_t)15);
+    if (!need)
+        need = 16;
+    if (!ap_mem_poisoned) {
+        AP_POISON(ap_mem_region, AP_MEM_REGION);
+        ap_mem_poisoned = true;
+    }
+    struct ap_mem_head *h = NULL;
+    for (uint32_t off = 0; off < ap_mem_top;) {
+        struct ap_mem_head *c = ap_mem_at(off);
+        uint32_t next = off + AP_MEM_HEAD + c->cap;
+        if (!ap_mem_is_free(c)) {
+            off = next;
+            continue;
+        }
+        /* join the free blocks after it */
+        while (next < ap_mem_top && ap_mem_is_free(ap_mem_at(next))) {
+            c->cap += AP_MEM_HEAD + ap_mem_at(next)->cap;
+            AP_POISON(ap_mem_at(next), AP_MEM_HEAD); /* inside a free block now */
+            next = off + AP_MEM_HEAD + c->cap;
+        }
+        if (next >= ap_mem_top) {
+            ap_mem_top = off; /* a free block at the top: the top comes down */
+            break;
+        }
+        if (c->cap >= need) {
+            if (c->cap - need >= AP_MEM_HEAD + 16) { /* the rest a free block of its own */
+                struct ap_mem_head *rest = ap_mem_at(off + AP_MEM_HEAD + need);
+                AP_UNPOISON(rest, AP_MEM_HEAD);
+                rest->cap = c->cap - need - AP_MEM_HEAD;
+                rest->size = 0;
+                __atomic_store_n(&rest->used, 0, __ATOMIC_RELAXED);
+                c->cap = need;
+            }
+            h = c;
+            break;
+        }
+        off = next;
+    }
+    if (!h) {
+        if (AP_MEM_REGION - ap_mem_top < AP_MEM_HEAD + need)
+            return NULL;
+        h = ap_mem_at(ap_mem_top);
+        h->cap = need;
+        ap_mem_top += AP_MEM_HEAD + need;
+        AP_UNPOISON(h, AP_MEM_HEAD);
+    }
+    h->size = (uint32_t)size;
+    __atomic_fetch_add(&ap_mem_taken, AP_MEM_HEAD + h->cap, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->used, AP_MEM_USED, __ATOMIC_RELAXED);
+    AP_UNPOISON(h + 1, size);
+    return h + 1;
+}
+
+static bool ap_mem_try_hold(void)
+{
+    return !__atomic_exchange_n(&ap_mem_lock, 1, __ATOMIC_ACQUIRE);
+}
+
+static void ap_mem_let_go(void)
+{
+    __atomic_store_n(&ap_mem_lock, 0, __ATOMIC_RELEASE);
+}
+
+/* A region block of @p size bytes, or NULL (too large, no room, held). */
+static void *ap_mem_take(size_t size)
+{
+    if (size > AP_MEM_BLOCK_MAX || !ap_mem_try_hold())
+        return NULL;
+    void *p = ap_mem_take_locked(size);
+    ap_mem_let_go();
+    return p;
+}
+
+void *ap_mem_alloc(size_t size)
+{
+    void *p = ap_mem_take(size);
+    return p ? p : malloc(size ? size : 1);
+}
+
+void *ap_mem_calloc(size_t n, size_t size)
+{
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total))
+        return NULL;
+    void *p = ap_mem_take(total);
+    if (!p)
+        return calloc(n ? n : 1, size ? size : 1);
+    memset(p, 0, total); /* a block used before; a fresh page is written once here */
+    return p;
+}
+
+void ap_mem_free(void *p)
+{
+    if (!ap_mem_owns(p)) {
+        free(p);
+        return;
+    }
+    struct ap_mem_head *h = ap_mem_head_of(p);
+    if (__atomic_load_n(&h->used, __ATOMIC_RELAXED) != AP_MEM_USED) {
+        ap_log(ALTPATCH_WARN, "internal: a block of the library's region freed twice (%p)\n", p);
+        return;
+    }
+    __atomic_fetch_sub(&ap_mem_taken, AP_MEM_HEAD + h->cap, __ATOMIC_RELAXED);
+    AP_POISON(p, h->cap);
+    __atomic_store_n(&h->used, 0, __ATOMIC_RELEASE);
+}
+
+void *ap_mem_realloc(void *p, size_t size)
+{
+    if (!p)
+        return ap_mem_alloc(size);
+    if (!ap_mem_owns(p))
+        return realloc(p, size ? size : 1);
+    struct ap_mem_head *h = ap_mem_head_of(p);
+    if (size <= h->cap) { /* room in the block: the size asked only */
+        if (size > h->size)
+            AP_UNPOISON((unsigned char *)p + h->size, size - h->size);
+        else
+            AP_POISON((unsigned char *)p + size, h->size - size);
+        h->size = (uint32_t)size;
+        return p;
+    }
+    /* the top block grows in place where the region has room */
+    if (size <= AP_MEM_BLOCK_MAX && ap_mem_try_hold()) {
+        uint32_t off = (uint32_t)((unsigned char *)h - ap_mem_region);
+        uint32_t need = (uint32_t)((size + 15) & ~(size_t)15);
+        bool grown = off + AP_MEM_HEAD + h->cap == ap_mem_top &&
+                     AP_MEM_REGION - off - AP_MEM_HEAD >= need;
+        if (grown) {
+            __atomic_fetch_add(&ap_mem_taken, need - h->cap, __ATOMIC_RELAXED);
+            h->cap = need;
+            ap_mem_top = off + AP_MEM_HEAD + need;
+            AP_UNPOISON((unsigned char *)p + h->size, size - h->size);
+            h->size = (uint32_t)size;
+        }
+        ap_mem_let_go();
+        if (grown)
+            return p;
+    }
+    void *q = ap_mem_alloc(size);
+    if (!q)
+        return NULL; /* p untouched, as realloc() leaves it */
+    memcpy(q, p, h->size);
+    ap_mem_free(p);
+    return q;
+}
+
+size_t ap_mem_in_use(void)
+{
+    return __atomic_load_n(&ap_mem_taken, __ATOMIC_RELAXED);
+}

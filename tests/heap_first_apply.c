@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A small program's first apply takes no block of the C library's heap, and
+ * the library's own region does not grow with altpatch_dlopen()/dlclose()
+ * cycles.
+ *
+ * Linked with -Wl,--wrap for malloc, calloc, realloc, free, posix_memalign
+ * and aligned_alloc: every call of the library (linked statically) and of
+ * this program goes through the counters below. Without a sanitizer or
+ * valgrind, the C library's own answer is checked too: a main arena that
+ * never grew (mallinfo2().arena == 0) means no heap call from anywhere.
+ *
+ *   1. the first altpatch_apply() of the process: no heap call, the region
+ *      holds its blocks, the sites run their replacements;
+ *   2. a fork: the child frees and takes blocks of its copy, applies again;
+ *   3. altpatch_dlopen()/dlclose() of libapfix_dl.so, CYCLES times: the
+ *      region in use and the heap in use are the same after the last cycle
+ *      as after the warm-up ones (within the loader's own growth).
+ *
+ * Prints "heap_first_apply: ok" when every check held.
+ */
+#include <dlfcn.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <altpatch/altpatch.h>
+
+#include "ap_live_sites.h"
+#include "util.h"
+
+#define WARMUP 20
+#define CYCLES 300
+/* what the loader itself may keep over the cycles (its link maps' scope
+ * arrays and the like); the library's blocks are given back or reused */
+#define MAX_HEAP_GROWTH (64u * 1024)
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t s);
+void *__real_realloc(void *p, size_t n);
+void __real_free(void *p);
+int __real_posix_memalign(void **p, size_t a, size_t n);
+void *__real_aligned_alloc(size_t a, size_t n);
+
+static volatile int counting;
+static volatile unsigned long heap_calls;
+
+static void count(void)
+{
+    if (counting)
+        heap_calls++;
+}
+
+void *__wrap_malloc(size_t n)
+{
+    count();
+    return __real_malloc(n);
+}
+void *__wrap_calloc(size_t n, size_t s)
+{
+    count();
+    return __real_calloc(n, s);
+}
+void *__wrap_realloc(void *p, size_t n)
+{
+    count();
+    return __real_realloc(p, n);
+}
+void __wrap_free(void *p)
+{
+    if (p)
+        count();
+    __real_free(p);
+}
+int __wrap_posix_memalign(void **p, size_t a, size_t n)
+{
+    count();
+    return __real_posix_memalign(p, a, n);
+}
+void *__wrap_aligned_alloc(size_t a, size_t n)
+{
+    count();
+    return __real_aligned_alloc(a, n);
+}
+
+static int failed;
+
+static void check(int ok, const char *what)
+{
+    if (!ok) {
+        printf("heap_first_apply: FAILED: %s\n", what);
+        failed = 1;
+    }
+}
+
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* one altpatch_dlopen() of the fixture, its call checked, dlclose() */
+static int dl_cycle(void)
+{
+    void *h = altpatch_dlopen(APFIX_DL_PATH, RTLD_NOW);
+    if (!h)
+        return 0;
+    long (*call)(long) = (long (*)(long))dlsym(h, "apfix_dl_call");
+    int ok = call && call(1) == 3;
+    dlclose(h);
+    return ok;
+}
+
+int main(void)
+{
+    altpatch_set_print(NULL);
+    /* 1. the process's first apply */
+    size_t arena0 = mallinfo2().arena;
+    counting = 1;
+    int r = altpatch_apply();
+    counting = 0;
+    unsigned long first_calls = heap_calls;
+    size_t arena1 = mallinfo2().arena;
+    size_t region1 = ap_mem_in_use();
+    printf("heap_first_apply: first apply %d, %lu heap calls, main arena %zu -> %zu bytes, "
+           "region in use %zu bytes\n",
+           r, first_calls, arena0, arena1, region1);
+    check(r == 0, "the first apply returns 0");
+    check(site_one() == 2 && site_pair() == 22, "the sites run their replacements");
+    check(first_calls == 0, "the first apply called malloc/calloc/realloc/free");
+    check(arena1 == arena0, "the C library's main arena grew during the first apply");
+    check(region1 > 0, "the first apply's blocks are in the library's region");
+
+    /* 2. a fork: the child's copy of the region */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int ok = dl_cycle() && dl_cycle() && altpatch_apply() == 0 && site_one() == 2;
+        _exit(ok && ap_mem_in_use() >= region1 ? 0 : 1);
+    }
+    int st = 0;
+    check(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+          "a forked child's dlopen/dlclose cycles and apply");
+
+    /* 3. dlopen/dlclose cycles */
+    size_t region0 = 0, h0 = 0, peak = 0;
+    long bad = 0;
+    for (int c = 0; c < CYCLES; c++) {
+        if (c == WARMUP) {
+            region0 = ap_mem_in_use();
+            h0 = heap_in_use();
+        }
+        bad += !dl_cycle();
+        size_t u = ap_mem_in_use();
+        peak = u > peak ? u : peak;
+    }
+    /* the last module closed is dropped by the next walk */
+    check(altpatch_apply() == 0, "the apply after the cycles");
+    size_t region2 = ap_mem_in_use(), h2 = heap_in_use();
+    printf("heap_first_apply: %d dlopen/dlclose cycles, %ld bad calls, region in use %zu -> %zu "
+           "bytes (peak %zu), heap in use %zu -> %zu bytes\n",
+           CYCLES, bad, region0, region2, peak, h0, h2);
+    check(bad == 0, "a cycle's call gave a wrong value");
+    check(peak > region1, "a loaded module's blocks are in the region too");
+    check(region2 <= region0, "the region in use grew with the cycles");
+    check(h2 <= h0 + MAX_HEAP_GROWTH, "the heap in use grew with the cycles");
+    printf("heap_first_apply: %s\n", failed ? "FAILED" : "ok");
+    return failed;
+}
