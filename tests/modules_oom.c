@@ -16,6 +16,7 @@
 #include "ap_expect.h"
 #include "ap_isolate.h"
 #include "ap_modwalk.h"
+#include "util.h"
 
 
 /*
@@ -57,7 +58,9 @@ static void body_two_first_enomem(void *out, void *ctx)
     }
     call_fn call = (call_fn)dlsym(h, "apfix_dl_call");
     realloc_fail = 1;
+    ap_mem_use_region(false); /* the queue grown by realloc() */
     r->rc[2] = altpatch_apply();
+    ap_mem_use_region(true);
     realloc_fail = 0;
     r->flag[0] = realloc_failed;
     r->val[0] = call(1) + 10 * apfix_linked_call(1);

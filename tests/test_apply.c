@@ -1883,7 +1883,9 @@ static void walk_enomem_body(void *out, void *ctx)
         }
     }
     calloc_fail_module = 1;
+    ap_mem_use_region(false); /* the module's block from calloc() */
     r->rc[1] = apply_with(f, 0); /* the new plugin's module cannot be built */
+    ap_mem_use_region(true);
     calloc_fail_module = 0;
     r->failed = calloc_failed;
     r->value[1] = fn();

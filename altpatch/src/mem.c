@@ -72,6 +72,7 @@ static unsigned char ap_mem_region[AP_MEM_REGION] __attribute__((aligned(4096)))
 AP_STATE static uint32_t ap_mem_top;    /* bytes of the region in blocks */
 AP_STATE static int ap_mem_lock;        /* 1: held */
 AP_STATE static bool ap_mem_poisoned;   /* the free part poisoned once (ASan) */
+AP_STATE static bool ap_mem_off;       /* ap_mem_use_region(false): malloc() only */
 AP_STATE static size_t ap_mem_taken; /* capacity of the blocks in use, headers included */
 
 static inline struct ap_mem_head *ap_mem_at(uint32_t off)
@@ -165,7 +166,8 @@ static void ap_mem_let_go(void)
 /* A region block of @p size bytes, or NULL (too large, no room, held). */
 static void *ap_mem_take(size_t size)
 {
-    if (size > AP_MEM_BLOCK_MAX || !ap_mem_try_hold())
+    if (size > AP_MEM_BLOCK_MAX || __atomic_load_n(&ap_mem_off, __ATOMIC_RELAXED) ||
+        !ap_mem_try_hold())
         return NULL;
     void *p = ap_mem_take_locked(size);
     ap_mem_let_go();
@@ -244,6 +246,11 @@ void *ap_mem_realloc(void *p, size_t size)
     memcpy(q, p, h->size);
     ap_mem_free(p);
     return q;
+}
+
+void ap_mem_use_region(bool on)
+{
+    __atomic_store_n(&ap_mem_off, !on, __ATOMIC_RELAXED);
 }
 
 size_t ap_mem_in_use(void)
