@@ -142,9 +142,9 @@ static void *ap_mem_take_locked(size_t size)
         if (AP_MEM_REGION - ap_mem_top < AP_MEM_HEAD + need)
             return NULL;
         h = ap_mem_at(ap_mem_top);
+        AP_UNPOISON(h, AP_MEM_HEAD);
         h->cap = need;
         ap_mem_top += AP_MEM_HEAD + need;
-        AP_UNPOISON(h, AP_MEM_HEAD);
     }
     h->size = (uint32_t)size;
     __atomic_fetch_add(&ap_mem_taken, AP_MEM_HEAD + h->cap, __ATOMIC_RELAXED);

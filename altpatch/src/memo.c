@@ -90,7 +90,8 @@
 #define AP_MEMO_KEY_MAX 512
 /** Most templates kept by one memo; past it, new shapes go to the planner. */
 #define AP_MEMO_MAX_PLANS 65536u
-#define AP_MEMO_MIN_SLOTS 64u
+/** The first table's slots (half used at most): a small program's shapes in 256 bytes. */
+#define AP_MEMO_MIN_SLOTS 16u
 
 /** One hash slot: a template's signature hash and id (0: empty). */
 struct ap_memo_slot {
@@ -387,12 +388,18 @@ static bool slots_grow(struct ap_memo *m)
 
 /** Bytes of one arena block (a template takes at most ~1.4 KB; a longer one gets its own). */
 #define AP_MEMO_BLOCK 4096u
+/** The first block: a small program's few templates (8 sites: about 240 bytes), so
+ * that its first apply's blocks stay within a page or two (mem.c's region). */
+#define AP_MEMO_FIRST_BLOCK 512u
+/** The first template array's entries. */
+#define AP_MEMO_FIRST_TMPL 8u
 
 /* Room for @n more bytes in the arena and one more template; false when memory is short. */
 static bool room_reserve(struct ap_memo *m, size_t n)
 {
     if (!m->arena || m->arena_len + n > m->arena_cap) {
-        size_t cap = n + sizeof(uint8_t *) > AP_MEMO_BLOCK ? n + sizeof(uint8_t *) : AP_MEMO_BLOCK;
+        size_t block = m->arena ? AP_MEMO_BLOCK : AP_MEMO_FIRST_BLOCK;
+        size_t cap = n + sizeof(uint8_t *) > block ? n + sizeof(uint8_t *) : block;
         uint8_t *b = ap_mem_alloc(cap);
 
         if (!b)
@@ -403,7 +410,7 @@ static bool room_reserve(struct ap_memo *m, size_t n)
         m->arena_cap = cap;
     }
     if (m->nplans >= m->tmpl_cap) {
-        size_t tc = m->tmpl_cap ? m->tmpl_cap * 2 : 16;
+        size_t tc = m->tmpl_cap ? m->tmpl_cap * 2 : AP_MEMO_FIRST_TMPL;
         struct ap_memo_tmpl *t = ap_mem_realloc(m->tmpl, tc * sizeof(*t));
 
         if (!t)
