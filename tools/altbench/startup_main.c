@@ -15,6 +15,9 @@
  *   cpuid    one CPUID (leaf 0: a hypervisor exit in a guest)
  *   syscall  one system call (prctl(PR_GET_SECCOMP))
  *   malloc   the first malloc() (the C library sets up its heap)
+ *   page     the first write to a page of .bss (where the library's region of
+ *            small blocks lies)
+ *   mmap     mmap() of 32 KiB and the first write to it
  *   maps     open() and close() of /proc/self/maps
  *   window   signals blocked, mprotect RW, one byte stored (copy on write of
  *            a text page), mprotect RX, signals restored: an empty window
@@ -59,6 +62,19 @@ static int ab_floor(const char *what)
     if (!strcmp(what, "malloc")) {
         void *volatile p = malloc(64);
         return p ? 0 : -1;
+    }
+    if (!strcmp(what, "page")) {
+        static uint8_t pages[2 * 4096] __attribute__((aligned(4096)));
+        ((volatile uint8_t *)pages)[4096] = 1;
+        return 0;
+    }
+    if (!strcmp(what, "mmap")) {
+        volatile uint8_t *p =
+            mmap(NULL, 32768, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return -1;
+        *p = 1;
+        return 0;
     }
     if (!strcmp(what, "maps")) {
         int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
