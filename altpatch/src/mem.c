@@ -14,8 +14,9 @@
  * The region is AP_MEM_REGION bytes of .bss (pages the kernel gives at their
  * first write): blocks one after the other from its start, each after a
  * 16-byte header (capacity, size asked, state). A block is taken first-fit
- * among the freed ones (neighbours joined as the search meets them) or from
- * the top; a freed block at the top lowers it. A request larger than
+ * among the freed ones (neighbours joined as the search meets them; at most
+ * AP_MEM_SEARCH blocks looked at, none when the free bytes in all are too
+ * few) or from the top; a freed block at the top lowers it. A request larger than
  * AP_MEM_BLOCK_MAX, one the region has no room for, or one made while
  * another thread (or a signal handler interrupting this one) holds the
  * region goes to malloc(): callers see one allocator.
@@ -63,6 +64,9 @@ struct ap_mem_head {
 };
 #define AP_MEM_USED 0x55534544u
 #define AP_MEM_HEAD ((uint32_t)sizeof(struct ap_mem_head))
+/* Blocks a request looks at before it tries the top (a region filled with
+ * small blocks by a large program is not searched from end to end each time). */
+#define AP_MEM_SEARCH 128u
 
 _Static_assert(sizeof(struct ap_mem_head) == 16, "a header keeps the blocks 16-byte aligned");
 _Static_assert(AP_MEM_REGION % 16 == 0 && AP_MEM_BLOCK_MAX < AP_MEM_REGION, "region sizes");
@@ -102,12 +106,18 @@ static void *ap_mem_take_locked(size_t size)
     uint32_t need = (uint32_t)((size + 15) & ~(size_t)15);
     if (!need)
         need = 16;
+    /* not enough free bytes in all (a region filled by a large program's
+     * small blocks): no search */
+    if (AP_MEM_REGION - __atomic_load_n(&ap_mem_taken, __ATOMIC_RELAXED) < AP_MEM_HEAD + need)
+        return NULL;
     if (!ap_mem_poisoned) {
         AP_POISON(ap_mem_region, AP_MEM_REGION);
         ap_mem_poisoned = true;
     }
     struct ap_mem_head *h = NULL;
-    for (uint32_t off = 0; off < ap_mem_top;) {
+    /* at most AP_MEM_SEARCH blocks looked at: then the top, or malloc() */
+    unsigned left = AP_MEM_SEARCH;
+    for (uint32_t off = 0; off < ap_mem_top && left; left--) {
         struct ap_mem_head *c = ap_mem_at(off);
         uint32_t next = off + AP_MEM_HEAD + c->cap;
         if (!ap_mem_is_free(c)) {
