@@ -201,7 +201,7 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
         cr_assert_eq(d.text_span, a.text_span);
         cr_assert_eq(d.text_lo, a.text_lo);
         cr_assert_eq(d.text_hi, a.text_hi);
-        free(d.sites);
+        ap_mem_free(d.sites);
     }
     /* one record decoded inline, as a first decision reads its site's */
     for (size_t i = 0; i < ne; i++) {
@@ -216,9 +216,9 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
         cr_assert_eq(x.repllen, e[i].repllen, "entry %zu", i);
         cr_assert_eq(x.index, e[i].index, "entry %zu", i);
     }
-    free(b.sites);
-    free(c.sites);
-    free(c.entries);
+    ap_mem_free(b.sites);
+    ap_mem_free(c.sites);
+    ap_mem_free(c.entries);
     free(e);
     free(s);
     *keep = a;
@@ -226,8 +226,8 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
 
 static void scan_free(struct ap_table_scan *a)
 {
-    free(a->sites);
-    free(a->entries);
+    ap_mem_free(a->sites);
+    ap_mem_free(a->entries);
 }
 
 /* Build a table from @p r (n records) at @p table_addr and compare. */
@@ -533,8 +533,8 @@ Test(scan, hash_sees_a_uniform_shift)
         cr_assert_eq(ap_table_scan(b, (size_t)N * rs, 0x400000, rs, AP_SCAN_HASH, &sb), 0);
         cr_assert_eq(sa.hash, ha);
         cr_assert_neq(sb.hash, sa.hash);
-        free(sa.sites);
-        free(sb.sites);
+        ap_mem_free(sa.sites);
+        ap_mem_free(sb.sites);
         free(a);
         free(b);
         free(c);
