@@ -156,6 +156,8 @@ static void *churn(void *arg)
             return (void *)1;
         if (!held[k]) {
             held[k] = (seed & 1) ? ap_mem_alloc(n) : ap_mem_calloc(1, n);
+            if (held[k] && !(seed & 1) && !holds(held[k], n, 0))
+                return (void *)3; /* calloc's block not zero */
         } else if (seed & 2) {
             uint8_t *r = ap_mem_realloc(held[k], n);
             if (r)

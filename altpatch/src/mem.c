@@ -74,6 +74,7 @@ _Static_assert(AP_MEM_REGION % 16 == 0 && AP_MEM_BLOCK_MAX < AP_MEM_REGION, "reg
 static unsigned char ap_mem_region[AP_MEM_REGION] __attribute__((aligned(4096)));
 /* The state below is read and written by the holder of ap_mem_lock only. */
 AP_STATE static uint32_t ap_mem_top;    /* bytes of the region in blocks */
+AP_STATE static uint32_t ap_mem_high;   /* the highest top so far: zero bytes above it */
 AP_STATE static int ap_mem_lock;        /* 1: held */
 AP_STATE static bool ap_mem_poisoned;   /* the free part poisoned once (ASan) */
 AP_STATE static bool ap_mem_off;       /* ap_mem_use_region(false): malloc() only */
@@ -100,8 +101,10 @@ static bool ap_mem_is_free(const struct ap_mem_head *h)
     return __atomic_load_n(&h->used, __ATOMIC_ACQUIRE) != AP_MEM_USED;
 }
 
-/* A block of @p size bytes from the region, or NULL. The region held. */
-static void *ap_mem_take_locked(size_t size)
+/* A block of @p size bytes from the region, or NULL; *@p used: its first
+ * bytes that may be other than zero (those below the highest top so far).
+ * The region held. */
+static void *ap_mem_take_locked(size_t size, size_t *used)
 {
     uint32_t need = (uint32_t)((size + 15) & ~(size_t)15);
     if (!need)
@@ -156,6 +159,10 @@ static void *ap_mem_take_locked(size_t size)
         h->cap = need;
         ap_mem_top += AP_MEM_HEAD + need;
     }
+    uint32_t start = (uint32_t)((unsigned char *)(h + 1) - ap_mem_region);
+    *used = ap_mem_high > start ? ap_mem_high - start : 0;
+    if (ap_mem_top > ap_mem_high)
+        ap_mem_high = ap_mem_top;
     h->size = (uint32_t)size;
     __atomic_fetch_add(&ap_mem_taken, AP_MEM_HEAD + h->cap, __ATOMIC_RELAXED);
     __atomic_store_n(&h->used, AP_MEM_USED, __ATOMIC_RELAXED);
@@ -173,20 +180,22 @@ static void ap_mem_let_go(void)
     __atomic_store_n(&ap_mem_lock, 0, __ATOMIC_RELEASE);
 }
 
-/* A region block of @p size bytes, or NULL (too large, no room, held). */
-static void *ap_mem_take(size_t size)
+/* A region block of @p size bytes, or NULL (too large, no room, held);
+ * *@p used as ap_mem_take_locked() says. */
+static void *ap_mem_take(size_t size, size_t *used)
 {
     if (size > AP_MEM_BLOCK_MAX || __atomic_load_n(&ap_mem_off, __ATOMIC_RELAXED) ||
         !ap_mem_try_hold())
         return NULL;
-    void *p = ap_mem_take_locked(size);
+    void *p = ap_mem_take_locked(size, used);
     ap_mem_let_go();
     return p;
 }
 
 void *ap_mem_alloc(size_t size)
 {
-    void *p = ap_mem_take(size);
+    size_t used;
+    void *p = ap_mem_take(size, &used);
     return p ? p : malloc(size ? size : 1);
 }
 
@@ -195,10 +204,14 @@ void *ap_mem_calloc(size_t n, size_t size)
     size_t total;
     if (__builtin_mul_overflow(n, size, &total))
         return NULL;
-    void *p = ap_mem_take(total);
+    size_t used = 0;
+    void *p = ap_mem_take(total, &used);
     if (!p)
         return calloc(n ? n : 1, size ? size : 1);
-    memset(p, 0, total); /* a block used before; a fresh page is written once here */
+    /* bytes never in a block are zero still (.bss): a small program's first
+     * apply zeroes nothing, and binds no memset() */
+    if (used)
+        memset(p, 0, used < total ? used : total);
     return p;
 }
 
@@ -243,6 +256,8 @@ void *ap_mem_realloc(void *p, size_t size)
             __atomic_fetch_add(&ap_mem_taken, need - h->cap, __ATOMIC_RELAXED);
             h->cap = need;
             ap_mem_top = off + AP_MEM_HEAD + need;
+            if (ap_mem_top > ap_mem_high)
+                ap_mem_high = ap_mem_top;
             AP_UNPOISON((unsigned char *)p + h->size, size - h->size);
             h->size = (uint32_t)size;
         }
