@@ -23,7 +23,10 @@
  * Prints "heap_first_apply: ok" when every check held.
  */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <malloc.h>
+#include <stdint.h>
+#include <sys/ioctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -116,9 +119,34 @@ static int dl_cycle(void)
     return ok;
 }
 
+/*
+ * Whether the kernel answers PROCMAP_QUERY (Linux 6.11) on /proc/self/maps,
+ * asked here with system calls only: without it the writer reads the whole
+ * maps file into a buffer of the heap, so a first apply that writes makes
+ * heap calls there. The layout is the kernel's ABI (104 bytes).
+ */
+struct procmap_query_abi {
+    uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size;
+    uint64_t vma_offset, inode;
+    uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+    uint64_t vma_name_addr, build_id_addr;
+};
+
+static int maps_query_answered(void)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    struct procmap_query_abi q = {.size = sizeof(q), .query_addr = (uint64_t)(uintptr_t)&maps_query_answered};
+    int ok = ioctl(fd, _IOWR('f', 17, struct procmap_query_abi), &q) == 0;
+    close(fd);
+    return ok;
+}
+
 int main(void)
 {
     altpatch_set_print(NULL);
+    int queried = maps_query_answered();
     /* 1. the process's first apply */
     size_t arena0 = mallinfo2().arena;
     counting = 1;
@@ -132,8 +160,13 @@ int main(void)
            r, first_calls, arena0, arena1, region1);
     check(r == 0, "the first apply returns 0");
     check(site_one() == 2 && site_pair() == 22, "the sites run their replacements");
-    check(first_calls == 0, "the first apply called malloc/calloc/realloc/free");
-    check(arena1 == arena0, "the C library's main arena grew during the first apply");
+    if (queried) {
+        check(first_calls == 0, "the first apply called malloc/calloc/realloc/free");
+        check(arena1 == arena0, "the C library's main arena grew during the first apply");
+    } else {
+        printf("heap_first_apply: the kernel does not answer PROCMAP_QUERY: the writer reads "
+               "/proc/self/maps into a heap buffer, heap calls not checked\n");
+    }
     check(region1 > 0, "the first apply's blocks are in the library's region");
 
     /* 2. a fork: the child's copy of the region */
