@@ -147,6 +147,7 @@ int main(void)
 {
     altpatch_set_print(NULL);
     int queried = maps_query_answered();
+    int region = ap_mem_has_region();
     /* 1. the process's first apply */
     size_t arena0 = mallinfo2().arena;
     counting = 1;
@@ -160,14 +161,18 @@ int main(void)
            r, first_calls, arena0, arena1, region1);
     check(r == 0, "the first apply returns 0");
     check(site_one() == 2 && site_pair() == 22, "the sites run their replacements");
-    if (queried) {
+    if (queried && region) {
         check(first_calls == 0, "the first apply called malloc/calloc/realloc/free");
         check(arena1 == arena0, "the C library's main arena grew during the first apply");
-    } else {
+    } else if (!queried) {
         printf("heap_first_apply: the kernel does not answer PROCMAP_QUERY: the writer reads "
                "/proc/self/maps into a heap buffer, heap calls not checked\n");
     }
-    check(region1 > 0, "the first apply's blocks are in the library's region");
+    if (region)
+        check(region1 > 0, "the first apply's blocks are in the library's region");
+    else
+        printf("heap_first_apply: no region in this build (AddressSanitizer's malloc takes "
+               "every block): only the cycles' heap and values checked\n");
 
     /* 2. a fork: the child's copy of the region */
     fflush(stdout);
@@ -209,8 +214,10 @@ int main(void)
            "warm-up, at most %lu after\n",
            CYCLES, bad, region0, region2, peak, h0, h2, calls_warm, calls_late);
     check(bad == 0, "a cycle's call gave a wrong value");
-    check(peak > region1, "a loaded module's blocks are in the region too");
-    check(region2 <= region0, "the region in use grew with the cycles");
+    if (region) {
+        check(peak > region1, "a loaded module's blocks are in the region too");
+        check(region2 <= region0, "the region in use grew with the cycles");
+    }
     check(h2 <= h0 + MAX_HEAP_GROWTH, "the heap in use grew with the cycles");
     check(calls_late <= calls_warm, "later cycles took blocks from the heap the region gave before");
     printf("heap_first_apply: %s\n", failed ? "FAILED" : "ok");

@@ -101,6 +101,10 @@ AP_HIDDEN void ap_mem_free(void *p);
 AP_HIDDEN bool ap_mem_owns(const void *p);
 /** Bytes of the region in blocks in use, headers included. */
 AP_HIDDEN size_t ap_mem_in_use(void);
+/** Whether this build takes blocks from the region at all: not under
+ * AddressSanitizer, whose own malloc() then sees every block (quarantine,
+ * redzones, leak check). */
+AP_HIDDEN bool ap_mem_has_region(void);
 /** Take new blocks from the region (@p on, the default) or from malloc()
  * only (for tests that make the C library's allocator fail); blocks taken
  * before are given back as before either way. */
