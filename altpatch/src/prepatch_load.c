@@ -114,16 +114,27 @@ static const char *mismatch(const struct ap_module *m, const struct ap_prepatch 
     return NULL;
 }
 
+/* The path the module's file is read by: the main program's is the file
+ * mapped, not the path it was started by (which may name another file by
+ * now). */
+static const char *file_path(const struct ap_module *m)
+{
+    return m->path[0] ? m->path : "/proc/self/exe";
+}
+
 /*
- * The section of @p path, parsed and checked against @p m: 0 with *@p buf
- * (malloc'ed) and @p p, -ENOMEM, or 1 with *@p why.
+ * The section of @p m's file (*@p path: file_path()), parsed and checked
+ * against @p m: 0 with *@p buf (malloc'ed) and @p p, -ENOMEM, or 1 with
+ * *@p why.
  */
-static int load_checked(const struct ap_module *m, const char *path, uint8_t **buf,
+static int load_checked(const struct ap_module *m, const char **path, uint8_t **buf,
                         struct ap_prepatch *p, const char **why)
 {
     size_t len = 0;
     *buf = NULL;
-    int r = read_section(path, buf, &len, why);
+    *why = NULL;
+    *path = file_path(m);
+    int r = read_section(*path, buf, &len, why);
     if (r == -ENOMEM)
         return r;
     if (!r) /* else read_section() said why */
@@ -134,6 +145,15 @@ static int load_checked(const struct ap_module *m, const char *path, uint8_t **b
     free(*buf);
     *buf = NULL;
     return 1;
+}
+
+/* Forget a module's file choices (and the copy a dry run kept). */
+static void ap_prepatch_drop(struct ap_module *m)
+{
+    m->prepatch_choices = false;
+    m->prepatch_agreed = false;
+    free(m->prepatch_res);
+    m->prepatch_res = NULL;
 }
 
 /*
@@ -166,21 +186,12 @@ static void take_file(struct ap_module *m, const struct ap_prepatch *p)
     m->prepatch_planner = p->planner == AP_PREPATCH_PLANNER;
 }
 
-/* The path the module's file is read by: the main program's is the file
- * mapped, not the path it was started by (which may name another file by
- * now). */
-static const char *file_path(const struct ap_module *m)
-{
-    return m->path[0] ? m->path : "/proc/self/exe";
-}
-
 int ap_prepatch_originals(struct ap_module *m)
 {
-    const char *path = file_path(m);
-    uint8_t *buf = NULL;
+    const char *path, *why;
+    uint8_t *buf;
     struct ap_prepatch p;
-    const char *why = NULL;
-    int r = load_checked(m, path, &buf, &p, &why);
+    int r = load_checked(m, &path, &buf, &p, &why);
     if (r < 0)
         return r;
     if (r) {
@@ -268,11 +279,10 @@ int ap_prepatch_need(struct ap_module *m, bool refuse)
 {
     if (!m->orig_in_file)
         return 0;
-    const char *path = file_path(m);
-    uint8_t *buf = NULL;
+    const char *path, *why;
+    uint8_t *buf;
     struct ap_prepatch p;
-    const char *why = NULL;
-    int r = load_checked(m, path, &buf, &p, &why);
+    int r = load_checked(m, &path, &buf, &p, &why);
     if (r < 0)
         return r; /* -ENOMEM: asked again next time */
     if (r) {
@@ -291,9 +301,7 @@ int ap_prepatch_need(struct ap_module *m, bool refuse)
          * memory is believed, its originals and its choices, as without a
          * note (planned unless they are the applied set's) */
         ap_log(ALTPATCH_INFO, "%s: pre-patched file: plan note not used (%s)\n", path, why);
-        free(m->prepatch_res);
-        m->prepatch_res = NULL;
-        m->prepatch_agreed = false;
+        ap_prepatch_drop(m);
         m->settled_gen = 0;
         take_file(m, &p);
     } else {
@@ -346,14 +354,6 @@ bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
     return true;
 }
 
-/* Forget a module's file choices (and the copy a dry run kept). */
-static void ap_prepatch_drop(struct ap_module *m)
-{
-    m->prepatch_choices = false;
-    m->prepatch_agreed = false;
-    free(m->prepatch_res);
-    m->prepatch_res = NULL;
-}
 
 bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs)
 {
