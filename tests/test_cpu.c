@@ -432,6 +432,60 @@ Test(cpu, lazy_probes_only_when_wanted)
                  altpatch_features_has(h, X86_FEATURE_RDTSCP));
 }
 
+/* The CPU's own answer: AMD family 0x1a (the test's CPUID, not the library's). */
+static bool cpuid_amd_family_1a(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u /* "Auth" */ ||
+        d != 0x69746e65u /* "enti" */ || c != 0x444d4163u /* "cAMD" */)
+        return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    unsigned fam = (a >> 8) & 0xf;
+    return fam == 0xf && fam + ((a >> 20) & 0xff) == 0x1a;
+}
+
+Test(cpu, lazy_rdseed_kernel_flags_only_when_wanted)
+{
+    /* RDSEED on AMD family 0x1a is the kernel's to decide (/proc/cpuinfo):
+     * without that question the set leaves it out there, and only there */
+    cr_expect_eq(ap_feature_leaves(X86_FEATURE_RDSEED) & AP_LEAVES_KFLAGS, AP_LEAVES_KFLAGS);
+    cr_expect_eq(ap_feature_leaves(X86_FEATURE_RDRAND) & AP_LEAVES_KFLAGS, 0u);
+    unsigned a, b, c, d;
+    bool cpuid = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 18));
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_STD7, &f);
+    cr_expect_eq(altpatch_features_has(&f, X86_FEATURE_RDSEED), cpuid && !cpuid_amd_family_1a());
+    ap_host_leaves(ap_feature_leaves(X86_FEATURE_RDSEED), &f);
+    cr_expect_eq(altpatch_features_has(&f, X86_FEATURE_RDSEED),
+                 altpatch_features_has(ap_host_features(), X86_FEATURE_RDSEED));
+}
+
+Test(cpu, cpuinfo_flags_line)
+{
+    static const char t[] = "processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                            "vmx flags\t: rdseed\nflags\t\t: fpu rdseed_x avx512f rdseed\n"
+                            "bugs\t\t: sysret_ss_attrs\nflags\t\t: rdpid\n";
+    size_t n = 0, len = sizeof(t) - 1;
+    const char *f = ap_cpuinfo_flags(t, len, &n);
+    cr_assert_not_null(f);
+    cr_assert_eq(n, strlen(" fpu rdseed_x avx512f rdseed"));
+    cr_assert(memcmp(f, " fpu rdseed_x avx512f rdseed", n) == 0);
+    cr_assert(ap_cpuinfo_lists(t, len, "rdseed"));
+    cr_assert(ap_cpuinfo_lists(t, len, "fpu"));
+    cr_assert(ap_cpuinfo_lists(t, len, "avx512f"));
+    cr_assert_not(ap_cpuinfo_lists(t, len, "avx512"));   /* whole words only */
+    cr_assert_not(ap_cpuinfo_lists(t, len, "rdpid"));    /* the first CPU's line only */
+    cr_assert_not(ap_cpuinfo_lists(t, len, "sysret_ss_attrs"));
+    cr_assert_not(ap_cpuinfo_lists(t, len, ""));
+    /* a flags line cut before its newline is not read */
+    const char *cut = strstr(t, "rdseed\nbugs");
+    cr_assert_null(ap_cpuinfo_flags(t, (size_t)(cut - t) + 3, &n));
+    cr_assert_not(ap_cpuinfo_lists(t, (size_t)(cut - t) + 3, "fpu"));
+    cr_assert_null(ap_cpuinfo_flags("processor\t: 0\n", 14, &n));
+    cr_assert_null(ap_cpuinfo_flags("", 0, &n));
+}
+
 Test(cpu, lazy_lfence_rdtsc_agrees_with_the_host)
 {
     /* decided by the vendor rule (no extended leaf read) or by 0x80000021 */

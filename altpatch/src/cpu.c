@@ -14,6 +14,9 @@
  *     (arch_prctl(ARCH_REQ_XCOMP_PERM) must come before the first query);
  *   - PKU unless OSPKE (CR4.PKE); SHSTK unless the shadow stack is enabled
  *     (arch_prctl(ARCH_SHSTK_STATUS), as seen by the detecting thread);
+ *   - RDSEED on AMD family 0x1a unless the kernel lists it in /proc/cpuinfo
+ *     (Linux clears it there unless the microcode fixes RDSEED's 16- and
+ *     32-bit forms);
  *   - RDTSCP unless the instruction executes in this process, RDPID unless it
  *     executes and returns the CPU number getcpu() reports (probed under
  *     a SIGILL guard, only when CPUID claims them: emulators such as valgrind
@@ -25,6 +28,7 @@
  * derived by features.c's vendor rules (ap_derive_synthetic()).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -221,6 +225,9 @@ static struct ap_regs ap_leaf(uint32_t leaf, uint32_t sub)
 }
 
 /* Leaf 0 (vendor, highest leaf) and leaf 1 into words 0 and 4. */
+/* The display family of leaf 1 (BASE group; 0 until read). */
+AP_STATE static unsigned ap_family;
+
 static void ap_read_base(struct altpatch_features *f)
 {
     struct ap_regs r = ap_cpuid(0, 0);
@@ -235,6 +242,9 @@ static void ap_read_base(struct altpatch_features *f)
         r = ap_leaf(1, 0);
         f->word[0] = r.d;
         f->word[4] = r.c;
+        ap_family = (r.a >> 8) & 0xf;
+        if (ap_family == 0xf)
+            ap_family += (r.a >> 20) & 0xff;
     }
 }
 
@@ -417,6 +427,50 @@ static void ap_clear_list(struct altpatch_features *f, const uint16_t *ids, size
 /* Facts asked of the kernel or learnt by a probe, once each and only when a
  * set read so far holds the bit they decide (-1: not asked yet). */
 AP_STATE static int ap_amx_perm = -1, ap_shstk_on = -1, ap_rdtscp_ok = -1, ap_rdpid_ok = -1;
+AP_STATE static int ap_rdseed_listed = -1;
+
+/*
+ * Whether the kernel lists @p name among the first CPU's flags in
+ * /proc/cpuinfo: its own verdict on a feature it may clear although CPUID
+ * claims it. false where the file cannot be read (a sandbox without /proc):
+ * the feature is then left out, which is never wrong, only conservative.
+ */
+static bool ap_kernel_lists(const char *name)
+{
+    static char buf[16384]; /* the first CPU's block; under ap_leaves_mx */
+    long fd = ap_sys(SYS_openat, AT_FDCWD, (long)"/proc/cpuinfo", O_RDONLY | O_CLOEXEC, 0, 0);
+    if (fd < 0)
+        return false;
+    size_t len = 0;
+    for (;;) {
+        long n = ap_sys(SYS_read, fd, (long)(buf + len), (long)(sizeof(buf) - len), 0, 0);
+        if (n == -EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        size_t flen;
+        if (len == sizeof(buf) || ap_cpuinfo_flags(buf, len, &flen))
+            break; /* the first flags line is whole */
+    }
+    ap_sys(SYS_close, fd, 0, 0, 0, 0);
+    return ap_cpuinfo_lists(buf, len, name);
+}
+
+/*
+ * RDSEED on AMD family 0x1a: the kernel clears it unless the microcode is
+ * one it knows fixes RDSEED's 16- and 32-bit forms (they may report success
+ * with a zero value), which userspace cannot read cheaply: ask the kernel,
+ * once, only where CPUID claims RDSEED on such a CPU and a caller wants it.
+ */
+static bool ap_rdseed_usable(unsigned asked)
+{
+    if (!(asked & AP_LEAVES_KFLAGS))
+        return false;
+    if (ap_rdseed_listed < 0)
+        ap_rdseed_listed = ap_kernel_lists("rdseed");
+    return ap_rdseed_listed;
+}
 
 static bool ap_amx_permitted(void)
 {
@@ -455,6 +509,8 @@ unsigned ap_feature_leaves(unsigned id)
         os = AP_LEAVES_SHSTK;
     else if (id == X86_FEATURE_RDTSCP || id == X86_FEATURE_RDPID)
         os = AP_LEAVES_PROBE;
+    else if (id == X86_FEATURE_RDSEED)
+        os = AP_LEAVES_KFLAGS;
     return os | ap_feature_cpuid_leaves(id, id / 32);
 }
 
@@ -496,6 +552,9 @@ static void ap_apply_os_enablement(struct altpatch_features *f, unsigned asked)
     if (ap_features_test(f, X86_FEATURE_SHSTK) &&
         (!(asked & AP_LEAVES_SHSTK) || !ap_shstk_enabled()))
         ap_bit_clear(f, X86_FEATURE_SHSTK);
+    if (ap_features_test(f, X86_FEATURE_RDSEED) && ap_family == 0x1a &&
+        strcmp(f->vendor, "AuthenticAMD") == 0 && !ap_rdseed_usable(asked))
+        ap_bit_clear(f, X86_FEATURE_RDSEED);
 }
 
 /*
@@ -694,7 +753,8 @@ static bool ap_probe_instructions(struct altpatch_features *f, unsigned asked)
     return answered;
 }
 
-/* The facts asked of the OS so far (AP_LEAVES_XCOMP, AP_LEAVES_SHSTK, AP_LEAVES_PROBE). */
+/* The facts asked of the OS so far (AP_LEAVES_XCOMP, AP_LEAVES_SHSTK, AP_LEAVES_PROBE,
+ * AP_LEAVES_KFLAGS). */
 AP_STATE static unsigned ap_os_asked;
 
 /* The set derived last, and the leaves read and facts asked it was derived
@@ -715,7 +775,7 @@ bool ap_host_leaves(unsigned groups, struct altpatch_features *out)
     }
     ap_tlock_lock(&ap_leaves_mx, me);
     ap_read_leaves(groups);
-    ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK | AP_LEAVES_PROBE);
+    ap_os_asked |= groups & (AP_LEAVES_XCOMP | AP_LEAVES_SHSTK | AP_LEAVES_PROBE | AP_LEAVES_KFLAGS);
     if (!ap_derived_any || ap_derived_raw != ap_raw_groups || ap_derived_os != ap_os_asked) {
         struct altpatch_features f = ap_raw;
         ap_mask_known(&f);
@@ -816,6 +876,8 @@ void ap_effective_leaves_cleared(unsigned groups, const char *list,
     if (list && (groups & AP_LEAVES_PROBE) && ap_list_clears(list, X86_FEATURE_RDTSCP) &&
         ap_list_clears(list, X86_FEATURE_RDPID))
         groups &= ~AP_LEAVES_PROBE;
+    if (list && (groups & AP_LEAVES_KFLAGS) && ap_list_clears(list, X86_FEATURE_RDSEED))
+        groups &= ~AP_LEAVES_KFLAGS; /* nor is /proc/cpuinfo read for RDSEED */
     (void)ap_host_leaves(groups, out); /* apply: never inside a query (ap_reentered()) */
     if (list)
         ap_clearcpuid(out, list);

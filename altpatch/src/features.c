@@ -383,6 +383,43 @@ int ap_clearcpuid(struct altpatch_features *f, const char *list)
 }
 
 /* ------------------------------------------------------------------------- */
+/* The kernel's own flags (/proc/cpuinfo text)                               */
+/* ------------------------------------------------------------------------- */
+
+const char *ap_cpuinfo_flags(const char *text, size_t len, size_t *n)
+{
+    static const char key[] = "flags";
+    for (size_t at = 0; at + sizeof(key) - 1 <= len;) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        if (!nl)
+            return NULL; /* this line is not whole */
+        size_t end = (size_t)(nl - text);
+        if (memcmp(text + at, key, sizeof(key) - 1) == 0) {
+            size_t i = at + sizeof(key) - 1;
+            while (i < end && (text[i] == ' ' || text[i] == '\t'))
+                i++;
+            if (i < end && text[i] == ':') {
+                *n = end - (i + 1);
+                return text + i + 1;
+            }
+        }
+        at = end + 1;
+    }
+    return NULL;
+}
+
+bool ap_cpuinfo_lists(const char *text, size_t len, const char *name)
+{
+    size_t n = 0, k = strlen(name);
+    const char *f = ap_cpuinfo_flags(text, len, &n);
+    for (size_t i = 0; f && k && i + k <= n; i++)
+        if ((i == 0 || f[i - 1] == ' ') && memcmp(f + i, name, k) == 0 &&
+            (i + k == n || f[i + k] == ' '))
+            return true;
+    return false;
+}
+
+/* ------------------------------------------------------------------------- */
 /* Profiles                                                                  */
 /* ------------------------------------------------------------------------- */
 

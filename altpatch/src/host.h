@@ -51,7 +51,8 @@ AP_HIDDEN void ap_effective_features(struct altpatch_features *out);
 #define AP_LEAVES_XCOMP 0x200u  /* AMX: the process's XTILEDATA permission (arch_prctl) */
 #define AP_LEAVES_SHSTK 0x400u  /* SHSTK: whether the shadow stack is on (arch_prctl) */
 #define AP_LEAVES_PROBE 0x800u  /* RDTSCP, RDPID: executed once under a SIGILL guard */
-#define AP_LEAVES_ALL 0xfffu
+#define AP_LEAVES_KFLAGS 0x1000u /* RDSEED on AMD family 0x1a: the kernel's flags (/proc/cpuinfo) */
+#define AP_LEAVES_ALL 0x1fffu
 /** The groups of leaves that decide feature @p id (any id; BASE when none). */
 AP_HIDDEN unsigned ap_feature_leaves(unsigned id);
 /**

@@ -289,6 +289,14 @@ AP_HIDDEN void ap_derive_synthetic(struct altpatch_features *f);
  * names cleared.
  */
 AP_HIDDEN int ap_clear_names(struct altpatch_features *f, const char *list, bool warn);
+/**
+ * The first "flags" line of /proc/cpuinfo text @p text (@p len bytes, not
+ * NUL-terminated): its names (after the colon) and their length in @p *n,
+ * or NULL when @p text does not hold that line whole.
+ */
+AP_HIDDEN const char *ap_cpuinfo_flags(const char *text, size_t len, size_t *n);
+/** Whether the first "flags" line of @p text names @p name (a whole word). */
+AP_HIDDEN bool ap_cpuinfo_lists(const char *text, size_t len, const char *name);
 /** ap_clear_names() with warnings; 0 when @p f is NULL. */
 AP_HIDDEN int ap_clearcpuid(struct altpatch_features *f, const char *list);
 
