@@ -1605,6 +1605,83 @@ Test(prepatch_record, round_trip_and_every_cut_refused)
     cr_assert_eq(ap_prepatch_parse(NULL, n, &p), -EINVAL);
 }
 
+/* ap_plan_note_check()'s sites: a selection per site, and the sites asked. */
+struct note_picks {
+    int pick[2];
+    unsigned asked;
+};
+
+static int note_pick(void *ctx, size_t i, const struct altpatch_features *fs)
+{
+    struct note_picks *np = ctx;
+    cr_assert_eq(fs->word[9], 1, "the note's set");
+    cr_assert_eq(i, np->asked++, "the sites in table order");
+    return np->pick[i];
+}
+
+/*
+ * The plan note's check, on two_sites()'s record and written bytes: each
+ * refusal with its reason, the record's choices and planner only when a
+ * record is given, the hash only when bytes are, the sites asked in order
+ * until one fails.
+ */
+Test(prepatch_record, plan_note_check_each_refusal)
+{
+    uint8_t b[512], bytes[8] = {4, 5, 6, 12, 13, 14, 15, 16};
+    struct ap_prepatch p;
+    cr_assert_eq(ap_prepatch_parse(b, two_sites(b), &p), 0);
+    const struct ap_plan_note good = {AP_PREPATCH_PLANNER, 2, 28, ap_bytes_hash(bytes, 8), p.fs};
+    static const char other_table[] = "it describes another table",
+                      outside[] = "a site lies outside the text",
+                      refused[] = "a site it says was planned is refused",
+                      choices[] = "the file's choices are not its",
+                      hash[] = "memory does not hold the bytes it says were written",
+                      planner[] = "the file's planner version is not its";
+    struct {
+        uint32_t nsites, planner;
+        uint64_t table_size, hash;
+        int pick0, pick1;
+        bool rec, bytes;
+        const char *why;
+        unsigned asked;
+    } cases[] = {
+        {2, AP_PREPATCH_PLANNER, 28, 0, 0, -1, true, true, NULL, 2},
+        {3, AP_PREPATCH_PLANNER, 28, 0, 0, -1, true, true, other_table, 0},
+        {2, AP_PREPATCH_PLANNER, 29, 0, 0, -1, true, true, other_table, 0},
+        {2, AP_PREPATCH_PLANNER, 28, 0, AP_NOTE_OUTSIDE, -1, true, true, outside, 1},
+        {2, AP_PREPATCH_PLANNER, 28, 0, 0, -2, true, true, refused, 2},
+        {2, AP_PREPATCH_PLANNER, 28, 0, 0, 0, true, true, choices, 2},
+        {2, AP_PREPATCH_PLANNER, 28, 0, 0, 0, false, true, NULL, 2},
+        {2, AP_PREPATCH_PLANNER, 28, 1, 0, -1, true, true, hash, 2},
+        {2, AP_PREPATCH_PLANNER, 28, 1, 0, -1, true, false, NULL, 2},
+        {2, 0, 28, 0, 0, -1, true, true, planner, 2},
+        {2, 0, 28, 0, 0, -1, false, true, NULL, 2},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct ap_plan_note pn = good;
+        pn.nsites = cases[i].nsites;
+        pn.planner = cases[i].planner;
+        pn.table_size = cases[i].table_size;
+        pn.hash ^= cases[i].hash;
+        struct note_picks np = {{cases[i].pick0, cases[i].pick1}, 0};
+        struct ap_plan_note_sites s = {
+            .nsites = 2,
+            .table_size = 28,
+            .bytes = cases[i].bytes ? bytes : NULL,
+            .nbytes = sizeof(bytes),
+            .rec = cases[i].rec ? &p : NULL,
+            .pick = note_pick,
+            .ctx = &np,
+        };
+        const char *why = ap_plan_note_check(&pn, &s);
+        if (cases[i].why)
+            cr_assert(why && !strcmp(why, cases[i].why), "case %zu: %s", i, why ? why : "holds");
+        else
+            cr_assert_null(why, "case %zu: %s", i, why);
+        cr_assert_eq(np.asked, cases[i].asked, "case %zu", i);
+    }
+}
+
 /* ------------------------------------------------------------------------- */
 /* The plan note: settling from loaded memory                                */
 /* ------------------------------------------------------------------------- */

@@ -208,6 +208,36 @@ static int mem_read(void *ctx, uint64_t off, void *dst, size_t len)
     return 0;
 }
 
+/* ap_plan_note_check()'s reading of the image's sites. */
+static int note_pick(void *ctx, size_t i, const struct altpatch_features *fs)
+{
+    const struct altpatch_image *img = ctx;
+    if (img->orig_off[i] == AP_NO_ORIG)
+        return AP_NOTE_OUTSIDE;
+    return ap_plan_pick(&img->view, &img->sites[i], img->entries, fs);
+}
+
+/* Check the filled plan note against the section's record @p p and the
+ * bytes the file's sites hold; NULL when it holds, else why not. */
+static const char *note_mismatch(struct altpatch_image *img, const struct ap_prepatch *p)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < img->nsites; i++)
+        total += img->sites[i].len;
+    /* every site inside the text (else refused before the hash): img->orig
+     * is their bytes, concatenated */
+    struct ap_plan_note_sites s = {
+        .nsites = img->nsites,
+        .table_size = p->table_size,
+        .bytes = img->orig,
+        .nbytes = total,
+        .rec = p,
+        .pick = note_pick,
+        .ctx = img,
+    };
+    return ap_plan_note_check(&img->plan_note, &s);
+}
+
 /* Check a pre-patched file's record against the file and take its originals. */
 static int read_prepatched(struct altpatch_image *img)
 {
@@ -222,35 +252,12 @@ static int read_prepatched(struct altpatch_image *img)
     if (p.table_addr != img->note.table_start ||
         p.table_size != img->note.table_end - img->note.table_start || p.nsites != img->nsites)
         return fail(img, -EBADMSG, "%s describes another table", AP_PREPATCH_SECTION);
-    if (img->plan_state == ALTPATCH_PLAN_NOTE_FILLED) {
-        /* the plan note is what a first apply believes where it says what
-         * the section says and hashes the bytes the sites hold; else it is
-         * stale (an older writer pre-patched the copy again and left it, or
-         * forged), and a first apply reads the file as without it */
-        const struct ap_plan_note *pn = &img->plan_note;
-        size_t total = 0;
-        const char *why = NULL;
-        for (size_t i = 0; i < img->nsites; i++) {
-            total += img->sites[i].len;
-            if (img->orig_off[i] == AP_NO_ORIG)
-                why = "covers a site outside the text";
-        }
-        if (!why && (pn->nsites != img->nsites || pn->table_size != p.table_size))
-            why = "describes another table";
-        if (!why && pn->planner != p.planner)
-            why = "records another planner version";
-        /* every site inside the text: img->orig is their bytes, concatenated */
-        if (!why && ap_bytes_hash(img->orig, total) != pn->hash)
-            why = "does not hash the bytes the sites hold";
-        for (size_t i = 0, pos = 0; !why && i < img->nsites; i++) {
-            const struct ap_site *s = &img->sites[i];
-            if (ap_prepatch_next(&p, &pos, &ps) ||
-                ps.chosen != ap_plan_pick(&img->view, s, img->entries, &pn->fs))
-                why = "names other choices than the section";
-        }
-        if (why)
-            img->plan_state = ALTPATCH_PLAN_NOTE_STALE;
-    }
+    /* the plan note is what a first apply believes where it says what the
+     * section says and hashes the bytes the sites hold; else it is stale (an
+     * older writer pre-patched the copy again and left it, or forged), and a
+     * first apply reads the file as without it */
+    if (img->plan_state == ALTPATCH_PLAN_NOTE_FILLED && note_mismatch(img, &p))
+        img->plan_state = ALTPATCH_PLAN_NOTE_STALE;
     size_t pos = 0;
     for (size_t i = 0; i < img->nsites; i++) {
         const struct ap_site *s = &img->sites[i];

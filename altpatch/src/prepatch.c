@@ -168,3 +168,26 @@ void ap_plan_note_put(uint8_t *buf, const struct ap_plan_note *n)
         memcpy(buf + 32 + 4 * i, &n->fs.word[i], 4);
     memcpy(buf + 160, n->fs.vendor, strnlen(n->fs.vendor, sizeof(n->fs.vendor) - 1));
 }
+
+const char *ap_plan_note_check(const struct ap_plan_note *pn, const struct ap_plan_note_sites *s)
+{
+    if (pn->nsites != s->nsites || pn->table_size != s->table_size)
+        return "it describes another table";
+    size_t pos = 0;
+    struct ap_prepatch_site ps;
+    for (size_t i = 0; i < s->nsites; i++) {
+        int pick = s->pick(s->ctx, i, &pn->fs);
+        if (pick == AP_NOTE_OUTSIDE)
+            return "a site lies outside the text";
+        if (pick < -1)
+            return "a site it says was planned is refused";
+        if (s->rec && (ap_prepatch_next(s->rec, &pos, &ps) || ps.chosen != pick))
+            return "the file's choices are not its";
+    }
+    /* every site in the text: the bytes are all of them */
+    if (s->bytes && ap_bytes_hash(s->bytes, s->nbytes) != pn->hash)
+        return "memory does not hold the bytes it says were written";
+    if (s->rec && s->rec->planner != pn->planner)
+        return "the file's planner version is not its";
+    return NULL;
+}

@@ -204,27 +204,48 @@ int ap_prepatch_originals(struct ap_module *m)
     return 0;
 }
 
-/* Check the filled plan note @p pn against the module; NULL when it holds, else why not. */
-static const char *plan_mismatch(struct ap_module *m, const struct ap_plan_note *pn)
+/* ap_plan_note_check()'s reading of the module's sites (struct note_sites). */
+struct note_sites {
+    struct ap_module *m;
+    bool keep; /* each site's selection kept as its result */
+};
+
+static int note_pick(void *ctx, size_t i, const struct altpatch_features *fs)
 {
-    if (pn->nsites != m->nsites || pn->table_size != m->table_size)
-        return "it describes another table";
+    struct note_sites *ns = ctx;
+    struct ap_module *m = ns->m;
+    if (ap_orig_off(m, i) == AP_NO_ORIG)
+        return AP_NOTE_OUTSIDE;
+    struct ap_site_entries eb;
+    const struct ap_site *es;
+    const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
+    int pick = ap_plan_pick(&m->view, es, ents, fs);
+    if (ns->keep && pick >= -1)
+        m->res[i] = ap_res_ok(pick);
+    return pick;
+}
+
+/*
+ * Check the filled plan note @p pn against the module, and against the
+ * file's record @p p when not NULL (else memory's bytes, keeping each site's
+ * selection as its result); NULL when it holds, else why not.
+ */
+static const char *note_mismatch(struct ap_module *m, const struct ap_plan_note *pn,
+                                 const struct ap_prepatch *p)
+{
+    struct note_sites ns = {m, !p};
     /* the writer fills it only when every site lies in the text: then
      * m->orig is every site's bytes, concatenated in table order */
-    for (size_t i = 0; i < m->nsites; i++) {
-        if (ap_orig_off(m, i) == AP_NO_ORIG)
-            return "a site lies outside the text";
-        struct ap_site_entries eb;
-        const struct ap_site *es;
-        const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
-        int pick = ap_plan_pick(&m->view, es, ents, &pn->fs);
-        if (pick < -1)
-            return "a site it says was planned is refused";
-        m->res[i] = ap_res_ok(pick);
-    }
-    if (ap_bytes_hash(m->orig, m->site_bytes) != pn->hash)
-        return "memory does not hold the bytes it says were written";
-    return NULL;
+    struct ap_plan_note_sites s = {
+        .nsites = m->nsites,
+        .table_size = m->table_size,
+        .bytes = p ? NULL : m->orig,
+        .nbytes = m->site_bytes,
+        .rec = p,
+        .pick = note_pick,
+        .ctx = &ns,
+    };
+    return ap_plan_note_check(pn, &s);
 }
 
 int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz)
@@ -240,7 +261,7 @@ int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz)
     int state = plan ? ap_plan_note_parse(plan, plansz, &pn) : 0;
     if (state == 0) /* no note, or left empty by the writer: the file says */
         return ap_prepatch_originals(m);
-    const char *why = state < 0 ? "malformed" : plan_mismatch(m, &pn);
+    const char *why = state < 0 ? "malformed" : note_mismatch(m, &pn, NULL);
     if (why) {
         /* stale (an older writer pre-patched the copy again and left it), or
          * forged: as if empty, the file says */
@@ -263,16 +284,7 @@ static const char *note_disagrees(struct ap_module *m, const struct ap_prepatch 
     struct ap_plan_note pn;
     if (ap_plan_note_parse(m->plan_note, ALTPATCH_PLAN_NOTE_SIZE, &pn) != 1)
         return "it changed";
-    size_t pos = 0;
-    struct ap_prepatch_site ps;
-    for (size_t i = 0; i < m->nsites && ap_prepatch_next(p, &pos, &ps) == 0; i++) {
-        struct ap_site_entries eb;
-        const struct ap_site *es;
-        const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
-        if (ps.chosen != ap_plan_pick(&m->view, es, ents, &pn.fs))
-            return "the file's choices are not its";
-    }
-    return pn.planner != p->planner ? "the file's planner version is not its" : NULL;
+    return note_mismatch(m, &pn, p);
 }
 
 int ap_prepatch_need(struct ap_module *m, bool refuse)

@@ -441,6 +441,37 @@ AP_HIDDEN int ap_plan_note_parse(const uint8_t *desc, size_t descsz, struct ap_p
 /** Write @p n as a filled descriptor (ALTPATCH_PLAN_NOTE_SIZE bytes at @p buf). */
 AP_HIDDEN void ap_plan_note_put(uint8_t *buf, const struct ap_plan_note *n);
 
+/** ap_plan_note_sites.pick(): the site lies outside the text. */
+#define AP_NOTE_OUTSIDE INT32_MIN
+
+/** What a filled plan note is checked against (ap_plan_note_check()). */
+struct ap_plan_note_sites {
+    size_t nsites;
+    uint64_t table_size;
+    /* every site's bytes, concatenated in table order (read only when every
+     * site lies in the text); NULL: the hash is not checked */
+    const uint8_t *bytes;
+    size_t nbytes;
+    /* the file's record of originals; NULL: its choices and planner version
+     * are not compared */
+    const struct ap_prepatch *rec;
+    /* site @p i's selection under @p fs: the entry, -1 the original, another
+     * value below -1 when the planner refuses the site, AP_NOTE_OUTSIDE */
+    int (*pick)(void *ctx, size_t i, const struct altpatch_features *fs);
+    void *ctx;
+};
+
+/**
+ * Check the filled plan note @p pn against @p s, on a file or in memory:
+ * the same table (sites and size), every site in the text and planned
+ * (not refused) under the note's set, with the file record's choice when
+ * @p s has one, the bytes hashed, the record's planner version. NULL when
+ * it holds, else why not. Pure: @p s->pick is called once per site, in
+ * table order, until a site fails.
+ */
+AP_HIDDEN const char *ap_plan_note_check(const struct ap_plan_note *pn,
+                                         const struct ap_plan_note_sites *s);
+
 /* ------------------------------------------------------------------------- */
 /* ELF sections and notes (elfsec.c)                                         */
 /* ------------------------------------------------------------------------- */
