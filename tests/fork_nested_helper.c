@@ -122,6 +122,37 @@ static int fork_child_works(int base)
     return 0;
 }
 
+/*
+ * The inner fork, from a signal handler that interrupted the outer one: the
+ * inner child goes on with the interrupted fork (and whatever follows it)
+ * under alarm(@p secs), then its checks; the parent records how the inner
+ * child ended. @p nested is set before the fork when @p mark_before (the
+ * inner child has it too), else once the inner child has ended.
+ */
+static void fork_nested(unsigned secs, bool mark_before)
+{
+    if (mark_before)
+        nested = 1;
+    pid_t g = fork();
+    if (g == 0) {
+        alarm(secs);
+        inner_maps = maps_fds();
+        return;
+    }
+    int s = -1;
+    if (g > 0 && waitpid(g, &s, 0) != g)
+        s = -1;
+    nested_status = s;
+    nested = 1;
+}
+
+/* fork_nested() as a signal handler. */
+static void fork_from_handler(int sig)
+{
+    (void)sig;
+    fork_nested(5, false);
+}
+
 /* sigaction(@p sig) with handler @p fn, no flags, nothing else blocked. */
 static int on_signal(int sig, void (*fn)(int))
 {
@@ -184,17 +215,7 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
         return;
     ap_step_stop(uc);
     stepping = 0;
-    nested = 1;
-    pid_t g = fork();
-    if (g == 0) {
-        alarm(10); /* goes on with the interrupted fork, then its checks */
-        inner_maps = maps_fds();
-        return;
-    }
-    int s = -1;
-    if (g > 0 && waitpid(g, &s, 0) != g)
-        s = -1;
-    nested_status = s;
+    fork_nested(10, true);
 }
 
 static void prepare_first(void)
@@ -312,25 +333,6 @@ static void *mt_thread(void *arg)
 {
     (void)arg;
     return (void *)(intptr_t)altpatch_site_foreach(mt_slow_walk, NULL);
-}
-
-/* The inner fork, from a signal handler that interrupted the outer one: the
- * inner child goes on with the interrupted fork (and whatever follows it),
- * then its checks; the parent records how the inner child ended. */
-static void fork_from_handler(int sig)
-{
-    (void)sig;
-    pid_t g = fork();
-    if (g == 0) {
-        alarm(5);
-        inner_maps = maps_fds();
-        return;
-    }
-    int s = -1;
-    if (g > 0 && waitpid(g, &s, 0) != g)
-        s = -1;
-    nested_status = s;
-    nested = 1;
 }
 
 static void mt_prepare_first(void)
