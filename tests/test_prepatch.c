@@ -185,15 +185,21 @@ static int cmp_site(const struct altpatch_image_site *s, void *ctx)
     return 0;
 }
 
-/* The format version the note of @p file says. */
-static unsigned file_format(const char *file)
+/* What altpatch_image_get_info() says of @p file. */
+static struct altpatch_image_info image_info(const char *file)
 {
     struct altpatch_image *img;
     cr_assert_eq(altpatch_image_open(file, NULL, &img), 0, "open %s", file);
     struct altpatch_image_info info = {.sz = sizeof(info)};
     cr_assert_eq(altpatch_image_get_info(img, &info), 0);
     altpatch_image_close(img);
-    return info.format_version;
+    return info;
+}
+
+/* The format version the note of @p file says. */
+static unsigned file_format(const char *file)
+{
+    return image_info(file).format_version;
 }
 
 static void check_written(const char *plain, const char *pre, const char *profile)
@@ -545,6 +551,18 @@ static void planned_like_plain(const char *env, const char *prog, const char *wh
     planned_like_plain_or_note(env, prog, why, writes, false);
 }
 
+/* The run @p out of a copy made for another set than the applied one is not
+ * settled (@p why) but planned: something written, nothing refused, the
+ * states and bytes of the plain program's run @p want. */
+static void rewritten_like_plain(const char *out, const char *want, const char *why)
+{
+    cr_assert(!strstr(out, SETTLED_LOG), "%s:\n%s", why, out);
+    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    same_lines(out, want, "state");
+    same_lines(out, want, "site");
+}
+
 /* The set the fixture's apply uses under ALTPATCH_CLEARCPUID=@p clear (NULL:
  * none): the host's, less that feature, as a test names it for itself. */
 /* @p set with FSGSBASE toggled (a set that differs from it in one feature the
@@ -565,6 +583,15 @@ static struct altpatch_features *applied_set(const char *clear)
     if (clear)
         cr_assert_eq(altpatch_features_clear(fs, (unsigned)altpatch_feature_id(clear)), 0);
     return fs;
+}
+
+/* A copy of @p plain pre-patched for the applied set: tmpdir/@p name (prepatch_fs()'s buffer). */
+static const char *applied_copy(const char *plain, const char *name)
+{
+    struct altpatch_features *fs = applied_set(NULL);
+    const char *pre = prepatch_fs(plain, fs, name);
+    altpatch_features_free(fs);
+    return pre;
 }
 
 /*
@@ -678,11 +705,7 @@ Test(prepatch, settles_after_dry_runs)
     toggle_fsgsbase(fs);
     pre = prepatch_fs(PREPATCH_FIXTURE, fs, "other");
     out = run_ok(NULL, pre, "drystats");
-    cr_assert(!strstr(out, SETTLED_LOG), "settled on a dry run's plan:\n%s", out);
-    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
-    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
-    same_lines(out, want, "state");
-    same_lines(out, want, "site");
+    rewritten_like_plain(out, want, "settled on a dry run's plan");
     free(out);
     free(want);
     altpatch_features_free(fs);
@@ -758,27 +781,29 @@ Test(prepatch, clearcpuid_differs_from_the_file)
     altpatch_features_free(fs);
 }
 
-/* After a settled apply: REVERT writes the compiler's bytes back, byte for
- * byte; the next apply brings the file's bytes back, as the planner's. */
-Test(prepatch, settled_reverts_and_applies_again)
+/*
+ * A copy of @p plain for the applied set, settled: REVERT writes the
+ * compiler's bytes back, byte for byte; the next apply brings the file's
+ * bytes back, as the planner's: the plain program's states, bytes and
+ * writes, nothing refused, the file always usable.
+ */
+static void settled_reverts(const char *plain)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_FIXTURE, fs, "same");
-    char *want = run_ok(NULL, PREPATCH_FIXTURE, "again");
+    const char *pre = applied_copy(plain, "same");
+    char *want = run_ok(NULL, plain, "again");
     char *out = run_ok(NULL, pre, "again");
     cr_assert(strstr(out, SETTLED_LOG), "%s", out);
-    char *orig_l = file_sites(PREPATCH_FIXTURE, false);
+    cr_assert(!strstr(out, "not usable"), "%s", out);
+    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
+    char *orig_l = file_sites(plain, false);
     char *rev = lines_of(out, "reverted");
     cr_assert_str_eq(rev, orig_l, "REVERT after a settled apply did not restore the originals");
     char *file_l = file_sites(pre, false);
     char *after = lines_of(out, "site"), *want_sites = lines_of(want, "site");
     cr_assert_str_eq(after, file_l, "the apply after REVERT did not bring the file's bytes back");
     cr_assert_str_eq(after, want_sites);
-    char *a = lines_of(out, "state"), *b = lines_of(want, "state");
-    cr_assert_str_eq(a, b);
+    same_lines(out, want, "state");
     cr_assert_eq(stat_of(out, "written"), stat_of(want, "written"), "%s\n%s", out, want);
-    free(a);
-    free(b);
     free(orig_l);
     free(rev);
     free(file_l);
@@ -786,7 +811,13 @@ Test(prepatch, settled_reverts_and_applies_again)
     free(want_sites);
     free(out);
     free(want);
-    altpatch_features_free(fs);
+}
+
+/* After a settled apply: REVERT writes the compiler's bytes back, byte for
+ * byte; the next apply brings the file's bytes back, as the planner's. */
+Test(prepatch, settled_reverts_and_applies_again)
+{
+    settled_reverts(PREPATCH_FIXTURE);
 }
 
 /* Copy @p src to @p dst with the first site's `chosen` in its section of
@@ -819,15 +850,14 @@ static void bad_choice_copy(const char *src, const char *dst)
  */
 Test(prepatch, bad_choice_is_planned)
 {
-    struct altpatch_features *fs = applied_set(NULL);
     char badf[160];
     snprintf(badf, sizeof(badf), "%s/badchoice", tmpdir);
-    bad_choice_copy(prepatch_fs(PREPATCH_FIXTURE, fs, "same"), badf);
+    bad_choice_copy(applied_copy(PREPATCH_FIXTURE, "same"), badf);
     planned_like_plain_or_note(NULL, badf, "a bad choice was taken", false, true);
 
     char lib[200], args[420];
     snprintf(lib, sizeof(lib), "%s/badchoice.so", tmpdir);
-    bad_choice_copy(prepatch_fs(PREPATCH_LIB, fs, "lib"), lib);
+    bad_choice_copy(applied_copy(PREPATCH_LIB, "lib"), lib);
     snprintf(args, sizeof(args), "dllist '%s'", lib);
     char *out = run_ok(NULL, PREPATCH_FIXTURE, args);
     char *mid = strstr(out, "\napplied\n");
@@ -843,7 +873,6 @@ Test(prepatch, bad_choice_is_planned)
     cr_assert_eq(stat_of(mid + 2, "refused"), 0, "%s", mid + 2);
     free(before);
     free(out);
-    altpatch_features_free(fs);
 }
 
 /*
@@ -1057,10 +1086,8 @@ Test(prepatch, kept_original_not_in_memory_is_planned)
 static const char *other_planner_copy(const char *name, uint32_t planner, bool flip)
 {
     static char dst[200];
-    struct altpatch_features *fs = applied_set(NULL);
     char same[160];
-    snprintf(same, sizeof(same), "%s", prepatch_fs(PREPATCH_FIXTURE, fs, "same"));
-    altpatch_features_free(fs);
+    snprintf(same, sizeof(same), "%s", applied_copy(PREPATCH_FIXTURE, "same"));
     static struct orig_site s[MAX_SITES];
     uint8_t *b;
     size_t len, n = orig_sites(same, &b, &len, s, MAX_SITES);
@@ -1136,8 +1163,7 @@ Test(prepatch, other_planner_bytes_are_planned)
  */
 Test(prepatch, revert_with_another_thread_busy)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_FIXTURE, fs, "same");
+    const char *pre = applied_copy(PREPATCH_FIXTURE, "same");
     char *out = run_ok(NULL, pre, "threadrevert");
     cr_assert(strstr(out, "\nrc -16\n") || strncmp(out, "rc -16\n", 7) == 0,
               "a REVERT with another thread running and live patching refused:\n%s", out);
@@ -1147,7 +1173,73 @@ Test(prepatch, revert_with_another_thread_busy)
     free(mem);
     free(file_l);
     free(out);
-    altpatch_features_free(fs);
+}
+
+/*
+ * A copy of the library @p plain pre-patched for the applied set, named as
+ * a library (NAME.so, into @p lib of @p size bytes).
+ */
+static void lib_copy(const char *plain, char *lib, size_t size)
+{
+    const char *pre = applied_copy(plain, "lib");
+    snprintf(lib, size, "%s.so", pre);
+    cr_assert_eq(rename(pre, lib), 0);
+}
+
+/*
+ * The fixture in @p mode on the library @p lib (a FIFO at its path while
+ * nobody writes it, at some point), under a watchdog: no apply blocked,
+ * exit status 0, "rc 0"; its stdout.
+ */
+static char *run_lib_fifo(const char *mode, const char *lib)
+{
+    char args[420], *out, *err;
+    snprintf(args, sizeof(args), "%s '%s'", mode, lib);
+    int st = run("env -u ALTPATCH_CLEARCPUID timeout -k 2 30", PREPATCH_FIXTURE, args, &out,
+                 &err);
+    cr_assert(st != 124 && st != 128 + 9, "an apply blocked on a FIFO:\n%s%s", out, err);
+    cr_assert_eq(st, 0, "%s -> %d:\n%s%s", mode, st, out, err);
+    cr_assert(strstr(out, "rc 0\n"), "%s", out);
+    free(err);
+    return out;
+}
+
+/*
+ * The "state" lines of @p out ("ADDR STATE CHOSEN REASON CURRENT ORIGINAL"),
+ * at least one, as " ADDR BYTES" lines (malloc'ed): each site's current
+ * bytes, or with @p original its original ones. Every site is REFUSED for
+ * @p refused, or, where @p refused is negative, not REFUSED.
+ */
+static char *state_bytes(const char *out, bool original, int refused)
+{
+    char *states = lines_of(out, "state"), *list = calloc(1, strlen(states) + 1);
+    cr_assert_not_null(list);
+    cr_assert_str_neq(states, "", "%s", out);
+    for (char *l = states; *l;) {
+        char addr[32], cur[600], orig[600];
+        int state, why;
+        int n = sscanf(l, " %31s %d %*d %d %599s %599s", addr, &state, &why, cur, orig);
+        cr_assert_geq(n, original ? 5 : 4, "%s", l);
+        if (refused < 0) {
+            cr_assert_neq(state, ALTPATCH_SITE_REFUSED, "%s", l);
+        } else {
+            cr_assert_eq(state, ALTPATCH_SITE_REFUSED, "%s", l);
+            cr_assert_eq(why, refused, "%s", l);
+        }
+        sprintf(list + strlen(list), " %s %s\n", addr, original ? orig : cur);
+        l = strchr(l, '\n') + 1;
+    }
+    free(states);
+    return list;
+}
+
+/* Every site of @p out REFUSED for @p reason, holding the bytes @p want
+ * lists (" ADDR BYTES" lines; @p what: what differs otherwise). */
+static void refused_holding(const char *out, int reason, const char *want, const char *what)
+{
+    char *mem = state_bytes(out, false, reason);
+    cr_assert_str_eq(mem, want, "%s:\n%s", what, out);
+    free(mem);
 }
 
 /*
@@ -1158,41 +1250,17 @@ Test(prepatch, revert_with_another_thread_busy)
  */
 Test(prepatch, library_path_fifo_refused)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_LIB, fs, "lib");
-    char lib[200], args[420], *out, *err;
-    snprintf(lib, sizeof(lib), "%s.so", pre);
-    cr_assert_eq(rename(pre, lib), 0);
+    char lib[200];
+    lib_copy(PREPATCH_LIB, lib, sizeof(lib));
     char *file_l = file_sites(lib, false);
-    snprintf(args, sizeof(args), "dlfifo '%s'", lib);
-    int st = run("env -u ALTPATCH_CLEARCPUID timeout -k 2 30", PREPATCH_FIXTURE, args, &out,
-                 &err);
-    cr_assert(st != 124 && st != 128 + 9, "the apply blocked on a FIFO:\n%s%s", out, err);
-    cr_assert_eq(st, 0, "dlfifo -> %d:\n%s%s", st, out, err);
-    cr_assert(strstr(out, "rc 0\n"), "%s", out);
-    cr_assert(strstr(out, "not a regular file"), "%s%s", out, err);
+    char *out = run_lib_fifo("dlfifo", lib);
+    cr_assert(strstr(out, "not a regular file"), "%s", out);
     cr_assert_gt(stat_of(out, "refused"), 0, "%s", out);
-    /* the library's sites: refused, holding the file's bytes ("ADDR STATE
-     * CHOSEN REASON CURRENT ORIGINAL") */
-    char *states = lines_of(out, "state"), *mem = calloc(1, strlen(states) + 1);
-    cr_assert_not_null(mem);
-    cr_assert_str_neq(states, "", "%s", out);
-    for (char *l = states; *l;) {
-        char addr[32], cur[600];
-        int state, reason;
-        cr_assert_eq(sscanf(l, " %31s %d %*d %d %599s", addr, &state, &reason, cur), 4, "%s", l);
-        cr_assert_eq(state, ALTPATCH_SITE_REFUSED, "%s", l);
-        cr_assert_eq(reason, ALTPATCH_REASON_BAD_TABLE, "%s", l);
-        sprintf(mem + strlen(mem), " %s %s\n", addr, cur);
-        l = strchr(l, '\n') + 1;
-    }
-    cr_assert_str_eq(mem, file_l, "the refused library's memory is not its file's bytes");
-    free(mem);
-    free(states);
+    /* the library's sites: refused, holding the file's bytes */
+    refused_holding(out, ALTPATCH_REASON_BAD_TABLE, file_l,
+                    "the refused library's memory is not its file's bytes");
     free(file_l);
     free(out);
-    free(err);
-    altpatch_features_free(fs);
 }
 
 /*
@@ -1203,11 +1271,8 @@ Test(prepatch, library_path_fifo_refused)
  */
 Test(prepatch, library_listed_with_the_file_choices)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_LIB, fs, "lib");
     char lib[200], args[420];
-    snprintf(lib, sizeof(lib), "%s.so", pre);
-    cr_assert_eq(rename(pre, lib), 0);
+    lib_copy(PREPATCH_LIB, lib, sizeof(lib));
     snprintf(args, sizeof(args), "dllist '%s'", PREPATCH_LIB);
     char *want = run_ok(NULL, PREPATCH_FIXTURE, args);
     snprintf(args, sizeof(args), "dllist '%s'", lib);
@@ -1230,7 +1295,6 @@ Test(prepatch, library_listed_with_the_file_choices)
     free(o_after);
     free(out);
     free(want);
-    altpatch_features_free(fs);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1355,6 +1419,16 @@ Test(image_api, file_truncated_after_open, .init = setup, .fini = teardown)
 /* ------------------------------------------------------------------------- */
 /* The tool                                                                  */
 /* ------------------------------------------------------------------------- */
+
+/* Run @p tool with @p args; exit status 0 asserted; its stdout (malloc'ed). */
+static char *tool_ok(const char *tool, const char *args)
+{
+    char *o, *e;
+    int st = run(NULL, tool, args, &o, &e);
+    cr_assert_eq(st, 0, "%s %s -> %d:\n%s", tool, args, st, e);
+    free(e);
+    return o;
+}
 
 static void tool_fails(const char *args, int want, const char *msg, const char *out)
 {
@@ -1693,12 +1767,7 @@ TestSuite(plan_note, .init = setup, .fini = teardown, .timeout = 120,
 /* The plan note state altpatch_image_get_info() reads in @p file. */
 static unsigned plan_note_of(const char *file)
 {
-    struct altpatch_image *img;
-    cr_assert_eq(altpatch_image_open(file, NULL, &img), 0, "open %s", file);
-    struct altpatch_image_info info = {.sz = sizeof(info)};
-    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
-    altpatch_image_close(img);
-    return info.plan_note;
+    return image_info(file).plan_note;
 }
 
 /*
@@ -1731,18 +1800,18 @@ Test(plan_note, reserved_and_filled)
     pre = prepatch(PREPATCH_FIXTURE, "host");
     cr_assert_eq(plan_note_of(pre), ALTPATCH_PLAN_NOTE_NONE);
     /* the tool says which */
-    char out[160], args[512], *o, *e;
+    const struct {
+        const char *src, *says;
+    } tool[] = {{PREPATCH_FIXTURE_PLAN, "; plan note filled ("},
+                {PREPATCH_FIXTURE, "; no plan note ("}};
+    char out[160], args[512];
     snprintf(out, sizeof(out), "%s/tool-out", tmpdir);
-    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", PREPATCH_FIXTURE_PLAN, out);
-    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 0, "%s", e);
-    cr_assert(strstr(o, "; plan note filled ("), "%s", o);
-    free(o);
-    free(e);
-    snprintf(args, sizeof(args), "--cpu host '%s' '%s'", PREPATCH_FIXTURE, out);
-    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 0, "%s", e);
-    cr_assert(strstr(o, "; no plan note ("), "%s", o);
-    free(o);
-    free(e);
+    for (size_t i = 0; i < sizeof(tool) / sizeof(tool[0]); i++) {
+        snprintf(args, sizeof(args), "--cpu host '%s' '%s'", tool[i].src, out);
+        char *o = tool_ok(ALTPREPATCH, args);
+        cr_assert(strstr(o, tool[i].says), "%s", o);
+        free(o);
+    }
 }
 
 /* The file offset of link-time address @p addr in the ELF image @p b (a PT_LOAD maps it). */
@@ -1770,27 +1839,22 @@ static size_t file_offset_of(const uint8_t *b, size_t len, uint64_t addr)
  */
 Test(plan_note, left_empty_where_a_site_is_refused)
 {
-    struct altpatch_image *img;
-    cr_assert_eq(altpatch_image_open(PREPATCH_FIXTURE_PLAN, NULL, &img), 0);
-    struct altpatch_image_info info = {.sz = sizeof(info)};
-    cr_assert_eq(altpatch_image_get_info(img, &info), 0);
-    altpatch_image_close(img);
+    struct altpatch_image_info info = image_info(PREPATCH_FIXTURE_PLAN);
     cr_assert_eq(info.format_version, ALTPATCH_FORMAT_COMPACT);
     size_t len;
     uint8_t *b = slurp(PREPATCH_FIXTURE_PLAN, &len);
     size_t rec = file_offset_of(b, len, info.table_addr);
     cr_assert_lt(rec + 12, len);
     b[rec + 11] = (uint8_t)(b[rec + 10] + 1); /* replacementlen > instrlen */
-    char bad[160], out[200], args[512], *o, *e;
+    char bad[160], out[200], args[512];
     snprintf(bad, sizeof(bad), "%s/oneref", tmpdir);
     write_file(bad, b, len);
     free(b);
     snprintf(out, sizeof(out), "%s/oneref-pp", tmpdir);
     snprintf(args, sizeof(args), "--cpu host '%s' '%s'", bad, out);
-    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 0, "%s", e);
+    char *o = tool_ok(ALTPREPATCH, args);
     cr_assert(strstr(o, ", 1 refused (original kept); plan note left empty ("), "%s", o);
     free(o);
-    free(e);
     cr_assert_eq(plan_note_of(out), ALTPATCH_PLAN_NOTE_EMPTY);
 }
 
@@ -1810,29 +1874,7 @@ Test(plan_note, settles_under_clearcpuid)
  * bytes back. */
 Test(plan_note, settled_reverts_and_applies_again)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
-    char *want = run_ok(NULL, PREPATCH_FIXTURE_PLAN, "again");
-    char *out = run_ok(NULL, pre, "again");
-    cr_assert(strstr(out, SETTLED_LOG), "%s", out);
-    cr_assert(!strstr(out, "not usable"), "%s", out);
-    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
-    char *orig_l = file_sites(PREPATCH_FIXTURE_PLAN, false);
-    char *rev = lines_of(out, "reverted");
-    cr_assert_str_eq(rev, orig_l, "REVERT after a settled apply did not restore the originals");
-    char *file_l = file_sites(pre, false);
-    char *after = lines_of(out, "site"), *want_sites = lines_of(want, "site");
-    cr_assert_str_eq(after, file_l, "the apply after REVERT did not bring the file's bytes back");
-    cr_assert_str_eq(after, want_sites);
-    same_lines(out, want, "state");
-    free(orig_l);
-    free(rev);
-    free(file_l);
-    free(after);
-    free(want_sites);
-    free(out);
-    free(want);
-    altpatch_features_free(fs);
+    settled_reverts(PREPATCH_FIXTURE_PLAN);
 }
 
 /* Lazy originals: a copy made for another set (FSGSBASE toggled) is planned
@@ -1845,37 +1887,10 @@ Test(plan_note, other_set_is_planned_from_the_file)
     const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "other");
     char *want = run_ok(NULL, PREPATCH_FIXTURE_PLAN, "stats");
     char *out = run_ok(NULL, pre, "stats");
-    cr_assert(!strstr(out, SETTLED_LOG), "%s", out);
-    cr_assert_gt(stat_of(out, "written"), 0, "%s", out);
-    cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
-    same_lines(out, want, "state");
-    same_lines(out, want, "site");
+    rewritten_like_plain(out, want, "settled on another set's file");
     free(out);
     free(want);
     altpatch_features_free(fs);
-}
-
-/* The "state" lines of @p out: every site REFUSED for @p reason, holding the
- * bytes its "before" line says (memory unchanged since before the apply). */
-static void refused_holding_before(const char *out, int reason)
-{
-    char *states = lines_of(out, "state"), *before = lines_of(out, "before");
-    char *mem = calloc(1, strlen(states) + 1);
-    cr_assert_not_null(mem);
-    cr_assert_str_neq(states, "", "%s", out);
-    for (char *l = states; *l;) {
-        char addr[32], cur[600];
-        int state, why;
-        cr_assert_eq(sscanf(l, " %31s %d %*d %d %599s", addr, &state, &why, cur), 4, "%s", l);
-        cr_assert_eq(state, ALTPATCH_SITE_REFUSED, "%s", l);
-        cr_assert_eq(why, reason, "%s", l);
-        sprintf(mem + strlen(mem), " %s %s\n", addr, cur);
-        l = strchr(l, '\n') + 1;
-    }
-    cr_assert_str_eq(mem, before, "memory changed:\n%s", out);
-    free(mem);
-    free(states);
-    free(before);
 }
 
 /*
@@ -1888,8 +1903,9 @@ static void refused_holding_before(const char *out, int reason)
  * reads its file in its first apply: refused there.
  */
 /* Run fixture @p prog in mode @p mode (open/openat refused by a seccomp
- * filter after its first look) under @p env; exit status 0 asserted; its
- * stdout. Skips the test where no seccomp filter can be installed. */
+ * filter after its first look) under @p env; exit status @p status
+ * asserted; its stdout. Skips the test where no seccomp filter can be
+ * installed. */
 /*
  * The environment of a sealed run: without a CLEARCPUID of the test's, and
  * under AddressSanitizer without its leak check at exit (LeakSanitizer reads
@@ -1898,23 +1914,22 @@ static void refused_holding_before(const char *out, int reason)
  */
 #define SEALED_ENV "env -u ALTPATCH_CLEARCPUID ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 
-static char *run_sealed(const char *env, const char *prog, const char *mode)
+static char *run_sealed(const char *env, const char *prog, const char *mode, int status)
 {
     char e[256], *out, *err;
     snprintf(e, sizeof(e), SEALED_ENV " %s", env ? env : "");
     int st = run(e, prog, mode, &out, &err);
     if (st == 3)
         cr_skip("%s", out); /* "seccomp filter unavailable: ..." */
-    cr_assert_eq(st, 0, "%s %s -> %d:\n%s%s", prog, mode, st, out, err);
+    cr_assert_eq(st, status, "%s %s -> %d:\n%s%s", prog, mode, st, out, err);
     free(err);
     return out;
 }
 
 Test(plan_note, settles_without_opening_a_file)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
-    char *out = run_sealed(NULL, pre, "sealed");
+    const char *pre = applied_copy(PREPATCH_FIXTURE_PLAN, "same");
+    char *out = run_sealed(NULL, pre, "sealed", 0);
     char *first = strstr(out, "\nstats ");
     cr_assert_not_null(first, "%s", out);
     cr_assert(strstr(out, SETTLED_LOG), "%s", out);
@@ -1929,21 +1944,17 @@ Test(plan_note, settles_without_opening_a_file)
     cr_assert(strstr(out, "\nrc 0\n"), "%s", out);
     cr_assert_eq(stat_of(second, "written"), 0, "%s", out);
     cr_assert_eq(stat_of(second, "refused"), stat_of(second, "seen"), "%s", out);
-    refused_holding_before(out, ALTPATCH_REASON_BAD_TABLE);
+    char *before = lines_of(out, "before");
+    refused_holding(out, ALTPATCH_REASON_BAD_TABLE, before, "memory changed");
+    free(before);
     free(out);
 
     /* without the note: the first apply reads the file */
-    pre = prepatch_fs(PREPATCH_FIXTURE, fs, "noteless");
-    char *err;
-    int st = run(SEALED_ENV, pre, "sealed", &out, &err);
-    if (st == 3)
-        cr_skip("%s", out);
-    cr_assert_eq(st, 1, "%s%s", out, err);
+    pre = applied_copy(PREPATCH_FIXTURE, "noteless");
+    out = run_sealed(NULL, pre, "sealed", 1);
     cr_assert(strstr(out, "originals not usable: Permission denied"), "%s", out);
     cr_assert(!strstr(out, SETTLED_LOG), "%s", out);
     free(out);
-    free(err);
-    altpatch_features_free(fs);
 }
 
 /*
@@ -1957,11 +1968,10 @@ Test(plan_note, settles_without_opening_a_file)
  */
 Test(plan_note, unreadable_file_does_not_refuse_a_settled_module)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
+    const char *pre = applied_copy(PREPATCH_FIXTURE_PLAN, "same");
     const char *envs[] = {NULL, "ALTPATCH_DEBUG=1"};
     for (size_t k = 0; k < 2; k++) {
-        char *out = run_sealed(envs[k], pre, "sealedlist");
+        char *out = run_sealed(envs[k], pre, "sealedlist", 0);
         cr_assert(strstr(out, SETTLED_LOG), "%s", out);
         cr_assert(!strstr(out, "refused: bad"), "%s", out);
         cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
@@ -1986,7 +1996,6 @@ Test(plan_note, unreadable_file_does_not_refuse_a_settled_module)
         free(states);
         free(out);
     }
-    altpatch_features_free(fs);
 }
 
 /*
@@ -1997,8 +2006,7 @@ Test(plan_note, unreadable_file_does_not_refuse_a_settled_module)
  */
 Test(plan_note, debug_logs_the_originals_and_changes_nothing)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
+    const char *pre = applied_copy(PREPATCH_FIXTURE_PLAN, "same");
     char *plain = run_ok(NULL, pre, "stats");
     char *dbg = run_ok("ALTPATCH_DEBUG=1", pre, "stats");
     cr_assert(strstr(plain, SETTLED_LOG), "%s", plain);
@@ -2026,7 +2034,6 @@ Test(plan_note, debug_logs_the_originals_and_changes_nothing)
     free(orig_l);
     free(dbg);
     free(plain);
-    altpatch_features_free(fs);
 }
 
 /*
@@ -2039,8 +2046,7 @@ Test(plan_note, debug_logs_the_originals_and_changes_nothing)
  */
 Test(plan_note, fork_and_live_after_settling)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same");
+    const char *pre = applied_copy(PREPATCH_FIXTURE_PLAN, "same");
     char *out = run_ok(NULL, pre, "forklive");
     cr_assert(strstr(out, SETTLED_LOG), "%s", out);
     cr_assert(strstr(out, "child reverted: ok\n"), "%s", out);
@@ -2058,7 +2064,6 @@ Test(plan_note, fork_and_live_after_settling)
     free(after);
     free(file_l);
     free(out);
-    altpatch_features_free(fs);
 }
 
 /*
@@ -2073,18 +2078,10 @@ Test(plan_note, fork_and_live_after_settling)
  */
 Test(plan_note, library_reads_its_file_at_its_first_apply)
 {
-    struct altpatch_features *fs = applied_set(NULL);
-    const char *pre = prepatch_fs(PREPATCH_LIB_PLAN, fs, "lib");
-    char lib[200], args[420], *out, *err;
-    snprintf(lib, sizeof(lib), "%s.so", pre);
-    cr_assert_eq(rename(pre, lib), 0);
+    char lib[200];
+    lib_copy(PREPATCH_LIB_PLAN, lib, sizeof(lib));
     char *orig_l = file_sites(PREPATCH_LIB_PLAN, false);
-    snprintf(args, sizeof(args), "dlgone '%s'", lib);
-    int st = run("env -u ALTPATCH_CLEARCPUID timeout -k 2 30", PREPATCH_FIXTURE, args, &out,
-                 &err);
-    cr_assert(st != 124 && st != 128 + 9, "an apply blocked on a FIFO:\n%s%s", out, err);
-    cr_assert_eq(st, 0, "dlfifo -> %d:\n%s%s", st, out, err);
-    cr_assert(strstr(out, "rc 0\n"), "%s", out);
+    char *out = run_lib_fifo("dlgone", lib);
     cr_assert(!strstr(out, "not a regular file"), "%s", out);
     char settled[300];
     snprintf(settled, sizeof(settled), "%s: " SETTLED_LOG, lib);
@@ -2092,32 +2089,16 @@ Test(plan_note, library_reads_its_file_at_its_first_apply)
     for (const char *l = strstr(out, "\nstats "); l; l = strstr(l + 1, "\nstats "))
         cr_assert_eq(stat_of(l, "refused"), 0, "%s", out);
     /* listed with the compiler's bytes */
-    char *states = lines_of(out, "state"), *orig = calloc(1, strlen(states) + 1);
-    cr_assert_not_null(orig);
-    cr_assert_str_neq(states, "", "%s", out);
-    for (char *l = states; *l;) {
-        char addr[32], cur[600], o[600];
-        int state, reason;
-        cr_assert_eq(sscanf(l, " %31s %d %*d %d %599s %599s", addr, &state, &reason, cur, o), 5,
-                     "%s", l);
-        cr_assert_neq(state, ALTPATCH_SITE_REFUSED, "%s", l);
-        sprintf(orig + strlen(orig), " %s %s\n", addr, o);
-        l = strchr(l, '\n') + 1;
-    }
+    char *orig = state_bytes(out, true, -1);
     cr_assert_str_eq(orig, orig_l, "the library's listed originals are not the compiler's");
     free(orig);
-    free(states);
     free(orig_l);
     free(out);
-    free(err);
-    altpatch_features_free(fs);
 }
 
-/* Copy @p src to @p dst with @p edit applied to its filled plan note's descriptor. */
-static void forged_note_copy(const char *src, const char *dst, void (*edit)(uint8_t *desc))
+/* The plan note's descriptor (ALTPATCH_PLAN_NOTE_SIZE bytes) in the image @p b of @p file. */
+static uint8_t *note_desc_in(uint8_t *b, size_t len, const char *file)
 {
-    size_t len;
-    uint8_t *b = slurp(src, &len);
     /* the note header: namesz 9, descsz, type, "altpatch\0" padded to 12 */
     uint8_t hdr[24] = {9, 0, 0, 0};
     uint32_t dsz = ALTPATCH_PLAN_NOTE_SIZE, type = ALTPATCH_PLAN_NOTE_TYPE;
@@ -2125,14 +2106,37 @@ static void forged_note_copy(const char *src, const char *dst, void (*edit)(uint
     memcpy(hdr + 8, &type, 4);
     memcpy(hdr + 12, "altpatch", 9);
     uint8_t *n = memmem(b, len, hdr, sizeof(hdr));
-    cr_assert_not_null(n, "no plan note in %s", src);
-    uint32_t state;
-    memcpy(&state, n + 24, 4);
-    cr_assert_eq(state, 1, "the plan note of %s is not filled", src);
-    edit(n + 24);
+    cr_assert_not_null(n, "no plan note in %s", file);
+    return n + sizeof(hdr);
+}
+
+/*
+ * Copy @p src to @p dst (executable) with its plan note's descriptor edited
+ * by @p edit (the note of @p src asserted filled), or, without @p edit,
+ * replaced by @p desc (whatever state the note of @p src is in).
+ */
+static void note_copy(const char *src, const char *dst, void (*edit)(uint8_t *desc),
+                      const uint8_t *desc)
+{
+    size_t len;
+    uint8_t *b = slurp(src, &len), *d = note_desc_in(b, len, src);
+    if (edit) {
+        uint32_t state;
+        memcpy(&state, d, 4);
+        cr_assert_eq(state, 1, "the plan note of %s is not filled", src);
+        edit(d);
+    } else {
+        memcpy(d, desc, ALTPATCH_PLAN_NOTE_SIZE);
+    }
     write_file(dst, b, len);
     cr_assert_eq(chmod(dst, 0755), 0);
     free(b);
+}
+
+/* Copy @p src to @p dst with @p edit applied to its filled plan note's descriptor. */
+static void forged_note_copy(const char *src, const char *dst, void (*edit)(uint8_t *desc))
+{
+    note_copy(src, dst, edit, NULL);
 }
 
 static void edit_hash(uint8_t *d)
@@ -2170,9 +2174,8 @@ static void edit_fsgsbase(uint8_t *d)
  */
 Test(plan_note, forged_note_not_used)
 {
-    struct altpatch_features *fs = applied_set(NULL);
     char same[160];
-    snprintf(same, sizeof(same), "%s", prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same"));
+    snprintf(same, sizeof(same), "%s", applied_copy(PREPATCH_FIXTURE_PLAN, "same"));
     struct {
         void (*edit)(uint8_t *);
         const char *why;
@@ -2194,7 +2197,6 @@ Test(plan_note, forged_note_not_used)
         cr_assert_eq(stat_of(out, "refused"), 0, "case %zu:\n%s", i, out);
         free(out);
     }
-    altpatch_features_free(fs);
 }
 
 /* A note of a state this reader does not know is not used: the file is read
@@ -2202,9 +2204,8 @@ Test(plan_note, forged_note_not_used)
  * apply cannot read it. */
 Test(plan_note, unknown_state_reads_the_file)
 {
-    struct altpatch_features *fs = applied_set(NULL);
     char same[160], dst[200];
-    snprintf(same, sizeof(same), "%s", prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "same"));
+    snprintf(same, sizeof(same), "%s", applied_copy(PREPATCH_FIXTURE_PLAN, "same"));
     snprintf(dst, sizeof(dst), "%s/state7", tmpdir);
     forged_note_copy(same, dst, edit_state);
     cr_assert_eq(plan_note_of(dst), ALTPATCH_PLAN_NOTE_EMPTY);
@@ -2213,15 +2214,9 @@ Test(plan_note, unknown_state_reads_the_file)
     cr_assert_eq(stat_of(out, "written"), 0, "%s", out);
     free(out);
     /* the same copy, sealed: its first apply reads the file, and cannot */
-    char *err;
-    int st = run(SEALED_ENV, dst, "sealed", &out, &err);
-    if (st == 3)
-        cr_skip("seccomp filters unavailable here: %s", out);
-    cr_assert_eq(st, 1, "%s%s", out, err);
+    out = run_sealed(NULL, dst, "sealed", 1);
     cr_assert(strstr(out, "originals not usable: Permission denied"), "%s", out);
     free(out);
-    free(err);
-    altpatch_features_free(fs);
 }
 
 /* The plan note descriptor of @p file (ALTPATCH_PLAN_NOTE_SIZE bytes into @p desc). */
@@ -2229,14 +2224,7 @@ static void note_desc_of(const char *file, uint8_t *desc)
 {
     size_t len;
     uint8_t *b = slurp(file, &len);
-    uint8_t hdr[24] = {9, 0, 0, 0};
-    uint32_t dsz = ALTPATCH_PLAN_NOTE_SIZE, type = ALTPATCH_PLAN_NOTE_TYPE;
-    memcpy(hdr + 4, &dsz, 4);
-    memcpy(hdr + 8, &type, 4);
-    memcpy(hdr + 12, "altpatch", 9);
-    uint8_t *n = memmem(b, len, hdr, sizeof(hdr));
-    cr_assert_not_null(n, "no plan note in %s", file);
-    memcpy(desc, n + 24, ALTPATCH_PLAN_NOTE_SIZE);
+    memcpy(desc, note_desc_in(b, len, file), ALTPATCH_PLAN_NOTE_SIZE);
     free(b);
 }
 
@@ -2259,9 +2247,8 @@ static void edit_to_stale(uint8_t *d)
 Test(plan_note, stale_note_of_an_older_writer)
 {
     char dst[200];
-    struct altpatch_features *fs = applied_set(NULL);
     char host[160];
-    snprintf(host, sizeof(host), "%s", prepatch_fs(PREPATCH_FIXTURE_PLAN, fs, "host"));
+    snprintf(host, sizeof(host), "%s", applied_copy(PREPATCH_FIXTURE_PLAN, "host"));
     snprintf(dst, sizeof(dst), "%s/stale", tmpdir);
     /* baseline and all choose differently at every site whose entry needs a
      * feature: the applied set agrees with one of them at most */
@@ -2292,40 +2279,18 @@ Test(plan_note, stale_note_of_an_older_writer)
     cr_assert_eq(stat_of(out, "refused"), 0, "%s", out);
     free(out);
 
-    char args[512], *o, *e;
+    char args[512];
     snprintf(args, sizeof(args), "'%s'", dst);
-    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
+    char *o = tool_ok(ALTDUMP, args);
     cr_assert(strstr(o, "\nplan note: stale (warning: "), "%s", o);
     free(o);
-    free(e);
     char again[200];
     snprintf(again, sizeof(again), "%s/stale-again", tmpdir);
     snprintf(args, sizeof(args), "--cpu host '%s' '%s'", dst, again);
-    cr_assert_eq(run(NULL, ALTPREPATCH, args, &o, &e), 0, "%s", e);
+    o = tool_ok(ALTPREPATCH, args);
     cr_assert(strstr(o, "; plan note filled ("), "%s", o);
     free(o);
-    free(e);
     cr_assert_eq(plan_note_of(again), ALTPATCH_PLAN_NOTE_FILLED);
-    altpatch_features_free(fs);
-}
-
-/* Copy @p src to @p dst with its plan note's descriptor replaced by @p desc
- * (whatever state the note of @p src is in). */
-static void note_put_copy(const char *src, const char *dst, const uint8_t *desc)
-{
-    size_t len;
-    uint8_t *b = slurp(src, &len);
-    uint8_t hdr[24] = {9, 0, 0, 0};
-    uint32_t dsz = ALTPATCH_PLAN_NOTE_SIZE, type = ALTPATCH_PLAN_NOTE_TYPE;
-    memcpy(hdr + 4, &dsz, 4);
-    memcpy(hdr + 8, &type, 4);
-    memcpy(hdr + 12, "altpatch", 9);
-    uint8_t *n = memmem(b, len, hdr, sizeof(hdr));
-    cr_assert_not_null(n, "no plan note in %s", src);
-    memcpy(n + 24, desc, ALTPATCH_PLAN_NOTE_SIZE);
-    write_file(dst, b, len);
-    cr_assert_eq(chmod(dst, 0755), 0);
-    free(b);
 }
 
 /*
@@ -2345,7 +2310,7 @@ Test(plan_note, plain_file_note_is_never_used)
         if (bad)
             desc[12] = 1; /* a nonzero reserved field: malformed */
         snprintf(dst, sizeof(dst), "%s/plain-note%d", tmpdir, bad);
-        note_put_copy(PREPATCH_FIXTURE_PLAN, dst, desc);
+        note_copy(PREPATCH_FIXTURE_PLAN, dst, NULL, desc);
         cr_assert_eq(plan_note_of(dst), ALTPATCH_PLAN_NOTE_STALE, "case %d", bad);
         char *out = run_ok(NULL, dst, "stats");
         cr_assert(!strstr(out, "plan note"), "%s", out);
@@ -2357,35 +2322,30 @@ Test(plan_note, plain_file_note_is_never_used)
     free(want);
 }
 
-/* altdump shows the note: text and JSON. */
+/* altdump shows the note: text and JSON (a plain program's: no text line). */
 Test(plan_note, altdump_shows_it)
 {
-    const char *pre = prepatch(PREPATCH_FIXTURE_PLAN, "amd-zen4");
-    char args[512], *o, *e;
-    snprintf(args, sizeof(args), "'%s'", pre);
-    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
-    cr_assert(strstr(o, "\nplan note: filled ("), "%s", o);
-    free(o);
-    free(e);
-    snprintf(args, sizeof(args), "--json '%s'", pre);
-    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
-    cr_assert_str_eq(json_value(o, "prepatched_plan_note"), "\"filled\"", "%s", o);
-    free(o);
-    free(e);
-    pre = prepatch(PREPATCH_FIXTURE, "amd-zen4");
-    snprintf(args, sizeof(args), "'%s'", pre);
-    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
-    cr_assert(strstr(o, "\nplan note: none ("), "%s", o);
-    free(o);
-    free(e);
-    snprintf(args, sizeof(args), "--json '%s'", pre);
-    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
-    cr_assert_str_eq(json_value(o, "prepatched_plan_note"), "\"none\"", "%s", o);
-    free(o);
-    free(e);
-    snprintf(args, sizeof(args), "--json '%s'", PREPATCH_FIXTURE_PLAN);
-    cr_assert_eq(run(NULL, ALTDUMP, args, &o, &e), 0, "%s", e);
-    cr_assert_str_eq(json_value(o, "prepatched_plan_note"), "null", "%s", o);
-    free(o);
-    free(e);
+    const struct {
+        const char *src, *profile, *state, *json;
+    } cases[] = {
+        {PREPATCH_FIXTURE_PLAN, "amd-zen4", "filled", "\"filled\""},
+        {PREPATCH_FIXTURE, "amd-zen4", "none", "\"none\""},
+        {PREPATCH_FIXTURE_PLAN, NULL, NULL, "null"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *file = cases[i].profile ? prepatch(cases[i].src, cases[i].profile)
+                                            : cases[i].src;
+        char args[512], want[64], *o;
+        if (cases[i].state) {
+            snprintf(args, sizeof(args), "'%s'", file);
+            snprintf(want, sizeof(want), "\nplan note: %s (", cases[i].state);
+            o = tool_ok(ALTDUMP, args);
+            cr_assert(strstr(o, want), "%s", o);
+            free(o);
+        }
+        snprintf(args, sizeof(args), "--json '%s'", file);
+        o = tool_ok(ALTDUMP, args);
+        cr_assert_str_eq(json_value(o, "prepatched_plan_note"), cases[i].json, "%s", o);
+        free(o);
+    }
 }
