@@ -33,10 +33,28 @@
  * sanitizer's malloc(), which guards it with redzones, keeps it in quarantine
  * once freed and checks it for leaks -- a region of the library's own would
  * hide all three from the suite's sanitizer runs.
+ *
+ * Under memcheck, where the build found <valgrind/memcheck.h>, it is told
+ * of the region's blocks with its client requests: a block is one of
+ * its own from the take to the free (MALLOCLIKE, RESIZEINPLACE, FREELIKE),
+ * and the rest of the region -- headers, the bytes after a block's size,
+ * free blocks -- unaddressable, so it reports an overrun, a use after free
+ * (until the block is taken again) and a leak as for malloc()'s blocks. The
+ * allocator's own header accesses run with this thread's reports off. The
+ * region is the same under every tool. The first take asks once (a request
+ * only memcheck answers); elsewhere -- without valgrind, under callgrind --
+ * a take or a free costs a load or two more, nothing else.
  */
 #include "util.h"
 
 #include <stdlib.h>
+
+#if defined(__has_include)
+#if __has_include(<valgrind/memcheck.h>)
+#include <valgrind/memcheck.h>
+#define AP_MEM_MEMCHECK 1
+#endif
+#endif
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -71,6 +89,9 @@ AP_STATE static uint32_t ap_mem_high;   /* the highest top so far: zero bytes ab
 AP_STATE static int ap_mem_lock;        /* 1: held */
 AP_STATE static bool ap_mem_off;       /* ap_mem_use_region(false): malloc() only */
 AP_STATE static size_t ap_mem_taken; /* capacity of the blocks in use, headers included */
+/* Under memcheck: 1; not: -1; not asked yet: 0 (asked by the first take,
+ * the region held). */
+AP_STATE static int ap_mem_vg;
 
 static inline struct ap_mem_head *ap_mem_at(uint32_t off)
 {
@@ -86,6 +107,82 @@ bool ap_mem_owns(const void *p)
 static struct ap_mem_head *ap_mem_head_of(void *p)
 {
     return (struct ap_mem_head *)(void *)((unsigned char *)p - AP_MEM_HEAD);
+}
+
+/* ---- memcheck's view of the region (nothing without it) ---- */
+
+/* Whether memcheck is told of the blocks (asked by the first take). */
+static bool ap_mem_told(void)
+{
+    return __atomic_load_n(&ap_mem_vg, __ATOMIC_RELAXED) > 0;
+}
+
+/* The region held: under memcheck, the first take makes the whole region
+ * unaddressable (no block is taken yet). memcheck answers the request -1;
+ * another tool, or none, 0. */
+static void ap_mem_ask_memcheck(void)
+{
+    if (ap_mem_vg)
+        return;
+    int vg = -1;
+#ifdef AP_MEM_MEMCHECK
+    if ((long)VALGRIND_MAKE_MEM_NOACCESS(ap_mem_region, AP_MEM_REGION) == -1)
+        vg = 1;
+#endif
+    __atomic_store_n(&ap_mem_vg, vg, __ATOMIC_RELAXED);
+}
+
+/* Headers are unaddressable to memcheck: the allocator's own accesses to
+ * them between ap_mem_quiet() and ap_mem_loud() are not reported (this
+ * thread only; a load there reads as defined). */
+static void ap_mem_quiet(bool vg)
+{
+#ifdef AP_MEM_MEMCHECK
+    if (vg)
+        VALGRIND_DISABLE_ERROR_REPORTING;
+#else
+    (void)vg;
+#endif
+}
+
+static void ap_mem_loud(bool vg)
+{
+#ifdef AP_MEM_MEMCHECK
+    if (vg)
+        VALGRIND_ENABLE_ERROR_REPORTING;
+#else
+    (void)vg;
+#endif
+}
+
+/* Block @p p taken with @p size bytes (undefined until written). */
+static void ap_mem_tell_taken(void *p, size_t size)
+{
+#ifdef AP_MEM_MEMCHECK
+    VALGRIND_MALLOCLIKE_BLOCK(p, size, 0, 0);
+#else
+    (void)p, (void)size;
+#endif
+}
+
+/* Block @p p resized in place from @p old to @p size bytes. */
+static void ap_mem_tell_resized(void *p, size_t old, size_t size)
+{
+#ifdef AP_MEM_MEMCHECK
+    VALGRIND_RESIZEINPLACE_BLOCK(p, old, size, 0);
+#else
+    (void)p, (void)old, (void)size;
+#endif
+}
+
+/* Block @p p given back: unaddressable again. */
+static void ap_mem_tell_given_back(void *p)
+{
+#ifdef AP_MEM_MEMCHECK
+    VALGRIND_FREELIKE_BLOCK(p, 0);
+#else
+    (void)p;
+#endif
 }
 
 static bool ap_mem_is_free(const struct ap_mem_head *h)
@@ -181,7 +278,13 @@ static void *ap_mem_take(size_t size, size_t *used)
         __atomic_load_n(&ap_mem_off, __ATOMIC_RELAXED) ||
         !ap_mem_try_hold())
         return NULL;
+    ap_mem_ask_memcheck();
+    bool vg = ap_mem_told();
+    ap_mem_quiet(vg);
     void *p = ap_mem_take_locked(size, used);
+    ap_mem_loud(vg);
+    if (p && vg)
+        ap_mem_tell_taken(p, size);
     ap_mem_let_go();
     return p;
 }
@@ -206,6 +309,10 @@ void *ap_mem_calloc(size_t n, size_t size)
      * apply zeroes nothing, and binds no memset() */
     if (used)
         memset(p, 0, used < total ? used : total);
+#ifdef AP_MEM_MEMCHECK
+    if (ap_mem_told()) /* every byte zero now */
+        (void)VALGRIND_MAKE_MEM_DEFINED(p, total);
+#endif
     return p;
 }
 
@@ -216,12 +323,20 @@ void ap_mem_free(void *p)
         return;
     }
     struct ap_mem_head *h = ap_mem_head_of(p);
-    if (__atomic_load_n(&h->used, __ATOMIC_RELAXED) != AP_MEM_USED) {
+    bool vg = ap_mem_told();
+    ap_mem_quiet(vg);
+    bool live = __atomic_load_n(&h->used, __ATOMIC_RELAXED) == AP_MEM_USED;
+    ap_mem_loud(vg);
+    if (!live) {
         ap_log(ALTPATCH_WARN, "internal: a block of the library's region freed twice (%p)\n", p);
         return;
     }
+    if (vg) /* before the store: the block is not taken again before memcheck forgets it */
+        ap_mem_tell_given_back(p);
+    ap_mem_quiet(vg);
     __atomic_fetch_sub(&ap_mem_taken, AP_MEM_HEAD + h->cap, __ATOMIC_RELAXED);
     __atomic_store_n(&h->used, 0, __ATOMIC_RELEASE);
+    ap_mem_loud(vg);
 }
 
 void *ap_mem_realloc(void *p, size_t size)
@@ -231,14 +346,23 @@ void *ap_mem_realloc(void *p, size_t size)
     if (!ap_mem_owns(p))
         return realloc(p, size ? size : 1);
     struct ap_mem_head *h = ap_mem_head_of(p);
-    if (size <= h->cap) { /* room in the block: the size asked only */
+    bool vg = ap_mem_told();
+    ap_mem_quiet(vg);
+    uint32_t old = h->size;
+    bool room = size <= h->cap;
+    if (room) /* room in the block: the size asked only */
         h->size = (uint32_t)size;
+    ap_mem_loud(vg);
+    if (room) {
+        if (vg)
+            ap_mem_tell_resized(p, old, size);
         return p;
     }
     /* the top block grows in place where the region has room */
     if (size <= AP_MEM_BLOCK_MAX && ap_mem_try_hold()) {
         uint32_t off = (uint32_t)((unsigned char *)h - ap_mem_region);
         uint32_t need = (uint32_t)((size + 15) & ~(size_t)15);
+        ap_mem_quiet(vg);
         bool grown = off + AP_MEM_HEAD + h->cap == ap_mem_top &&
                      AP_MEM_REGION - off - AP_MEM_HEAD >= need;
         if (grown) {
@@ -249,6 +373,9 @@ void *ap_mem_realloc(void *p, size_t size)
                 ap_mem_high = ap_mem_top;
             h->size = (uint32_t)size;
         }
+        ap_mem_loud(vg);
+        if (grown && vg)
+            ap_mem_tell_resized(p, old, size);
         ap_mem_let_go();
         if (grown)
             return p;
@@ -256,7 +383,7 @@ void *ap_mem_realloc(void *p, size_t size)
     void *q = ap_mem_alloc(size);
     if (!q)
         return NULL; /* p untouched, as realloc() leaves it */
-    memcpy(q, p, h->size);
+    memcpy(q, p, old);
     ap_mem_free(p);
     return q;
 }
