@@ -350,6 +350,40 @@ Test(scan, many_records_in_one_site)
 }
 
 /*
+ * A site holds at most AP_SITE_MAX_RECORDS records: the next record at its
+ * address opens a site of its own there, and the two (and nothing after
+ * them) are refused as overlapping, by the pass and the two-step path alike.
+ */
+Test(scan, records_past_a_sites_limit_open_an_overlapping_site)
+{
+    const size_t n = (size_t)AP_SITE_MAX_RECORDS + 3;
+    struct rec *r = malloc((n + 1) * sizeof(*r));
+    cr_assert_not_null(r);
+    for (size_t i = 0; i < n; i++)
+        r[i] = (struct rec){0x4000, 0x9000, (uint16_t)(i % 64), 0, (uint8_t)(1 + i % 5), 1};
+    r[n] = (struct rec){0x4010, 0x9000, 1, 0, 4, 1}; /* after both: not refused */
+    for (int f = 0; f < 2; f++) {
+        struct ap_table_scan a;
+        check(r, n + 1, 0x8000, formats[f], &a);
+        cr_assert_eq(a.nsites, 3);
+        cr_assert_eq(a.sites[0].addr, 0x4000);
+        cr_assert_eq(a.sites[0].first, 0);
+        cr_assert_eq(a.sites[0].count, AP_SITE_MAX_RECORDS);
+        cr_assert_eq(a.sites[0].len, 5);
+        cr_assert_eq(a.sites[1].addr, 0x4000);
+        cr_assert_eq(a.sites[1].first, AP_SITE_MAX_RECORDS);
+        cr_assert_eq(a.sites[1].count, 3);
+        cr_assert_eq(a.sites[0].reason, ALTPATCH_REASON_SITE_OVERLAP);
+        cr_assert_eq(a.sites[1].reason, ALTPATCH_REASON_SITE_OVERLAP);
+        cr_assert_eq(a.sites[2].reason, ALTPATCH_REASON_NONE);
+        cr_assert_eq(a.max_count, AP_SITE_MAX_RECORDS);
+        cr_assert(!a.text_span);
+        scan_free(&a);
+    }
+    free(r);
+}
+
+/*
  * The bounds of the pass's short path: a site starting exactly where the
  * largest end is (no overlap), a nonempty record at the address of an empty
  * site (a site of its own, not a join), a record that grows the open site

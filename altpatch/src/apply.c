@@ -1137,16 +1137,16 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         if (decode) {
             size_t first = s->first;
             /* the site with first = 0, stored as the memo loads it: its
-             * bytes 12..19 (count, reason, len) in one word, which a load
+             * bytes 12..15 (count, reason, len) in one word, which a load
              * of them gets from the store buffer (a copy field by field
              * stalled that load) */
             _Static_assert(offsetof(struct ap_site, first) == 8 &&
                                offsetof(struct ap_site, count) == 12 &&
-                               sizeof(struct ap_site) == 20,
-                           "struct ap_site: addr, first, then bytes 12..19");
+                               sizeof(struct ap_site) == 16,
+                           "struct ap_site: addr, first, then bytes 12..15");
             memcpy(&eb.site, s, 8);
             eb.site.first = 0;
-            memcpy((uint8_t *)&eb.site + 12, (const uint8_t *)s + 12, 8);
+            memcpy((uint8_t *)&eb.site + 12, (const uint8_t *)s + 12, 4);
             if (count == 1)
                 ap_record_at(table, table_addr, rs, first, &eb.e[0]);
             else

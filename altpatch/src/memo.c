@@ -670,7 +670,7 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     bool relative = false, masked;
     int nf;
 
-    if (m->nplans >= AP_MEMO_MAX_PLANS || p->chosen > INT16_MAX || s->count > UINT16_MAX)
+    if (m->nplans >= AP_MEMO_MAX_PLANS || p->chosen > INT16_MAX)
         return 0;
     keylen = key_build(v, s, entries, orig, key);
     if (!keylen)

@@ -335,19 +335,19 @@ static inline uint64_t ap_memo_hint_hdr(const struct ap_entry *e)
     return x & 0x0000ff00ffffffffull;
 }
 
-_Static_assert(offsetof(struct ap_site, reason) == offsetof(struct ap_site, count) + 4 &&
-                   offsetof(struct ap_site, len) == offsetof(struct ap_site, count) + 6 &&
-                   sizeof(struct ap_site) == offsetof(struct ap_site, count) + 8,
-               "struct ap_site: count, reason and len in its last word");
+_Static_assert(offsetof(struct ap_site, reason) == offsetof(struct ap_site, count) + 2 &&
+                   offsetof(struct ap_site, len) == offsetof(struct ap_site, count) + 3 &&
+                   sizeof(struct ap_site) == offsetof(struct ap_site, count) + 4,
+               "struct ap_site: count, reason and len in its last 4 bytes");
 
-/* A hint's site word of @p s: its entry count, preset reason and length (one
- * load; the last byte, padding, left out). */
+/* A hint's site word of @p s: its entry count (bits 0..15), preset reason
+ * and length (one load). */
 static inline uint64_t ap_memo_hint_site(const struct ap_site *s)
 {
-    uint64_t x;
+    uint32_t x;
 
     memcpy(&x, (const uint8_t *)s + offsetof(struct ap_site, count), sizeof(x));
-    return x & 0x00ffffffffffffffull;
+    return x;
 }
 
 /* The hint slot of a site whose first replacement lies at @p repl. */
@@ -373,14 +373,14 @@ static inline uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view
     const struct ap_entry *e;
     const struct ap_memo_hint *h;
 
-    if ((uint32_t)sw - 1u > 1u)
+    if ((uint16_t)sw - 1u > 1u)
         goto full; /* not one or two entries */
     e = &entries[s->first];
     h = &m->hint[ap_memo_hint_at(e->repl)];
     /* the same count and length, no preset reason, the same entries */
     if (h->site != sw || h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e))
         goto full;
-    if ((uint32_t)h->site == 2 &&
+    if ((uint16_t)h->site == 2 &&
         (h->repl[1] != e[1].repl || h->hdr[1] != ap_memo_hint_hdr(&e[1])))
         goto full;
     if (((m->hint_repl.addr ^ v->repl.addr) | (m->hint_repl.size ^ v->repl.size) |

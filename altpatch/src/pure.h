@@ -80,17 +80,25 @@ struct ap_entry {
 };
 
 /**
- * One site: entries[first .. first+count) share the address @c addr. 20 bytes
- * (a module keeps one per site): 4-byte aligned, addr read unaligned.
+ * One site: entries[first .. first+count) share the address @c addr. 16 bytes
+ * (a module keeps one per site, made present in a fresh process: its pages
+ * are a cold apply's cost). A site holds at most AP_SITE_MAX_RECORDS
+ * records: a further record at its address opens a site of its own there,
+ * and the two overlap (SITE_OVERLAP), as any two sites at one address do.
  */
 struct ap_site {
     uint64_t addr;
-    uint32_t first, count;
-    int16_t reason;    /* refusal known before planning (SITE_OVERLAP, EMPTY_SITE), else 0 */
+    uint32_t first;
+    uint16_t count;
+    int8_t reason;     /* refusal known before planning (SITE_OVERLAP, EMPTY_SITE), else 0 */
     uint8_t len;       /* max instrlen of the group */
-} __attribute__((packed, aligned(4)));
+};
 
-_Static_assert(sizeof(struct ap_site) == 20, "struct ap_site: 20 bytes");
+_Static_assert(sizeof(struct ap_site) == 16, "struct ap_site: 16 bytes");
+_Static_assert(ALTPATCH_REASON__COUNT <= INT8_MAX, "a preset reason fits in ap_site.reason");
+
+/** Most records of one site (struct ap_site's count). */
+#define AP_SITE_MAX_RECORDS UINT16_MAX
 
 /**
  * Decode the table of @p size bytes whose first byte is at @p table_addr, of

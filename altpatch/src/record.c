@@ -202,7 +202,7 @@ int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out, siz
          * that next site (its replacement would then overwrite that site).
          */
         bool joins = m > 0 && e[i].site == s[m - 1].addr && e[i].instrlen != 0 &&
-                     s[m - 1].len != 0;
+                     s[m - 1].len != 0 && s[m - 1].count < AP_SITE_MAX_RECORDS;
 
         if (!joins) {
             s[m].addr = e[i].site;
@@ -363,10 +363,12 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     const uint64_t back = (uint64_t)(uintptr_t)table - table_addr;
     uint64_t at = table_addr;
     /* The record's index in the low half, 1 in the high one: a new site's
-     * first and count (struct ap_site's bytes 8..15) in one word. */
+     * first and count (struct ap_site's bytes 8..13), reason and len 0
+     * (bytes 14, 15), in one word. */
     const uint64_t one = 1ull << 32;
-    _Static_assert(offsetof(struct ap_site, first) == 8 && offsetof(struct ap_site, count) == 12,
-                   "struct ap_site: first, count in bytes 8..15");
+    _Static_assert(offsetof(struct ap_site, first) == 8 && offsetof(struct ap_site, count) == 12 &&
+                       offsetof(struct ap_site, reason) == 14 && offsetof(struct ap_site, len) == 15,
+                   "struct ap_site: first, count, reason, len in bytes 8..15");
 
     memset(seen, 0, sizeof(seen));
     for (uint64_t ic = one, end_ic = one + count; ic != end_ic; ic++, at += rs) {
@@ -405,8 +407,9 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         }
         uint64_t end = addr + ilen;
         /* the rule of ap_sites_group(): a nonempty record at the address of
-         * a nonempty open site joins it */
-        if (__builtin_expect(addr == cur, 0) && o != s && ilen != 0 && o[-1].len != 0) {
+         * a nonempty open site joins it, while the site has room */
+        if (__builtin_expect(addr == cur, 0) && o != s && ilen != 0 && o[-1].len != 0 &&
+            o[-1].count < AP_SITE_MAX_RECORDS) {
             struct ap_site *j = o - 1;
             if (++j->count > max_count)
                 max_count = j->count;
@@ -451,7 +454,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
         }
         o->addr = addr;
         memcpy(&o->first, &ic, 8);
-        o->reason = (int16_t)reason;
+        o->reason = (int8_t)reason;
         o->len = ilen;
         o++;
         site_bytes += ilen;
