@@ -701,6 +701,37 @@ static uint32_t shared_find(struct module *m, struct ap_memo *memo, size_t i)
     return ap_memo_find(memo, &m->v, s, m->e, ap_view_text(&m->v, s->addr, s->len));
 }
 
+/*
+ * Shapes whose first replacements lie at one address (an empty replacement
+ * lies where the next one starts) but whose headers differ, met in turn: each
+ * keeps a hint of its own (one slot per replacement address and header), so
+ * neither evicts the other's on every site.
+ */
+Test(memo, shapes_sharing_a_replacement_keep_their_hints)
+{
+    struct ap_memo memo;
+
+    shared_module(&mod, NSHARED);
+    ap_memo_init(&memo, &mod.fs);
+    shared_pass(&mod, &memo); /* stores the templates */
+    const size_t k[3] = {0, 2, 3}; /* one address; FSGSBASE, RDPID, NOT AVX512F */
+    uint32_t id[3];
+    for (int round = 0; round < 3; round++)
+        for (int j = 0; j < 3; j++) {
+            id[j] = shared_find(&mod, &memo, k[j]);
+            cr_assert_neq(id[j], 0, "shape %zu", k[j]);
+        }
+    for (int j = 0; j < 3; j++) {
+        const struct ap_entry *e = &mod.e[mod.s[k[j]].first];
+        cr_assert_eq(e->repl, mod.e[mod.s[0].first].repl);
+        cr_assert_eq(memo.hint[ap_memo_hint_at(ap_memo_hint_key(e))].id, id[j], "shape %zu",
+                     k[j]);
+        for (int i = 0; i < j; i++)
+            cr_assert_neq(id[i], id[j]);
+    }
+    ap_memo_free(&memo);
+}
+
 Test(memo, lookup_by_records_follows_the_bytes)
 {
     struct ap_memo memo;

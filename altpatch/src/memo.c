@@ -730,7 +730,8 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
  * Template @id (kept as words, of @s->count entries) answered site @s in
  * view @v: remember it for the site's replacement addresses and headers
  * (ap_memo_find_text(), plan.h), the second time in a row that a site whose
- * first replacement lies there is found without a hint (a replacement used
+ * first entry has its key (ap_memo_hint_key(): replacement address and
+ * header) is found without a hint (a replacement used
  * by one site only, as in a table built without shared replacements, costs
  * a compare and a store, not a hint). The hints were proven in one
  * replacement region; another one drops them.
@@ -738,11 +739,12 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
 static void hint_fill(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                       const struct ap_entry *e, uint32_t id)
 {
-    struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(e->repl)];
+    uint64_t key = ap_memo_hint_key(e);
+    struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(key)];
     const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
 
-    if (h->seen != e->repl) {
-        h->seen = e->repl;
+    if (h->seen != key) {
+        h->seen = key;
         return;
     }
     if (((m->hint_repl.addr ^ v->repl.addr) | (m->hint_repl.size ^ v->repl.size) |
@@ -756,7 +758,7 @@ static void hint_fill(struct ap_memo *m, const struct ap_view *v, const struct a
         .hdr = {ap_memo_hint_hdr(e), s->count == 2 ? ap_memo_hint_hdr(&e[1]) : 0},
         .w = {t->w[1], t->w[2]},
         .wm = {t->wm[0], t->wm[1]},
-        .seen = e->repl,
+        .seen = key,
         .id = id};
 }
 

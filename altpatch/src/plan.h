@@ -214,11 +214,11 @@ struct ap_memo_hint {
     uint64_t repl[2]; /* the entries' replacement addresses (second: 0 for one entry) */
     uint64_t hdr[2];  /* ap_memo_hint_hdr() of each (second: 0 for one entry) */
     uint64_t w[2], wm[2]; /* the template's words of the original and their masks */
-    uint64_t seen;        /* the first replacement address last found here without a hint */
+    uint64_t seen;        /* the key (ap_memo_hint_key()) last found here without a hint */
     uint32_t id;          /* 0: empty */
 };
 
-/** Hints kept by one memo (direct-mapped by the first replacement's address). */
+/** Hints kept by one memo (direct-mapped by the first entry's ap_memo_hint_key()). */
 #define AP_MEMO_HINTS 32u
 
 struct ap_memo {
@@ -350,10 +350,23 @@ static inline uint64_t ap_memo_hint_site(const struct ap_site *s)
     return x;
 }
 
-/* The hint slot of a site whose first replacement lies at @p repl. */
-static inline size_t ap_memo_hint_at(uint64_t repl)
+/*
+ * A hint's key for a site whose first entry is @p e: its replacement's
+ * address mixed with the entry's header (ap_memo_hint_hdr()). An empty
+ * replacement lies at the address of the next one, so two shapes (an
+ * ALTERNATIVE("mfence", "", ...) and the next site's nonempty one) share that
+ * address: by the address alone they took one slot and, met in turn, each
+ * evicted the other's hint on every site.
+ */
+static inline uint64_t ap_memo_hint_key(const struct ap_entry *e)
 {
-    return (size_t)((repl * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
+    return e->repl ^ ap_memo_hint_hdr(e) * 0xff51afd7ed558ccdull;
+}
+
+/* The hint slot of key @p key (ap_memo_hint_key()). */
+static inline size_t ap_memo_hint_at(uint64_t key)
+{
+    return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
 }
 
 /*
@@ -376,7 +389,7 @@ static inline uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view
     if ((uint16_t)sw - 1u > 1u)
         goto full; /* not one or two entries */
     e = &entries[s->first];
-    h = &m->hint[ap_memo_hint_at(e->repl)];
+    h = &m->hint[ap_memo_hint_at(ap_memo_hint_key(e))];
     /* the same count and length, no preset reason, the same entries */
     if (h->site != sw || h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e))
         goto full;
