@@ -198,8 +198,10 @@ static inline void ap_record_at(const uint8_t *table, uint64_t table_addr, uint3
 
 /**
  * Group consecutive entries with the same site address into sites (in table
- * order). Marks sites that overlap another site with ALTPATCH_REASON_SITE_OVERLAP
- * (both of them) and sites of length 0 with ALTPATCH_REASON_EMPTY_SITE.
+ * order), at most AP_SITE_MAX_RECORDS a site (the next one opens a site of
+ * its own at that address). Marks sites that overlap another site with
+ * ALTPATCH_REASON_SITE_OVERLAP (both of them) and sites of length 0 with
+ * ALTPATCH_REASON_EMPTY_SITE.
  * Returns 0 or -ENOMEM. *out is malloc'ed.
  */
 AP_HIDDEN int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site **out,
