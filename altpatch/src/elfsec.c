@@ -84,31 +84,57 @@ static size_t align_up(size_t x, size_t a)
     return (x + a - 1) & ~(a - 1);
 }
 
-const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align, uint32_t *descsz)
+/*
+ * One walk of a segment's notes: the first altpatch note of each type of
+ * @p type (want: how many, 1 or 2) into @p desc / @p descsz (NULL when
+ * none). It stops when every type is found or at a malformed note.
+ */
+static void note_walk(const uint8_t *p, size_t size, size_t align, const uint32_t *type,
+                      size_t want, const uint8_t **desc, uint32_t *descsz)
 {
-    return ap_note_find_type(p, size, align, ALTPATCH_NOTE_TYPE, descsz);
-}
-
-const uint8_t *ap_note_find_type(const uint8_t *p, size_t size, size_t align, uint32_t type,
-                                 uint32_t *descsz)
-{
+    size_t found = 0;
+    for (size_t i = 0; i < want; i++)
+        desc[i] = NULL;
     size_t off = 0;
-    while (size - off >= sizeof(Elf64_Nhdr)) {
+    while (found < want && size - off >= sizeof(Elf64_Nhdr)) {
         Elf64_Nhdr nh;
         memcpy(&nh, p + off, sizeof(nh));
         size_t name = off + sizeof(nh);
-        size_t desc = align_up(name + nh.n_namesz, align);
-        size_t next = align_up(desc + nh.n_descsz, align);
-        if (nh.n_namesz > size || nh.n_descsz > size || desc > size ||
+        size_t d = align_up(name + nh.n_namesz, align);
+        size_t next = align_up(d + nh.n_descsz, align);
+        if (nh.n_namesz > size || nh.n_descsz > size || d > size ||
             next > align_up(size, align) || next <= off)
-            return NULL; /* malformed: stop, never read past the segment */
-        if (nh.n_type == type && nh.n_namesz == sizeof(ALTPATCH_NOTE_NAME) &&
-            memcmp(p + name, ALTPATCH_NOTE_NAME, sizeof(ALTPATCH_NOTE_NAME)) == 0 &&
-            desc + nh.n_descsz <= size) {
-            *descsz = nh.n_descsz;
-            return p + desc;
+            return; /* malformed: stop, never read past the segment */
+        for (size_t i = 0; i < want; i++) {
+            if (!desc[i] && nh.n_type == type[i] && nh.n_namesz == sizeof(ALTPATCH_NOTE_NAME) &&
+                memcmp(p + name, ALTPATCH_NOTE_NAME, sizeof(ALTPATCH_NOTE_NAME)) == 0 &&
+                d + nh.n_descsz <= size) {
+                desc[i] = p + d;
+                descsz[i] = nh.n_descsz;
+                found++;
+            }
         }
         off = next;
     }
-    return NULL;
+}
+
+const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align, uint32_t *descsz)
+{
+    static const uint32_t type[1] = {ALTPATCH_NOTE_TYPE};
+    const uint8_t *d;
+    note_walk(p, size, align, type, 1, &d, descsz);
+    return d;
+}
+
+const uint8_t *ap_note_find_plan(const uint8_t *p, size_t size, size_t align, uint32_t *descsz,
+                                 const uint8_t **plan, uint32_t *plansz)
+{
+    static const uint32_t type[2] = {ALTPATCH_NOTE_TYPE, ALTPATCH_PLAN_NOTE_TYPE};
+    const uint8_t *d[2];
+    uint32_t sz[2] = {0, 0};
+    note_walk(p, size, align, type, 2, d, sz);
+    *descsz = sz[0];
+    *plan = d[0] ? d[1] : NULL; /* the plan note of the table note's segment */
+    *plansz = d[0] && d[1] ? sz[1] : 0;
+    return d[0];
 }

@@ -98,8 +98,10 @@ static int read_note(struct altpatch_image *img)
         if (p->p_type != PT_NOTE || p->p_offset > img->len || p->p_filesz > img->len - p->p_offset)
             continue;
         size_t align = p->p_align == 8 ? 8 : 4;
-        uint32_t descsz = 0;
-        const uint8_t *d = ap_note_find(img->buf + p->p_offset, p->p_filesz, align, &descsz);
+        uint32_t descsz = 0, plansz = 0;
+        const uint8_t *pd;
+        const uint8_t *d =
+            ap_note_find_plan(img->buf + p->p_offset, p->p_filesz, align, &descsz, &pd, &plansz);
         if (!d)
             continue;
         uint64_t rel = (uint64_t)(d - (img->buf + p->p_offset));
@@ -108,9 +110,6 @@ static int read_note(struct altpatch_image *img)
             return fail(img, -ENOEXEC, "altpatch note not inside a loaded segment");
         img->note_off = (uint64_t)off;
         /* the plan note, in the same segment (the header puts it right after) */
-        uint32_t plansz = 0;
-        const uint8_t *pd = ap_note_find_type(img->buf + p->p_offset, p->p_filesz, align,
-                                              ALTPATCH_PLAN_NOTE_TYPE, &plansz);
         if (pd && plansz == ALTPATCH_PLAN_NOTE_SIZE) { /* another size: another layout */
             uint64_t prel = (uint64_t)(pd - (img->buf + p->p_offset));
             int64_t poff = file_off(img, p->p_vaddr + prel, plansz);

@@ -80,12 +80,13 @@ static void ap_text_regions(const struct dl_phdr_info *info, struct ap_view *v,
 /* ------------------------------------------------------------------------- */
 
 /*
- * The module's altpatch note descriptor of @p type, or NULL: in any PT_NOTE
- * segment, or only in the one holding @p within when it is not NULL. Only
- * notes inside a PT_LOAD are read.
+ * The module's altpatch note descriptor, or NULL: in the first PT_NOTE
+ * segment that holds one. Only notes inside a PT_LOAD are read. With @p plan
+ * not NULL, the plan note of that segment too, found in the same walk of its
+ * notes (ap_note_find_plan()): NULL when it has none.
  */
-static const uint8_t *ap_find_note_type(const struct dl_phdr_info *info, uint32_t type,
-                                        const uint8_t *within, uint32_t *descsz)
+static const uint8_t *ap_find_notes(const struct dl_phdr_info *info, uint32_t *descsz,
+                                    const uint8_t **plan, uint32_t *plansz)
 {
     for (size_t i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
@@ -96,18 +97,21 @@ static const uint8_t *ap_find_note_type(const struct dl_phdr_info *info, uint32_
         if (start < info->dlpi_addr || !ap_in_load(info, start, start + ph->p_filesz))
             continue; /* not mapped by the module (a broken or hostile header): never read */
         const uint8_t *p = (const uint8_t *)(uintptr_t)start;
-        if (within && (within < p || (uint64_t)(within - p) >= ph->p_filesz))
-            continue;
-        const uint8_t *d = ap_note_find_type(p, ph->p_filesz, align, type, descsz);
+        const uint8_t *d = plan ? ap_note_find_plan(p, ph->p_filesz, align, descsz, plan, plansz)
+                                : ap_note_find(p, ph->p_filesz, align, descsz);
         if (d)
             return d;
+    }
+    if (plan) {
+        *plan = NULL;
+        *plansz = 0;
     }
     return NULL;
 }
 
 static const uint8_t *ap_find_note(const struct dl_phdr_info *info, uint32_t *descsz)
 {
-    return ap_find_note_type(info, ALTPATCH_NOTE_TYPE, NULL, descsz);
+    return ap_find_notes(info, descsz, NULL, NULL);
 }
 
 /* Whether the callback's @p size covers the loader's counters. */
@@ -271,8 +275,8 @@ void ap_module_save_all(struct ap_module *m)
  * else by the module's first decision (apply.c), which reads every site's
  * memory anyway, or by whatever reads them before.
  */
-static int ap_save_originals(struct ap_module *m, uint64_t total, const struct dl_phdr_info *info,
-                             const uint8_t *desc)
+static int ap_save_originals(struct ap_module *m, uint64_t total, const uint8_t *plan,
+                             uint32_t plansz)
 {
     size_t n = m->nsites;
     if (total >= AP_NO_ORIG32)
@@ -297,12 +301,9 @@ static int ap_save_originals(struct ap_module *m, uint64_t total, const struct d
     if (!ap_note_prepatched(&m->note))
         return 0;
     ap_module_save_all(m);
-    /* the plan note: in the table note's segment (image.c reads it there
-     * too); only the main program's is used (prepatch_load.c) */
-    uint32_t plansz = 0;
-    const uint8_t *plan =
-        m->path[0] ? NULL : ap_find_note_type(info, ALTPATCH_PLAN_NOTE_TYPE, desc, &plansz);
-    return ap_prepatch_open(m, plan, plansz);
+    /* the plan note (found with the table note, in its segment: image.c
+     * reads it there too); only the main program's is used (prepatch_load.c) */
+    return ap_prepatch_open(m, m->path[0] ? NULL : plan, plansz);
 }
 
 /*
@@ -370,7 +371,7 @@ unsigned ap_records_keep_max = 4096;
 
 /** Decode the table and group it into sites (the module is refused on a bad table). */
 static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info,
-                            const uint8_t *desc)
+                            const uint8_t *plan, uint32_t plansz)
 {
     const struct ap_note *n = &m->note;
     if (n->table_end < n->table_start || n->repl_end < n->repl_start ||
@@ -433,7 +434,7 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     m->entries_keep = sc.max_count > AP_SITE_ENTRIES;
     ap_module_facts(m, &sc);
     ap_module_apart(m, &sc);
-    return ap_save_originals(m, sc.site_bytes, info, desc);
+    return ap_save_originals(m, sc.site_bytes, plan, plansz);
 }
 
 void ap_module_drop_entries(struct ap_module *m)
@@ -444,9 +445,10 @@ void ap_module_drop_entries(struct ap_module *m)
     m->entries = NULL;
 }
 
-/** Build the module for @p info (which carries the note descriptor @p desc). */
+/** Build the module for @p info (which carries the note descriptor @p desc
+ * and, in its segment, the plan note @p plan or NULL). */
 static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, uint32_t descsz,
-                         struct ap_module **out)
+                         const uint8_t *plan, uint32_t plansz, struct ap_module **out)
 {
     struct ap_module *m = ap_mem_calloc(1, sizeof(*m));
     if (!m)
@@ -465,7 +467,7 @@ static int ap_module_new(const struct dl_phdr_info *info, const uint8_t *desc, u
     if (!err) {
         m->reason = ap_note_parse(desc, descsz, (uint64_t)(uintptr_t)desc, &m->note);
         if (m->reason == ALTPATCH_REASON_NONE)
-            err = ap_module_tables(m, info, desc);
+            err = ap_module_tables(m, info, plan, plansz);
     }
     if (err) {
         ap_module_free(m);
@@ -612,20 +614,22 @@ static int ap_walk_one(struct dl_phdr_info *info, size_t size, void *data)
         m->present = true;
         return 0;
     }
-    uint32_t descsz = 0;
-    const uint8_t *desc;
+    uint32_t descsz = 0, plansz = 0;
+    const uint8_t *desc, *plan = NULL;
     if (w->seen && index < AP_NOTES_SEEN && index < w->seen->n && w->seen->obj[index].searched &&
         w->seen->obj[index].base == info->dlpi_addr &&
         w->seen->obj[index].phdr == (const void *)info->dlpi_phdr) {
         desc = w->seen->obj[index].desc; /* this object, as the walk before found it */
         descsz = w->seen->obj[index].descsz;
-    } else {
+    } else if (info->dlpi_name && info->dlpi_name[0]) {
         desc = ap_find_note(info, &descsz);
+    } else { /* the main program: its plan note too (prepatch_load.c) */
+        desc = ap_find_notes(info, &descsz, &plan, &plansz);
     }
     if (!desc)
         return 0;
     struct ap_module *nm;
-    w->err = ap_module_new(info, desc, descsz, &nm);
+    w->err = ap_module_new(info, desc, descsz, plan, plansz, &nm);
     if (w->err)
         return 1;
     ap_list_put(w->list, m, nm);

@@ -518,9 +518,14 @@ AP_HIDDEN int ap_elf_find_section(ap_elf_read_fn rd, void *ctx, uint64_t file_si
 AP_HIDDEN const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align,
                                       uint32_t *descsz);
 
-/** ap_note_find() for the altpatch note of type @p type (ALTPATCH_PLAN_NOTE_TYPE). */
-AP_HIDDEN const uint8_t *ap_note_find_type(const uint8_t *p, size_t size, size_t align,
-                                           uint32_t type, uint32_t *descsz);
+/**
+ * ap_note_find(), and in the same walk of the segment the plan note
+ * (ALTPATCH_PLAN_NOTE_TYPE) into *@p plan, its size in *@p plansz: NULL and 0
+ * when the segment has none, or holds no altpatch note.
+ */
+AP_HIDDEN const uint8_t *ap_note_find_plan(const uint8_t *p, size_t size, size_t align,
+                                           uint32_t *descsz, const uint8_t **plan,
+                                           uint32_t *plansz);
 
 /* ------------------------------------------------------------------------- */
 /* Instructions (insn.c: the only place that includes Zydis)                 */
