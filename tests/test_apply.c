@@ -1502,6 +1502,80 @@ Test(apply, modules_refresh_takes_the_notes_of_the_walk_before)
     ap_modules_free(stale);
 }
 
+/* A walk like the pins' one: libraries searched for a note, the executable not. */
+static int pins_like_walk_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+    struct seen_walk *w = data;
+    bool lib = info->dlpi_name && info->dlpi_name[0];
+    if (!lib)
+        w->main = w->seen.n;
+    ap_module_note_seen(info, size, lib, &w->seen);
+    return 0;
+}
+
+static void pins_like_walk(struct seen_walk *w)
+{
+    w->main = SIZE_MAX;
+    ap_notes_seen_init(&w->seen);
+    w->seen.complete = dl_iterate_phdr(pins_like_walk_cb, w) == 0;
+}
+
+/* Where the walk before saw every object, the executable first and no
+ * library with a note, the module walk of an empty list lists the executable
+ * as that walk found it, without walking again: the same module as a walk
+ * of its own. A library with a note loaded after the walk before is not
+ * listed by it (it has no pin: skipped this time) but by the next walk; a
+ * walk before that saw a library with a note, or did not finish, is not
+ * taken for the module walk. */
+Test(apply, modules_refresh_of_the_executable_alone)
+{
+    struct seen_walk w;
+    pins_like_walk(&w);
+    if (w.seen.idle)
+        cr_skip_test("a module walk ran before in this process");
+    cr_assert(w.seen.complete && w.seen.counted);
+    cr_assert_eq(w.main, 0, "the executable comes first");
+    cr_assert(w.seen.first_main);
+    cr_assert_eq(w.seen.lib_notes, 0, "no library of this test carries a note");
+
+    struct ap_module *plain = NULL, *alone = NULL;
+    const struct ap_module *mp, *ma;
+    cr_assert_eq(ap_modules_refresh(&plain), 0);
+    cr_assert_eq(ap_modules_refresh_seen(&alone, &w.seen), 0);
+    cr_assert_eq(list_count(plain, &mp), 1, "the executable only");
+    cr_assert_eq(list_count(alone, &ma), 1);
+    cr_assert_not_null(mp);
+    cr_assert_not_null(ma);
+    cr_assert_eq(ma->base, mp->base);
+    cr_assert_eq(ma->nsites, mp->nsites);
+    cr_assert_eq(ma->note.table_start, mp->note.table_start);
+    cr_assert_eq(ma->plan_note, mp->plan_note);
+
+    /* a library with a note loaded after the walk before */
+    void *h = dlopen(RELOAD_V1, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(h, "%s", dlerror());
+    struct ap_module *late = NULL, *noted = NULL, *unfinished = NULL;
+    const struct ap_module *m;
+    cr_assert_eq(ap_modules_refresh_seen(&late, &w.seen), 0);
+    cr_assert_eq(list_count(late, &m), 1, "not listed by the walk before's module walk");
+    cr_assert_eq(ap_modules_refresh(&late), 0);
+    cr_assert_eq(list_count(late, &m), 2, "listed by the next walk");
+    struct seen_walk w2 = w;
+    w2.seen.lib_notes = 1; /* a library with a note seen: every object walked */
+    cr_assert_eq(ap_modules_refresh_seen(&noted, &w2.seen), 0);
+    cr_assert_eq(list_count(noted, &m), 2);
+    w2 = w;
+    w2.seen.complete = false;
+    cr_assert_eq(ap_modules_refresh_seen(&unfinished, &w2.seen), 0);
+    cr_assert_eq(list_count(unfinished, &m), 2);
+    ap_modules_free(plain);
+    ap_modules_free(alone);
+    ap_modules_free(late);
+    ap_modules_free(noted);
+    ap_modules_free(unfinished);
+    dlclose(h);
+}
+
 /* ---- threads ---------------------------------------------------------------- */
 
 struct thread_result {

@@ -831,12 +831,22 @@ struct ap_notes_seen {
         uint32_t descsz;
         bool searched;       /* false: desc not known (not looked for) */
     } obj[AP_NOTES_SEEN];
+    size_t lib_notes; /* libraries seen with a note */
+    /* The walk's first object, when it is the main program, not searched
+     * (first_main): its base, program headers and name stay where they are
+     * for the life of the process (ap_modules_refresh_seen() may read them
+     * again and search its note itself). */
+    bool first_main;
+    uintptr_t main_base;
+    const void *main_phdr;
+    const char *main_name;
+    uint16_t main_phnum;
 };
 /** Empty @p s (no object seen yet). */
 static inline void ap_notes_seen_init(struct ap_notes_seen *s)
 {
-    s->started = s->counted = s->complete = s->idle = s->noted_known = false;
-    s->n = 0;
+    s->started = s->counted = s->complete = s->idle = s->noted_known = s->first_main = false;
+    s->n = s->lib_notes = 0;
 }
 /** Whether the next object of a walk (@p size: the callback's) carries an
  * altpatch note (a module of the list), remembered in @p s; @p search false: not looked for (false

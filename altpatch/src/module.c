@@ -197,17 +197,26 @@ bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool sear
             s->idle = ap_walk_unchanged(info);
             s->noted_known = s->idle && ap_noted_read(s, s->adds, s->subs);
         }
+        s->first_main = !search && (!info->dlpi_name || !info->dlpi_name[0]);
+        s->main_base = info->dlpi_addr;
+        s->main_phdr = info->dlpi_phdr;
+        s->main_name = info->dlpi_name;
+        s->main_phnum = info->dlpi_phnum;
     }
     if (s->noted_known) {
         /* the same objects as the last complete walk's: its libraries */
         for (size_t i = 0; search && i < s->noted_n; i++)
             if (s->noted[i].base == info->dlpi_addr &&
-                s->noted[i].phdr == (const void *)info->dlpi_phdr)
+                s->noted[i].phdr == (const void *)info->dlpi_phdr) {
+                s->lib_notes++;
                 return true;
+            }
         return false;
     }
     uint32_t descsz = 0;
     const uint8_t *desc = search ? ap_find_note(info, &descsz) : NULL;
+    if (desc && info->dlpi_name && info->dlpi_name[0])
+        s->lib_notes++;
     if (s->idle)
         return desc != NULL;
     if (s->n < AP_NOTES_SEEN) {
@@ -641,12 +650,40 @@ int ap_modules_refresh(struct ap_module **list)
     return ap_modules_refresh_seen(list, NULL);
 }
 
+/*
+ * Whether the walk before (@p seen) stands for the module walk of an empty
+ * @p list: it saw every object under the loader's counters, the first being
+ * the main program, and no library with a note. Then only the main program
+ * can make a module, and it is never unloaded: the module walk looks at it
+ * alone, as that walk found it, without walking the loaded objects again. A
+ * library loaded since has no pin (ap_pin() would skip it this time); the
+ * counters this leaves for the next walk are the walk before's, so that
+ * walk sees it.
+ */
+static bool ap_walk_main_alone(const struct ap_module *list, const struct ap_notes_seen *seen)
+{
+    return !list && seen && seen->complete && seen->counted && seen->first_main &&
+           seen->lib_notes == 0;
+}
+
 int ap_modules_refresh_seen(struct ap_module **list, const struct ap_notes_seen *seen)
 {
     for (struct ap_module *m = *list; m; m = m->next)
         m->present = false;
     struct ap_walk w = {.list = list, .first = true, .seen = seen};
-    dl_iterate_phdr(ap_walk_one, &w);
+    if (ap_walk_main_alone(*list, seen)) {
+        struct dl_phdr_info info = {
+            .dlpi_addr = seen->main_base,
+            .dlpi_name = seen->main_name,
+            .dlpi_phdr = seen->main_phdr,
+            .dlpi_phnum = seen->main_phnum,
+            .dlpi_adds = seen->adds,
+            .dlpi_subs = seen->subs,
+        };
+        ap_walk_one(&info, sizeof(info), &w);
+    } else {
+        dl_iterate_phdr(ap_walk_one, &w);
+    }
     if (w.skip) {
         for (struct ap_module *m = *list; m; m = m->next)
             m->present = true;
