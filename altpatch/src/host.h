@@ -854,7 +854,8 @@ static inline void ap_notes_seen_init(struct ap_notes_seen *s)
 AP_HIDDEN bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool search,
                                    struct ap_notes_seen *s);
 /** ap_modules_refresh(), taking the notes from @p seen (NULL: none) where
- * they still hold. */
+ * they still hold; where @p seen saw no library with a note and @p list is
+ * empty, the main program alone, as @p seen found it (no walk). */
 AP_HIDDEN int ap_modules_refresh_seen(struct ap_module **list, const struct ap_notes_seen *seen);
 
 /**
