@@ -197,7 +197,7 @@ static void unready_body(void *out, void *ctx)
     r->rc = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
     altpatch_set_print(NULL);
     r->one = site_one();
-    snprintf(r->log, sizeof(r->log), "%s", ap_warn_log);
+    snprintf(r->log, sizeof(r->log), "%.*s", (int)sizeof(r->log) - 1, ap_warn_log);
 }
 
 Test(live, flag_where_live_is_impossible_says_why)

@@ -493,25 +493,28 @@ AP_HIDDEN uintptr_t ap_frames_where_task(uintptr_t rip, uintptr_t sp, bool (*ins
 
 /**
  * Per-site outcome of the last apply (after a quick revert, of the one
- * before: left_orig), in one word: below AP_RES_REFUSED the entry memory
+ * before: left_orig), in two bytes: below AP_RES_REFUSED the entry memory
  * holds + 1 (0: the original, also a site no apply decided yet), else
  * AP_RES_REFUSED | the reason. Which reasons were warned about lives apart
  * (struct ap_warned): refusals are few.
  */
 struct ap_site_result {
-    uint32_t v;
+    uint16_t v;
 };
-#define AP_RES_REFUSED 0x80000000u
+#define AP_RES_REFUSED 0x8000u
+_Static_assert(AP_SITE_MAX_RECORDS < AP_RES_REFUSED,
+               "an accepted result holds the entry + 1, below the refused bit");
+_Static_assert(ALTPATCH_REASON__COUNT < AP_RES_REFUSED, "a refusal's reason fits below the refused bit");
 
 /** An accepted site's result: entry @p chosen (-1: the original). */
 static inline struct ap_site_result ap_res_ok(int chosen)
 {
-    return (struct ap_site_result){(uint32_t)(chosen + 1)};
+    return (struct ap_site_result){(uint16_t)(chosen + 1)};
 }
 /** A refused site's result (the original kept). */
 static inline struct ap_site_result ap_res_refused(int reason)
 {
-    return (struct ap_site_result){AP_RES_REFUSED | (uint32_t)reason};
+    return (struct ap_site_result){(uint16_t)(AP_RES_REFUSED | (unsigned)reason)};
 }
 /** The entry a result holds: its index within the site, -1 for the original. */
 static inline int ap_res_chosen(const struct ap_site_result *res)

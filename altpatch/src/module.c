@@ -290,9 +290,9 @@ static int ap_save_originals(struct ap_module *m, uint64_t total, const uint8_t 
     size_t n = m->nsites;
     if (total >= AP_NO_ORIG32)
         return -ENOMEM; /* 32-bit offsets: 16 million sites of 255 bytes */
-    _Static_assert(sizeof(struct ap_site_result) % 4 == 0 && _Alignof(struct ap_site_result) <= 4,
-                   "per-site arrays share one block of 4-byte alignment: offsets and results, "
-                   "then template ids (2 bytes), then bytes");
+    _Static_assert(sizeof(struct ap_site_result) % 2 == 0 && _Alignof(struct ap_site_result) <= 2,
+                   "per-site arrays share one block: offsets (4 bytes), then results and "
+                   "template ids (2 bytes each), then bytes");
     size_t size = n * (sizeof(*m->orig_off) + sizeof(*m->shape) + sizeof(*m->res)) + 2 * total;
     uint8_t *b = ap_malloc_filled(size); /* every site's entries written by its first decision */
     if (!b)

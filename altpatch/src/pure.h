@@ -98,7 +98,7 @@ _Static_assert(sizeof(struct ap_site) == 16, "struct ap_site: 16 bytes");
 _Static_assert(ALTPATCH_REASON__COUNT <= INT8_MAX, "a preset reason fits in ap_site.reason");
 
 /** Most records of one site (struct ap_site's count). */
-#define AP_SITE_MAX_RECORDS UINT16_MAX
+#define AP_SITE_MAX_RECORDS INT16_MAX
 
 /**
  * Decode the table of @p size bytes whose first byte is at @p table_addr, of
