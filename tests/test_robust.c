@@ -469,11 +469,36 @@ Test(robust, fork_while_another_thread_holds_the_lock, .timeout = 120)
  * -EOWNERDEAD), a plain fork returns (no gate count that never drops to zero),
  * altpatch_dlopen and a second fork work. The forking process ends cleanly
  * too (no fork that waits for its own thread).
+ *
+ * A fork and its child's checks cost about 2 ms here. The first STEP_FORK_ALL
+ * steps each fork; after them, a step forks only at an instruction that has
+ * not run before, so that a long loop (the site walk visits every site of
+ * every module) forks once per instruction of its body instead of once per
+ * iteration.
  */
+#define STEP_FORK_ALL 2500
+#define STEP_SEEN_SLOTS 16384 /* a power of two, above any entry point's distinct instructions */
 struct step_res {
-    int steps, inside, bad, first_bad_step, first_bad_status;
+    int steps, inside, forks, distinct, bad, first_bad_step, first_bad_status;
     int parent_rc, parent_fork;
 };
+static uintptr_t step_seen[STEP_SEEN_SLOTS];
+
+/* Remember @p ip; true if it had run before (or the table is full). */
+static bool step_seen_before(uintptr_t ip, int *distinct)
+{
+    size_t h = (size_t)((ip * 0x9e3779b97f4a7c15ull) >> 50) & (STEP_SEEN_SLOTS - 1);
+    for (size_t n = 0; n < STEP_SEEN_SLOTS; n++, h = (h + 1) & (STEP_SEEN_SLOTS - 1)) {
+        if (step_seen[h] == ip)
+            return true;
+        if (!step_seen[h]) {
+            step_seen[h] = ip;
+            ++*distinct;
+            return false;
+        }
+    }
+    return true;
+}
 enum step_op { STEP_DLOPEN, STEP_APPLY, STEP_STATS, STEP_WALK };
 static struct step_res *step_r;
 static volatile sig_atomic_t step_on, step_child, step_calls;
@@ -520,6 +545,11 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
         errno = saved;
         return;
     }
+    if (step_seen_before(ip, &step_r->distinct) && n > STEP_FORK_ALL) {
+        errno = saved;
+        return;
+    }
+    step_r->forks++;
     pid_t pid = fork();
     if (pid == 0) {
         alarm(5); /* a child that hangs is killed by SIGALRM */
@@ -614,14 +644,22 @@ static void step_run(enum step_op op, const char *what)
     step_which = op;
     step_entry = entries[op];
     int status;
-    struct step_res *r = run_child(sizeof(*r), step_body, 60, &status);
+    struct step_res *r = run_child(sizeof(*r), step_body, 100, &status);
     assert_clean_exit(status, what);
     cr_assert_gt(r->inside, 20, "%s: %d steps inside it (%d in all)", what, r->inside, r->steps);
+    if (!step_calls) {
+        cr_assert_geq(r->forks, r->distinct, "%s: a fork at each of its %d instructions",
+                      what, r->distinct);
+        cr_assert_geq(r->forks, r->steps < STEP_FORK_ALL ? r->steps : STEP_FORK_ALL,
+                      "%s: a fork at each of its first steps", what);
+    }
     cr_assert_eq(r->parent_rc, 0, "%s", what);
     cr_assert_eq(r->parent_fork, 0, "%s: a fork after it", what);
     cr_assert_eq(r->bad, 0,
                  "%s: the child forked at step %d is broken (wait status %#x)",
                  what, r->first_bad_step, (unsigned)r->first_bad_status);
+    cr_log_info("%s: %d steps, %d inside, %d distinct, %d forks", what, r->steps, r->inside,
+                r->distinct, r->forks);
 }
 
 Test(robust, fork_at_every_instruction_of_altpatch_dlopen, .timeout = 200)
