@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "pure.h"
 
@@ -113,6 +115,87 @@ Test(note, inverted_ranges)
     cr_assert_eq(ap_note_parse(d, sizeof(d), 0x1000, &n), ALTPATCH_REASON_BAD_TABLE);
     make_note(d, 0x1000, 1, 14, 0x2000, 0x2000, 0x3001, 0x3000);
     cr_assert_eq(ap_note_parse(d, sizeof(d), 0x1000, &n), ALTPATCH_REASON_BAD_TABLE);
+}
+
+/* A note segment of @p size bytes that ends where an unreadable page begins:
+ * a read past it faults. */
+static uint8_t *seg_before_guard(size_t size)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t *m = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(m, MAP_FAILED);
+    cr_assert_eq(mprotect(m + pg, pg, PROT_NONE), 0);
+    cr_assert_leq(size, pg);
+    return m + pg - size;
+}
+
+/* One note at @p p: header, owner name (@p namesz bytes of @p name), padded
+ * to 4, descriptor of @p descsz bytes (filled with @p fill). Returns the
+ * bytes it takes, padding included. */
+static size_t put_note(uint8_t *p, const char *name, uint32_t namesz, uint32_t type,
+                       uint32_t descsz, uint8_t fill)
+{
+    put32(p, namesz);
+    put32(p + 4, descsz);
+    put32(p + 8, type);
+    memcpy(p + 12, name, namesz);
+    size_t d = 12 + ((namesz + 3u) & ~3u);
+    memset(p + d, fill, descsz);
+    return d + ((descsz + 3u) & ~3u);
+}
+
+Test(note, segment_walk_finds_both_notes_and_stays_inside)
+{
+    /* a foreign note, the table note, the plan note, the segment ending
+     * exactly at the last one's end */
+    uint8_t tmp[128];
+    size_t n = put_note(tmp, "GNU", 4, 3, 16, 0x11);
+    size_t at_table = n + 12 + 12;
+    n += put_note(tmp + n, ALTPATCH_NOTE_NAME, sizeof(ALTPATCH_NOTE_NAME), ALTPATCH_NOTE_TYPE, 8, 0x22);
+    size_t at_plan = n + 12 + 12;
+    n += put_note(tmp + n, ALTPATCH_NOTE_NAME, sizeof(ALTPATCH_NOTE_NAME), ALTPATCH_PLAN_NOTE_TYPE, 12,
+                  0x33);
+    uint8_t *seg = seg_before_guard(n);
+    memcpy(seg, tmp, n);
+    uint32_t dsz = 0, psz = 0;
+    const uint8_t *plan = NULL;
+    cr_assert_eq(ap_note_find(seg, n, 4, &dsz), seg + at_table);
+    cr_assert_eq(dsz, 8u);
+    cr_assert_eq(ap_note_find_plan(seg, n, 4, &dsz, &plan, &psz), seg + at_table);
+    cr_assert_eq(plan, seg + at_plan);
+    cr_assert_eq(psz, 12u);
+    cr_assert_eq(seg[at_plan], 0x33);
+}
+
+Test(note, segment_walk_stops_at_a_last_note_padding)
+{
+    /* The segment ends inside a note's padding: 30 bytes, a foreign note
+     * of an 8-byte name and a 10-byte descriptor (32 with its padding).
+     * Nothing is found and nothing past the 30 bytes is read. */
+    uint8_t *seg = seg_before_guard(30);
+    memset(seg, 0, 30);
+    put32(seg, 8);
+    put32(seg + 4, 10);
+    put32(seg + 8, 999);
+    memcpy(seg + 12, "ABCDEFG", 8);
+    uint32_t dsz = 7, psz = 7;
+    const uint8_t *plan = seg;
+    cr_assert_null(ap_note_find(seg, 30, 4, &dsz));
+    cr_assert_null(ap_note_find_plan(seg, 30, 4, &dsz, &plan, &psz));
+    cr_assert_null(plan);
+    cr_assert_eq(psz, 0u);
+
+    /* the table note last, its 6-byte descriptor ending the segment (its
+     * padding outside): found; the walk for a plan note ends there */
+    uint8_t tmp[64];
+    size_t n = put_note(tmp, ALTPATCH_NOTE_NAME, sizeof(ALTPATCH_NOTE_NAME), ALTPATCH_NOTE_TYPE, 6,
+                        0x44) - 2;
+    seg = seg_before_guard(n);
+    memcpy(seg, tmp, n);
+    cr_assert_eq(ap_note_find_plan(seg, n, 4, &dsz, &plan, &psz), seg + n - 6);
+    cr_assert_eq(dsz, 6u);
+    cr_assert_null(plan);
+    cr_assert_eq(ap_note_find(seg, n, 4, &dsz), seg + n - 6);
 }
 
 Test(records, self_relative_math)

@@ -96,7 +96,9 @@ static void note_walk(const uint8_t *p, size_t size, size_t align, const uint32_
     for (size_t i = 0; i < want; i++)
         desc[i] = NULL;
     size_t off = 0;
-    while (found < want && size - off >= sizeof(Elf64_Nhdr)) {
+    /* off may pass size by a last note's padding (next is bounded by size
+     * rounded up): the walk ends there */
+    while (found < want && off <= size && size - off >= sizeof(Elf64_Nhdr)) {
         Elf64_Nhdr nh;
         memcpy(&nh, p + off, sizeof(nh));
         size_t name = off + sizeof(nh);
