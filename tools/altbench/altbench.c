@@ -223,6 +223,8 @@ int ab_mode_info(void)
     printf("| altbench compiler | %s |\n", ab_compiler());
     printf("| FSGSBASE usable (AT_HWCAP2) | %s |\n", ab_fsgsbase_usable() ? "yes" : "no");
     printf("| RDPID (CPUID) | %s |\n", ab_has_rdpid() ? "yes" : "no");
+    printf("| RDTSCP usable (CPUID, executed) | %s |\n",
+           altpatch_cpu_has(X86_FEATURE_RDTSCP) ? "yes" : "no");
     printf("| altpatch | %s |\n\n", altpatch_version());
     altpatch_features_free(h);
     return 0;

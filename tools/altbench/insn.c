@@ -47,7 +47,7 @@ AB_INSN_LOOP(l_rdtscp, "rdtscp", : "=a"(v), :, : "rdx", "rcx")
 AB_INSN_LOOP(l_rdpid, "rdpid %0", : "=r"(v), :, )
 AB_INSN_LOOP(l_lfence_rdtsc, "lfence; rdtsc", : "=a"(v), :, : "rdx", "memory")
 
-enum { NEED_NONE, NEED_GS, NEED_FSGSBASE, NEED_FSGSBASE_GS, NEED_RDPID };
+enum { NEED_NONE, NEED_GS, NEED_FSGSBASE, NEED_FSGSBASE_GS, NEED_RDPID, NEED_RDTSCP };
 
 struct insn_row {
     const char *name;
@@ -67,7 +67,7 @@ static const struct insn_row rows[] = {
     {"mfence", l_mfence, NEED_NONE},
     {"lock addl $0,-4(%rsp)", l_lockadd, NEED_NONE},
     {"rdtsc", l_rdtsc, NEED_NONE},
-    {"rdtscp", l_rdtscp, NEED_NONE},
+    {"rdtscp", l_rdtscp, NEED_RDTSCP},
     {"rdpid", l_rdpid, NEED_RDPID},
     {"lfence; rdtsc", l_lfence_rdtsc, NEED_NONE},
 };
@@ -90,6 +90,10 @@ static const char *row_skip_reason(int need, bool gs_ok)
         return gs_ok ? NULL : "skipped: altpatch_gs_install() failed";
     case NEED_RDPID:
         return ab_has_rdpid() ? NULL : "skipped: no RDPID in CPUID";
+    case NEED_RDTSCP: /* a guest may enumerate it and still fault (#UD) */
+        return altpatch_cpu_has(X86_FEATURE_RDTSCP)
+                   ? NULL
+                   : "skipped: RDTSCP not usable (CPUID, or it does not execute)";
     default:
         return NULL;
     }

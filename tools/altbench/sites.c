@@ -257,6 +257,7 @@ static void mark_hand_ok(struct samples *s, bool gs_ok)
     s->hand_ok[H_GS_RD] = fsgs && gs_ok;
     s->hand_ok[H_GS_MOV] = gs_ok;
     s->hand_ok[H_CPU_RDPID] = rdpid;
+    s->hand_ok[H_TSC_RDTSCP] = altpatch_cpu_has(X86_FEATURE_RDTSCP); /* executed, not CPUID alone */
 }
 
 static void print_cell(const double *v, unsigned reps, bool have)
