@@ -587,7 +587,8 @@ static bool cpuinfo_has(const char *flags, const char *name)
  * abm and sse4a: a hypervisor may hide them from its guest's kernel while user
  * mode's CPUID still reports them and the instructions run (an AMD family 0x1a
  * guest does); where the host set claims one that /proc/cpuinfo lacks, the
- * instruction executed here is the oracle (see kernel_may_hide).
+ * instruction executed here is the oracle (see kernel_may_hide). erms may be
+ * claimed beyond /proc/cpuinfo too (ibid.); never the other way round.
  * Not here: pdpe1gb (a paging feature no user instruction uses: the host set
  * keeps CPUID's answer, which the kernel may not print; see
  * system_features_follow_cpuid), rdtscp and rdpid (the host set holds them only
@@ -651,6 +652,10 @@ static bool extrq_executes(void)
  * A name the kernel may leave out while the instruction runs: the host set
  * may claim it beyond /proc/cpuinfo only where the instruction executes.
  * Returns -1 for a name the kernel prints exactly, else whether it executes.
+ * erms: Linux drops it where the firmware turned fast strings off (a bit of
+ * IA32_MISC_ENABLE, which user mode cannot read; some hypervisors leave it
+ * off); REP MOVSB runs either way, only slower, so there is nothing to
+ * execute that could tell, and the claim is allowed.
  */
 static int kernel_may_hide(const char *name)
 {
@@ -658,6 +663,8 @@ static int kernel_may_hide(const char *name)
         return lzcnt_executes();
     if (strcmp(name, "sse4a") == 0)
         return extrq_executes();
+    if (strcmp(name, "erms") == 0)
+        return 1;
     return -1;
 }
 
