@@ -621,19 +621,19 @@ static void run_as(const char *exe, char *const env[], int id, struct run_out *o
     close(pe[0]);
 }
 
-/* A directory on a filesystem that honours set-uid bits. */
+/* A directory on a filesystem that honours set-uid bits and runs programs. */
 static void suid_dir(char *dir, size_t sz)
 {
     const char *bases[] = {getenv("TMPDIR"), "/tmp", APH_LIBDIR};
     for (size_t i = 0; i < sizeof(bases) / sizeof(bases[0]); i++) {
         struct statvfs vfs;
-        if (!bases[i] || statvfs(bases[i], &vfs) || (vfs.f_flag & ST_NOSUID))
+        if (!bases[i] || statvfs(bases[i], &vfs) || (vfs.f_flag & (ST_NOSUID | ST_NOEXEC)))
             continue;
         snprintf(dir, sz, "%s/aphsecXXXXXX", bases[i]);
         if (mkdtemp(dir) && chmod(dir, 0755) == 0)
             return;
     }
-    cr_skip_test("no directory without nosuid found");
+    cr_skip_test("no directory without nosuid and noexec found");
 }
 
 static void copy_file(const char *from, const char *to)
