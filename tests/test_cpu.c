@@ -668,16 +668,19 @@ static int kernel_may_hide(const char *name)
     return -1;
 }
 
-Test(cpu, oracles_for_hidden_names_can_tell)
+Test(cpu, oracles_for_hidden_names_run_where_cpuid_claims)
 {
-    /* the oracles themselves: LZCNT's answer where CPUID claims ABM, BSR's
-     * where it does not; EXTRQ's #UD follows CPUID's SSE4A bit */
+    /* the oracles themselves: where CPUID claims ABM, LZCNT's answer; where
+     * it claims SSE4A, EXTRQ without #UD. Not the converse: a hypervisor's
+     * CPU model may mask a bit whose instruction the hardware still runs. */
     unsigned a, b, c, d;
     bool ext = __get_cpuid(0x80000001, &a, &b, &c, &d);
     if (under_valgrind())
         cr_skip_test("valgrind's CPUID is synthetic");
-    cr_assert_eq(lzcnt_executes(), ext && (c & (1u << 5)));
-    cr_assert_eq(extrq_executes(), ext && (c & (1u << 6)));
+    if (ext && (c & (1u << 5)))
+        cr_assert(lzcnt_executes(), "CPUID claims ABM, LZCNT(1) is not 63");
+    if (ext && (c & (1u << 6)))
+        cr_assert(extrq_executes(), "CPUID claims SSE4A, EXTRQ raised SIGILL");
 }
 
 Test(cpu, host_agrees_with_proc_cpuinfo)

@@ -470,7 +470,7 @@ Test(robust, fork_while_another_thread_holds_the_lock, .timeout = 120)
  * altpatch_dlopen and a second fork work. The forking process ends cleanly
  * too (no fork that waits for its own thread).
  *
- * A fork and its child's checks cost about 2 ms here. The first STEP_FORK_ALL
+ * A fork and its child's checks cost a few milliseconds. The first STEP_FORK_ALL
  * steps each fork; after them, a step forks only at an instruction that has
  * not run before, so that a long loop (the site walk visits every site of
  * every module) forks once per instruction of its body instead of once per
@@ -648,6 +648,8 @@ static void step_run(enum step_op op, const char *what)
     assert_clean_exit(status, what);
     cr_assert_gt(r->inside, 20, "%s: %d steps inside it (%d in all)", what, r->inside, r->steps);
     if (!step_calls) {
+        cr_assert_lt(r->distinct, STEP_SEEN_SLOTS, "%s: the table of instructions seen filled up",
+                     what);
         cr_assert_geq(r->forks, r->distinct, "%s: a fork at each of its %d instructions",
                       what, r->distinct);
         cr_assert_geq(r->forks, r->steps < STEP_FORK_ALL ? r->steps : STEP_FORK_ALL,

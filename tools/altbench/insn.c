@@ -90,7 +90,7 @@ static const char *row_skip_reason(int need, bool gs_ok)
         return gs_ok ? NULL : "skipped: altpatch_gs_install() failed";
     case NEED_RDPID:
         return ab_has_rdpid() ? NULL : "skipped: no RDPID in CPUID";
-    case NEED_RDTSCP: /* a guest may enumerate it and still fault (#UD) */
+    case NEED_RDTSCP: /* the library's answer: CPUID's claim and the instruction run */
         return altpatch_cpu_has(X86_FEATURE_RDTSCP)
                    ? NULL
                    : "skipped: RDTSCP not usable (CPUID, or it does not execute)";
