@@ -580,7 +580,7 @@ static void ap_site_refused(struct ap_run *r, struct ap_mrun *mr, size_t i, size
 {
     struct ap_module *m = mr->m;
     const struct ap_dec *d = &r->dec[n];
-    struct ap_site_result *res = &m->res[i];
+    struct ap_site_result *res = &m->st[i].res;
     /* One WARN per site and reason: a site that toggles between refused and
      * unchanged (REVERT, another feature set) does not warn again. A write
      * not made after -EBUSY is not one: the refusal's one WARN said why. */
@@ -628,7 +628,7 @@ static void ap_site_done(struct ap_run *r, struct ap_mrun *mr, size_t i, size_t 
     if (d->action == AP_ACT_REFUSED || d->reason)
         ap_site_refused(r, mr, i, n);
     else
-        ap_site_ok(r, mr, &m->res[i], d, m->planned + ap_orig_off(m, i), m->sites[i].len);
+        ap_site_ok(r, mr, &m->st[i].res, d, m->planned + ap_orig_off(m, i), m->sites[i].len);
     if (r->debug) {
         struct ap_work wk = ap_work_of(r, n, m, i);
         ap_debug_site(&wk);
@@ -663,7 +663,7 @@ static inline bool ap_same_site(const uint8_t *a, const uint8_t *b, size_t n)
 /*
  * Site @p i of module @p mr, the run's decision n (final bytes, when they
  * are computed for this site, into @p slot): its plan, then memory. The
- * plan: the template the site used last time under this memo (m->shape),
+ * plan: the template the site used last time under this memo (its st[i].shape),
  * else the original when none of its entries applies under the memo's
  * feature set (after the record checks, plan.h: no template), else the
  * template of its shape (memo.c: a hash and a compare, no decoder),
@@ -696,7 +696,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
         struct ap_site_entries eb;
         const struct ap_site *es = s;
         const struct ap_entry *ents = NULL;
-        uint32_t id = ap_shape_load(m->shape[i]);
+        uint32_t id = ap_shape_load(m->st[i].shape);
         if (!id) { /* orig saved: the site lies in the module's text (module.c) */
             ents = ap_module_site_entries(m, i, &eb, &es);
             /* no entry applies: the original, after the record checks alone */
@@ -712,7 +712,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
             chosen = ap_memo_inst(memo, id, &m->view, es, ents, slot, &final);
         }
         if (chosen >= -1)
-            m->shape[i] = ap_shape_store(id);
+            m->st[i].shape = ap_shape_store(id);
     }
     if (chosen < -1) {
         char *detail = NULL;
@@ -758,7 +758,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
             return;
         }
         if (!r->debug && d->action == AP_ACT_UNCHANGED) {
-            ap_site_ok(r, mr, &m->res[i], d, m->planned + off, len);
+            ap_site_ok(r, mr, &m->st[i].res, d, m->planned + off, len);
             return;
         }
     }
@@ -917,11 +917,9 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     struct ap_module *m = mr->m;
     /* copies: the stores below (bytes) could alias any field read through m or r */
     const struct ap_site *sites = m->sites;
-    const uint32_t *orig_off = m->orig_off;
+    struct ap_site_state *st = m->st;
     const uint8_t *morig = m->orig;
     uint8_t *mplanned = m->planned;
-    uint16_t *shape = m->shape;
-    struct ap_site_result *res = m->res;
     const struct ap_entry *ments = m->entries;
     const struct ap_memo_tmpl *tmpl = memo->tmpl;
     const struct ap_region repl = m->view.repl; /* read once, not per site */
@@ -941,7 +939,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     }
     for (size_t i = 0; i < nsites; i++, n++) {
         const struct ap_site *s = &sites[i];
-        uint32_t off = orig_off[i], id = ap_shape_load(shape[i]);
+        uint32_t off = st[i].orig_off, id = ap_shape_load(st[i].shape);
         size_t len = s->len;
         const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
         if (off == AP_NO_ORIG32)
@@ -987,10 +985,10 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
                 target = orig;
             }
         }
-        shape[i] = ap_shape_store(id);
+        st[i].shape = ap_shape_store(id);
         if (ap_same_site(cur, target, len)) {
             bool p = chosen >= 0;
-            res[i] = ap_res_ok(chosen);
+            st[i].res = ap_res_ok(chosen);
             patched += p;
             unchanged++;
             if (keep)
@@ -1006,7 +1004,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
             /* recorded now, as if the write lands (ap_writes_done() undoes
              * it when not); what memory holds is kept after the writer */
             bool p = chosen >= 0;
-            res[i] = ap_res_ok(chosen);
+            st[i].res = ap_res_ok(chosen);
             patched += p;
             uint32_t tag = (uint32_t)n | AP_WDEC_DONE;
             if (keep && old == orig && ap_same_site(planned, orig, len)) {
@@ -1052,11 +1050,9 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     struct ap_module *m = mr->m;
     /* copies: the stores below (bytes) could alias any field read through m or r */
     const struct ap_site *sites = m->sites;
-    uint32_t *orig_off = m->orig_off;
+    struct ap_site_state *st = m->st;
     uint8_t *morig = m->orig;
     uint8_t *mplanned = m->planned;
-    uint16_t *shape = m->shape;
-    struct ap_site_result *res = m->res;
     /* @p decode: each site's records decoded from the mapped table as it is
      * decided (ap_record_at(), records of @p rs bytes); else the table
      * pass's array (a small table, or one with a site of many records) */
@@ -1076,7 +1072,10 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     uint64_t patched = 0, unchanged = 0, kept_bytes = 0;
     uintptr_t wlast = r->wlast;
     bool unsorted = r->unsorted;
-    uint8_t *orig = morig, *planned = mplanned; /* the next site's bytes */
+    /* the next site's bytes: its original at orig, its plan at orig + pdelta
+     * (m->planned and m->orig: one block, module.c) */
+    uint8_t *orig = morig;
+    const size_t pdelta = (size_t)(mplanned - morig);
     struct ap_region_cursor rc = {0};
     /* plain: the module's facts hold (host.h): every site lies in one
      * region, none has a preset reason (so none is empty), every record
@@ -1095,22 +1094,26 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             keep2[w] = ap_bits_spread(memo->keep[0][w]) | ap_bits_spread(memo->keep[1][w]) << 1;
     m->saved = true; /* every site's arrays are filled below */
     m->shape_gen = ap_shapes_gen;
-    for (size_t i = 0; i < nsites; i++, n++) {
-        const struct ap_site *s = &sites[i];
+    /* the sites and their states by pointer: the index (i, and n the
+     * decision's) is computed where a write or the slow path needs it */
+    const struct ap_site *s = sites, *const send = sites + nsites;
+    struct ap_site_state *sp = st;
+    const size_t n0 = n;
+    bool hints = ap_memo_hints_in(memo, &repl);
+    for (; s != send; s++, sp++) {
         size_t len = s->len;
         /* memory (a module's view of live memory maps every address to itself) */
         const uint8_t *cur = plain ? (const uint8_t *)(uintptr_t)(tbase + s->addr)
                                    : ap_region_at(&rc, &m->view, s->addr, (uint8_t)len);
         if (!plain && !cur) {
-            orig_off[i] = AP_NO_ORIG32;
-            res[i] = ap_res_ok(-1);
-            shape[i] = 0;
+            ap_site_state_put(sp, AP_NO_ORIG32, ap_res_ok(-1), 0);
             goto slow; /* outside the text: refused */
         }
         /* the plan from memory's bytes: the original, saved below (at orig,
-         * planned; the next site's follow) */
+         * planned; the next site's follow). The site's state is stored once,
+         * whole, when it is decided (one store where it keeps its original) */
         const uint8_t *target;
-        orig_off[i] = (uint32_t)(orig - morig);
+        const uint32_t off = (uint32_t)(orig - morig);
         uint32_t count = s->count, id;
         int chosen;
         /* the site's records: decoded (at most AP_SITE_ENTRIES: module.c
@@ -1129,9 +1132,13 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             rw &= 64u * AP_NCAPWORDS - 1; /* plain: already below (a bound for the index) */
             uint64_t kw = keep2[rw >> 6] >> (rw & 63u);
             if ((kw & 1u) && p[rs - 1] <= len) {
-                id = AP_SHAPE_ORIGINAL;
-                chosen = -1;
-                goto keep_original;
+                /* memory holds the original: saved from it, nothing else
+                 * changes (as below, for the common site) */
+                ap_site_state_put(sp, off, ap_res_ok(-1), AP_SHAPE_ORIGINAL16);
+                ap_copy2_small(orig, orig + pdelta, cur, len);
+                orig += len;
+                unchanged++;
+                continue;
             }
         }
         if (decode) {
@@ -1173,13 +1180,17 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             id = AP_SHAPE_ORIGINAL;
             chosen = -1;
         } else {
-            id = ap_memo_find_text(memo, &m->view, es, ents, cur);
+            /* a hint, where they hold for this module's replacements (a
+             * full lookup or the planner may make them hold) */
+            id = hints ? ap_memo_find_hint(memo, es, ents, cur) : 0;
             if (!id) {
-                ap_copy2_small(orig, planned, cur, len);
+                id = ap_memo_find_full(memo, &m->view, es, ents, cur);
+                hints = ap_memo_hints_in(memo, &repl);
+            }
+            if (!id) {
+                ap_copy2_small(orig, orig + pdelta, cur, len);
                 orig += len;
-                planned += len;
-                res[i] = ap_res_ok(-1);
-                shape[i] = 0;
+                ap_site_state_put(sp, off, ap_res_ok(-1), 0);
                 goto slow; /* a new shape, or refused: the planner */
             }
             /* a lookup stores nothing: tmpl is still memo->tmpl */
@@ -1188,39 +1199,32 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                 /* instantiated where the site's final bytes are kept: the
                  * write's new bytes, no copy of them after (a failed write
                  * puts the original there, ap_write_done()) */
-                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, planned, &target);
+                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, orig + pdelta, &target);
                 if (chosen < -1) {
-                    ap_copy2_small(orig, planned, cur, len);
+                    ap_copy2_small(orig, orig + pdelta, cur, len);
                     orig += len;
-                    planned += len;
-                    res[i] = ap_res_ok(-1);
-                    shape[i] = ap_shape_store(id);
+                    ap_site_state_put(sp, off, ap_res_ok(-1), ap_shape_store(id));
                     goto slow; /* a field does not fit here: the planner says why */
                 }
             } else {
                 chosen = t->chosen;
                 target = t->key + 2 * (size_t)t->keylen; /* the same bytes at every site */
                 if (chosen >= 0)
-                    ap_copy_small(planned, target, len);
+                    ap_copy_small(orig + pdelta, target, len);
             }
         }
-    keep_original:
-        shape[i] = ap_shape_store(id);
+        ap_site_state_put(sp, off, ap_res_ok(chosen), ap_shape_store(id));
         if (chosen < 0) {
             /* memory holds the original: saved from it, nothing else changes */
-            ap_copy2_small(orig, planned, cur, len);
+            ap_copy2_small(orig, orig + pdelta, cur, len);
             orig += len;
-            planned += len;
-            res[i] = ap_res_ok(-1);
             unchanged++;
             continue;
         }
-        res[i] = ap_res_ok(chosen);
         patched++;
         ap_copy_small(orig, cur, len); /* planned holds target already */
         const uint8_t *saved = orig;
         orig += len;
-        planned += len;
         if (ap_same_site(cur, target, len)) {
             unchanged++;
         } else {
@@ -1230,13 +1234,14 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             unsorted |= (uintptr_t)s->addr <= wlast;
             wlast = (uintptr_t)s->addr;
             ap_queue(writes, nw++, (uintptr_t)s->addr, saved, target,
-                     (uint32_t)n | AP_WDEC_DONE | AP_WDEC_KEPT, len);
+                     (uint32_t)(n0 + (size_t)(s - sites)) | AP_WDEC_DONE | AP_WDEC_KEPT, len);
             nkept++;
             kept_bytes += len;
             if (__builtin_expect(nw >= part, 0) && parts && !unsorted) {
                 /* a part in address order: written while its sites' bytes
                  * are in the caches, its slots used again */
-                ap_loop_flush(r, mr, n + 1, nw, wlast, unsorted, patched, unchanged);
+                ap_loop_flush(r, mr, n0 + (size_t)(s - sites) + 1, nw, wlast, unsorted, patched,
+                              unchanged);
                 patched = unchanged = 0;
                 r->nkept += nkept;
                 r->kept_bytes += kept_bytes;
@@ -1250,10 +1255,12 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             slot += len; /* used: the next one gets the next bytes */
         continue;
     slow:
-        slot = ap_loop_slow(r, mr, n, i, len, slot, memo, &nw, &wlast, &unsorted, &patched,
-                            &unchanged);
+        slot = ap_loop_slow(r, mr, n0 + (size_t)(s - sites), (size_t)(s - sites), len, slot, memo,
+                            &nw, &wlast, &unsorted, &patched, &unchanged);
         tmpl = memo->tmpl; /* the planner may have stored a template */
+        hints = ap_memo_hints_in(memo, &repl); /* or made or dropped hints */
     }
+    n = n0 + nsites;
     ap_loop_flush(r, mr, n, nw, wlast, unsorted, patched, unchanged);
     r->nkept += nkept;
     r->kept_bytes += kept_bytes;
@@ -1313,9 +1320,9 @@ static __attribute__((noinline)) bool ap_still_settled(const struct ap_module *m
     /* every site of a settled module lies in its text: orig_off is valid */
     const uint8_t *left = m->left_orig ? m->orig : m->planned;
     const struct ap_site *sites = m->sites;
-    const uint32_t *off = m->orig_off;
+    const struct ap_site_state *st = m->st;
     for (size_t i = 0, n = m->nsites; i < n; i++)
-        if (!ap_same_site((const uint8_t *)(uintptr_t)sites[i].addr, left + off[i],
+        if (!ap_same_site((const uint8_t *)(uintptr_t)sites[i].addr, left + st[i].orig_off,
                             sites[i].len))
             return false;
     return true;
@@ -1335,7 +1342,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     /* copies (stores of bytes could alias them); every site of a settled
      * module lies in its text: orig_off is valid */
     const struct ap_site *sites = m->sites;
-    const uint32_t *orig_off = m->orig_off;
+    const struct ap_site_state *st = m->st;
     struct ap_write *writes = r->writes;
     size_t n = r->ndec, nw = r->nwrites, w0 = nw;
     uint64_t kept_bytes = 0;
@@ -1345,7 +1352,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     const uint8_t *to = revert ? m->orig : m->planned;
     for (size_t i = 0, ns = m->nsites; i < ns; i++, n++) {
         uintptr_t addr = (uintptr_t)sites[i].addr;
-        size_t off = orig_off[i], len = sites[i].len;
+        size_t off = st[i].orig_off, len = sites[i].len;
         const uint8_t *cur = (const uint8_t *)addr;
         if (ap_same_site(cur, to + off, len))
             continue; /* also a plan that is the original */
@@ -1647,8 +1654,8 @@ static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_me
         if (m->left_orig) {
             /* what the last apply left is the originals (ap_decide's "planned") */
             for (size_t i = 0; i < m->nsites; i++)
-                if (m->orig_off[i] != AP_NO_ORIG32)
-                    ap_copy_small(m->planned + m->orig_off[i], m->orig + m->orig_off[i],
+                if (m->st[i].orig_off != AP_NO_ORIG32)
+                    ap_copy_small(m->planned + m->st[i].orig_off, m->orig + m->st[i].orig_off,
                                   m->sites[i].len);
             m->left_orig = false;
         }
@@ -1782,19 +1789,19 @@ static __attribute__((noinline)) void ap_write_done(struct ap_run *r, size_t k, 
     if (done && result == ALTPATCH_REASON_NONE) {
         /* recorded when decided; memory holds the new bytes */
         if (r->keep)
-            ap_copy_small(m->planned + m->orig_off[i], w->new, w->len);
+            ap_copy_small(m->planned + m->st[i].orig_off, w->new, w->len);
         return;
     }
     if ((tag & (AP_WDEC_DONE | AP_WDEC_KEPT)) == (AP_WDEC_DONE | AP_WDEC_KEPT))
         /* memory holds the original (or a mismatch): planned did */
-        ap_copy_small(m->planned + m->orig_off[i], m->orig + m->orig_off[i], w->len);
+        ap_copy_small(m->planned + m->st[i].orig_off, m->orig + m->st[i].orig_off, w->len);
     if (result != ALTPATCH_REASON_NONE)
         mr->ok = false;
     if (mr->path != AP_PATH_DECIDE)
         return; /* a quick switch: ap_record() */
     struct ap_dec *d = &r->dec[n];
     /* the entry: recorded already (done), else in the decision */
-    int chosen = done ? ap_res_chosen(&m->res[i]) : d->chosen;
+    int chosen = done ? ap_res_chosen(&m->st[i].res) : d->chosen;
     if (result != ALTPATCH_REASON_NONE)
         *d = (struct ap_dec){w->new, -1, (int16_t)result, AP_ACT_REFUSED};
     if (r->debug) /* d was written by ap_decide(); ap_record() logs it */
@@ -1811,7 +1818,7 @@ static __attribute__((noinline)) void ap_write_done(struct ap_run *r, size_t k, 
         ap_site_refused(r, mr, i, n);
     } else {
         struct ap_dec ok = {w->new, chosen, ALTPATCH_REASON_NONE, AP_ACT_WRITE};
-        ap_site_ok(r, mr, &m->res[i], &ok, m->planned + ap_orig_off(m, i), m->sites[i].len);
+        ap_site_ok(r, mr, &m->st[i].res, &ok, m->planned + ap_orig_off(m, i), m->sites[i].len);
     }
 }
 
@@ -1846,7 +1853,7 @@ static void ap_toggle_decisions(struct ap_run *r, struct ap_mrun *mr)
     const uint8_t *to = r->revert ? m->orig : m->planned;
     for (size_t i = 0; i < m->nsites; i++)
         r->dec[mr->n0 + i] = (struct ap_dec){to + ap_orig_off(m, i),
-                                             r->revert ? -1 : ap_res_chosen(&m->res[i]),
+                                             r->revert ? -1 : ap_res_chosen(&m->st[i].res),
                                              ALTPATCH_REASON_NONE, AP_ACT_UNCHANGED};
     for (size_t k = 0; k < r->nwrites; k++) {
         size_t n = r->writes[k].tag & AP_WDEC_N;
@@ -1918,7 +1925,7 @@ static void ap_record(struct ap_run *r, struct altpatch_stats *st)
             ap_toggle_decisions(r, mr);
         for (size_t i = 0; r->debug && i < m->nsites; i++) {
             size_t n = mr->n0 + i;
-            int chosen = m->left_orig ? -1 : ap_res_chosen(&m->res[i]);
+            int chosen = m->left_orig ? -1 : ap_res_chosen(&m->st[i].res);
             if (mr->path == AP_PATH_SETTLED)
                 r->dec[n] = (struct ap_dec){ap_left(m, i), chosen, ALTPATCH_REASON_NONE,
                                             AP_ACT_UNCHANGED};
@@ -2294,7 +2301,7 @@ int altpatch_get_stats(struct altpatch_stats *st)
 static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_site_info *info)
 {
     const struct ap_site *s = &m->sites[i];
-    const struct ap_site_result *res = &m->res[i];
+    const struct ap_site_result *res = &m->st[i].res;
     struct ap_site_entries eb;
     const struct ap_site *es;
     const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);

@@ -84,7 +84,7 @@ AP_HIDDEN void ap_gate_leave(void);
 /**
  * The plan of site @p i (original bytes @p orig, NULL when outside the
  * text) by the planner, through @p memo (which keeps the template if
- * accepted, and the site remembers it in m->shape): for what no template
+ * accepted, and the site remembers it in its st[i].shape): for what no template
  * answers. Returns the chosen entry (-1: the original), with its final bytes
  * in @p final (site length), or -2 for a refusal: *@p reason, and *@p detail
  * the planner's detail (malloc'ed) or NULL (both untouched otherwise).

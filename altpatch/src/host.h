@@ -538,6 +538,34 @@ struct ap_warned {
     uint32_t bits;
 };
 
+/**
+ * What a module keeps per site, in one 8-byte record: a decision writes all
+ * of it at once.
+ */
+struct ap_site_state {
+    /* offset of the site's bytes in m->orig (and m->planned), or
+     * AP_NO_ORIG32; read it with ap_orig_off() */
+    uint32_t orig_off;
+    struct ap_site_result res;
+    /* The site's template (sitecache.c): the planner is pure, so under the
+     * same feature set a site's plan does not change. Id of the template in
+     * apply's memo (memo.c) of generation m->shape_gen, 0: none (planned, or
+     * refused, every time), AP_SHAPE_ORIGINAL16 (ap_shape_store()). */
+    uint16_t shape;
+};
+_Static_assert(sizeof(struct ap_site_state) == 8 && offsetof(struct ap_site_state, res) == 4 &&
+                   offsetof(struct ap_site_state, shape) == 6 &&
+                   __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "a site's state: 8 bytes, one store (ap_site_state_put())");
+
+/** Site state @p p set to offset @p off, result @p res, template @p shape: one store. */
+static inline void ap_site_state_put(struct ap_site_state *p, uint32_t off,
+                                     struct ap_site_result res, uint16_t shape)
+{
+    uint64_t v = (uint64_t)off | (uint64_t)res.v << 32 | (uint64_t)shape << 48;
+    memcpy(p, &v, sizeof(v));
+}
+
 struct ap_module {
     struct ap_module *next;
     char *path;                 /* dlpi_name, "" for the main program */
@@ -577,12 +605,10 @@ struct ap_module {
     size_t nsites;
     uint8_t *orig;              /* original bytes of all sites, concatenated */
     size_t site_bytes;          /* the sum of all sites' lengths */
-    uint32_t *orig_off;         /* per site: offset into orig (and planned), or
-                                 * AP_NO_ORIG32; read it with ap_orig_off() */
-    struct ap_site_result *res; /* per site */
+    struct ap_site_state *st;   /* per site: where its bytes are, its result, its template */
     struct ap_warned *warned;   /* sorted by site; malloc'ed, or NULL */
     size_t nwarned;
-    void *block;                /* one allocation: orig_off, shape, res, orig, planned */
+    void *block;                /* one allocation: st, orig, planned */
     bool present;               /* scratch for refresh */
     /* Pin (pins.c): a dlopen() reference held for the length of one apply or
      * site walk, so that a concurrent dlclose() cannot unmap bytes being read
@@ -591,12 +617,9 @@ struct ap_module {
     void *pin;
     bool gone;
     uint8_t *planned;           /* per site (at orig_off): the bytes the last apply left */
-    /* Each site's template (sitecache.c): the planner is pure, so under the
-     * same feature set a site's plan does not change. Id of the template in
-     * apply's memo (memo.c) of generation shape_gen, 0: none (planned, or
-     * refused, every time). Two bytes a site (ap_shape_store()). */
-    uint64_t shape_gen;         /* or AP_SHAPE_GEN_ANY */
-    uint16_t *shape;            /* or AP_SHAPE_ORIGINAL16 */
+    /* The memo generation whose template ids the sites' st[i].shape hold
+     * (sitecache.c), or AP_SHAPE_GEN_ANY */
+    uint64_t shape_gen;
     /* Settled (apply.c): the last apply under memo generation settled_gen
      * left every site non-refused with memory holding what it planned
      * (planned; the originals when left_orig); settled_patched of them hold
@@ -611,12 +634,12 @@ struct ap_module {
      * the plan of generation settled_gen (what memory held before it), so
      * the next apply writes it back without deciding again. Memory then
      * holds m->orig at every site, not planned, and every site is ORIGINAL
-     * (res keeps the plan's results for the apply that writes it back). */
+     * (st[i].res keeps the plan's results for the apply that writes it back). */
     bool left_orig;
     /* The per-site arrays hold the originals (ap_module_save()); until then
      * nothing in them is set but the pointers. */
     bool saved;
-    /* A pre-patched module not decided since it was read: res holds the
+    /* A pre-patched module not decided since it was read: st[i].res holds the
      * file's choices and planned what memory held then, which the file says
      * it wrote (prepatch_load.c); an apply whose feature set selects the same
      * entries takes them as its plan (ap_prepatch_settle()). */
@@ -625,10 +648,10 @@ struct ap_module {
     /* the file records this library's planner (AP_PREPATCH_PLANNER): its
      * written bytes are what this planner writes for its choices */
     bool prepatch_planner;
-    /* The file's choices, moved out of res by a dry run that decided the
-     * module under another set (res then holds that run's plan, as a dry
+    /* The file's choices, moved out of st[i].res by a dry run that decided
+     * the module under another set (st[i].res then holds that run's plan, as a dry
      * run reports it): what ap_prepatch_agrees() compares with while
-     * prepatch_choices holds. NULL: res holds them. */
+     * prepatch_choices holds. NULL: st[i].res holds them. */
     struct ap_site_result *prepatch_res;
     /* A pre-patched main program opened from its filled plan note (loaded,
      * in the module: plan_note): orig holds memory's bytes, not the
@@ -640,10 +663,10 @@ struct ap_module {
 
 /** The template id of a site none of whose entries applies: its plan is its original. */
 #define AP_SHAPE_ORIGINAL UINT32_MAX
-/** AP_SHAPE_ORIGINAL as m->shape[i] holds it. */
+/** AP_SHAPE_ORIGINAL as m->st[i].shape holds it. */
 #define AP_SHAPE_ORIGINAL16 UINT16_MAX
 
-/** Template id @p id as m->shape[i] holds it: an id that does not fit in two
+/** Template id @p id as m->st[i].shape holds it: an id that does not fit in two
  * bytes is not remembered (0: the site's template is looked up again). */
 static inline uint16_t ap_shape_store(uint32_t id)
 {
@@ -651,7 +674,7 @@ static inline uint16_t ap_shape_store(uint32_t id)
     return (uint16_t)(id + 1u <= AP_SHAPE_ORIGINAL16 ? id : 0);
 }
 
-/** The template id m->shape[i] (@p v) holds. */
+/** The template id m->st[i].shape (@p v) holds. */
 static inline uint32_t ap_shape_load(uint16_t v)
 {
     return v == AP_SHAPE_ORIGINAL16 ? AP_SHAPE_ORIGINAL : v;
@@ -740,7 +763,7 @@ static inline const uint8_t *ap_region_at(struct ap_region_cursor *c, const stru
 /** Offset of site @p i's bytes in m->orig and m->planned, or AP_NO_ORIG. */
 static inline size_t ap_orig_off(const struct ap_module *m, size_t i)
 {
-    return m->orig_off[i] == AP_NO_ORIG32 ? AP_NO_ORIG : m->orig_off[i];
+    return m->st[i].orig_off == AP_NO_ORIG32 ? AP_NO_ORIG : m->st[i].orig_off;
 }
 
 /** Most records of one site decoded on demand (ap_module_site_entries). */
@@ -900,7 +923,7 @@ AP_HIDDEN int ap_prepatch_need(struct ap_module *m, bool refuse);
  * (m->prepatch_planner): true when at every site the entry the file wrote
  * is the one @p fs selects (ap_plan_pick(), -1 for the original, which the
  * file must then have kept), so the plan for @p fs is what memory held when
- * the module was read: m->res holds it, m->planned those bytes;
+ * the module was read: the results in m->st hold it, m->planned those bytes;
  * m->settled_patched is then set, and m->prepatch_agreed, which answers the
  * same question again in this apply (the set does not change within one).
  */

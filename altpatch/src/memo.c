@@ -747,8 +747,7 @@ static void hint_fill(struct ap_memo *m, const struct ap_view *v, const struct a
         h->seen = key;
         return;
     }
-    if (((m->hint_repl.addr ^ v->repl.addr) | (m->hint_repl.size ^ v->repl.size) |
-         ((uintptr_t)m->hint_repl.data ^ (uintptr_t)v->repl.data)) != 0) {
+    if (!ap_memo_hints_in(m, &v->repl)) {
         memset(m->hint, 0, sizeof(m->hint));
         m->hint_repl = v->repl;
     }

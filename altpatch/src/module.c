@@ -241,7 +241,7 @@ static void ap_module_free(struct ap_module *m)
     ap_mem_free(m->path);
     ap_mem_free(m->entries);
     ap_mem_free(m->sites);
-    ap_mem_free(m->block); /* orig_off, shape, res, orig, planned */
+    ap_mem_free(m->block); /* st, orig, planned */
     ap_mem_free(m->warned);
     ap_mem_free(m->prepatch_res);
     ap_mem_free(m);
@@ -251,22 +251,17 @@ void ap_module_save_all(struct ap_module *m)
 {
     /* Locals throughout: the byte stores below may alias any field of m. */
     const struct ap_site *sites = m->sites;
-    uint32_t *orig_off = m->orig_off;
-    struct ap_site_result *res = m->res;
-    uint16_t *shape = m->shape;
+    struct ap_site_state *st = m->st;
     uint8_t *orig = m->orig, *planned = m->planned;
     uint32_t off = 0;
     struct ap_region_cursor rc = {0};
     for (size_t i = 0, n = m->nsites; i < n; i++) {
         uint8_t len = sites[i].len;
-        res[i] = ap_res_ok(-1); /* the original (host.h) */
-        shape[i] = 0;           /* no template (m->shape_gen: any) */
         const uint8_t *at = ap_region_at(&rc, &m->view, sites[i].addr, len);
-        if (!at) {
-            orig_off[i] = AP_NO_ORIG32;
+        /* the original (host.h), no template (m->shape_gen: any) */
+        st[i] = (struct ap_site_state){at ? off : AP_NO_ORIG32, ap_res_ok(-1), 0};
+        if (!at)
             continue;
-        }
-        orig_off[i] = off;
         /* the original, and the bytes the last apply left: memory's until an
          * apply writes */
         ap_copy2_small(orig + off, planned + off, at, len);
@@ -277,8 +272,8 @@ void ap_module_save_all(struct ap_module *m)
 }
 
 /*
- * The per-site arrays in one allocation (m->block): orig_off, shape (0: no
- * template), res, then the original bytes of every site that lies inside the
+ * The per-site arrays in one allocation (m->block): st (each site's offset,
+ * result and template), then the original bytes of every site that lies inside the
  * module's text and, at the same offsets, the bytes the last apply left
  * (planned). Filled by ap_module_save() -- at once for a pre-patched module,
  * else by the module's first decision (apply.c), which reads every site's
@@ -290,19 +285,14 @@ static int ap_save_originals(struct ap_module *m, uint64_t total, const uint8_t 
     size_t n = m->nsites;
     if (total >= AP_NO_ORIG32)
         return -ENOMEM; /* 32-bit offsets: 16 million sites of 255 bytes */
-    _Static_assert(sizeof(struct ap_site_result) % 2 == 0 && _Alignof(struct ap_site_result) <= 2,
-                   "per-site arrays share one block: offsets (4 bytes), then results and "
-                   "template ids (2 bytes each), then bytes");
-    size_t size = n * (sizeof(*m->orig_off) + sizeof(*m->shape) + sizeof(*m->res)) + 2 * total;
+    size_t size = n * sizeof(*m->st) + 2 * total;
     uint8_t *b = ap_malloc_filled(size); /* every site's entries written by its first decision */
     if (!b)
         return -ENOMEM;
     m->block = b;
     m->site_bytes = total;
-    m->orig_off = (uint32_t *)(void *)b;
-    m->res = (struct ap_site_result *)(void *)(b + n * sizeof(*m->orig_off));
-    m->shape = (uint16_t *)(void *)(b + n * (sizeof(*m->orig_off) + sizeof(*m->res)));
-    m->orig = b + n * (sizeof(*m->orig_off) + sizeof(*m->shape) + sizeof(*m->res));
+    m->st = (struct ap_site_state *)(void *)b;
+    m->orig = b + n * sizeof(*m->st);
     m->planned = m->orig + total;
     m->shape_gen = AP_SHAPE_GEN_ANY;
     /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the

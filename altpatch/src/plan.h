@@ -369,17 +369,25 @@ static inline size_t ap_memo_hint_at(uint64_t key)
     return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
 }
 
+/* True when the memo's hints were proven in @p repl (a view's replacement
+ * region): ap_memo_find_hint() may answer for the view's sites. */
+static inline bool ap_memo_hints_in(const struct ap_memo *m, const struct ap_region *repl)
+{
+    return ((m->hint_repl.addr ^ repl->addr) | (m->hint_repl.size ^ repl->size) |
+            ((uintptr_t)m->hint_repl.data ^ (uintptr_t)repl->data)) == 0;
+}
+
 /*
  * The template a hint names for site @p s (no preset reason; one or two
  * entries with the hint's replacement addresses and headers, so a site and
  * replacements the words hold), when the site holds its bytes under its
- * mask; else the full lookup. The same addresses and lengths in the same
- * region as when the hint was made: the replacements lie inside
+ * mask; else 0. For a site of a view whose replacement region the hints
+ * were proven in (ap_memo_hints_in()): the same addresses and lengths in the
+ * same region as when the hint was made, so the replacements lie inside
  * altinstr_replacement and hold the bytes the hint's template was matched
  * with (the caller drops the hints when they may not).
  */
-static inline uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v,
-                                         const struct ap_site *s,
+static inline uint32_t ap_memo_find_hint(const struct ap_memo *m, const struct ap_site *s,
                                          const struct ap_entry *entries, const uint8_t *orig)
 {
     uint64_t sw = ap_memo_hint_site(s), o1, o2;
@@ -387,23 +395,29 @@ static inline uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view
     const struct ap_memo_hint *h;
 
     if ((uint16_t)sw - 1u > 1u)
-        goto full; /* not one or two entries */
+        return 0; /* not one or two entries */
     e = &entries[s->first];
     h = &m->hint[ap_memo_hint_at(ap_memo_hint_key(e))];
     /* the same count and length, no preset reason, the same entries */
     if (h->site != sw || h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e))
-        goto full;
+        return 0;
     if ((uint16_t)h->site == 2 &&
         (h->repl[1] != e[1].repl || h->hdr[1] != ap_memo_hint_hdr(&e[1])))
-        goto full;
-    if (((m->hint_repl.addr ^ v->repl.addr) | (m->hint_repl.size ^ v->repl.size) |
-         ((uintptr_t)m->hint_repl.data ^ (uintptr_t)v->repl.data)) != 0)
-        goto full;
+        return 0;
     ap_memo_words(orig, s->len, &o1, &o2);
     if ((((o1 ^ h->w[0]) & h->wm[0]) | ((o2 ^ h->w[1]) & h->wm[1])) == 0)
         return h->id;
-full:
-    return ap_memo_find_full(m, v, s, entries, orig);
+    return 0;
+}
+
+/* The template for site @p s of view @p v: a hint's (ap_memo_find_hint()),
+ * else the full lookup. */
+static inline uint32_t ap_memo_find_text(struct ap_memo *m, const struct ap_view *v,
+                                         const struct ap_site *s,
+                                         const struct ap_entry *entries, const uint8_t *orig)
+{
+    uint32_t id = ap_memo_hints_in(m, &v->repl) ? ap_memo_find_hint(m, s, entries, orig) : 0;
+    return id ? id : ap_memo_find_full(m, v, s, entries, orig);
 }
 
 /**

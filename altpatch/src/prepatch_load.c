@@ -177,11 +177,11 @@ static void take_file(struct ap_module *m, const struct ap_prepatch *p)
         if (ps.chosen < -1 || (ps.chosen >= 0 && (uint32_t)ps.chosen >= m->sites[i].count))
             choices = false;
         else
-            m->res[i] = ap_res_ok(ps.chosen);
+            m->st[i].res = ap_res_ok(ps.chosen);
     }
     if (!choices)
         for (size_t i = 0; i < m->nsites; i++)
-            m->res[i] = ap_res_ok(-1);
+            m->st[i].res = ap_res_ok(-1);
     m->prepatch_choices = choices;
     m->prepatch_planner = p->planner == AP_PREPATCH_PLANNER;
 }
@@ -221,7 +221,7 @@ static int note_pick(void *ctx, size_t i, const struct altpatch_features *fs)
     const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
     int pick = ap_plan_pick(&m->view, es, ents, fs);
     if (ns->keep && pick >= -1)
-        m->res[i] = ap_res_ok(pick);
+        m->st[i].res = ap_res_ok(pick);
     return pick;
 }
 
@@ -266,7 +266,7 @@ int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz)
         /* stale (an older writer pre-patched the copy again and left it), or
          * forged: as if empty, the file says */
         for (size_t i = 0; i < m->nsites; i++)
-            m->res[i] = ap_res_ok(-1);
+            m->st[i].res = ap_res_ok(-1);
         ap_log(ALTPATCH_INFO, "main program: pre-patched file: plan note not used (%s): "
                               "the file is read\n", why);
         return ap_prepatch_originals(m);
@@ -341,12 +341,13 @@ bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
     if (m->prepatch_agreed)
         return true;
     size_t patched = 0;
-    const struct ap_site_result *file = m->prepatch_res ? m->prepatch_res : m->res;
+    const struct ap_site_result *file = m->prepatch_res; /* NULL: the results hold them */
     for (size_t i = 0; i < m->nsites; i++) {
         struct ap_site_entries eb;
         const struct ap_site *es;
         const struct ap_entry *ents = ap_module_site_entries(m, i, &eb, &es);
-        int want = ap_plan_pick(&m->view, es, ents, fs), had = ap_res_chosen(&file[i]);
+        int want = ap_plan_pick(&m->view, es, ents, fs);
+        int had = ap_res_chosen(file ? &file[i] : &m->st[i].res);
         size_t off = ap_orig_off(m, i);
         /* the original selected: the file kept it (memory holds planned) */
         if (want != had || off == AP_NO_ORIG ||
@@ -355,9 +356,10 @@ bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
         patched += want >= 0;
     }
     if (m->prepatch_res) {
-        /* the plan is the file's choices: res holds them again (a dry run
+        /* the plan is the file's choices: the results hold them again (a dry run
          * under another set had left its plan there) */
-        memcpy(m->res, m->prepatch_res, m->nsites * sizeof(*m->res));
+        for (size_t i = 0; i < m->nsites; i++)
+            m->st[i].res = m->prepatch_res[i];
         free(m->prepatch_res);
         m->prepatch_res = NULL;
     }
@@ -381,9 +383,10 @@ bool ap_prepatch_look(struct ap_module *m, const struct altpatch_features *fs)
     if (m->prepatch_choices && !m->prepatch_planner)
         ap_prepatch_drop(m); /* another planner's bytes: never settled on */
     else if (m->prepatch_choices && !m->prepatch_res) {
-        m->prepatch_res = malloc(m->nsites * sizeof(*m->res));
+        m->prepatch_res = malloc(m->nsites * sizeof(*m->prepatch_res));
         if (m->prepatch_res)
-            memcpy(m->prepatch_res, m->res, m->nsites * sizeof(*m->res));
+            for (size_t i = 0; i < m->nsites; i++)
+                m->prepatch_res[i] = m->st[i].res;
         else
             ap_prepatch_drop(m); /* decided site by site from now on */
     }

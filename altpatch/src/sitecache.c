@@ -33,7 +33,7 @@ int ap_plan_slow(struct ap_module *m, size_t i, const uint8_t *orig, struct ap_m
         return -2;
     }
     if (orig && id)
-        m->shape[i] = ap_shape_store(id);
+        m->st[i].shape = ap_shape_store(id);
     if (plan.chosen >= 0)
         ap_copy_small(final, plan.final, m->sites[i].len);
     return plan.chosen;
@@ -41,9 +41,10 @@ int ap_plan_slow(struct ap_module *m, size_t i, const uint8_t *orig, struct ap_m
 
 void ap_cache_check(struct ap_module *m, uint64_t gen)
 {
-    if (m->shape_gen == gen || !m->shape)
+    if (m->shape_gen == gen || !m->st)
         return;
     if (m->shape_gen != AP_SHAPE_GEN_ANY) /* else no site has a template yet */
-        memset(m->shape, 0, m->nsites * sizeof(*m->shape));
+        for (size_t i = 0, n = m->nsites; i < n; i++)
+            m->st[i].shape = 0;
     m->shape_gen = gen;
 }
