@@ -13,6 +13,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "ap_procmem.h"
+
 /** The 5 bytes of `call fn` at address @p at. */
 static inline void ap_call_bytes(uint8_t out[5], uintptr_t at, void *fn)
 {
@@ -22,7 +24,8 @@ static inline void ap_call_bytes(uint8_t out[5], uintptr_t at, void *fn)
 }
 
 /** Another writer's `call fn` at @p at, through /proc/self/mem (in an
- * isolated child: it exits with status 5 where that write fails). */
+ * isolated child: it exits with status 5 where that write fails; the test
+ * skips before, where ap_procmem_can_write_text() says the kernel refuses). */
 static inline void ap_put_call(uintptr_t at, void *fn)
 {
     uint8_t b[5];

@@ -28,7 +28,8 @@ endif()
 # Robustness of re-patching (tests/test_robust.c, tests/robust_dlcycles.c):
 #   libreload_v{1,2,3,4}.so  one plugin built with four contents (reload_plugin.c)
 #   robust_dlcycles        altpatch_dlopen/dlclose at moving addresses with a
-#                          thread running sites: heap growth (ctest: 1000 cycles)
+#                          thread running sites: heap growth (ctest: 1000 cycles;
+#                          exit 77: skipped, no live patching on this kernel)
 foreach(v 1 2 3 4)
   add_library(reload_v${v} SHARED reload_plugin.c)
   target_include_directories(reload_v${v} PRIVATE ${PROJECT_SOURCE_DIR}/altpatch/include)
@@ -65,4 +66,4 @@ target_link_libraries(robust_dlcycles PRIVATE altpatch pthread ${CMAKE_DL_LIBS})
 add_dependencies(robust_dlcycles apfix_dl)
 add_test(NAME robust_dlcycles COMMAND robust_dlcycles --cycles 1000)
 set_tests_properties(robust_dlcycles PROPERTIES TIMEOUT 300
-  PASS_REGULAR_EXPRESSION "robust_dlcycles: ok")
+  PASS_REGULAR_EXPRESSION "robust_dlcycles: ok" SKIP_RETURN_CODE 77)

@@ -5,6 +5,8 @@
  * while another thread runs sites, so every apply is live. Prints the heap in
  * use after a warm-up and at the end; fails when it grew by more than 2 MiB,
  * when a cycle gave a wrong value, or when the library was not patched.
+ * Exits 77 (skipped) where the kernel refuses writes through /proc/self/mem
+ * to read-only mappings: live patching writes through it.
  *
  *   robust_dlcycles [--cycles N]     (default 1000)
  */
@@ -21,6 +23,7 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_live_sites.h"
+#include "ap_procmem.h"
 
 #define WARMUP 50
 #define MAX_GROWTH (2u << 20)
@@ -75,6 +78,10 @@ int main(int argc, char **argv)
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--cycles"))
             cycles = atol(argv[i + 1]);
+    if (!ap_procmem_can_write_text()) {
+        printf("robust_dlcycles: skipped: live patching: " AP_PROCMEM_DENIED "\n");
+        return 77;
+    }
     altpatch_set_print(NULL);
     pthread_t t;
     if (pthread_create(&t, NULL, runner, NULL))

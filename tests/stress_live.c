@@ -40,7 +40,9 @@
  * Prints one line of figures and exits 0 when every apply returned 0, no
  * result was wrong and no thread that runs no site saw EINTR (and, with
  * --sigtrap-blocked, bytes were written); 1 otherwise. A crash kills the
- * process: the caller sees a signal, not 0.
+ * process: the caller sees a signal, not 0. Exits 77 (skipped) where the
+ * kernel refuses writes through /proc/self/mem to read-only mappings: live
+ * patching writes through it, so every apply would be refused.
  */
 #include <errno.h>
 #include <limits.h>
@@ -59,6 +61,7 @@
 #include <altpatch/altpatch.h>
 #include <altpatch/primitives.h>
 #include "ap_live_sites.h"
+#include "ap_procmem.h"
 
 static long plus1(long x)
 {
@@ -250,6 +253,10 @@ int main(int argc, char **argv)
     }
     if (nthreads < 2 || nthreads > 64 || toggles < 1)
         return 2;
+    if (!ap_procmem_can_write_text()) {
+        printf("stress_live: skipped: live patching: " AP_PROCMEM_DENIED "\n");
+        return 77;
+    }
     if (!getenv("STRESS_LIVE_WARN"))
         altpatch_set_print(NULL);
     struct altpatch_features *host = altpatch_features_host(), *none = altpatch_features_new();
