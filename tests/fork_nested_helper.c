@@ -7,16 +7,21 @@
  * process that results checks that the library answers and that a plain
  * fork() returns. Exit 0: all worked; 1: the fork ended before step K; other
  * codes: what failed. A hang is ended by alarm() (SIGALRM).
+ * `fork_nested_helper list`: the same outer fork stepped to its end without
+ * a fork at any step; prints the address of the instruction at each step,
+ * one a line in hexadecimal, and exits 0.
  */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -31,7 +36,10 @@
 #include "ap_step.h"
 
 
-static volatile sig_atomic_t armed, stepping, steps, target, nested;
+static volatile sig_atomic_t armed, stepping, steps, target, nested, listing;
+/* `list`: the instruction at each step (those past LIST_MAX only counted) */
+enum { LIST_MAX = 16384 };
+static uintptr_t list_ip[LIST_MAX];
 static volatile pid_t stepper;
 static volatile int nested_status = -1;
 
@@ -211,7 +219,15 @@ static void on_trap(int sig, siginfo_t *si, void *ucv)
         ap_step_stop(uc);
         return;
     }
-    if (!deliverable(uc) || ++steps < target)
+    if (!deliverable(uc))
+        return;
+    if (listing) {
+        if (steps < LIST_MAX)
+            list_ip[steps] = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+        steps++;
+        return;
+    }
+    if (++steps < target)
         return;
     ap_step_stop(uc);
     stepping = 0;
@@ -279,6 +295,20 @@ static int one_step(int k)
     if (nested_status == -1 || !WIFEXITED(nested_status) || WEXITSTATUS(nested_status) != 0)
         return 50 + (WIFEXITED(nested_status) ? WEXITSTATUS(nested_status) % 50 : 49);
     return 0;
+}
+
+/* `fork_nested_helper list`: one_step() that never reaches its step. */
+static int list_steps(void)
+{
+    listing = 1;
+    int r = one_step(INT_MAX);
+    if (r != 1)
+        return r ? r : 3; /* 0: a fork at a step that cannot be reached */
+    if (steps > LIST_MAX)
+        return 4;
+    for (int i = 0; i < steps; i++)
+        printf("%lx\n", (unsigned long)list_ip[i]);
+    return fflush(stdout) ? 5 : 0;
 }
 
 /*
@@ -696,6 +726,8 @@ int main(int argc, char **argv)
         mt_orphan = 1;
         return orphaned_lock();
     }
+    if (!strcmp(argv[1], "list"))
+        return list_steps();
     if (!strcmp(argv[1], "jump"))
         return jumped_out();
     if (!strcmp(argv[1], "altstack"))

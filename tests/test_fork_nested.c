@@ -4,12 +4,15 @@
  * thread between the library's fork handlers. The C library runs the fork
  * handlers again for the inner fork, with or without other threads. The
  * helper (fork_nested_helper.c) steps the outer fork with the trap flag and
- * forks at step K; every K from 1 until the outer fork ends is run in a
- * fresh helper process, and every process that results must go on working.
+ * forks at step K; each K is run in a fresh helper process, and every
+ * process that results must go on working.
  */
 #include <criterion/criterion.h>
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,18 +35,81 @@ static int helper_exit(const char *arg)
     return WEXITSTATUS(s);
 }
 
+/*
+ * Each helper run steps the fork from its start up to its step, so forking
+ * at every step costs steps^2 / 2 traps in all. The first STEP_FORK_ALL steps
+ * each fork; after them, a step forks only at an instruction that has not
+ * run at an earlier step (the helper's `list` run says which instruction
+ * each step is), as test_robust's stepping does.
+ */
+#define STEP_FORK_ALL 256
+#define STEP_SEEN_SLOTS 8192 /* a power of two, above the fork's distinct instructions */
+enum { STEP_LIMIT = 4000 };
+
+/* Remember @p ip in @p seen; true if it was there before (or the table is full). */
+static bool step_seen_before(uintptr_t *seen, uintptr_t ip, int *distinct)
+{
+    size_t h = (size_t)((ip * 0x9e3779b97f4a7c15ull) >> 50) & (STEP_SEEN_SLOTS - 1);
+    for (size_t n = 0; n < STEP_SEEN_SLOTS; n++, h = (h + 1) & (STEP_SEEN_SLOTS - 1)) {
+        if (seen[h] == ip)
+            return true;
+        if (!seen[h]) {
+            seen[h] = ip;
+            ++*distinct;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The instruction address of each step of the stepped fork (`list`), in
+ * @p ip (up to STEP_LIMIT + 1): their number. */
+static int helper_list(uintptr_t *ip)
+{
+    int fd[2];
+    cr_assert_eq(pipe(fd), 0);
+    pid_t p = fork();
+    cr_assert_neq(p, -1);
+    if (p == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        execl(FORK_NESTED_HELPER, FORK_NESTED_HELPER, "list", (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    FILE *f = fdopen(fd[0], "r");
+    cr_assert(f);
+    int n = 0;
+    unsigned long a;
+    while (fscanf(f, "%lx", &a) == 1)
+        if (n <= STEP_LIMIT)
+            ip[n++] = (uintptr_t)a;
+    fclose(f);
+    int s = 0;
+    cr_assert_eq(waitpid(p, &s, 0), p);
+    cr_assert(WIFEXITED(s) && WEXITSTATUS(s) == 0, "fork_nested_helper list: status %#x", s);
+    return n;
+}
+
 Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
 {
     if (AP_SANITIZED)
         cr_skip_test("a fork per step is too slow with shadow memory");
     /* the steps where a signal can be delivered, from the prepare handler
-     * that starts stepping to the parent handler that ends it: a few hundred
-     * (the library's handlers are stepped but not counted while they block
-     * every signal); a fork that never ends fails here */
-    enum { STEP_LIMIT = 4000 };
-    int k;
+     * that starts stepping to the parent handler that ends it: about a
+     * thousand (the library's handlers are stepped but not counted while
+     * they block every signal); a fork that never ends fails here */
+    static uintptr_t ip[STEP_LIMIT + 1], seen[STEP_SEEN_SLOTS];
+    int steps = helper_list(ip);
+    /* a run whose fork ends sooner or later than the list's ends the loop
+     * all the same: each step past the list's forks */
+    int k, runs = 0, distinct = 0;
     for (k = 1;; k++) {
         cr_assert_leq(k, STEP_LIMIT, "the fork still runs after %d steps", STEP_LIMIT);
+        if (k <= steps && step_seen_before(seen, ip[k - 1], &distinct) && k > STEP_FORK_ALL)
+            continue;
+        runs += k <= steps;
         char arg[16];
         snprintf(arg, sizeof(arg), "%d", k);
         int code = helper_exit(arg);
@@ -52,7 +118,12 @@ Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
         cr_assert_eq(code, 0, "step %d: code %d", k, code);
     }
     cr_assert_gt(k, 50, "the fork was stepped through %d instructions only", k);
-    cr_log_info("the fork ended after %d steps", k - 1);
+    cr_assert_lt(distinct, STEP_SEEN_SLOTS, "the table of instructions seen filled up");
+    cr_assert_geq(runs, distinct, "a fork at each of its %d instructions", distinct);
+    cr_assert_geq(runs, steps < STEP_FORK_ALL ? steps : STEP_FORK_ALL,
+                  "a fork at each of its first steps");
+    cr_log_info("the fork ended after %d steps (%d listed): %d distinct instructions, %d runs",
+                k - 1, steps, distinct, runs);
 }
 
 /* The helper in @p mode: it exits 0 (a hang: its alarm kills it). */
