@@ -3,17 +3,21 @@
  * seccomp filters of the tests (each installed in a fork()ed child). Every
  * filter starts with AP_SECCOMP_PROLOGUE: a system call from another
  * architecture kills the process, then the accumulator holds the system
- * call's number.
+ * call's number. Where the system offers no seccomp filters a test skips
+ * (ap_seccomp_require()); any other failure to install one fails it.
  */
 #ifndef AP_TEST_SECCOMP_H
 #define AP_TEST_SECCOMP_H
 
+#include <criterion/criterion.h>
 #include <errno.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 
@@ -33,6 +37,23 @@ static inline int ap_seccomp_install(struct sock_filter *f, unsigned short n)
     if (prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L))
         return -errno;
     return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) ? -errno : 0;
+}
+
+/** With an ap_seccomp_install() result @p set: true where this system offers
+ * no seccomp filters: EINVAL (a kernel without CONFIG_SECCOMP_FILTER), ENOSYS
+ * or EFAULT (a sandbox, such as gVisor, that does not implement them). */
+static inline bool ap_seccomp_absent(int set)
+{
+    return set == -EINVAL || set == -ENOSYS || set == -EFAULT;
+}
+
+/** With an ap_seccomp_install() result @p set: skip the test where seccomp
+ * filters are absent; else the filter must have been installed. */
+static inline void ap_seccomp_require(int set)
+{
+    if (ap_seccomp_absent(set))
+        cr_skip_test("seccomp filters cannot be installed here: %s", strerror(-set));
+    cr_assert_eq(set, 0, "seccomp filter: %s", strerror(-set));
 }
 
 /** ap_seccomp_install() of the array @p f. */

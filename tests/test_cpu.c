@@ -1038,8 +1038,9 @@ Test(cpu, clear_list_naming_both_runs_no_probe)
             BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
             BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
         };
-        if (AP_SECCOMP_INSTALL(flt))
-            _exit(101);
+        int set = AP_SECCOMP_INSTALL(flt);
+        if (set)
+            _exit(ap_seccomp_absent(set) ? 99 : 101);
         unsigned groups = ap_feature_leaves(X86_FEATURE_RDTSCP) |
                           ap_feature_leaves(X86_FEATURE_RDPID);
         struct altpatch_features f;
@@ -1056,6 +1057,8 @@ Test(cpu, clear_list_naming_both_runs_no_probe)
     cr_assert_eq(waitpid(ch, &st, 0), ch);
     cr_assert(WIFEXITED(st), "child status %#x", st);
     int code = WEXITSTATUS(st);
+    if (code == 99)
+        cr_skip_test("seccomp filters cannot be installed here");
     cr_assert_lt(code, 100, "child failed at step %d", code);
     cr_assert_eq(code / 10, 0, "the probe ran for a list clearing both");
     cr_assert_eq(code % 10, 1,
