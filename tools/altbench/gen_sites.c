@@ -42,7 +42,7 @@ static const struct prim prims[] = {
      "movq %fs:0, %rax"},
     {"AB_GS", ALTERNATIVE("movq %gs:0, %rax", "rdgsbase %rax", X86_FEATURE_FSGSBASE),
      "movq %gs:0, %rax"},
-    {"AB_CPU", ALTERNATIVE("rdtscp", "rdpid %rcx", X86_FEATURE_RDPID), "rdtscp"},
+    {"AB_CPU", ALTERNATIVE("movl $-1, %ecx", "rdpid %rcx", X86_FEATURE_RDPID), "movl $-1, %ecx"},
     {"AB_TSC",
      ALTERNATIVE_2("rdtsc", "lfence; rdtsc", X86_FEATURE_LFENCE_RDTSC, "rdtscp",
                    X86_FEATURE_RDTSCP),
