@@ -48,7 +48,7 @@ static const struct shape shapes[] = {
     {"0f ae f0 0f ae e8", 1, {""}, {NOT | X86_FEATURE_APIC_MSRS_FENCE}},
     {"64 48 8b 04 25 00 00 00 00", 1, {"f3 48 0f ae c0"}, {X86_FEATURE_FSGSBASE}},
     {"65 48 8b 04 25 00 00 00 00", 1, {"f3 48 0f ae c8"}, {X86_FEATURE_FSGSBASE}},
-    {"0f 01 f9 90", 1, {"f3 0f c7 f9"}, {X86_FEATURE_RDPID}},
+    {"b9 ff ff ff ff", 1, {"f3 0f c7 f9"}, {X86_FEATURE_RDPID}},
     {"0f 31 90 90 90", 2, {"0f ae e8 0f 31", "0f 01 f9"},
      {X86_FEATURE_LFENCE_RDTSC, X86_FEATURE_RDTSCP}},
     {"e8 00 00 00 00", 1, {"e8 00 01 00 00"}, {X86_FEATURE_ALWAYS}}, /* relative */
@@ -76,6 +76,7 @@ static const struct shape shapes[] = {
     {"e8 00 00", 1, {"90"}, {X86_FEATURE_AVX512F}},                        /* orig crosses end */
     {"90 90 90 90 90", 1, {"eb 10 90 90 90"}, {NOT | X86_FEATURE_ALWAYS}}, /* rel8 from far */
     {"90 90", 1, {"0f 1f 00"}, {X86_FEATURE_AVX512F}},                     /* too long: refused */
+    {"0f 01 f9 90", 1, {"f3 0f c7 f9"}, {X86_FEATURE_RDPID}}, /* an older getcpu original */
 };
 
 #define NSHAPES (sizeof(shapes) / sizeof(shapes[0]))
