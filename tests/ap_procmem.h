@@ -7,10 +7,13 @@
  * EACCES or EPERM) while writes to writable mappings still pass.
  *
  * The oracle is the operation itself, on a page of its own: a fresh private
- * PROT_READ|PROT_EXEC mapping (zero-filled: no mprotect, so it holds under
- * PR_SET_MDWE too) gets one byte written through /proc/self/mem, which must
- * land where it was aimed and nowhere else. The answer is the kernel's, so
- * it is asked once per process (a fork()ed child inherits it).
+ * PROT_READ|PROT_EXEC mapping of the program's own file -- file-backed text,
+ * as the library writes it, which a policy that refuses anonymous executable
+ * memory still maps; no mprotect, so it holds under PR_SET_MDWE too -- gets
+ * one byte written through /proc/self/mem, which must land where it was
+ * aimed and nowhere else (the file is untouched: the write copies the page).
+ * The answer is the kernel's, so it is asked once per process (a fork()ed
+ * child inherits it).
  *
  * A test that writes text through /proc/self/mem itself skips where the
  * answer is no (AP_PROCMEM_DENIED says why); a test that expects the library
@@ -29,7 +32,7 @@
 /** Why a test that writes text through /proc/self/mem itself is skipped. */
 #define AP_PROCMEM_DENIED                                                                      \
     "this kernel refuses writes through /proc/self/mem to read-only mappings "                 \
-    "(proc_mem.force_override)"
+    "(CONFIG_PROC_MEM_NO_FORCE, CONFIG_PROC_MEM_FORCE_PTRACE or proc_mem.force_override)"
 
 /** 1 when a write through /proc/self/mem lands in a read-only executable mapping, else 0. */
 static inline int ap_procmem_can_write_text(void)
@@ -38,16 +41,21 @@ static inline int ap_procmem_can_write_text(void)
     if (known >= 0)
         return known;
     long pg = sysconf(_SC_PAGESIZE);
-    uint8_t *p = mmap(NULL, (size_t)pg, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (exe < 0)
         return 0; /* not known: asked again next time */
+    uint8_t *p = mmap(NULL, (size_t)pg, PROT_READ | PROT_EXEC, MAP_PRIVATE, exe, 0);
+    close(exe);
+    if (p == MAP_FAILED)
+        return 0;
     int ok = 0;
     int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     if (fd >= 0) {
-        uint8_t b = 0xcc, back = 0;
+        uint8_t before[3] = {p[0], p[1], p[2]};
+        uint8_t b = (uint8_t)(before[1] ^ 0xff), back = before[1];
         ok = pwrite(fd, &b, 1, (off_t)(uintptr_t)(p + 1)) == 1 &&
-             pread(fd, &back, 1, (off_t)(uintptr_t)(p + 1)) == 1 && back == 0xcc &&
-             p[0] == 0 && p[1] == 0xcc && p[2] == 0;
+             pread(fd, &back, 1, (off_t)(uintptr_t)(p + 1)) == 1 && back == b &&
+             p[0] == before[0] && p[1] == b && p[2] == before[2];
         close(fd);
     }
     munmap(p, (size_t)pg);
