@@ -702,11 +702,20 @@ static uint32_t shared_find(struct module *m, struct ap_memo *memo, size_t i)
     return ap_memo_find(memo, &m->v, s, m->e, ap_view_text(&m->v, s->addr, s->len));
 }
 
+/* True when one of the two slots of entry @p e's key holds a hint for template @p id. */
+static bool hinted(const struct ap_memo *memo, const struct ap_entry *e, uint32_t id)
+{
+    uint64_t key = ap_memo_hint_key(e);
+
+    return memo->hint[ap_memo_hint_at(key)].id == id || memo->hint[ap_memo_hint_at2(key)].id == id;
+}
+
 /*
  * Shapes whose first replacements lie at one address (an empty replacement
  * lies where the next one starts) but whose headers differ, met in turn: each
- * keeps a hint of its own (one slot per replacement address and header), so
- * neither evicts the other's on every site.
+ * keeps a hint of its own (a key per replacement address and header), so
+ * neither evicts the other's on every site. Two shapes of one key (the same
+ * first record, another original) keep one each too.
  */
 Test(memo, shapes_sharing_a_replacement_keep_their_hints)
 {
@@ -715,20 +724,65 @@ Test(memo, shapes_sharing_a_replacement_keep_their_hints)
     shared_module(&mod, NSHARED);
     ap_memo_init(&memo, &mod.fs);
     shared_pass(&mod, &memo); /* stores the templates */
-    const size_t k[3] = {0, 2, 3}; /* one address; FSGSBASE, RDPID, NOT AVX512F */
-    uint32_t id[3];
+    const size_t k[4] = {0, 1, 2, 3}; /* one address; FSGSBASE twice, RDPID, NOT AVX512F */
+    uint32_t id[4];
     for (int round = 0; round < 3; round++)
-        for (int j = 0; j < 3; j++) {
+        for (int j = 0; j < 4; j++) {
             id[j] = shared_find(&mod, &memo, k[j]);
             cr_assert_neq(id[j], 0, "shape %zu", k[j]);
         }
-    for (int j = 0; j < 3; j++) {
+    for (int j = 0; j < 4; j++) {
         const struct ap_entry *e = &mod.e[mod.s[k[j]].first];
         cr_assert_eq(e->repl, mod.e[mod.s[0].first].repl);
-        cr_assert_eq(memo.hint[ap_memo_hint_at(ap_memo_hint_key(e))].id, id[j], "shape %zu",
-                     k[j]);
+        cr_assert(hinted(&memo, e, id[j]), "shape %zu: no hint", k[j]);
         for (int i = 0; i < j; i++)
             cr_assert_neq(id[i], id[j]);
+    }
+    ap_memo_free(&memo);
+}
+
+/*
+ * Two keys whose first hint slot is the same, their sites met in turn: each
+ * gets a hint (at its second slot if need be) and every later site of either
+ * is answered by its hint, not by the full lookup. With one slot per key
+ * each miss took the other's turn and neither ever got one.
+ */
+Test(memo, keys_sharing_a_slot_met_in_turn_keep_their_hints)
+{
+    struct ap_memo memo;
+    static struct ap_plan b;
+
+    module_make(&mod, 0);
+    const struct shape *sa = &shapes[1], *sb = &shapes[2]; /* fs self, gs self */
+    size_t to = 16, ra = 64, rb = 0;
+    /* a replacement address for the second shape whose key shares the
+     * first's slot */
+    struct ap_entry ea = {.repl = REPL + ra, .feature = X86_FEATURE_FSGSBASE, .repllen = 5};
+    uint64_t ka = ap_memo_hint_key(&ea);
+    for (size_t r = 256; r < REPL_SIZE - 64 && !rb; r++) {
+        struct ap_entry eb = {.repl = REPL + r, .feature = X86_FEATURE_FSGSBASE, .repllen = 5};
+        uint64_t kb = ap_memo_hint_key(&eb);
+        if (kb != ka && ap_memo_hint_at(kb) == ap_memo_hint_at(ka))
+            rb = r;
+    }
+    cr_assert_neq(rb, 0, "no replacement address shares the slot");
+    for (size_t i = 0; i < 40; i++) {
+        size_t ro = i % 2 ? rb : ra;
+        add_site(&mod, i % 2 ? sb : sa, 0, &to, &ro, false);
+    }
+    const struct ap_entry *e0 = &mod.e[mod.s[0].first], *e1 = &mod.e[mod.s[1].first];
+    cr_assert_eq(ap_memo_hint_key(e0), ka, "the first shape's key");
+    cr_assert_eq(ap_memo_hint_at(ap_memo_hint_key(e1)), ap_memo_hint_at(ka), "one first slot");
+    ap_memo_init(&memo, &mod.fs);
+    for (size_t i = 0; i < 2; i++) /* the templates */
+        ap_memo_plan(&memo, &mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &b);
+    for (size_t i = 0; i < mod.ns; i++)
+        cr_assert_neq(shared_find(&mod, &memo, i), 0, "site %zu", i);
+    for (size_t i = 0; i < mod.ns; i++) {
+        const struct ap_site *s = &mod.s[i];
+        uint32_t id = ap_memo_find_hint(&memo, s, mod.e, ap_view_text(&mod.v, s->addr, s->len));
+        cr_assert_neq(id, 0, "site %zu (shape %s): no hint", i, i % 2 ? "gs" : "fs");
+        cr_assert_eq(id, shared_find(&mod, &memo, i), "site %zu: the hint's template", i);
     }
     ap_memo_free(&memo);
 }

@@ -726,6 +726,42 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     return (uint32_t)m->nplans;
 }
 
+uint32_t ap_memo_find_hint2(const struct ap_memo *m, const struct ap_site *s,
+                            const struct ap_entry *e, const uint8_t *orig)
+{
+    const struct ap_memo_hint *h = &m->hint[ap_memo_hint_at2(ap_memo_hint_key(e))];
+    return ap_memo_hint_holds(h, ap_memo_hint_site(s), e, s, orig) ? h->id : 0;
+}
+
+/*
+ * Which of key @p key's two slots a hint for it goes to: an empty one the
+ * key was found at without a hint last time (the fill's second time), else
+ * an empty one no other key waits at, else one holding a hint of this key
+ * (another shape's with the same first record), else an empty one another
+ * key waits at, else the first (both hold other keys' hints). So two keys
+ * that share a slot and are met in turn wait at two slots and get a hint
+ * each, and two shapes of one key keep one each, instead of taking each
+ * other's turn forever.
+ */
+static struct ap_memo_hint *hint_slot(struct ap_memo *m, uint64_t key)
+{
+    struct ap_memo_hint *c[2] = {&m->hint[ap_memo_hint_at(key)], &m->hint[ap_memo_hint_at2(key)]};
+
+    for (int k = 0; k < 2; k++)
+        if (!c[k]->id && c[k]->seen == key)
+            return c[k];
+    for (int k = 0; k < 2; k++)
+        if (!c[k]->id && !c[k]->seen)
+            return c[k];
+    for (int k = 0; k < 2; k++)
+        if (c[k]->id && ap_memo_hint_key_of(c[k]->repl[0], c[k]->hdr[0]) == key)
+            return c[k];
+    for (int k = 0; k < 2; k++)
+        if (!c[k]->id)
+            return c[k];
+    return c[0];
+}
+
 /*
  * Template @id (kept as words, of @s->count entries) answered site @s in
  * view @v: remember it for the site's replacement addresses and headers
@@ -740,7 +776,7 @@ static void hint_fill(struct ap_memo *m, const struct ap_view *v, const struct a
                       const struct ap_entry *e, uint32_t id)
 {
     uint64_t key = ap_memo_hint_key(e);
-    struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(key)];
+    struct ap_memo_hint *h = hint_slot(m, key);
     const struct ap_memo_tmpl *t = &m->tmpl[id - 1];
 
     if (h->seen != key) {

@@ -218,7 +218,8 @@ struct ap_memo_hint {
     uint32_t id;          /* 0: empty */
 };
 
-/** Hints kept by one memo (direct-mapped by the first entry's ap_memo_hint_key()). */
+/** Hints kept by one memo: a key (the first entry's ap_memo_hint_key()) has
+ * two slots (ap_memo_hint_at(), ap_memo_hint_at2()). */
 #define AP_MEMO_HINTS 32u
 
 struct ap_memo {
@@ -358,15 +359,37 @@ static inline uint64_t ap_memo_hint_site(const struct ap_site *s)
  * address: by the address alone they took one slot and, met in turn, each
  * evicted the other's hint on every site.
  */
-static inline uint64_t ap_memo_hint_key(const struct ap_entry *e)
+static inline uint64_t ap_memo_hint_key_of(uint64_t repl, uint64_t hdr)
 {
-    return e->repl ^ ap_memo_hint_hdr(e) * 0xff51afd7ed558ccdull;
+    return repl ^ hdr * 0xff51afd7ed558ccdull;
 }
 
-/* The hint slot of key @p key (ap_memo_hint_key()). */
+static inline uint64_t ap_memo_hint_key(const struct ap_entry *e)
+{
+    return ap_memo_hint_key_of(e->repl, ap_memo_hint_hdr(e));
+}
+
+/* The first hint slot of key @p key (ap_memo_hint_key()). */
 static inline size_t ap_memo_hint_at(uint64_t key)
 {
     return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
+}
+
+/*
+ * The second hint slot of key @p key: other bits of the same product, never
+ * the first slot. A program's few distinct replacements (keys) would, with one
+ * slot each, share a slot about every other time (7 keys in 32 slots); two
+ * keys on one slot, met in turn, never got a hint (the fill waits for the
+ * same key twice in a row: hint_fill(), memo.c), so each of their sites
+ * took the full lookup. With two slots a key loses its hint only where both
+ * are held by others.
+ */
+static inline size_t ap_memo_hint_at2(uint64_t key)
+{
+    uint64_t x = key * 0x9e3779b97f4a7c15ull;
+    size_t a = (size_t)(x >> 59) & (AP_MEMO_HINTS - 1);
+    size_t b = (size_t)(x >> 54) & (AP_MEMO_HINTS - 1);
+    return b != a ? b : a ^ 1u;
 }
 
 /* True when the memo's hints were proven in @p repl (a view's replacement
@@ -387,27 +410,40 @@ static inline bool ap_memo_hints_in(const struct ap_memo *m, const struct ap_reg
  * altinstr_replacement and hold the bytes the hint's template was matched
  * with (the caller drops the hints when they may not).
  */
+static inline bool ap_memo_hint_holds(const struct ap_memo_hint *h, uint64_t sw,
+                                      const struct ap_entry *e, const struct ap_site *s,
+                                      const uint8_t *orig)
+{
+    uint64_t o1, o2;
+
+    /* the same count and length, no preset reason, the same entries */
+    if (h->site != sw || h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e))
+        return false;
+    if ((uint16_t)h->site == 2 &&
+        (h->repl[1] != e[1].repl || h->hdr[1] != ap_memo_hint_hdr(&e[1])))
+        return false;
+    /* the site's bytes under the template's mask */
+    ap_memo_words(orig, s->len, &o1, &o2);
+    return (((o1 ^ h->w[0]) & h->wm[0]) | ((o2 ^ h->w[1]) & h->wm[1])) == 0;
+}
+
+/** ap_memo_find_hint() at the second slot of the key of @p s's first entry @p e. */
+AP_HIDDEN uint32_t ap_memo_find_hint2(const struct ap_memo *m, const struct ap_site *s,
+                                      const struct ap_entry *e, const uint8_t *orig);
+
 static inline uint32_t ap_memo_find_hint(const struct ap_memo *m, const struct ap_site *s,
                                          const struct ap_entry *entries, const uint8_t *orig)
 {
-    uint64_t sw = ap_memo_hint_site(s), o1, o2;
-    const struct ap_entry *e;
-    const struct ap_memo_hint *h;
+    uint64_t sw = ap_memo_hint_site(s);
 
     if ((uint16_t)sw - 1u > 1u)
         return 0; /* not one or two entries */
-    e = &entries[s->first];
-    h = &m->hint[ap_memo_hint_at(ap_memo_hint_key(e))];
-    /* the same count and length, no preset reason, the same entries */
-    if (h->site != sw || h->repl[0] != e->repl || h->hdr[0] != ap_memo_hint_hdr(e))
-        return 0;
-    if ((uint16_t)h->site == 2 &&
-        (h->repl[1] != e[1].repl || h->hdr[1] != ap_memo_hint_hdr(&e[1])))
-        return 0;
-    ap_memo_words(orig, s->len, &o1, &o2);
-    if ((((o1 ^ h->w[0]) & h->wm[0]) | ((o2 ^ h->w[1]) & h->wm[1])) == 0)
+    const struct ap_entry *e = &entries[s->first];
+    uint64_t key = ap_memo_hint_key(e);
+    const struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(key)];
+    if (ap_memo_hint_holds(h, sw, e, s, orig))
         return h->id;
-    return 0;
+    return ap_memo_find_hint2(m, s, e, orig); /* out of line: the loops' registers */
 }
 
 /* The template for site @p s of view @p v: a hint's (ap_memo_find_hint()),
