@@ -166,7 +166,7 @@ static void ap_gate_settle(uint32_t me)
         ap_futex(&ap_gate_in, FUTEX_WAKE, INT32_MAX);
 }
 
-void ap_gate_enter(void)
+AP_HOT void ap_gate_enter(void)
 {
     uint32_t me = ap_token();
     ap_tlock_lock(&ap_gate_mx, me);
@@ -177,7 +177,7 @@ void ap_gate_enter(void)
     ap_tlock_unlock(&ap_gate_mx);
 }
 
-void ap_gate_leave(void)
+AP_HOT void ap_gate_leave(void)
 {
     uint32_t me = ap_token();
     ap_tlock_lock(&ap_gate_mx, me);
@@ -791,7 +791,7 @@ static void ap_write_done(struct ap_run *r, size_t k, size_t *hint);
  * not kept is one ap_decide() queued and the writer wrote the bytes of
  * every write (each counted at most once), only those slots are looked at.
  */
-static void ap_writes_fold(struct ap_run *r, bool poked)
+AP_HOT static void ap_writes_fold(struct ap_run *r, bool poked)
 {
     size_t hint = 0, lo = 0, hi = r->nwrites;
     const struct ap_write *w = r->writes;
@@ -1315,7 +1315,7 @@ static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
  * when every site passes; any other site sends the whole module through
  * ap_decide().
  */
-static __attribute__((noinline)) bool ap_still_settled(const struct ap_module *m)
+AP_HOT static __attribute__((noinline)) bool ap_still_settled(const struct ap_module *m)
 {
     /* every site of a settled module lies in its text: orig_off is valid */
     const uint8_t *left = m->left_orig ? m->orig : m->planned;
@@ -1594,7 +1594,7 @@ static int ap_run_fresh(struct ap_run *r)
  * with final bytes from arena + *@p bytes; @p total sites of @p total_bytes
  * in the run. 0, or -ENOMEM or ap_run_prove()'s -EBUSY (before the module's
  * first decision). */
-static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_memo *memo,
+AP_HOT static int ap_collect_module(struct ap_run *r, struct ap_module *m, struct ap_memo *memo,
                              size_t *bytes, size_t total, size_t total_bytes)
 {
     struct ap_mrun *mr = &r->mods[r->nmods++];
@@ -2190,7 +2190,7 @@ static bool ap_reentered(void)
            ap_tlock_owner(&ap_gate_mx) == me || ap_leaves_held_here();
 }
 
-int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
+AP_HOT int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
 {
     struct altpatch_apply_opts o;
     int err = ap_read_opts(opts, &o);
@@ -2241,7 +2241,7 @@ int altpatch_apply_opts(const struct altpatch_apply_opts *opts)
     return err;
 }
 
-int altpatch_apply(void)
+AP_HOT int altpatch_apply(void)
 {
     return altpatch_apply_opts(NULL);
 }

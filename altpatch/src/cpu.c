@@ -85,7 +85,7 @@ AP_STATE static struct ap_tlock ap_leaves_mx;
 AP_STATE static uint32_t ap_token_next;
 static __thread uint32_t ap_token_mine;
 
-uint32_t ap_token(void)
+AP_HOT uint32_t ap_token(void)
 {
     uint32_t t = ap_token_mine;
     while (!t)
@@ -95,7 +95,7 @@ uint32_t ap_token(void)
 }
 static __thread bool ap_leaves_fork_took;
 
-bool ap_leaves_held_here(void)
+AP_HOT bool ap_leaves_held_here(void)
 {
     return ap_tlock_owner(&ap_leaves_mx) == ap_token();
 }
@@ -228,7 +228,7 @@ static struct ap_regs ap_leaf(uint32_t leaf, uint32_t sub)
 /* The display family of leaf 1 (BASE group; 0 until read). */
 AP_STATE static unsigned ap_family;
 
-static void ap_read_base(struct altpatch_features *f)
+AP_HOT static void ap_read_base(struct altpatch_features *f)
 {
     struct ap_regs r = ap_cpuid(0, 0);
     ap_std_max = r.a;
@@ -500,7 +500,7 @@ static bool ap_in_list(unsigned id, const uint16_t *ids, size_t n)
     return false;
 }
 
-unsigned ap_feature_leaves(unsigned id)
+AP_HOT unsigned ap_feature_leaves(unsigned id)
 {
     unsigned os = 0; /* what the OS is asked for this feature */
     if (ap_in_list(id, ap_amx_family, sizeof(ap_amx_family) / sizeof(ap_amx_family[0])))
@@ -765,7 +765,7 @@ AP_STATE static struct altpatch_features ap_derived;
 AP_STATE static unsigned ap_derived_raw, ap_derived_os;
 AP_STATE static bool ap_derived_any;
 
-bool ap_host_leaves(unsigned groups, struct altpatch_features *out)
+AP_HOT bool ap_host_leaves(unsigned groups, struct altpatch_features *out)
 {
     uint32_t me = ap_token();
     if (ap_tlock_owner(&ap_leaves_mx) == me) {
@@ -867,7 +867,7 @@ static bool ap_list_clears(const char *list, unsigned id)
     return !ap_features_test(&t, id);
 }
 
-void ap_effective_leaves_cleared(unsigned groups, const char *list,
+AP_HOT void ap_effective_leaves_cleared(unsigned groups, const char *list,
                                  struct altpatch_features *out)
 {
     /* The probe decides RDTSCP and RDPID only: where the list clears both it

@@ -120,7 +120,7 @@ static void note_walk(const uint8_t *p, size_t size, size_t align, const uint32_
     }
 }
 
-const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align, uint32_t *descsz)
+AP_HOT const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align, uint32_t *descsz)
 {
     static const uint32_t type[1] = {ALTPATCH_NOTE_TYPE};
     const uint8_t *d;
@@ -128,7 +128,7 @@ const uint8_t *ap_note_find(const uint8_t *p, size_t size, size_t align, uint32_
     return d;
 }
 
-const uint8_t *ap_note_find_plan(const uint8_t *p, size_t size, size_t align, uint32_t *descsz,
+AP_HOT const uint8_t *ap_note_find_plan(const uint8_t *p, size_t size, size_t align, uint32_t *descsz,
                                  const uint8_t **plan, uint32_t *plansz)
 {
     static const uint32_t type[2] = {ALTPATCH_NOTE_TYPE, ALTPATCH_PLAN_NOTE_TYPE};

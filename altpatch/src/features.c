@@ -114,7 +114,7 @@ static int ap_feat_lookup_item(const char *s, size_t len)
     return ap_feature_known(v) ? (int)v : -ENOENT;
 }
 
-bool ap_feature_known(unsigned id)
+AP_HOT bool ap_feature_known(unsigned id)
 {
     return id < AP_MAX_ID && (ap_known_words[id / 32] >> (id % 32) & 1u);
 }
@@ -137,7 +137,7 @@ ALTPATCH_API int altpatch_feature_id(const char *name)
 /* Sets                                                                      */
 /* ------------------------------------------------------------------------- */
 
-bool ap_features_test(const struct altpatch_features *f, unsigned id)
+AP_HOT bool ap_features_test(const struct altpatch_features *f, unsigned id)
 {
     if (!f || id >= AP_MAX_ID)
         return false;
@@ -149,12 +149,12 @@ void ap_bit_set(struct altpatch_features *f, unsigned id)
     f->word[id / 32] |= 1u << (id % 32);
 }
 
-void ap_bit_clear(struct altpatch_features *f, unsigned id)
+AP_HOT void ap_bit_clear(struct altpatch_features *f, unsigned id)
 {
     f->word[id / 32] &= ~(1u << (id % 32));
 }
 
-void ap_set_vendor(struct altpatch_features *f, const char *vendor)
+AP_HOT void ap_set_vendor(struct altpatch_features *f, const char *vendor)
 {
     memset(f->vendor, 0, sizeof(f->vendor));
     for (size_t i = 0; i < sizeof(f->vendor) - 1 && vendor[i]; i++)
@@ -168,7 +168,7 @@ void ap_features_init(struct altpatch_features *f)
 }
 
 /* Keep only the bits the table names. */
-void ap_mask_known(struct altpatch_features *f)
+AP_HOT void ap_mask_known(struct altpatch_features *f)
 {
     for (size_t w = 0; w < AP_NCAPWORDS; w++)
         f->word[w] &= ap_known_words[w];
@@ -325,7 +325,7 @@ static bool ap_vendor_lfence_rule(const struct altpatch_features *f)
 }
 
 /* Derive ALWAYS, APIC_MSRS_FENCE, LFENCE_RDTSC, 3DNOWPREFETCH from vendor and CPUID bits. */
-void ap_derive_synthetic(struct altpatch_features *f)
+AP_HOT void ap_derive_synthetic(struct altpatch_features *f)
 {
     ap_bit_set(f, X86_FEATURE_ALWAYS);
     if (ap_vendor_amd_like(f))

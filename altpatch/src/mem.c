@@ -272,7 +272,7 @@ static void ap_mem_let_go(void)
 
 /* A region block of @p size bytes, or NULL (too large, no room, held);
  * *@p used as ap_mem_take_locked() says. */
-static void *ap_mem_take(size_t size, size_t *used)
+AP_HOT static void *ap_mem_take(size_t size, size_t *used)
 {
     if (!ap_mem_has_region() || size > AP_MEM_BLOCK_MAX ||
         __atomic_load_n(&ap_mem_off, __ATOMIC_RELAXED) ||
@@ -289,14 +289,14 @@ static void *ap_mem_take(size_t size, size_t *used)
     return p;
 }
 
-void *ap_mem_alloc(size_t size)
+AP_HOT void *ap_mem_alloc(size_t size)
 {
     size_t used;
     void *p = ap_mem_take(size, &used);
     return p ? p : malloc(size ? size : 1);
 }
 
-void *ap_mem_calloc(size_t n, size_t size)
+AP_HOT void *ap_mem_calloc(size_t n, size_t size)
 {
     size_t total;
     if (__builtin_mul_overflow(n, size, &total))
@@ -316,7 +316,7 @@ void *ap_mem_calloc(size_t n, size_t size)
     return p;
 }
 
-void ap_mem_free(void *p)
+AP_HOT void ap_mem_free(void *p)
 {
     if (!ap_mem_owns(p)) {
         free(p);

@@ -108,7 +108,7 @@ void ap_memo_init(struct ap_memo *m, const struct altpatch_features *fs)
     ap_memo_init_zeroed(m, fs);
 }
 
-void ap_memo_init_zeroed(struct ap_memo *m, const struct altpatch_features *fs)
+AP_HOT void ap_memo_init_zeroed(struct ap_memo *m, const struct altpatch_features *fs)
 {
     struct altpatch_features known;
 

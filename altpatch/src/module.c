@@ -85,7 +85,7 @@ static void ap_text_regions(const struct dl_phdr_info *info, struct ap_view *v,
  * not NULL, the plan note of that segment too, found in the same walk of its
  * notes (ap_note_find_plan()): NULL when it has none.
  */
-static const uint8_t *ap_find_notes(const struct dl_phdr_info *info, uint32_t *descsz,
+AP_HOT static const uint8_t *ap_find_notes(const struct dl_phdr_info *info, uint32_t *descsz,
                                     const uint8_t **plan, uint32_t *plansz)
 {
     for (size_t i = 0; i < info->dlpi_phnum; i++) {
@@ -182,7 +182,7 @@ static bool ap_noted_read(struct ap_notes_seen *s, unsigned long long adds,
     return ok && __atomic_load_n(&ap_noted_seq, __ATOMIC_RELAXED) == seq;
 }
 
-bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool search,
+AP_HOT bool ap_module_note_seen(const struct dl_phdr_info *info, size_t size, bool search,
                          struct ap_notes_seen *s)
 {
     if (!s->started) {
@@ -247,7 +247,7 @@ static void ap_module_free(struct ap_module *m)
     ap_mem_free(m);
 }
 
-void ap_module_save_all(struct ap_module *m)
+AP_HOT void ap_module_save_all(struct ap_module *m)
 {
     /* Locals throughout: the byte stores below may alias any field of m. */
     const struct ap_site *sites = m->sites;
@@ -369,7 +369,7 @@ static void ap_module_apart(struct ap_module *m, const struct ap_table_scan *sc)
 unsigned ap_records_keep_max = 4096;
 
 /** Decode the table and group it into sites (the module is refused on a bad table). */
-static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info,
+AP_HOT static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info,
                             const uint8_t *plan, uint32_t plansz)
 {
     const struct ap_note *n = &m->note;
@@ -436,7 +436,7 @@ static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info
     return ap_save_originals(m, sc.site_bytes, plan, plansz);
 }
 
-void ap_module_drop_entries(struct ap_module *m)
+AP_HOT void ap_module_drop_entries(struct ap_module *m)
 {
     if (m->entries_keep)
         return;
@@ -582,7 +582,7 @@ static void ap_list_put(struct ap_module **list, struct ap_module *old, struct a
     ap_module_free(old);
 }
 
-static int ap_walk_one(struct dl_phdr_info *info, size_t size, void *data)
+AP_HOT static int ap_walk_one(struct dl_phdr_info *info, size_t size, void *data)
 {
     struct ap_walk *w = data;
     size_t index = w->index++;
@@ -656,7 +656,7 @@ static bool ap_walk_main_alone(const struct ap_module *list, const struct ap_not
            seen->lib_notes == 0;
 }
 
-int ap_modules_refresh_seen(struct ap_module **list, const struct ap_notes_seen *seen)
+AP_HOT int ap_modules_refresh_seen(struct ap_module **list, const struct ap_notes_seen *seen)
 {
     for (struct ap_module *m = *list; m; m = m->next)
         m->present = false;

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int ap_pins_collect(struct dl_phdr_info *info, size_t size, void *data)
+AP_HOT static int ap_pins_collect(struct dl_phdr_info *info, size_t size, void *data)
 {
     struct ap_pins *p = data;
     /* a library's note is remembered for the module walk that follows
@@ -50,7 +50,7 @@ static int ap_pins_collect(struct dl_phdr_info *info, size_t size, void *data)
 }
 
 /** Pin every loaded library (never called with ap_lock held). */
-void ap_pins_take(struct ap_pins *p)
+AP_HOT void ap_pins_take(struct ap_pins *p)
 {
     ap_gate_enter(); /* see ap_gate_mx in apply.c */
     ap_pins_empty(p);
@@ -76,7 +76,7 @@ void ap_pins_take(struct ap_pins *p)
 }
 
 /** Release the pins (a library dlclose'd meanwhile is unmapped here). */
-void ap_pins_release(struct ap_pins *p)
+AP_HOT void ap_pins_release(struct ap_pins *p)
 {
     ap_gate_enter();
     for (size_t i = 0; i < p->n; i++) {
@@ -92,7 +92,7 @@ void ap_pins_release(struct ap_pins *p)
 }
 
 /** Mark the modules of @p list that @p p does not pin as gone (skipped). */
-void ap_pin(struct ap_module *list, const struct ap_pins *p)
+AP_HOT void ap_pin(struct ap_module *list, const struct ap_pins *p)
 {
     for (struct ap_module *m = list; m; m = m->next) {
         m->pin = NULL;
@@ -110,7 +110,7 @@ void ap_pin(struct ap_module *list, const struct ap_pins *p)
 }
 
 /** Forget the pins held by the list (ap_pins_release() drops them). */
-void ap_unpin(struct ap_module *list)
+AP_HOT void ap_unpin(struct ap_module *list)
 {
     for (struct ap_module *m = list; m; m = m->next)
         m->pin = NULL;

@@ -54,7 +54,7 @@ static int entry_record_reason(const struct ap_view *v, const struct ap_site *s,
                                const struct ap_entry *e, const struct ap_plan_rules *rules,
                                const uint8_t **repl);
 
-int ap_plan_pick(const struct ap_view *v, const struct ap_site *s, const struct ap_entry *entries,
+AP_HOT int ap_plan_pick(const struct ap_view *v, const struct ap_site *s, const struct ap_entry *entries,
                  const struct altpatch_features *fs)
 {
     const uint8_t *bytes, *repl;
@@ -78,7 +78,7 @@ bool ap_region_holds(const struct ap_region *r, uint64_t addr, uint64_t len)
     return addr >= r->addr && len <= r->size && addr - r->addr <= r->size - len;
 }
 
-const struct ap_region *ap_view_find(const struct ap_view *v, uint64_t addr, uint64_t len)
+AP_HOT const struct ap_region *ap_view_find(const struct ap_view *v, uint64_t addr, uint64_t len)
 {
     size_t n = v->ntext < AP_MAX_TEXT ? v->ntext : AP_MAX_TEXT;
 

@@ -135,7 +135,7 @@ size_t ap_prepatch_put_site(uint8_t *buf, const struct ap_prepatch_site *s)
 
 _Static_assert(32 + AP_NCAPWORDS * 4 + 16 == ALTPATCH_PLAN_NOTE_SIZE, "plan note layout");
 
-int ap_plan_note_parse(const uint8_t *desc, size_t descsz, struct ap_plan_note *out)
+AP_HOT int ap_plan_note_parse(const uint8_t *desc, size_t descsz, struct ap_plan_note *out)
 {
     memset(out, 0, sizeof(*out));
     /* another size or state is another layout: not this reader's to use */
@@ -169,7 +169,7 @@ void ap_plan_note_put(uint8_t *buf, const struct ap_plan_note *n)
     memcpy(buf + 160, n->fs.vendor, strnlen(n->fs.vendor, sizeof(n->fs.vendor) - 1));
 }
 
-const char *ap_plan_note_check(const struct ap_plan_note *pn, const struct ap_plan_note_sites *s)
+AP_HOT const char *ap_plan_note_check(const struct ap_plan_note *pn, const struct ap_plan_note_sites *s)
 {
     if (pn->nsites != s->nsites || pn->table_size != s->table_size)
         return "it describes another table";

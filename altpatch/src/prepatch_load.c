@@ -210,7 +210,7 @@ struct note_sites {
     bool keep; /* each site's selection kept as its result */
 };
 
-static int note_pick(void *ctx, size_t i, const struct altpatch_features *fs)
+AP_HOT static int note_pick(void *ctx, size_t i, const struct altpatch_features *fs)
 {
     struct note_sites *ns = ctx;
     struct ap_module *m = ns->m;
@@ -248,7 +248,7 @@ static const char *note_mismatch(struct ap_module *m, const struct ap_plan_note 
     return ap_plan_note_check(pn, &s);
 }
 
-int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz)
+AP_HOT int ap_prepatch_open(struct ap_module *m, const uint8_t *plan, uint32_t plansz)
 {
     /* Only the main program's file is reached whatever happens after it is
      * loaded (/proc/self/exe names the file mapped): a library's path may
@@ -332,7 +332,7 @@ int ap_prepatch_need(struct ap_module *m, bool refuse)
     return 0;
 }
 
-bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
+AP_HOT bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
 {
     /* another planner's bytes (other padding or folding): this library's
      * plan is made and compared with memory (apply.c) */
@@ -369,7 +369,7 @@ bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_features *fs)
 }
 
 
-bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs)
+AP_HOT bool ap_prepatch_settle(struct ap_module *m, const struct altpatch_features *fs)
 {
     bool ok = ap_prepatch_agrees(m, fs);
     ap_prepatch_drop(m);

@@ -42,7 +42,7 @@ static uint64_t rd_selfrel(const uint8_t *p, uint64_t at)
     return at + (uint64_t)(int64_t)off;
 }
 
-int ap_note_parse(const uint8_t *desc, size_t descsz, uint64_t desc_addr, struct ap_note *out)
+AP_HOT int ap_note_parse(const uint8_t *desc, size_t descsz, uint64_t desc_addr, struct ap_note *out)
 {
     memset(out, 0, sizeof(*out));
     if (!desc || descsz < NOTE_OFF_RECSIZE + 4)
@@ -297,7 +297,7 @@ uint64_t ap_table_hash(const uint8_t *table, size_t size, uint32_t record_size)
     return hash_final(h, size > i ? hash_rest(HASH_SEED1, table + i, size - i) : HASH_SEED1, size);
 }
 
-uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
+AP_HOT uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
 {
     uint64_t h0 = HASH_SEED0, h1 = HASH_SEED1, a, b;
     size_t i = 0;
@@ -509,7 +509,7 @@ scan_dispatch(const uint8_t *table, size_t count, uint64_t table_addr, unsigned 
     return scan_records(table, count, table_addr, rs, false, false, true, s, e, out, sorted);
 }
 
-int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,
+AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,
                   unsigned what, struct ap_table_scan *out)
 {
     size_t count;

@@ -39,7 +39,7 @@ int ap_plan_slow(struct ap_module *m, size_t i, const uint8_t *orig, struct ap_m
     return plan.chosen;
 }
 
-void ap_cache_check(struct ap_module *m, uint64_t gen)
+AP_HOT void ap_cache_check(struct ap_module *m, uint64_t gen)
 {
     if (m->shape_gen == gen || !m->st)
         return;

@@ -76,7 +76,7 @@ bool ap_env_on(const char *name)
     return ap_env_value_on(ap_getenv(name));
 }
 
-void ap_env_read(struct ap_env *out)
+AP_HOT void ap_env_read(struct ap_env *out)
 {
     *out = (struct ap_env){0};
     char **env = environ;
@@ -101,7 +101,7 @@ void ap_env_read(struct ap_env *out)
     }
 }
 
-uint64_t ap_now_ns(void)
+AP_HOT uint64_t ap_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -140,7 +140,7 @@ altpatch_print_fn altpatch_set_print(altpatch_print_fn fn)
 static void ap_vlog(altpatch_print_fn fn, enum altpatch_print_level level, const char *fmt,
                     va_list ap);
 
-static void ap_log_v(const bool *debug, enum altpatch_print_level level, const char *fmt,
+AP_HOT static void ap_log_v(const bool *debug, enum altpatch_print_level level, const char *fmt,
                      va_list ap)
 {
     altpatch_print_fn fn = __atomic_load_n(&ap_print, __ATOMIC_ACQUIRE);
@@ -156,7 +156,7 @@ void ap_log(enum altpatch_print_level level, const char *fmt, ...)
     va_end(ap);
 }
 
-void ap_log_env(bool debug, enum altpatch_print_level level, const char *fmt, ...)
+AP_HOT void ap_log_env(bool debug, enum altpatch_print_level level, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -195,14 +195,14 @@ AP_STATE static unsigned long ap_fill_calls;
 /* ap_fill_ask()'s proof, not asked yet (NULL once asked, or none) */
 AP_STATE static bool (*ap_fill_prove)(void);
 
-void ap_fill_allow(bool on)
+AP_HOT void ap_fill_allow(bool on)
 {
     ap_fill_on = on;
     ap_fill_calls = ap_user_calls_now();
     ap_fill_prove = NULL;
 }
 
-void ap_fill_ask(bool (*prove)(void))
+AP_HOT void ap_fill_ask(bool (*prove)(void))
 {
     ap_fill_on = false;
     ap_fill_prove = prove;
@@ -241,7 +241,7 @@ void *ap_malloc_filled_head(size_t size, size_t head)
     return p;
 }
 
-void *ap_malloc_filled(size_t size)
+AP_HOT void *ap_malloc_filled(size_t size)
 {
     return ap_malloc_filled_head(size, size);
 }

@@ -39,6 +39,15 @@
  * (the first read maps the zero page, the first write copies it).
  */
 #define AP_STATE __attribute__((section(".data.altpatch_state")))
+/*
+ * A function a small program's first apply runs (the pre-patched or settled
+ * path: module walk, notes, features, the region, pins): gcc places these
+ * together (.text.hot), so that a fresh process's first apply touches a few
+ * contiguous pages of the library's code instead of one or two in each of
+ * its files -- each a page to map, and on some hypervisors a page-table
+ * fill of their own.
+ */
+#define AP_HOT __attribute__((hot))
 
 /** Calls into the user's print callback (altpatch_set_print()) so far: user
  * code that may have started a thread or installed a seccomp filter since

@@ -17,7 +17,7 @@ static void text_add(struct ap_view *v, const struct ap_segment *g, uint64_t s, 
     v->text[v->ntext++] = (struct ap_region){s, e - s, g->data + (s - g->addr)};
 }
 
-void ap_view_build(struct ap_view *v, const struct ap_segment *seg, size_t nseg,
+AP_HOT void ap_view_build(struct ap_view *v, const struct ap_segment *seg, size_t nseg,
                    uint64_t repl_addr, uint64_t repl_size, const uint8_t *repl_data)
 {
     uint64_t rs = repl_addr, re = repl_addr + repl_size;
