@@ -9,6 +9,9 @@
 #define AP_STEP_H
 
 #include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <ucontext.h>
 
 #define AP_STEP_TF 0x100
@@ -27,6 +30,29 @@ static inline void ap_step_off(void)
 static inline void ap_step_stop(ucontext_t *uc)
 {
     uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)AP_STEP_TF;
+}
+
+/*
+ * The instructions a stepped run has met: remember @p ip in @p seen, a table
+ * of @p slots addresses (a power of two; 0: an empty slot); true if it was
+ * there before (or the table is full), else it is added and *@p distinct
+ * counted. A test that forks at every step only up to a point forks after
+ * it at the first run of each instruction.
+ */
+static inline bool ap_step_seen_before(uintptr_t *seen, size_t slots, uintptr_t ip,
+                                       int *distinct)
+{
+    size_t h = (size_t)((ip * 0x9e3779b97f4a7c15ull) >> 50) & (slots - 1);
+    for (size_t n = 0; n < slots; n++, h = (h + 1) & (slots - 1)) {
+        if (seen[h] == ip)
+            return true;
+        if (!seen[h]) {
+            seen[h] = ip;
+            ++*distinct;
+            return false;
+        }
+    }
+    return true;
 }
 
 #endif

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "ap_isolate.h"
+#include "ap_step.h"
 
 /* In a child about to exec the helper: the same addresses in every run (no
  * address-space randomization), so that a stepped run takes the very steps
@@ -67,23 +68,9 @@ static int helper_exit(const char *arg)
 #define STEP_SEEN_SLOTS 8192 /* a power of two, above the fork's distinct instructions */
 enum { STEP_LIMIT = 4000 };
 
-/* Remember @p ip in @p seen; true if it was there before. The table holds
- * more than STEP_LIMIT + 1 addresses: it never fills. */
+/* The table of instructions met holds more than STEP_LIMIT + 1 addresses:
+ * it never fills. */
 _Static_assert(STEP_SEEN_SLOTS > STEP_LIMIT + 1, "room for every step's address");
-static bool step_seen_before(uintptr_t *seen, uintptr_t ip, int *distinct)
-{
-    size_t h = (size_t)((ip * 0x9e3779b97f4a7c15ull) >> 50) & (STEP_SEEN_SLOTS - 1);
-    for (size_t n = 0; n < STEP_SEEN_SLOTS; n++, h = (h + 1) & (STEP_SEEN_SLOTS - 1)) {
-        if (seen[h] == ip)
-            return true;
-        if (!seen[h]) {
-            seen[h] = ip;
-            ++*distinct;
-            return false;
-        }
-    }
-    return true;
-}
 
 /* The instruction address of each step of the stepped fork (`list`), in
  * @p ip (up to STEP_LIMIT + 1): their number. */
@@ -131,7 +118,7 @@ Test(fork_nested, fork_from_a_handler_inside_fork, .timeout = 240)
     int k, runs = 0, distinct = 0;
     for (k = 1;; k++) {
         cr_assert_leq(k, STEP_LIMIT, "the fork still runs after %d steps", STEP_LIMIT);
-        if (k <= steps && step_seen_before(seen, ip[k - 1], &distinct) && k > STEP_FORK_ALL)
+        if (k <= steps && ap_step_seen_before(seen, STEP_SEEN_SLOTS, ip[k - 1], &distinct) && k > STEP_FORK_ALL)
             continue;
         runs += k <= steps;
         char arg[16];

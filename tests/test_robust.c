@@ -488,17 +488,7 @@ static uintptr_t step_seen[STEP_SEEN_SLOTS];
 /* Remember @p ip; true if it had run before (or the table is full). */
 static bool step_seen_before(uintptr_t ip, int *distinct)
 {
-    size_t h = (size_t)((ip * 0x9e3779b97f4a7c15ull) >> 50) & (STEP_SEEN_SLOTS - 1);
-    for (size_t n = 0; n < STEP_SEEN_SLOTS; n++, h = (h + 1) & (STEP_SEEN_SLOTS - 1)) {
-        if (step_seen[h] == ip)
-            return true;
-        if (!step_seen[h]) {
-            step_seen[h] = ip;
-            ++*distinct;
-            return false;
-        }
-    }
-    return true;
+    return ap_step_seen_before(step_seen, STEP_SEEN_SLOTS, ip, distinct);
 }
 enum step_op { STEP_DLOPEN, STEP_APPLY, STEP_STATS, STEP_WALK };
 static struct step_res *step_r;

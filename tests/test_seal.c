@@ -72,6 +72,18 @@ static void poke_pair(uint8_t *p, long pg, unsigned flags, struct ap_write w[2])
     cr_assert_eq(ap_poke(w, 2, flags, &st), 0);
 }
 
+/* Both writes of poke_pair() refused, the two pages' bytes unchanged. */
+static void assert_both_refused(const uint8_t *p, long pg, const struct ap_write *w)
+{
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(w[i].result, ALTPATCH_REASON_WRITE_DENIED, "write %d: result %d", i,
+                     w[i].result);
+        cr_assert(!w[i].wrote, "write %d", i);
+    }
+    cr_assert_eq(p[16], 0x90, "nothing changed");
+    cr_assert_eq(p[pg + 16], 0x90, "nothing changed");
+}
+
 Test(seal, partial_mprotect_restored_then_procmem)
 {
     long pg = sysconf(_SC_PAGESIZE);
@@ -85,13 +97,7 @@ Test(seal, partial_mprotect_restored_then_procmem)
     cr_assert_str_eq(b, "r-x", "sealed page: %s", b);
     if (!ap_procmem_can_write_text()) {
         /* the kernel refuses /proc/self/mem writes to text: refused, nothing changed */
-        for (int i = 0; i < 2; i++) {
-            cr_assert_eq(w[i].result, ALTPATCH_REASON_WRITE_DENIED, "write %d: result %d", i,
-                         w[i].result);
-            cr_assert(!w[i].wrote, "write %d", i);
-        }
-        cr_assert_eq(p[16], 0x90, "nothing changed");
-        cr_assert_eq(p[pg + 16], 0x90, "nothing changed");
+        assert_both_refused(p, pg, w);
         return;
     }
     for (int i = 0; i < 2; i++) {
@@ -111,11 +117,5 @@ Test(seal, partial_mprotect_restored_no_procmem)
     char a[4];
     prot_of(p, a);
     cr_assert_str_eq(a, "r-x", "first page after the failed window: %s", a);
-    for (int i = 0; i < 2; i++) {
-        cr_assert_eq(w[i].result, ALTPATCH_REASON_WRITE_DENIED, "write %d: result %d", i,
-                     w[i].result);
-        cr_assert(!w[i].wrote, "write %d", i);
-    }
-    cr_assert_eq(p[16], 0x90, "nothing changed");
-    cr_assert_eq(p[pg + 16], 0x90, "nothing changed");
+    assert_both_refused(p, pg, w);
 }
