@@ -259,7 +259,7 @@ AP_HOT void ap_module_save_all(struct ap_module *m)
         uint8_t len = sites[i].len;
         const uint8_t *at = ap_region_at(&rc, &m->view, sites[i].addr, len);
         /* the original (host.h), no template (m->shape_gen: any) */
-        st[i] = (struct ap_site_state){at ? off : AP_NO_ORIG32, ap_res_ok(-1), 0};
+        ap_site_state_put(&st[i], at ? off : AP_NO_ORIG32, ap_res_ok(-1), 0);
         if (!at)
             continue;
         /* the original, and the bytes the last apply left: memory's until an
