@@ -357,6 +357,47 @@ Test(altbench, xray_peer_and_scaling_table)
     free(run_ok(cmd));
 }
 
+/*
+ * Three rounds of one run at N=1000 (ns_min 300, 100, 200 us; XRay 100, 50,
+ * 100 us), then a second N given by one line: the rounds' cells are the min /
+ * median of their minima (100.0 / 200.0 and 50.0 / 100.0 ns per site, the
+ * lines' own ns_med ignored), the round-by-round ratios 3, 2, 2 (median 2,
+ * range 2-3); the single line keeps its own min / median.
+ */
+Test(altbench, scaling_table_of_rounds)
+{
+    need_tools();
+    char dir[] = "/tmp/altbench-rd-XXXXXX", path[256], cmd[512];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/r.txt", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    static const unsigned alt[] = {300000, 100000, 200000}, xr[] = {100000, 50000, 100000};
+    for (int r = 0; r < 3; r++) {
+        fprintf(f, "altpatch n=1000 phase=cold reps=3 ns_min=%u ns_med=999999 rc=0 seen=1000 "
+                   "patched=500 unchanged=500 refused=0 pages=3 syscalls=10 bytes=900\n",
+                alt[r]);
+        fprintf(f, "xray n=1000 phase=first reps=3 ns_min=%u ns_med=999999 rc=1\n", xr[r]);
+    }
+    fprintf(f, "altpatch n=10000 phase=cold reps=3 ns_min=400000 ns_med=500000 rc=0 seen=10000 "
+               "patched=5000 unchanged=5000 refused=0 pages=9 syscalls=20 bytes=9000\n");
+    cr_assert_eq(fclose(f), 0);
+    snprintf(cmd, sizeof(cmd), ALTBENCH_BIN " scaling %s", path);
+    char *out = run_ok(cmd), row[1024];
+    cr_assert(find_row(out, "1000", row, sizeof(row)), "%s", out);
+    cr_assert(strstr(row, "| 1000 | 100.0 / 200.0 |"), "cold of the rounds: %s", row);
+    cr_assert(strstr(row, "500 of 1000 | 3 | 10 | 900 |"), "counters: %s", row);
+    cr_assert(find_row(out, "10000", row, sizeof(row)), "%s", out);
+    cr_assert(strstr(row, "| 10000 | 40.0 / 50.0 |"), "one line, its own: %s", row);
+    const char *x = strstr(out, "### Against LLVM XRay");
+    cr_assert(x && find_row(x, "1000", row, sizeof(row)), "%s", out);
+    cr_assert(strstr(row, "| 1000 | 100.0 / 200.0 | 50.0 / 100.0 | 2.00 / 2.00 | 2.00 (2.00-3.00) |"),
+              "against XRay: %s", row);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    free(run_ok(cmd));
+}
+
 Test(altbench, size_table_adds_up)
 {
     need_tools();

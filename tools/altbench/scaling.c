@@ -3,6 +3,12 @@
  * Part 3: the apply-scaling tables, from the `key=value` lines the generated
  * programs print (apply_main.c, xray_main.c). Reads every file given ("-" is
  * stdin), so the numbers of one run end up side by side.
+ *
+ * Several lines for one N and phase are rounds of one interleaved run: a
+ * cell is then the min / median of the rounds' minima (ns_min), and a ratio
+ * against XRay also the median of the round-by-round ratios (the k-th line of
+ * each, where both have as many). A single line is shown as it is: its own
+ * min / median.
  */
 #include "bench.h"
 
@@ -21,7 +27,10 @@ static const char *const ph_names[PH_COUNT] = {
 
 struct sc_phase {
     bool have;
-    double ns_min, ns_med;
+    double ns_min, ns_med; /* the cell: see the top of this file (sc_summarize()) */
+    double *mins;          /* each line's ns_min, in the order read */
+    double last_med;       /* the last line's ns_med */
+    size_t nlines, cap;
     unsigned long long pages, syscalls, patched, unchanged, seen, refused, bytes;
     long long rc;
 };
@@ -84,9 +93,19 @@ static bool parse_line(const char *line)
     if (p < 0 || !r)
         return false;
     struct sc_phase *s = &r->ph[p];
+    if (s->nlines == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 32;
+        double *m = realloc(s->mins, cap * sizeof(*m));
+        if (!m) {
+            fprintf(stderr, "altbench scaling: out of memory: a line left out\n");
+            return false;
+        }
+        s->mins = m;
+        s->cap = cap;
+    }
     s->have = true;
-    s->ns_min = (double)num(line, "ns_min");
-    s->ns_med = (double)num(line, "ns_med");
+    s->mins[s->nlines++] = (double)num(line, "ns_min");
+    s->last_med = (double)num(line, "ns_med");
     s->pages = num(line, "pages");
     s->syscalls = num(line, "syscalls");
     s->patched = num(line, "patched");
@@ -97,6 +116,40 @@ static bool parse_line(const char *line)
     const char *rc = val(line, "rc");
     s->rc = rc ? strtoll(rc, NULL, 10) : 0;
     return true;
+}
+
+static int sc_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of @p v[0..n) (n > 0), sorted in place. */
+static double sc_median(double *v, size_t n)
+{
+    qsort(v, n, sizeof(*v), sc_cmp);
+    return (n % 2) ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The cell of @p s: one line's own min / median, or the min / median of the
+ * lines' minima. */
+static int sc_summarize(struct sc_phase *s)
+{
+    if (!s->have)
+        return 0;
+    if (s->nlines == 1) {
+        s->ns_min = s->mins[0];
+        s->ns_med = s->last_med;
+        return 0;
+    }
+    double *v = malloc(s->nlines * sizeof(*v));
+    if (!v)
+        return -1;
+    memcpy(v, s->mins, s->nlines * sizeof(*v));
+    s->ns_med = sc_median(v, s->nlines);
+    s->ns_min = v[0];
+    free(v);
+    return 0;
 }
 
 static int read_file(const char *path)
@@ -134,9 +187,32 @@ static void ratio_cell(const struct sc_phase *a, const struct sc_phase *x, bool 
            goal ? (rmed <= 1.0 ? " (goal met)" : " (goal <= 1.0 NOT met)") : "");
 }
 
+/* The median of the round-by-round ratios a / x (the k-th line of each) and
+ * their range, where both have the same number of lines. */
+static void round_ratio_cell(const struct sc_phase *a, const struct sc_phase *x)
+{
+    size_t n = a->nlines;
+    double *v = a->have && x->have && n && x->nlines == n ? malloc(n * sizeof(*v)) : NULL;
+    if (!v) {
+        printf(" - |");
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (x->mins[i] > 0)
+            v[k++] = a->mins[i] / x->mins[i];
+    if (k) {
+        double med = sc_median(v, k); /* sorts v: its range is then v[0] .. v[k - 1] */
+        printf(" %.2f (%.2f-%.2f) |", med, v[0], v[k - 1]);
+    } else
+        printf(" - |");
+    free(v);
+}
+
 static void print_apply_table(void)
 {
-    printf("### altpatch_apply() cost by site count (ns per site, min / median)\n\n");
+    printf("### altpatch_apply() cost by site count (ns per site, min / median; several "
+           "rounds: min / median of the rounds' minima)\n\n");
     printf("*cold*: first apply of a fresh process (a fork()ed child per repetition: module "
            "discovery, copy of the original bytes, plan, write). *warm*: apply after a revert. "
            "*no change*: apply when every site already holds its final bytes (the cost of "
@@ -162,11 +238,12 @@ static void print_apply_table(void)
 
 static void print_xray_table(void)
 {
-    printf("### Against LLVM XRay (altpatch ns/site / XRay ns/function, min / median)\n\n");
+    printf("### Against LLVM XRay (altpatch ns/site / XRay ns/function, min / median; several "
+           "rounds: min / median of the rounds' minima)\n\n");
     printf("| N | altpatch cold ns/site | XRay first __xray_patch ns/fn | ratio cold/first "
-           "(goal <= 1.0) | altpatch warm ns/site | XRay warm ns/fn | ratio warm/warm | "
-           "XRay __xray_unpatch ns/fn |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "(goal <= 1.0) | cold/first round by round, median (range) | altpatch warm ns/site | "
+           "XRay warm ns/fn | ratio warm/warm | XRay __xray_unpatch ns/fn |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (unsigned i = 0; i < nrows; i++) {
         const struct sc_row *r = &rows[i];
         if (!r->ph[PH_COLD].have && !r->ph[PH_XFIRST].have)
@@ -176,6 +253,7 @@ static void print_xray_table(void)
         cell(&r->ph[PH_COLD], r->n);
         cell(&r->ph[PH_XFIRST], r->n);
         ratio_cell(&r->ph[PH_COLD], &r->ph[PH_XFIRST], goal);
+        round_ratio_cell(&r->ph[PH_COLD], &r->ph[PH_XFIRST]);
         cell(&r->ph[PH_WARM], r->n);
         cell(&r->ph[PH_XWARM], r->n);
         ratio_cell(&r->ph[PH_WARM], &r->ph[PH_XWARM], false);
@@ -220,6 +298,12 @@ int ab_mode_scaling(int argc, char **argv)
         fprintf(stderr, "altbench scaling: no result lines found\n");
         return 1;
     }
+    for (unsigned i = 0; i < nrows; i++)
+        for (int p = 0; p < PH_COUNT; p++)
+            if (sc_summarize(&rows[i].ph[p]) < 0) {
+                fprintf(stderr, "altbench scaling: out of memory\n");
+                return 1;
+            }
     print_apply_table();
     print_xray_table();
     if (nrows > 1)
