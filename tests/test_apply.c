@@ -1453,8 +1453,8 @@ Test(apply, modules_refresh_finds_this_program)
     cr_assert_eq(m->nentries, m->table_size / m->note.record_size);
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < m->nsites; i++) {
-        uintptr_t a = (uintptr_t)m->sites[i].addr, fn = (uintptr_t)site_two;
-        if (a >= fn && a < fn + 32 && (best == SIZE_MAX || a < m->sites[best].addr))
+        uintptr_t a = (uintptr_t)ap_site_addr(m, i), fn = (uintptr_t)site_two;
+        if (a >= fn && a < fn + 32 && (best == SIZE_MAX || a < ap_site_addr(m, best)))
             best = i;
     }
     cr_assert_neq(best, SIZE_MAX, "site_two listed");

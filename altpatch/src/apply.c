@@ -536,7 +536,7 @@ static struct ap_work ap_work_of(const struct ap_run *r, size_t n, struct ap_mod
     /* the file's originals not read (prepatch_load.c): none shown */
     const uint8_t *orig = off != AP_NO_ORIG && !m->orig_in_file ? m->orig + off : NULL;
     return (struct ap_work){.m = m, .idx = i, .orig = orig,
-                            .cur = orig ? (const uint8_t *)(uintptr_t)m->sites[i].addr : NULL,
+                            .cur = orig ? (const uint8_t *)(uintptr_t)ap_site_addr(m, i) : NULL,
                             .target = d->target, .detail = ap_detail_of(r, n),
                             .chosen = d->chosen, .reason = d->reason,
                             .action = (enum ap_action)d->action};
@@ -682,7 +682,7 @@ static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun
     struct ap_module *m = mr->m;
     size_t n = r->ndec++;
     struct ap_dec *d = &r->dec[n];
-    const struct ap_site *s = &m->sites[i];
+    const struct ap_site site = ap_site_get(m, i), *s = &site;
     size_t off = ap_orig_off(m, i);
     uint8_t len = s->len;
     uintptr_t addr = (uintptr_t)s->addr;
@@ -916,7 +916,10 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
 {
     struct ap_module *m = mr->m;
     /* copies: the stores below (bytes) could alias any field read through m or r */
-    const struct ap_site *sites = m->sites;
+    const struct ap_tsite *sites = m->sites;
+    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
+    const uint64_t table_addr = m->note.table_start;
+    const uint32_t rs = m->note.record_size;
     struct ap_site_state *st = m->st;
     const uint8_t *morig = m->orig;
     uint8_t *mplanned = m->planned;
@@ -938,7 +941,8 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
         return;
     }
     for (size_t i = 0; i < nsites; i++, n++) {
-        const struct ap_site *s = &sites[i];
+        /* the site, its address from its first record */
+        const struct ap_site site = ap_tsite_site(table, table_addr, rs, &sites[i]), *s = &site;
         uint32_t off = st[i].orig_off, id = ap_shape_load(st[i].shape);
         size_t len = s->len;
         const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
@@ -1049,7 +1053,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
 {
     struct ap_module *m = mr->m;
     /* copies: the stores below (bytes) could alias any field read through m or r */
-    const struct ap_site *sites = m->sites;
+    const struct ap_tsite *sites = m->sites;
     struct ap_site_state *st = m->st;
     uint8_t *morig = m->orig;
     uint8_t *mplanned = m->planned;
@@ -1096,15 +1100,26 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     m->shape_gen = ap_shapes_gen;
     /* the sites and their states by pointer: the index (i, and n the
      * decision's) is computed where a write or the slow path needs it */
-    const struct ap_site *s = sites, *const send = sites + nsites;
+    const struct ap_tsite *s = sites, *const send = sites + nsites;
     struct ap_site_state *sp = st;
     const size_t n0 = n;
     bool hints = ap_memo_hints_in(memo, &repl);
     for (; s != send; s++, sp++) {
         size_t len = s->len;
+        /* the site's address: its first record's (decoded: the record's
+         * first field, relative to the record) */
+        const uint8_t *p = decode ? table + (size_t)s->first * rs : NULL;
+        uint64_t addr;
+        if (decode) {
+            int32_t so;
+            memcpy(&so, p, 4);
+            addr = table_addr + (uint64_t)s->first * rs + (uint64_t)(int64_t)so;
+        } else {
+            addr = ments[s->first].site;
+        }
         /* memory (a module's view of live memory maps every address to itself) */
-        const uint8_t *cur = plain ? (const uint8_t *)(uintptr_t)(tbase + s->addr)
-                                   : ap_region_at(&rc, &m->view, s->addr, (uint8_t)len);
+        const uint8_t *cur = plain ? (const uint8_t *)(uintptr_t)(tbase + addr)
+                                   : ap_region_at(&rc, &m->view, addr, (uint8_t)len);
         if (!plain && !cur) {
             ap_site_state_put(sp, AP_NO_ORIG32, ap_res_ok(-1), 0);
             goto slow; /* outside the text: refused */
@@ -1119,7 +1134,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         /* the site's records: decoded (at most AP_SITE_ENTRIES: module.c
          * keeps them all when a site has more), the site given first = 0 */
         struct ap_site_entries eb;
-        const struct ap_site *es = s;
+        const struct ap_site *es = &eb.site;
         const struct ap_entry *ents = ments;
         if (decode && plain && count == 1) {
             /* one record: the keep bit from its raw feature word and its
@@ -1127,7 +1142,6 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
              * apply. Its feature times two plus its flags (plain: the
              * feature below AP_SCAN_FEATURES, no flag but ALT_FLAG_NOT):
              * its bit in keep2. */
-            const uint8_t *p = table + (size_t)s->first * rs;
             unsigned rw = ap_record_feature2(ap_record_tail(p, rs), rs);
             rw &= 64u * AP_NCAPWORDS - 1; /* plain: already below (a bound for the index) */
             uint64_t kw = keep2[rw >> 6] >> (rw & 63u);
@@ -1141,25 +1155,23 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                 continue;
             }
         }
+        /* the site as the memo takes it (first = 0 where its records are
+         * decoded into eb.e), stored as the memo loads it: its bytes 12..15
+         * (count, reason, len) in one word, which a load of them gets from
+         * the store buffer (a copy field by field stalled that load) */
+        _Static_assert(offsetof(struct ap_site, first) == 8 && offsetof(struct ap_site, count) == 12 &&
+                           sizeof(struct ap_site) == 16 && offsetof(struct ap_tsite, count) == 4,
+                       "struct ap_site: addr, first, then bytes 12..15; ap_tsite's at 4..7");
+        eb.site.addr = addr;
+        eb.site.first = decode ? 0 : s->first;
+        memcpy((uint8_t *)&eb.site + 12, (const uint8_t *)s + 4, 4);
         if (decode) {
             size_t first = s->first;
-            /* the site with first = 0, stored as the memo loads it: its
-             * bytes 12..15 (count, reason, len) in one word, which a load
-             * of them gets from the store buffer (a copy field by field
-             * stalled that load) */
-            _Static_assert(offsetof(struct ap_site, first) == 8 &&
-                               offsetof(struct ap_site, count) == 12 &&
-                               sizeof(struct ap_site) == 16,
-                           "struct ap_site: addr, first, then bytes 12..15");
-            memcpy(&eb.site, s, 8);
-            eb.site.first = 0;
-            memcpy((uint8_t *)&eb.site + 12, (const uint8_t *)s + 12, 4);
             if (count == 1)
                 ap_record_at(table, table_addr, rs, first, &eb.e[0]);
             else
                 for (uint32_t k = 0; k < count && k < AP_SITE_ENTRIES; k++)
                     ap_record_at(table, table_addr, rs, first + k, &eb.e[k]);
-            es = &eb.site;
             ents = eb.e;
         }
         const struct ap_entry *se = &ents[es->first];
@@ -1231,9 +1243,9 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             /* memory holds the original; recorded now, as if the write lands
              * (ap_writes_done() puts the original back into planned when
              * not) */
-            unsorted |= (uintptr_t)s->addr <= wlast;
-            wlast = (uintptr_t)s->addr;
-            ap_queue(writes, nw++, (uintptr_t)s->addr, saved, target,
+            unsorted |= (uintptr_t)addr <= wlast;
+            wlast = (uintptr_t)addr;
+            ap_queue(writes, nw++, (uintptr_t)addr, saved, target,
                      (uint32_t)(n0 + (size_t)(s - sites)) | AP_WDEC_DONE | AP_WDEC_KEPT, len);
             nkept++;
             kept_bytes += len;
@@ -1319,12 +1331,16 @@ AP_HOT static __attribute__((noinline)) bool ap_still_settled(const struct ap_mo
 {
     /* every site of a settled module lies in its text: orig_off is valid */
     const uint8_t *left = m->left_orig ? m->orig : m->planned;
-    const struct ap_site *sites = m->sites;
+    const struct ap_tsite *sites = m->sites;
     const struct ap_site_state *st = m->st;
-    for (size_t i = 0, n = m->nsites; i < n; i++)
-        if (!ap_same_site((const uint8_t *)(uintptr_t)sites[i].addr, left + st[i].orig_off,
-                            sites[i].len))
+    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
+    const uint64_t table_addr = m->note.table_start;
+    const uint32_t rs = m->note.record_size;
+    for (size_t i = 0, n = m->nsites; i < n; i++) {
+        uint64_t addr = ap_record_site(table, table_addr, rs, sites[i].first);
+        if (!ap_same_site((const uint8_t *)(uintptr_t)addr, left + st[i].orig_off, sites[i].len))
             return false;
+    }
     return true;
 }
 
@@ -1341,8 +1357,11 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     const struct ap_module *m = mr->m;
     /* copies (stores of bytes could alias them); every site of a settled
      * module lies in its text: orig_off is valid */
-    const struct ap_site *sites = m->sites;
+    const struct ap_tsite *sites = m->sites;
     const struct ap_site_state *st = m->st;
+    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
+    const uint64_t table_addr = m->note.table_start;
+    const uint32_t rs = m->note.record_size;
     struct ap_write *writes = r->writes;
     size_t n = r->ndec, nw = r->nwrites, w0 = nw;
     uint64_t kept_bytes = 0;
@@ -1351,7 +1370,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     const uint8_t *from = revert ? m->planned : m->orig;
     const uint8_t *to = revert ? m->orig : m->planned;
     for (size_t i = 0, ns = m->nsites; i < ns; i++, n++) {
-        uintptr_t addr = (uintptr_t)sites[i].addr;
+        uintptr_t addr = (uintptr_t)ap_record_site(table, table_addr, rs, sites[i].first);
         size_t off = st[i].orig_off, len = sites[i].len;
         const uint8_t *cur = (const uint8_t *)addr;
         if (ap_same_site(cur, to + off, len))
@@ -2300,7 +2319,7 @@ int altpatch_get_stats(struct altpatch_stats *st)
 /** Fill @p info for site @p i of @p m. */
 static void ap_site_info(const struct ap_module *m, size_t i, struct altpatch_site_info *info)
 {
-    const struct ap_site *s = &m->sites[i];
+    const struct ap_site site = ap_site_get(m, i), *s = &site;
     const struct ap_site_result *res = &m->st[i].res;
     struct ap_site_entries eb;
     const struct ap_site *es;

@@ -48,7 +48,7 @@ static void ap_debug_entry(const struct ap_entry *e, const char *sym)
 /** One block per site, in the style of the kernel's debug-alternative. */
 void ap_debug_site(const struct ap_work *wk)
 {
-    const struct ap_site *s = &wk->m->sites[wk->idx];
+    const struct ap_site site = ap_site_get(wk->m, wk->idx), *s = &site;
     char sym[192], hex[AP_MAX_SITE * 3 + 1];
     unsigned long a = (unsigned long)s->addr;
     ap_symbolize(sym, sizeof(sym), wk->m, s->addr);
@@ -77,7 +77,7 @@ void ap_debug_site(const struct ap_work *wk)
 /** One WARN line when a site becomes refused (not again while the reason stays). */
 void ap_warn_refusal(const struct ap_work *wk)
 {
-    const struct ap_site *s = &wk->m->sites[wk->idx];
+    const struct ap_site site = ap_site_get(wk->m, wk->idx), *s = &site;
     char sym[192];
     ap_symbolize(sym, sizeof(sym), wk->m, s->addr);
     ap_log(ALTPATCH_WARN, "site %s (0x%lx) refused: %s%s%s\n", sym, (unsigned long)s->addr,

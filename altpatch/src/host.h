@@ -601,7 +601,9 @@ struct ap_module {
      * parts while later sites of it are still to be read (module.c) */
     bool parts_apart;
     unsigned leaves;            /* CPUID leaf groups its entries' features need (AP_LEAVES_*) */
-    struct ap_site *sites;
+    /* the sites, each without its address: its first record's in the
+     * mapped table (ap_site_addr(), ap_site_get()) */
+    struct ap_tsite *sites;
     size_t nsites;
     uint8_t *orig;              /* original bytes of all sites, concatenated */
     size_t site_bytes;          /* the sum of all sites' lengths */
@@ -771,15 +773,29 @@ static inline size_t ap_orig_off(const struct ap_module *m, size_t i)
 
 /** A site and its records, decoded for the planner and the memo. */
 struct ap_site_entries {
-    struct ap_site site; /* the module's site, with first = 0 */
+    struct ap_site site; /* the module's site: first 0 where its records are decoded into e */
     struct ap_entry e[AP_SITE_ENTRIES];
 };
 
+/** The address of site @p i of @p m: its first record's, read from the
+ * module's mapped table (a table whose identity module.c checks by its hash). */
+static inline uint64_t ap_site_addr(const struct ap_module *m, size_t i)
+{
+    return ap_record_site((const uint8_t *)(uintptr_t)m->note.table_start, m->note.table_start,
+                          m->note.record_size, m->sites[i].first);
+}
+
+/** Site @p i of @p m as the planner and the memo take it (struct ap_site). */
+static inline struct ap_site ap_site_get(const struct ap_module *m, size_t i)
+{
+    return ap_tsite_site((const uint8_t *)(uintptr_t)m->note.table_start, m->note.table_start,
+                         m->note.record_size, &m->sites[i]);
+}
+
 /**
  * Site @p i's records as the planner and the memo take them, with the site
- * to pass along (*@p sp): m->entries and the module's own site when the
- * module keeps its records, else decoded from the module's mapped table into
- * @p buf (a table whose identity module.c checks by its hash).
+ * to pass along (*@p sp, in @p buf): m->entries when the module keeps its
+ * records, else decoded from the module's mapped table into @p buf.
  */
 static inline const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
                                                             struct ap_site_entries *buf,
@@ -791,13 +807,13 @@ static inline const struct ap_entry *ap_module_decode_entries(const struct ap_mo
                                                               struct ap_site_entries *buf,
                                                               const struct ap_site **sp)
 {
-    const struct ap_site *s = &m->sites[i];
-    buf->site = *s;
-    buf->site.first = 0;
+    const struct ap_tsite *s = &m->sites[i];
     const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
     uint32_t rs = m->note.record_size;
     for (uint32_t k = 0; k < s->count && k < AP_SITE_ENTRIES; k++)
         ap_record_at(table, m->note.table_start, rs, (size_t)s->first + k, &buf->e[k]);
+    buf->site = (struct ap_site){ap_record_site(table, m->note.table_start, rs, s->first), 0,
+                                 s->count, s->reason, s->len};
     *sp = &buf->site;
     return buf->e;
 }
@@ -808,7 +824,8 @@ static inline const struct ap_entry *ap_module_site_entries(const struct ap_modu
 {
     if (!m->entries)
         return ap_module_decode_entries(m, i, buf, sp);
-    *sp = &m->sites[i];
+    buf->site = ap_site_get(m, i);
+    *sp = &buf->site;
     return m->entries;
 }
 

@@ -250,14 +250,14 @@ static void ap_module_free(struct ap_module *m)
 AP_HOT void ap_module_save_all(struct ap_module *m)
 {
     /* Locals throughout: the byte stores below may alias any field of m. */
-    const struct ap_site *sites = m->sites;
+    const struct ap_tsite *sites = m->sites;
     struct ap_site_state *st = m->st;
     uint8_t *orig = m->orig, *planned = m->planned;
     uint32_t off = 0;
     struct ap_region_cursor rc = {0};
     for (size_t i = 0, n = m->nsites; i < n; i++) {
         uint8_t len = sites[i].len;
-        const uint8_t *at = ap_region_at(&rc, &m->view, sites[i].addr, len);
+        const uint8_t *at = ap_region_at(&rc, &m->view, ap_site_addr(m, i), len);
         /* the original (host.h), no template (m->shape_gen: any) */
         ap_site_state_put(&st[i], at ? off : AP_NO_ORIG32, ap_res_ok(-1), 0);
         if (!at)
@@ -354,7 +354,7 @@ static void ap_module_apart(struct ap_module *m, const struct ap_table_scan *sc)
         hi = sc->text_hi;
     } else {
         for (size_t i = 0; i < sc->nsites; i++) {
-            uint64_t a = sc->sites[i].addr, e = a + sc->sites[i].len;
+            uint64_t a = ap_site_addr(m, i), e = a + sc->sites[i].len; /* m->sites: sc's */
             lo = a < lo ? a : lo;
             hi = e < a ? UINT64_MAX : e > hi ? e : hi;
         }
@@ -532,9 +532,8 @@ static bool ap_sites_unchanged(const struct ap_module *m)
         size_t off = ap_orig_off(m, i);
         if (off == AP_NO_ORIG)
             continue;
-        const struct ap_site *s = &m->sites[i];
-        uint64_t addr = s->addr;
-        uint8_t len = s->len;
+        uint64_t addr = ap_site_addr(m, i);
+        uint8_t len = m->sites[i].len;
         if (!r || !(addr >= r->addr && len <= r->size && /* ap_region_holds() */
                     addr - r->addr <= r->size - len))
             r = ap_view_find(&m->view, addr, len);

@@ -104,8 +104,8 @@ static const char *mismatch(const struct ap_module *m, const struct ap_prepatch 
     size_t pos = 0;
     struct ap_prepatch_site ps;
     for (size_t i = 0; i < m->nsites; i++) {
-        const struct ap_site *s = &m->sites[i];
-        if (ap_prepatch_next(p, &pos, &ps) || ps.addr + m->base != s->addr || ps.len != s->len)
+        if (ap_prepatch_next(p, &pos, &ps) || ps.addr + m->base != ap_site_addr(m, i) ||
+            ps.len != m->sites[i].len)
             return "its sites are not the ones in memory";
         if (ap_orig_off(m, i) != AP_NO_ORIG &&
             !ap_equal_small(m->orig + ap_orig_off(m, i), ps.written, ps.len))

@@ -80,9 +80,8 @@ struct ap_entry {
 };
 
 /**
- * One site: entries[first .. first+count) share the address @c addr. 16 bytes
- * (a module keeps one per site, made present in a fresh process: its pages
- * are a cold apply's cost). A site holds at most AP_SITE_MAX_RECORDS
+ * One site: entries[first .. first+count) share the address @c addr: what
+ * the planner and the memo take. A site holds at most AP_SITE_MAX_RECORDS
  * records: a further record at its address opens a site of its own there,
  * and the two overlap (SITE_OVERLAP), as any two sites at one address do.
  */
@@ -99,6 +98,21 @@ _Static_assert(ALTPATCH_REASON__COUNT <= INT8_MAX, "a preset reason fits in ap_s
 
 /** Most records of one site (struct ap_site's count). */
 #define AP_SITE_MAX_RECORDS INT16_MAX
+
+/**
+ * One site of a record table as ap_table_scan() gives it and a module keeps
+ * it: struct ap_site without its address, which is its first record's
+ * (ap_record_site()). 8 bytes: a module keeps one per site, made present in
+ * a fresh process, so its pages are a cold apply's cost.
+ */
+struct ap_tsite {
+    uint32_t first;
+    uint16_t count;
+    int8_t reason;
+    uint8_t len;
+};
+
+_Static_assert(sizeof(struct ap_tsite) == 8, "struct ap_tsite: 8 bytes");
 
 /**
  * Decode the table of @p size bytes whose first byte is at @p table_addr, of
@@ -173,6 +187,23 @@ static inline unsigned ap_record_feature2(uint64_t w, uint32_t record_size)
     return (fw & 0xffffu) << 1 | fw >> 16;
 }
 
+/** The site address of record @p i: ap_record_at()'s e->site alone. */
+static inline uint64_t ap_record_site(const uint8_t *table, uint64_t table_addr,
+                                      uint32_t record_size, size_t i)
+{
+    int32_t so;
+    memcpy(&so, table + i * record_size, 4);
+    return table_addr + (uint64_t)i * record_size + (uint64_t)(int64_t)so;
+}
+
+/** Site @p t of a table as struct ap_site: its address from its first record. */
+static inline struct ap_site ap_tsite_site(const uint8_t *table, uint64_t table_addr,
+                                           uint32_t record_size, const struct ap_tsite *t)
+{
+    return (struct ap_site){ap_record_site(table, table_addr, record_size, t->first), t->first,
+                            t->count, t->reason, t->len};
+}
+
 static inline void ap_record_at(const uint8_t *table, uint64_t table_addr, uint32_t record_size,
                                 size_t i, struct ap_entry *e)
 {
@@ -212,7 +243,8 @@ AP_HIDDEN int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site 
 
 /** What one pass over a record table gives (ap_table_scan()). */
 struct ap_table_scan {
-    struct ap_site *sites;    /* malloc'ed: the sites of ap_sites_group(), reasons set */
+    struct ap_tsite *sites;   /* malloc'ed: the sites of ap_sites_group(), reasons set,
+                               * each without its address (its first record's) */
     size_t nsites;
     struct ap_entry *entries; /* malloc'ed: every record as ap_records_parse() decodes
                                * it, when asked for, else NULL */

@@ -156,28 +156,63 @@ static int mark_overlaps(struct ap_site *s, size_t n)
     return mark_overlaps_sorted_copy(s, n);
 }
 
+/*
+ * Sort the @p m keys and move those of the sites that overlap another to the
+ * front: returns how many (key[0 .. returned) name them by idx).
+ */
+static size_t overlapping_keys(struct site_key *key, size_t m)
+{
+    size_t r = 0;
+    uint64_t maxend = 0;
+
+    qsort(key, m, sizeof(*key), cmp_key);
+    for (size_t k = 0; k < m; k++) {
+        struct site_key cur = key[k];
+        bool before = k > 0 && cur.addr < maxend;
+        bool after = k + 1 < m && cur.end > key[k + 1].addr;
+
+        if (cur.end > maxend)
+            maxend = cur.end;
+        if (before || after)
+            key[r++] = cur; /* r <= k: no key still to be read */
+    }
+    return r;
+}
+
 /* The scan of mark_overlaps() on a sorted copy of the keys. */
 static int mark_overlaps_sorted_copy(struct ap_site *s, size_t n)
 {
     struct site_key *key = malloc((n ? n : 1) * sizeof(*key));
     size_t m = 0;
-    uint64_t maxend = 0;
 
     if (!key)
         return -ENOMEM;
     for (size_t i = 0; i < n; i++)
         if (s[i].len)
             key[m++] = (struct site_key){s[i].addr, site_end(&s[i]), i};
-    qsort(key, m, sizeof(*key), cmp_key);
-    for (size_t k = 0; k < m; k++) {
-        bool before = k > 0 && key[k].addr < maxend;
-        bool after = k + 1 < m && key[k].end > key[k + 1].addr;
+    for (size_t k = 0, r = overlapping_keys(key, m); k < r; k++)
+        s[key[k].idx].reason = ALTPATCH_REASON_SITE_OVERLAP;
+    free(key);
+    return 0;
+}
 
-        if (before || after)
-            s[key[k].idx].reason = ALTPATCH_REASON_SITE_OVERLAP;
-        if (key[k].end > maxend)
-            maxend = key[k].end;
-    }
+/* mark_overlaps_sorted_copy() for the sites of a table (ap_table_scan()):
+ * their addresses from their first records. */
+static int mark_overlaps_tsites(const uint8_t *table, uint64_t table_addr, uint32_t rs,
+                                struct ap_tsite *s, size_t n)
+{
+    struct site_key *key = malloc((n ? n : 1) * sizeof(*key));
+    size_t m = 0;
+
+    if (!key)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (s[i].len) {
+            struct ap_site t = ap_tsite_site(table, table_addr, rs, &s[i]);
+            key[m++] = (struct site_key){t.addr, site_end(&t), i};
+        }
+    for (size_t k = 0, r = overlapping_keys(key, m); k < r; k++)
+        s[key[k].idx].reason = ALTPATCH_REASON_SITE_OVERLAP;
     free(key);
     return 0;
 }
@@ -331,7 +366,7 @@ AP_HOT uint64_t ap_bytes_hash(const uint8_t *p, size_t n)
  * starts at or after lim and does not end past 2^64 is in order and
  * overlaps nothing before it: it takes the short path, where its end
  * becomes lim. Sites out of order (lim := UINT64_MAX, *@p sorted := false)
- * leave the scan to mark_overlaps_sorted_copy(); the marks made so far are
+ * leave the scan to mark_overlaps_tsites(); the marks made so far are
  * overlaps too. (A site ending at 2^64 sets lim to UINT64_MAX as well: the
  * sorted copy then decides, with the same answer.)
  */
@@ -342,16 +377,16 @@ _Static_assert(offsetof(struct ap_entry, feature) == 16 && offsetof(struct ap_en
 
 static inline __attribute__((always_inline)) size_t
 scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, bool want,
-             bool store, bool hash, struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out,
-             bool *sorted)
+             bool store, bool hash, struct ap_tsite *s, struct ap_entry *e,
+             struct ap_table_scan *out, bool *sorted)
 {
     uint64_t h = HASH_SEED0;
     uint8_t seen[AP_SCAN_FEATURES]; /* seen[id] = 0x80: some record names feature id */
     unsigned high = 0;
     uint64_t site_bytes = 0, lim = 0;
     uint32_t max_count = count > 0;
-    struct ap_site *maxsite = s, *o = s; /* o: past the open site (o[-1]) */
-    uint64_t cur = 0;                    /* the open site's address */
+    struct ap_tsite *maxsite = s, *o = s; /* o: past the open site (o[-1]) */
+    uint64_t cur = 0;                     /* the open site's address */
     /* the facts (want): the flags ORed (with the features below them), the
      * replacements' lowest start (signed) and highest end, a preset
      * reason (an empty site, an overlap) */
@@ -363,12 +398,13 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     const uint64_t back = (uint64_t)(uintptr_t)table - table_addr;
     uint64_t at = table_addr;
     /* The record's index in the low half, 1 in the high one: a new site's
-     * first and count (struct ap_site's bytes 8..13), reason and len 0
-     * (bytes 14, 15), in one word. */
+     * first and count (struct ap_tsite's bytes 0..5); its len (byte 7) ORed
+     * in, its reason (byte 6) 0: the site in one word, its reason set after
+     * where it has one. */
     const uint64_t one = 1ull << 32;
-    _Static_assert(offsetof(struct ap_site, first) == 8 && offsetof(struct ap_site, count) == 12 &&
-                       offsetof(struct ap_site, reason) == 14 && offsetof(struct ap_site, len) == 15,
-                   "struct ap_site: first, count, reason, len in bytes 8..15");
+    _Static_assert(offsetof(struct ap_tsite, first) == 0 && offsetof(struct ap_tsite, count) == 4 &&
+                       offsetof(struct ap_tsite, reason) == 6 && offsetof(struct ap_tsite, len) == 7,
+                   "struct ap_tsite: first, count, reason, len in bytes 0..7");
 
     memset(seen, 0, sizeof(seen));
     for (uint64_t ic = one, end_ic = one + count; ic != end_ic; ic++, at += rs) {
@@ -410,7 +446,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
          * a nonempty open site joins it, while the site has room */
         if (__builtin_expect(addr == cur, 0) && o != s && ilen != 0 && o[-1].len != 0 &&
             o[-1].count < AP_SITE_MAX_RECORDS) {
-            struct ap_site *j = o - 1;
+            struct ap_tsite *j = o - 1;
             if (++j->count > max_count)
                 max_count = j->count;
             if (ilen > j->len) {
@@ -424,23 +460,24 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             }
             continue;
         }
-        int reason = ALTPATCH_REASON_NONE;
+        uint64_t word = ic | (uint64_t)ilen << 56;
+        memcpy(o, &word, 8);
         /* end > addr: not empty, and no wrap past 2^64 */
         if (__builtin_expect(addr >= lim && end > addr, 1)) {
             lim = end;
             maxsite = o;
         } else if (!ilen) {
-            reason = ALTPATCH_REASON_EMPTY_SITE;
+            o->reason = ALTPATCH_REASON_EMPTY_SITE;
             preset = true;
         } else if (lim != UINT64_MAX) {
-            const struct ap_site *q = o; /* the last nonempty site, if any */
+            const struct ap_tsite *q = o; /* the last nonempty site, if any */
             while (q != s && !q[-1].len)
                 q--;
-            if (q != s && addr < q[-1].addr) {
+            if (q != s && addr < ap_record_site(table, table_addr, rs, q[-1].first)) {
                 lim = UINT64_MAX; /* out of order */
             } else {
                 if (addr < lim) {
-                    reason = ALTPATCH_REASON_SITE_OVERLAP;
+                    o->reason = ALTPATCH_REASON_SITE_OVERLAP;
                     maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
                     preset = true;
                 }
@@ -452,10 +489,6 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
                 }
             }
         }
-        o->addr = addr;
-        memcpy(&o->first, &ic, 8);
-        o->reason = (int8_t)reason;
-        o->len = ilen;
         o++;
         site_bytes += ilen;
         cur = addr;
@@ -483,7 +516,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
          * starts lowest, lim is the largest end (no end past 2^64: that sets
          * lim to UINT64_MAX, as a site out of order does) */
         out->text_span = lim != UINT64_MAX && !preset;
-        out->text_lo = s[0].addr;
+        out->text_lo = ap_record_site(table, table_addr, rs, s[0].first);
         out->text_hi = lim;
     }
     return (size_t)(o - s);
@@ -494,7 +527,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
  * what a pass with none of them runs). */
 static inline __attribute__((always_inline)) size_t
 scan_dispatch(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, unsigned what,
-              struct ap_site *s, struct ap_entry *e, struct ap_table_scan *out, bool *sorted)
+              struct ap_tsite *s, struct ap_entry *e, struct ap_table_scan *out, bool *sorted)
 {
     bool hash = what & AP_SCAN_HASH;
     if (what & AP_SCAN_ENTRIES)
@@ -513,7 +546,7 @@ AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
                   unsigned what, struct ap_table_scan *out)
 {
     size_t count;
-    struct ap_site *s = NULL;
+    struct ap_tsite *s = NULL;
     struct ap_entry *e = NULL;
     bool sorted = true;
     bool want_entries = what & AP_SCAN_ENTRIES, want_hash = what & AP_SCAN_HASH;
@@ -547,7 +580,7 @@ AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
                                    out, &sorted);
     if (!want_hash)
         out->hash = 0;
-    if (!sorted && mark_overlaps_sorted_copy(s, m) < 0) {
+    if (!sorted && mark_overlaps_tsites(table, table_addr, record_size, s, m) < 0) {
         ap_mem_free(s);
         ap_mem_free(e);
         return -ENOMEM;
@@ -555,7 +588,7 @@ AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
     /* several records in some site: the rest given back, unless it is a
      * few bytes */
     if (m < count && (count - m) * sizeof(*s) >= 256) {
-        struct ap_site *t = ap_mem_realloc(s, m * sizeof(*s));
+        struct ap_tsite *t = ap_mem_realloc(s, m * sizeof(*s));
         if (t)
             s = t;
     }
