@@ -74,6 +74,7 @@ static const struct mod_expect mod_expect[] = {
     {"inverted", ALTPATCH_REASON_BAD_TABLE},    {"misaligned", ALTPATCH_REASON_BAD_TABLE},
     {"table_out", ALTPATCH_REASON_BAD_TABLE},   {"repl_out", ALTPATCH_REASON_BAD_TABLE},
     {"v3recsize", ALTPATCH_REASON_BAD_VERSION}, {"v3table", ALTPATCH_REASON_BAD_TABLE},
+    {"wtable", ALTPATCH_REASON_BAD_TABLE},
 };
 #define NMOD (sizeof(mod_expect) / sizeof(mod_expect[0]))
 #define NALL (NMOD + 1)

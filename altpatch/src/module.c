@@ -10,7 +10,8 @@
  *
  * Everything is checked against the module's own program headers before a
  * byte is read: the table and the replacement range must lie inside one of
- * its PT_LOAD segments (else the module is refused with BAD_TABLE), and site
+ * its PT_LOAD segments, the table in memory the loader leaves read-only (else
+ * the module is refused with BAD_TABLE), and site
  * bytes are only read when the site lies inside an executable segment (sites
  * outside are refused by the planner with SITE_BOUNDS).
  *
@@ -368,6 +369,26 @@ static void ap_module_apart(struct ap_module *m, const struct ap_table_scan *sc)
 /* Records of a table whose first apply reads them kept in an array (host.h). */
 unsigned ap_records_keep_max = 4096;
 
+/**
+ * True when [start, end) lies in memory the loader leaves read-only: a
+ * PT_LOAD segment without PF_W, or a PT_GNU_RELRO range (read-only once
+ * relocated). A module keeps no copy of its sites' addresses but reads them
+ * from its table (ap_site_addr()), so the table must not change after it
+ * was checked; one in writable memory could.
+ */
+static bool ap_in_fixed(const struct dl_phdr_info *info, uint64_t start, uint64_t end)
+{
+    for (size_t i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        bool fixed = (ph->p_type == PT_LOAD && !(ph->p_flags & PF_W)) ||
+                     ph->p_type == PT_GNU_RELRO;
+        uint64_t s = info->dlpi_addr + ph->p_vaddr;
+        if (fixed && start >= s && end <= s + ph->p_memsz)
+            return true;
+    }
+    return false;
+}
+
 /** Decode the table and group it into sites (the module is refused on a bad table). */
 AP_HOT static int ap_module_tables(struct ap_module *m, const struct dl_phdr_info *info,
                             const uint8_t *plan, uint32_t plansz)
@@ -375,7 +396,8 @@ AP_HOT static int ap_module_tables(struct ap_module *m, const struct dl_phdr_inf
     const struct ap_note *n = &m->note;
     if (n->table_end < n->table_start || n->repl_end < n->repl_start ||
         !ap_in_load(info, n->table_start, n->table_end) ||
-        !ap_in_load(info, n->repl_start, n->repl_end)) {
+        !ap_in_load(info, n->repl_start, n->repl_end) ||
+        (n->table_end > n->table_start && !ap_in_fixed(info, n->table_start, n->table_end))) {
         m->reason = ALTPATCH_REASON_BAD_TABLE;
         return 0;
     }

@@ -199,7 +199,8 @@ ALTPATCH_API int altpatch_get_stats(struct altpatch_stats *st);
 /** Why a site keeps its original bytes. 0 means no refusal. */
 enum altpatch_reason {
     ALTPATCH_REASON_NONE = 0,
-    ALTPATCH_REASON_BAD_TABLE,         /**< table size not a multiple of the record size */
+    ALTPATCH_REASON_BAD_TABLE,         /**< table size not a multiple of the record size, table or
+                                        *   replacements outside the module, table in writable memory */
     ALTPATCH_REASON_BAD_VERSION,       /**< note format version or record size unknown */
     ALTPATCH_REASON_SITE_BOUNDS,       /**< site outside the module's executable sections */
     ALTPATCH_REASON_REPL_BOUNDS,       /**< replacement outside altinstr_replacement */
