@@ -917,9 +917,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     struct ap_module *m = mr->m;
     /* copies: the stores below (bytes) could alias any field read through m or r */
     const struct ap_tsite *sites = m->sites;
-    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
-    const uint64_t table_addr = m->note.table_start;
-    const uint32_t rs = m->note.record_size;
+    const struct ap_table_ref tab = ap_table_ref(m);
     struct ap_site_state *st = m->st;
     const uint8_t *morig = m->orig;
     uint8_t *mplanned = m->planned;
@@ -942,7 +940,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     }
     for (size_t i = 0; i < nsites; i++, n++) {
         /* the site, its address from its first record */
-        const struct ap_site site = ap_tsite_site(table, table_addr, rs, &sites[i]), *s = &site;
+        const struct ap_site site = ap_tsite_site(tab.p, tab.addr, tab.rs, &sites[i]), *s = &site;
         uint32_t off = st[i].orig_off, id = ap_shape_load(st[i].shape);
         size_t len = s->len;
         const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
@@ -1106,17 +1104,9 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     bool hints = ap_memo_hints_in(memo, &repl);
     for (; s != send; s++, sp++) {
         size_t len = s->len;
-        /* the site's address: its first record's (decoded: the record's
-         * first field, relative to the record) */
-        const uint8_t *p = decode ? table + (size_t)s->first * rs : NULL;
-        uint64_t addr;
-        if (decode) {
-            int32_t so;
-            memcpy(&so, p, 4);
-            addr = table_addr + (uint64_t)s->first * rs + (uint64_t)(int64_t)so;
-        } else {
-            addr = ments[s->first].site;
-        }
+        /* the site's address: its first record's */
+        uint64_t addr = decode ? ap_record_site(table, table_addr, rs, s->first)
+                               : ments[s->first].site;
         /* memory (a module's view of live memory maps every address to itself) */
         const uint8_t *cur = plain ? (const uint8_t *)(uintptr_t)(tbase + addr)
                                    : ap_region_at(&rc, &m->view, addr, (uint8_t)len);
@@ -1142,6 +1132,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
              * apply. Its feature times two plus its flags (plain: the
              * feature below AP_SCAN_FEATURES, no flag but ALT_FLAG_NOT):
              * its bit in keep2. */
+            const uint8_t *p = table + (size_t)s->first * rs;
             unsigned rw = ap_record_feature2(ap_record_tail(p, rs), rs);
             rw &= 64u * AP_NCAPWORDS - 1; /* plain: already below (a bound for the index) */
             uint64_t kw = keep2[rw >> 6] >> (rw & 63u);
@@ -1333,11 +1324,9 @@ AP_HOT static __attribute__((noinline)) bool ap_still_settled(const struct ap_mo
     const uint8_t *left = m->left_orig ? m->orig : m->planned;
     const struct ap_tsite *sites = m->sites;
     const struct ap_site_state *st = m->st;
-    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
-    const uint64_t table_addr = m->note.table_start;
-    const uint32_t rs = m->note.record_size;
+    const struct ap_table_ref tab = ap_table_ref(m);
     for (size_t i = 0, n = m->nsites; i < n; i++) {
-        uint64_t addr = ap_record_site(table, table_addr, rs, sites[i].first);
+        uint64_t addr = ap_table_site_addr(&tab, &sites[i]);
         if (!ap_same_site((const uint8_t *)(uintptr_t)addr, left + st[i].orig_off, sites[i].len))
             return false;
     }
@@ -1359,9 +1348,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
      * module lies in its text: orig_off is valid */
     const struct ap_tsite *sites = m->sites;
     const struct ap_site_state *st = m->st;
-    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
-    const uint64_t table_addr = m->note.table_start;
-    const uint32_t rs = m->note.record_size;
+    const struct ap_table_ref tab = ap_table_ref(m);
     struct ap_write *writes = r->writes;
     size_t n = r->ndec, nw = r->nwrites, w0 = nw;
     uint64_t kept_bytes = 0;
@@ -1370,7 +1357,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     const uint8_t *from = revert ? m->planned : m->orig;
     const uint8_t *to = revert ? m->orig : m->planned;
     for (size_t i = 0, ns = m->nsites; i < ns; i++, n++) {
-        uintptr_t addr = (uintptr_t)ap_record_site(table, table_addr, rs, sites[i].first);
+        uintptr_t addr = (uintptr_t)ap_table_site_addr(&tab, &sites[i]);
         size_t off = st[i].orig_off, len = sites[i].len;
         const uint8_t *cur = (const uint8_t *)addr;
         if (ap_same_site(cur, to + off, len))

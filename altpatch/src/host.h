@@ -777,19 +777,39 @@ struct ap_site_entries {
     struct ap_entry e[AP_SITE_ENTRIES];
 };
 
+/** A module's mapped record table, copied out of the module (a loop that
+ * stores bytes keeps it in registers: its stores could alias the module). */
+struct ap_table_ref {
+    const uint8_t *p;
+    uint64_t addr;
+    uint32_t rs;
+};
+
+static inline struct ap_table_ref ap_table_ref(const struct ap_module *m)
+{
+    return (struct ap_table_ref){(const uint8_t *)(uintptr_t)m->note.table_start,
+                                 m->note.table_start, m->note.record_size};
+}
+
+/** The address of site @p s of the table @p t: its first record's. */
+static inline uint64_t ap_table_site_addr(const struct ap_table_ref *t, const struct ap_tsite *s)
+{
+    return ap_record_site(t->p, t->addr, t->rs, s->first);
+}
+
 /** The address of site @p i of @p m: its first record's, read from the
- * module's mapped table (a table whose identity module.c checks by its hash). */
+ * module's mapped table (which cannot change: module.c). */
 static inline uint64_t ap_site_addr(const struct ap_module *m, size_t i)
 {
-    return ap_record_site((const uint8_t *)(uintptr_t)m->note.table_start, m->note.table_start,
-                          m->note.record_size, m->sites[i].first);
+    struct ap_table_ref t = ap_table_ref(m);
+    return ap_table_site_addr(&t, &m->sites[i]);
 }
 
 /** Site @p i of @p m as the planner and the memo take it (struct ap_site). */
 static inline struct ap_site ap_site_get(const struct ap_module *m, size_t i)
 {
-    return ap_tsite_site((const uint8_t *)(uintptr_t)m->note.table_start, m->note.table_start,
-                         m->note.record_size, &m->sites[i]);
+    struct ap_table_ref t = ap_table_ref(m);
+    return ap_tsite_site(t.p, t.addr, t.rs, &m->sites[i]);
 }
 
 /**
@@ -808,12 +828,11 @@ static inline const struct ap_entry *ap_module_decode_entries(const struct ap_mo
                                                               const struct ap_site **sp)
 {
     const struct ap_tsite *s = &m->sites[i];
-    const uint8_t *table = (const uint8_t *)(uintptr_t)m->note.table_start;
-    uint32_t rs = m->note.record_size;
+    const struct ap_table_ref t = ap_table_ref(m);
     for (uint32_t k = 0; k < s->count && k < AP_SITE_ENTRIES; k++)
-        ap_record_at(table, m->note.table_start, rs, (size_t)s->first + k, &buf->e[k]);
-    buf->site = (struct ap_site){ap_record_site(table, m->note.table_start, rs, s->first), 0,
-                                 s->count, s->reason, s->len};
+        ap_record_at(t.p, t.addr, t.rs, (size_t)s->first + k, &buf->e[k]);
+    buf->site = ap_tsite_site(t.p, t.addr, t.rs, s);
+    buf->site.first = 0; /* its records in buf->e */
     *sp = &buf->site;
     return buf->e;
 }
