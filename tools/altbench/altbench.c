@@ -53,19 +53,24 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-struct ab_stat ab_stat_of(const double *v, unsigned n)
+struct ab_stat ab_stat_sort(double *v, size_t n)
 {
-    double s[AB_MAX_REPS];
     struct ab_stat r = {0, 0};
     if (n == 0)
         return r;
+    qsort(v, n, sizeof(*v), cmp_double);
+    r.min = v[0];
+    r.med = (n % 2) ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    return r;
+}
+
+struct ab_stat ab_stat_of(const double *v, unsigned n)
+{
+    double s[AB_MAX_REPS];
     if (n > AB_MAX_REPS)
         n = AB_MAX_REPS;
     memcpy(s, v, n * sizeof(*s));
-    qsort(s, n, sizeof(*s), cmp_double);
-    r.min = s[0];
-    r.med = (n % 2) ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-    return r;
+    return ab_stat_sort(s, n);
 }
 
 uint64_t ab_calibrate(uint64_t (*fn)(uint64_t), uint64_t max_iters)

@@ -61,6 +61,9 @@ uint64_t ab_calibrate(uint64_t (*fn)(uint64_t), uint64_t max_iters);
 /** min and median of @p n samples (sorts a copy). */
 struct ab_stat ab_stat_of(const double *v, unsigned n);
 
+/** min and median of @p n samples, sorting @p v itself (any n). */
+struct ab_stat ab_stat_sort(double *v, size_t n);
+
 /** Monotonic nanoseconds. */
 uint64_t ab_now_ns(void);
 

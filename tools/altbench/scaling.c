@@ -118,19 +118,6 @@ static bool parse_line(const char *line)
     return true;
 }
 
-static int sc_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The median of @p v[0..n) (n > 0), sorted in place. */
-static double sc_median(double *v, size_t n)
-{
-    qsort(v, n, sizeof(*v), sc_cmp);
-    return (n % 2) ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* The cell of @p s: one line's own min / median, or the min / median of the
  * lines' minima. */
 static int sc_summarize(struct sc_phase *s)
@@ -146,8 +133,9 @@ static int sc_summarize(struct sc_phase *s)
     if (!v)
         return -1;
     memcpy(v, s->mins, s->nlines * sizeof(*v));
-    s->ns_med = sc_median(v, s->nlines);
-    s->ns_min = v[0];
+    struct ab_stat st = ab_stat_sort(v, s->nlines);
+    s->ns_min = st.min;
+    s->ns_med = st.med;
     free(v);
     return 0;
 }
@@ -202,8 +190,8 @@ static void round_ratio_cell(const struct sc_phase *a, const struct sc_phase *x)
         if (x->mins[i] > 0)
             v[k++] = a->mins[i] / x->mins[i];
     if (k) {
-        double med = sc_median(v, k); /* sorts v: its range is then v[0] .. v[k - 1] */
-        printf(" %.2f (%.2f-%.2f) |", med, v[0], v[k - 1]);
+        struct ab_stat st = ab_stat_sort(v, k); /* its range is then v[0] .. v[k - 1] */
+        printf(" %.2f (%.2f-%.2f) |", st.med, v[0], v[k - 1]);
     } else
         printf(" - |");
     free(v);
