@@ -6,8 +6,10 @@
  * parts of one write, of three and of the whole queue, with each site's
  * records decoded from the mapped table or read from the table pass's array
  * (ap_records_keep_max); writes denied in every part are each refused and
- * leave memory as it was; the next apply finds every site settled. And a
- * site's template id in two bytes. Built as test_parts_k1 with format-1
+ * leave memory as it was; the next apply finds every site settled; the
+ * applies after a first decision, which stores no plan bytes where a
+ * template gives them again, start from what it left. And a site's
+ * template id in two bytes. Built as test_parts_k1 with format-1
  * records; as test_parts_order with a write out of address order after the
  * parts (then a page a part wrote and the last batch writes again is
  * counted once); as test_parts_wide with a site of ten records in a table of
@@ -589,6 +591,107 @@ Test(parts, relocated_calls_in_every_part)
             cr_assert_geq(r->written, 5 * 6);
         }
         cr_assert_eq(r->written2, 0, "part of %u: the next apply wrote", c.part);
+    }
+}
+
+/* The call sites after each step of calls_seq_body(). */
+enum { SEQ_STEPS = 5 };
+struct calls_seq {
+    int rc[SEQ_STEPS];
+    unsigned n[SEQ_STEPS];
+    uint64_t written[SEQ_STEPS];
+    int state[SEQ_STEPS][N_CALLS];
+    uint8_t current[SEQ_STEPS][N_CALLS][5];
+    uintptr_t addr[N_CALLS];
+};
+
+static int seq_cb(const struct altpatch_site_info *si, void *p)
+{
+    struct calls_seq *r = ((void **)p)[0];
+    unsigned k = *(unsigned *)((void **)p)[1];
+    unsigned *n = &r->n[k];
+    if (si->addr < (uintptr_t)parts_calls_begin || si->addr >= (uintptr_t)parts_calls_end ||
+        *n >= N_CALLS || si->len != 5 || !si->current)
+        return 0;
+    r->addr[*n] = si->addr;
+    r->state[k][*n] = si->state;
+    memcpy(r->current[k][*n], si->current, 5);
+    (*n)++;
+    return 0;
+}
+
+/* The steps of a sequence: an apply under {ALWAYS} (A), under no feature
+ * (B: another generation of templates, the C sites go back to their
+ * originals and the D sites take their calls), a revert (R). */
+struct seq_ctx {
+    struct ctx c;
+    char steps[SEQ_STEPS + 1];
+};
+
+static void calls_seq_body(void *out, void *cv)
+{
+    struct calls_seq *r = out;
+    const struct seq_ctx *sc = cv;
+    struct altpatch_apply_opts o;
+    int mdwe;
+    struct altpatch_features *f = parts_begin(&sc->c, &mdwe, &o);
+    struct altpatch_features *none = altpatch_features_new();
+    if (!none)
+        abort();
+    struct altpatch_apply_opts other = o, rev = o;
+    other.features = none;
+    rev.flags |= ALTPATCH_APPLY_REVERT;
+    for (unsigned k = 0; k < SEQ_STEPS; k++) {
+        struct altpatch_stats st;
+        char step = sc->steps[k];
+        r->rc[k] = altpatch_apply_opts(step == 'A' ? &o : step == 'B' ? &other : &rev);
+        get_stats(&st); /* this apply's */
+        r->written[k] = st.bytes_written;
+        void *arg[2] = {r, &k};
+        altpatch_site_foreach(seq_cb, arg);
+    }
+    altpatch_features_free(none);
+    altpatch_features_free(f);
+}
+
+/* A first decision keeps no plan bytes where a site's template gives them
+ * again (the relocated calls' included): the next apply -- under another set
+ * (each call site switched from what it left), or a revert -- and the ones
+ * after find each site as it was left and write their own bytes; an apply
+ * under the same set as the last writes nothing. In parts of any size, the
+ * records decoded or kept. */
+Test(parts, later_applies_from_a_first_decisions_templates)
+{
+    static const unsigned parts[] = {1, 2, 1u << 20};
+    static const char *const seqs[] = {"ABRAA", "ARABA"};
+    for (size_t q = 0; q < 4 * sizeof(parts) / sizeof(parts[0]); q++) {
+        struct seq_ctx sc = {{parts[q / 4], records[q % 2], false, false, false}, ""};
+        const char *seq = seqs[(q / 2) % 2];
+        memcpy(sc.steps, seq, SEQ_STEPS);
+        struct calls_seq *r = ap_isolated(sizeof(*r), calls_seq_body, &sc);
+        for (unsigned k = 0; k < SEQ_STEPS; k++) {
+            char step = seq[k];
+            unsigned part = sc.c.part;
+            cr_assert_eq(r->rc[k], 0, "%s, part of %u, step %u: apply %d", seq, part, k, r->rc[k]);
+            cr_assert_eq(r->n[k], N_CALLS, "%s, part of %u, step %u: %u sites", seq, part, k,
+                         r->n[k]);
+            /* the program's other sites change with the set too: the bytes
+             * written are checked where nothing changes */
+            if (k > 0 && step == seq[k - 1])
+                cr_assert_eq(r->written[k], 0, "%s, part of %u, step %u: %llu bytes written",
+                             seq, part, k, (unsigned long long)r->written[k]);
+            for (unsigned i = 0; i < N_CALLS; i++) {
+                /* the call to parts_two: C sites under A, D sites under B */
+                bool two = step == 'A' ? CALLS[i] == 'C' : step == 'B' && CALLS[i] == 'D';
+                uint8_t want[5];
+                ap_call_bytes(want, r->addr[i], two ? (void *)parts_two : (void *)parts_one);
+                cr_assert_eq(r->state[k][i], two ? ALTPATCH_SITE_PATCHED : ALTPATCH_SITE_ORIGINAL,
+                             "%s, part of %u, step %u: site %u state %d", seq, part, k, i,
+                             r->state[k][i]);
+                cr_assert_arr_eq(r->current[k][i], want, 5, "%s, part of %u, step %u: site %u",
+                                 seq, part, k, i);
+            }
+        }
     }
 }
 

@@ -356,6 +356,9 @@ static struct ap_memo *ap_shapes_for(const struct altpatch_features *fs)
         return &ap_shapes;
     }
     if (ap_shapes_gen) {
+        /* the templates go: every planned left to them is written first */
+        for (struct ap_module *m = ap_mods; m; m = m->next)
+            ap_module_planned(m);
         ap_memo_free(&ap_shapes);
         ap_memo_init(&ap_shapes, fs);
     } else {
@@ -1041,9 +1044,10 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
  * writes and does not revert: each site's original is saved from memory as
  * it is decided (ap_module_save_all()'s work, in the same pass), so memory
  * holds the original; a site whose plan is its original changes nothing and
- * costs the plan alone. A patched site is recorded, and m->planned given its
- * plan, when it is queued (AP_WDEC_KEPT). Any other site goes through
- * ap_decide() once its arrays are filled.
+ * costs the plan alone. A patched site is recorded when it is queued
+ * (AP_WDEC_KEPT); its plan is not stored, its template gives it again
+ * (host.h: m->planned_memo). Any other site goes through ap_decide() once
+ * its arrays are filled.
  */
 static inline __attribute__((always_inline)) void
 ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct ap_memo *memo,
@@ -1096,6 +1100,9 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             keep2[w] = ap_bits_spread(memo->keep[0][w]) | ap_bits_spread(memo->keep[1][w]) << 1;
     m->saved = true; /* every site's arrays are filled below */
     m->shape_gen = ap_shapes_gen;
+    /* planned is written only where a site has no template to give it again
+     * (host.h): its pages stay absent */
+    m->planned_memo = memo;
     /* the sites and their states by pointer: the index (i, and n the
      * decision's) is computed where a write or the slow path needs it */
     const struct ap_tsite *s = sites, *const send = sites + nsites;
@@ -1140,7 +1147,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                 /* memory holds the original: saved from it, nothing else
                  * changes (as below, for the common site) */
                 ap_site_state_put(sp, off, ap_res_ok(-1), AP_SHAPE_ORIGINAL16);
-                ap_copy2_small(orig, orig + pdelta, cur, len);
+                ap_copy_small(orig, cur, len);
                 orig += len;
                 unchanged++;
                 continue;
@@ -1199,10 +1206,9 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             /* a lookup stores nothing: tmpl is still memo->tmpl */
             const struct ap_memo_tmpl *t = &tmpl[id - 1];
             if (t->nfields) {
-                /* instantiated where the site's final bytes are kept: the
-                 * write's new bytes, no copy of them after (a failed write
-                 * puts the original there, ap_write_done()) */
-                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, orig + pdelta, &target);
+                /* instantiated in the run's arena: the write's new bytes
+                 * (the next site's go after them, below) */
+                chosen = ap_memo_inst_fields(memo, id, &m->view, es, ents, slot, &target);
                 if (chosen < -1) {
                     ap_copy2_small(orig, orig + pdelta, cur, len);
                     orig += len;
@@ -1212,20 +1218,23 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             } else {
                 chosen = t->chosen;
                 target = t->key + 2 * (size_t)t->keylen; /* the same bytes at every site */
-                if (chosen >= 0)
-                    ap_copy_small(orig + pdelta, target, len);
             }
         }
-        ap_site_state_put(sp, off, ap_res_ok(chosen), ap_shape_store(id));
+        const uint16_t shape = ap_shape_store(id);
+        ap_site_state_put(sp, off, ap_res_ok(chosen), shape);
         if (chosen < 0) {
             /* memory holds the original: saved from it, nothing else changes */
-            ap_copy2_small(orig, orig + pdelta, cur, len);
+            ap_copy_small(orig, cur, len);
             orig += len;
             unchanged++;
             continue;
         }
         patched++;
-        ap_copy_small(orig, cur, len); /* planned holds target already */
+        ap_copy_small(orig, cur, len);
+        /* planned: the template gives it again, unless its id is too large
+         * to be kept (then stored, as the planner's sites are) */
+        if (__builtin_expect(!shape, 0))
+            ap_copy_small(orig + pdelta, target, len);
         const uint8_t *saved = orig;
         orig += len;
         if (ap_same_site(cur, target, len)) {
@@ -1607,8 +1616,10 @@ AP_HOT static int ap_collect_module(struct ap_run *r, struct ap_module *m, struc
     *mr = (struct ap_mrun){.m = m, .n0 = r->ndec, .ok = true, .path = AP_PATH_DECIDE};
     /* a module's first decision fills its per-site arrays as it goes */
     bool first = ap_first_decision(r, m);
-    if (!first)
+    if (!first) {
         ap_module_save(m);
+        ap_module_planned(m); /* every path below reads what the last apply left */
+    }
     ap_cache_check(m, ap_shapes_gen);
     /* a pre-patched module whose file chose what this feature set selects:
      * settled on memory's bytes, nothing planned (prepatch_load.c); a dry

@@ -619,6 +619,16 @@ struct ap_module {
     void *pin;
     bool gone;
     uint8_t *planned;           /* per site (at orig_off): the bytes the last apply left */
+    /* Planned left unwritten (apply.c's first decision): where this is not
+     * NULL, a site's bytes in planned are not stored but given by the memo
+     * it points to, of generation shape_gen -- the original where the
+     * site's result chooses none, else its template (st[i].shape)
+     * instantiated for the site -- except at sites without a template
+     * (shape 0), whose planned bytes were stored when decided. Nothing
+     * reads planned before ap_module_planned() has written them all; the
+     * memo is not freed before (apply.c). Planned's pages stay absent until
+     * then: most programs apply once and never need them. */
+    const struct ap_memo *planned_memo;
     /* The memo generation whose template ids the sites' st[i].shape hold
      * (sitecache.c), or AP_SHAPE_GEN_ANY */
     uint64_t shape_gen;
@@ -701,6 +711,24 @@ static inline void ap_module_save(struct ap_module *m)
 {
     if (!m->saved && m->block)
         ap_module_save_all(m);
+}
+
+/**
+ * Write every site's bytes into @p m's planned where its first decision left
+ * them to its templates (m->planned_memo: see there), and clear
+ * planned_memo. A site whose template no longer gives the result it chose
+ * (it cannot happen: the records and replacements lie in read-only memory)
+ * is given its original: memory then matches neither, and the next apply
+ * refuses the site instead of writing over bytes it cannot name.
+ */
+AP_HIDDEN void ap_module_fill_planned(struct ap_module *m);
+
+/** ap_module_fill_planned() unless planned holds every site's bytes: before
+ * anything reads m->planned. */
+static inline void ap_module_planned(struct ap_module *m)
+{
+    if (m->planned_memo)
+        ap_module_fill_planned(m);
 }
 
 /** ap_copy_small() of @p n bytes at @p src to both @p a and @p b (a site's bytes). */

@@ -269,7 +269,38 @@ AP_HOT void ap_module_save_all(struct ap_module *m)
         off += len;
     }
     m->shape_gen = AP_SHAPE_GEN_ANY;
+    m->planned_memo = NULL; /* planned holds every site's bytes */
     m->saved = true;
+}
+
+void ap_module_fill_planned(struct ap_module *m)
+{
+    const struct ap_memo *memo = m->planned_memo;
+    m->planned_memo = NULL;
+    for (size_t i = 0, n = m->nsites; i < n; i++) {
+        size_t off = ap_orig_off(m, i);
+        if (off == AP_NO_ORIG)
+            continue;
+        uint8_t len = m->sites[i].len;
+        uint8_t *p = m->planned + off;
+        int chosen = ap_res_chosen(&m->st[i].res);
+        uint32_t id = ap_shape_load(m->st[i].shape);
+        /* a module unloaded since (gone): its records are not read */
+        if (chosen < 0 || id == AP_SHAPE_ORIGINAL || m->gone) {
+            ap_copy_small(p, m->orig + off, len);
+            continue;
+        }
+        if (!id)
+            continue; /* stored when decided */
+        struct ap_site_entries eb;
+        const struct ap_site *s;
+        const struct ap_entry *e = ap_module_site_entries(m, i, &eb, &s);
+        const uint8_t *final;
+        if (ap_memo_inst(memo, id, &m->view, s, e, p, &final) != chosen)
+            final = m->orig + off;
+        if (final != p)
+            ap_copy_small(p, final, len);
+    }
 }
 
 /*
@@ -287,7 +318,10 @@ static int ap_save_originals(struct ap_module *m, uint64_t total, const uint8_t 
     if (total >= AP_NO_ORIG32)
         return -ENOMEM; /* 32-bit offsets: 16 million sites of 255 bytes */
     size_t size = n * sizeof(*m->st) + 2 * total;
-    uint8_t *b = ap_malloc_filled(size); /* every site's entries written by its first decision */
+    /* st and the originals are written by the first decision, whole; planned
+     * only where a later apply needs it (host.h: planned_memo): its pages
+     * are not made present here */
+    uint8_t *b = ap_malloc_filled_head(size, size - total);
     if (!b)
         return -ENOMEM;
     m->block = b;
@@ -545,10 +579,11 @@ static bool ap_same_identity(const struct ap_module *m, const struct dl_phdr_inf
  * True when every site holds its saved original or the bytes the last apply
  * left (or nothing is saved yet: the first decision saves what memory holds).
  */
-static bool ap_sites_unchanged(const struct ap_module *m)
+static bool ap_sites_unchanged(struct ap_module *m)
 {
     if (!m->saved)
         return true;
+    ap_module_planned(m);
     const struct ap_region *r = NULL; /* the region of the last site: sites come in order */
     for (size_t i = 0; i < m->nsites; i++) {
         size_t off = ap_orig_off(m, i);
@@ -575,7 +610,7 @@ static bool ap_sites_unchanged(const struct ap_module *m)
  * saved original or what the last apply wrote. A file replaced on disk and
  * loaded again at the same address fails one of these and is read again.
  */
-static bool ap_content_unchanged(const struct ap_module *m, const struct dl_phdr_info *info,
+static bool ap_content_unchanged(struct ap_module *m, const struct dl_phdr_info *info,
                                  bool reload)
 {
     if (!m->table_read)

@@ -340,6 +340,7 @@ AP_HOT bool ap_prepatch_agrees(struct ap_module *m, const struct altpatch_featur
         return false;
     if (m->prepatch_agreed)
         return true;
+    ap_module_planned(m);
     size_t patched = 0;
     const struct ap_site_result *file = m->prepatch_res; /* NULL: the results hold them */
     for (size_t i = 0; i < m->nsites; i++) {
