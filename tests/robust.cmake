@@ -39,13 +39,15 @@ target_compile_definitions(reload_v1 PRIVATE RELOAD_ORIG=1 RELOAD_REPL=2)
 target_compile_definitions(reload_v2 PRIVATE RELOAD_ORIG=1 RELOAD_REPL=3)
 target_compile_definitions(reload_v3 PRIVATE RELOAD_ORIG=7 RELOAD_REPL=3)
 target_compile_definitions(reload_v4 PRIVATE RELOAD_ORIG=7 RELOAD_REPL=3 RELOAD_NEVER=1)
-# test_apply loads the three at once: modules out of address order
+# test_apply loads the three at once: modules out of address order; and
+# libaphost_records.so (live.cmake): sites outside a module's text
 if(TARGET test_apply)
-  add_dependencies(test_apply reload_v1 reload_v2 reload_v3 reload_v4)
+  add_dependencies(test_apply reload_v1 reload_v2 reload_v3 reload_v4 aphost_records)
   target_link_libraries(test_apply PRIVATE ${CMAKE_DL_LIBS})
   target_compile_definitions(test_apply PRIVATE
     RELOAD_V1="$<TARGET_FILE:reload_v1>" RELOAD_V2="$<TARGET_FILE:reload_v2>"
-    RELOAD_V3="$<TARGET_FILE:reload_v3>" RELOAD_V4="$<TARGET_FILE:reload_v4>")
+    RELOAD_V3="$<TARGET_FILE:reload_v3>" RELOAD_V4="$<TARGET_FILE:reload_v4>"
+    APH_RECORDS="$<TARGET_FILE:aphost_records>")
 endif()
 #   librobust_forkctor.so  a constructor that raises SIGUSR1 (a handler forks
 #                          inside altpatch_dlopen)

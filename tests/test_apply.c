@@ -1463,12 +1463,96 @@ Test(apply, modules_refresh_finds_this_program)
     cr_assert(m->saved);
     cr_assert_neq(ap_orig_off(m, best), AP_NO_ORIG);
     cr_assert_arr_eq(m->orig + ap_orig_off(m, best), XOR_PAD, 3);
+    /* each site's bytes follow the last site's and hold what memory held
+     * (test_parts: over several groups of AP_OFF_GROUP sites) */
+    size_t off = 0;
+    for (size_t i = 0; i < m->nsites; off += m->sites[i].len, i++) {
+        cr_assert_not(ap_site_outside(m, i), "site %zu lies in the text", i);
+        cr_assert_eq(ap_orig_off(m, i), off, "site %zu: offset %zu, not %zu", i,
+                     ap_orig_off(m, i), off);
+        cr_assert_arr_eq(m->orig + off, (const void *)(uintptr_t)ap_site_addr(m, i),
+                         m->sites[i].len, "site %zu: its original saved", i);
+    }
+    cr_assert_eq(off, m->site_bytes);
     /* nothing loaded or unloaded: the same modules are kept */
     struct ap_module *first = list;
     cr_assert_eq(ap_modules_refresh(&list), 0);
     cr_assert_eq(list, first);
     ap_modules_free(list);
 }
+
+#ifdef APH_RECORDS
+/* The executable segments of the object whose name ends in /name. */
+struct exec_segs {
+    const char *name;
+    uintptr_t lo[8], hi[8];
+    int n;
+};
+
+static int exec_segs_cb(struct dl_phdr_info *info, size_t size, void *p)
+{
+    struct exec_segs *s = p;
+    (void)size;
+    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    if (!slash || strcmp(slash + 1, s->name))
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum && s->n < 8; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+            s->lo[s->n] = info->dlpi_addr + ph->p_vaddr;
+            s->hi[s->n++] = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
+        }
+    }
+    return 1;
+}
+
+/* Sites outside a module's text (the hostile records' SITE_BOUNDS sites:
+ * in the record table, and 2 GiB away) have no bytes saved; every other
+ * site's bytes follow the sites' before it, the outside ones' lengths
+ * counted too. Which sites lie in an executable segment comes from the
+ * loader's program headers (none of this fixture's sites lies in its
+ * replacement section, which the library's text leaves out). */
+Test(apply, sites_outside_the_text_have_no_bytes)
+{
+    void *h = dlopen(APH_RECORDS, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(h, "dlopen: %s", dlerror());
+    struct ap_module *list = NULL;
+    cr_assert_eq(ap_modules_refresh(&list), 0);
+    struct ap_module *m = list;
+    const char *name = strrchr(APH_RECORDS, '/') + 1;
+    while (m && (!strrchr(m->path, '/') || strcmp(strrchr(m->path, '/') + 1, name)))
+        m = m->next;
+    cr_assert_not_null(m, "%s listed", name);
+    cr_assert_eq(m->reason, ALTPATCH_REASON_NONE);
+    struct exec_segs segs = {.name = name};
+    dl_iterate_phdr(exec_segs_cb, &segs);
+    cr_assert_gt(segs.n, 0);
+    ap_module_save(m);
+    size_t off = 0, inside = 0, outside = 0;
+    for (size_t i = 0; i < m->nsites; off += m->sites[i].len, i++) {
+        uintptr_t a = (uintptr_t)ap_site_addr(m, i);
+        size_t len = m->sites[i].len;
+        bool in = false;
+        for (int k = 0; k < segs.n; k++)
+            in |= len && a >= segs.lo[k] && a < segs.hi[k] && len <= segs.hi[k] - a;
+        cr_assert_eq(ap_site_outside(m, i), !in, "site %zu at %#lx", i, (unsigned long)a);
+        if (!in) {
+            cr_assert_eq(ap_orig_off(m, i), AP_NO_ORIG, "site %zu", i);
+            outside++;
+            continue;
+        }
+        cr_assert_eq(ap_orig_off(m, i), off, "site %zu: offset %zu, not %zu", i, ap_orig_off(m, i),
+                     off);
+        cr_assert_arr_eq(m->orig + off, (const void *)a, len, "site %zu: its original saved", i);
+        inside++;
+    }
+    cr_assert_geq(outside, 3, "the three SITE_BOUNDS sites");
+    cr_assert_geq(inside, 2);
+    cr_assert_eq(off, m->site_bytes);
+    ap_modules_free(list);
+    dlclose(h);
+}
+#endif
 
 struct seen_walk {
     struct ap_notes_seen seen;

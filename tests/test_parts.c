@@ -415,6 +415,31 @@ Test(parts, template_ids_in_two_bytes)
     cr_assert_eq(ap_shape_store(70000), 0);
 }
 
+/* Where each site's original is kept (host.h: off_at): after the sites
+ * before it, in every group of AP_OFF_GROUP sites, as ap_orig_off() finds
+ * it from the group's offset; each holds what memory held. */
+Test(parts, each_site_s_bytes_follow_the_last_site_s)
+{
+    struct ap_module *list = NULL;
+    cr_assert_eq(ap_modules_refresh(&list), 0);
+    struct ap_module *m = list;
+    while (m && m->path[0])
+        m = m->next;
+    cr_assert_not_null(m, "the test program's module");
+    cr_assert_geq(m->nsites, 3 * AP_OFF_GROUP, "%zu sites", m->nsites);
+    ap_module_save(m);
+    size_t off = 0;
+    for (size_t i = 0; i < m->nsites; off += m->sites[i].len, i++) {
+        cr_assert_not(ap_site_outside(m, i), "site %zu", i);
+        cr_assert_eq(ap_orig_off(m, i), off, "site %zu: offset %zu, not %zu", i, ap_orig_off(m, i),
+                     off);
+        cr_assert_arr_eq(m->orig + off, (const void *)(uintptr_t)ap_site_addr(m, i),
+                         m->sites[i].len, "site %zu: its original", i);
+    }
+    cr_assert_eq(off, m->site_bytes);
+    ap_modules_free(list);
+}
+
 /* Sites whose replacement is a call, relocated to each site (a template
  * with a rel32 field, instantiated per site): C written under {ALWAYS}, D
  * kept. Never run: their bytes are what is checked. */

@@ -933,6 +933,7 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     uintptr_t wlast = r->wlast;
     bool revert = r->revert, keep = r->keep, unsorted = r->unsorted;
     const size_t nw0 = nw, nunkept0 = r->nunkept;
+    size_t offrun = 0; /* the next site's bytes (host.h: off_at) */
     if (m->reason || r->debug) {
         for (size_t i = 0; i < nsites; i++) {
             ap_decide(r, mr, i, slot, memo);
@@ -944,10 +945,11 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     for (size_t i = 0; i < nsites; i++, n++) {
         /* the site, its address from its first record */
         const struct ap_site site = ap_tsite_site(tab.p, tab.addr, tab.rs, &sites[i]), *s = &site;
-        uint32_t off = st[i].orig_off, id = ap_shape_load(st[i].shape);
-        size_t len = s->len;
+        uint32_t id = ap_shape_load(st[i].shape);
+        size_t len = s->len, off = offrun;
+        offrun += len;
         const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
-        if (off == AP_NO_ORIG32)
+        if (ap_site_outside(m, i))
             goto slow; /* outside the text: refused */
         const uint8_t *orig = morig + off, *planned = mplanned + off, *target = orig;
         int chosen = -1;
@@ -1118,14 +1120,15 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
         const uint8_t *cur = plain ? (const uint8_t *)(uintptr_t)(tbase + addr)
                                    : ap_region_at(&rc, &m->view, addr, (uint8_t)len);
         if (!plain && !cur) {
-            ap_site_state_put(sp, AP_NO_ORIG32, ap_res_ok(-1), 0);
-            goto slow; /* outside the text: refused */
+            /* outside the text (m->outside says so too): refused */
+            ap_site_state_put(sp, ap_res_ok(-1), 0);
+            orig += len; /* its bytes, never written */
+            goto slow;
         }
         /* the plan from memory's bytes: the original, saved below (at orig,
          * planned; the next site's follow). The site's state is stored once,
          * whole, when it is decided (one store where it keeps its original) */
         const uint8_t *target;
-        const uint32_t off = (uint32_t)(orig - morig);
         uint32_t count = s->count, id;
         int chosen;
         /* the site's records: decoded (at most AP_SITE_ENTRIES: module.c
@@ -1146,7 +1149,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             if ((kw & 1u) && p[rs - 1] <= len) {
                 /* memory holds the original: saved from it, nothing else
                  * changes (as below, for the common site) */
-                ap_site_state_put(sp, off, ap_res_ok(-1), AP_SHAPE_ORIGINAL16);
+                ap_site_state_put(sp, ap_res_ok(-1), AP_SHAPE_ORIGINAL16);
                 ap_copy_small(orig, cur, len);
                 orig += len;
                 unchanged++;
@@ -1200,7 +1203,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             if (!id) {
                 ap_copy2_small(orig, orig + pdelta, cur, len);
                 orig += len;
-                ap_site_state_put(sp, off, ap_res_ok(-1), 0);
+                ap_site_state_put(sp, ap_res_ok(-1), 0);
                 goto slow; /* a new shape, or refused: the planner */
             }
             /* a lookup stores nothing: tmpl is still memo->tmpl */
@@ -1212,7 +1215,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
                 if (chosen < -1) {
                     ap_copy2_small(orig, orig + pdelta, cur, len);
                     orig += len;
-                    ap_site_state_put(sp, off, ap_res_ok(-1), ap_shape_store(id));
+                    ap_site_state_put(sp, ap_res_ok(-1), ap_shape_store(id));
                     goto slow; /* a field does not fit here: the planner says why */
                 }
             } else {
@@ -1221,7 +1224,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
             }
         }
         const uint16_t shape = ap_shape_store(id);
-        ap_site_state_put(sp, off, ap_res_ok(chosen), shape);
+        ap_site_state_put(sp, ap_res_ok(chosen), shape);
         if (chosen < 0) {
             /* memory holds the original: saved from it, nothing else changes */
             ap_copy_small(orig, cur, len);
@@ -1329,15 +1332,16 @@ static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
  */
 AP_HOT static __attribute__((noinline)) bool ap_still_settled(const struct ap_module *m)
 {
-    /* every site of a settled module lies in its text: orig_off is valid */
+    /* every site of a settled module lies in its text: each has its bytes,
+     * after the last site's */
     const uint8_t *left = m->left_orig ? m->orig : m->planned;
     const struct ap_tsite *sites = m->sites;
-    const struct ap_site_state *st = m->st;
     const struct ap_table_ref tab = ap_table_ref(m);
     for (size_t i = 0, n = m->nsites; i < n; i++) {
         uint64_t addr = ap_table_site_addr(&tab, &sites[i]);
-        if (!ap_same_site((const uint8_t *)(uintptr_t)addr, left + st[i].orig_off, sites[i].len))
+        if (!ap_same_site((const uint8_t *)(uintptr_t)addr, left, sites[i].len))
             return false;
+        left += sites[i].len;
     }
     return true;
 }
@@ -1354,9 +1358,8 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
 {
     const struct ap_module *m = mr->m;
     /* copies (stores of bytes could alias them); every site of a settled
-     * module lies in its text: orig_off is valid */
+     * module lies in its text: each has its bytes, after the last site's */
     const struct ap_tsite *sites = m->sites;
-    const struct ap_site_state *st = m->st;
     const struct ap_table_ref tab = ap_table_ref(m);
     struct ap_write *writes = r->writes;
     size_t n = r->ndec, nw = r->nwrites, w0 = nw;
@@ -1365,9 +1368,11 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     bool revert = r->revert, unsorted = r->unsorted;
     const uint8_t *from = revert ? m->planned : m->orig;
     const uint8_t *to = revert ? m->orig : m->planned;
+    size_t offrun = 0;
     for (size_t i = 0, ns = m->nsites; i < ns; i++, n++) {
         uintptr_t addr = (uintptr_t)ap_table_site_addr(&tab, &sites[i]);
-        size_t off = st[i].orig_off, len = sites[i].len;
+        size_t off = offrun, len = sites[i].len;
+        offrun += len;
         const uint8_t *cur = (const uint8_t *)addr;
         if (ap_same_site(cur, to + off, len))
             continue; /* also a plan that is the original */
@@ -1670,10 +1675,9 @@ AP_HOT static int ap_collect_module(struct ap_run *r, struct ap_module *m, struc
     } else if (mr->path == AP_PATH_DECIDE) {
         if (m->left_orig) {
             /* what the last apply left is the originals (ap_decide's "planned") */
-            for (size_t i = 0; i < m->nsites; i++)
-                if (m->st[i].orig_off != AP_NO_ORIG32)
-                    ap_copy_small(m->planned + m->st[i].orig_off, m->orig + m->st[i].orig_off,
-                                  m->sites[i].len);
+            for (size_t i = 0, off = 0; i < m->nsites; off += m->sites[i].len, i++)
+                if (!ap_site_outside(m, i))
+                    ap_copy_small(m->planned + off, m->orig + off, m->sites[i].len);
             m->left_orig = false;
         }
         size_t w0 = r->nparted + r->nwrites;
@@ -1806,12 +1810,14 @@ static __attribute__((noinline)) void ap_write_done(struct ap_run *r, size_t k, 
     if (done && result == ALTPATCH_REASON_NONE) {
         /* recorded when decided; memory holds the new bytes */
         if (r->keep)
-            ap_copy_small(m->planned + m->st[i].orig_off, w->new, w->len);
+            ap_copy_small(m->planned + ap_orig_off(m, i), w->new, w->len);
         return;
     }
-    if ((tag & (AP_WDEC_DONE | AP_WDEC_KEPT)) == (AP_WDEC_DONE | AP_WDEC_KEPT))
+    if ((tag & (AP_WDEC_DONE | AP_WDEC_KEPT)) == (AP_WDEC_DONE | AP_WDEC_KEPT)) {
         /* memory holds the original (or a mismatch): planned did */
-        ap_copy_small(m->planned + m->st[i].orig_off, m->orig + m->st[i].orig_off, w->len);
+        size_t off = ap_orig_off(m, i);
+        ap_copy_small(m->planned + off, m->orig + off, w->len);
+    }
     if (result != ALTPATCH_REASON_NONE)
         mr->ok = false;
     if (mr->path != AP_PATH_DECIDE)

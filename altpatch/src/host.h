@@ -539,13 +539,10 @@ struct ap_warned {
 };
 
 /**
- * What a module keeps per site, in one 8-byte record: a decision writes all
- * of it at once.
+ * What a module keeps per site, in one 4-byte record: a decision writes all
+ * of it at once. Where its bytes are (ap_orig_off()) is not kept per site.
  */
 struct ap_site_state {
-    /* offset of the site's bytes in m->orig (and m->planned), or
-     * AP_NO_ORIG32; read it with ap_orig_off() */
-    uint32_t orig_off;
     struct ap_site_result res;
     /* The site's template (sitecache.c): the planner is pure, so under the
      * same feature set a site's plan does not change. Id of the template in
@@ -553,18 +550,21 @@ struct ap_site_state {
      * refused, every time), AP_SHAPE_ORIGINAL16 (ap_shape_store()). */
     uint16_t shape;
 };
-_Static_assert(sizeof(struct ap_site_state) == 8 && offsetof(struct ap_site_state, res) == 4 &&
-                   offsetof(struct ap_site_state, shape) == 6 &&
+_Static_assert(sizeof(struct ap_site_state) == 4 && offsetof(struct ap_site_state, res) == 0 &&
+                   offsetof(struct ap_site_state, shape) == 2 &&
                    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-               "a site's state: 8 bytes, one store (ap_site_state_put())");
+               "a site's state: 4 bytes, one store (ap_site_state_put())");
 
-/** Site state @p p set to offset @p off, result @p res, template @p shape: one store. */
-static inline void ap_site_state_put(struct ap_site_state *p, uint32_t off,
-                                     struct ap_site_result res, uint16_t shape)
+/** Site state @p p set to result @p res, template @p shape: one store. */
+static inline void ap_site_state_put(struct ap_site_state *p, struct ap_site_result res,
+                                     uint16_t shape)
 {
-    uint64_t v = (uint64_t)off | (uint64_t)res.v << 32 | (uint64_t)shape << 48;
+    uint32_t v = (uint32_t)res.v | (uint32_t)shape << 16;
     memcpy(p, &v, sizeof(v));
 }
+
+/** Sites per entry of a module's off_at (ap_orig_off()). */
+#define AP_OFF_GROUP 16u
 
 struct ap_module {
     struct ap_module *next;
@@ -607,10 +607,19 @@ struct ap_module {
     size_t nsites;
     uint8_t *orig;              /* original bytes of all sites, concatenated */
     size_t site_bytes;          /* the sum of all sites' lengths */
-    struct ap_site_state *st;   /* per site: where its bytes are, its result, its template */
+    struct ap_site_state *st;   /* per site: its result, its template */
+    /* Where each site's bytes are in orig and planned: every site has its
+     * length's bytes there, in site order (one outside the text too, never
+     * written), so a site's offset is the sum of the lengths before it.
+     * off_at[g] is the offset of site AP_OFF_GROUP * g (module.c, with the
+     * block); ap_orig_off() adds the lengths of the sites between. */
+    uint32_t *off_at;
+    /* The sites outside the module's text, one bit each (nothing saved for
+     * them: the planner refuses them, SITE_BOUNDS); NULL when none is. */
+    uint64_t *outside;
     struct ap_warned *warned;   /* sorted by site; malloc'ed, or NULL */
     size_t nwarned;
-    void *block;                /* one allocation: st, orig, planned */
+    void *block;                /* one allocation: st, off_at, orig, planned */
     bool present;               /* scratch for refresh */
     /* Pin (pins.c): a dlopen() reference held for the length of one apply or
      * site walk, so that a concurrent dlclose() cannot unmap bytes being read
@@ -694,15 +703,15 @@ static inline uint32_t ap_shape_load(uint16_t v)
 /** m->shape_gen while no site has a template: valid for every generation. */
 #define AP_SHAPE_GEN_ANY UINT64_MAX
 
-/** orig_off of a site outside the module's text: no bytes saved (refused by the planner). */
+/** ap_orig_off() of a site outside the module's text: no bytes saved (refused by the planner). */
 #define AP_NO_ORIG ((size_t)-1)
-/** The same in a module's 32-bit orig_off (a module's site bytes stay below 4 GiB). */
-#define AP_NO_ORIG32 UINT32_MAX
+/** A module's site bytes stay below this (32-bit offsets, off_at). */
+#define AP_SITE_BYTES_MAX UINT32_MAX
 
 /**
- * Fill @p m's per-site arrays from memory: each site's original (its offset
- * in m->orig, or AP_NO_ORIG32 outside the text), planned the same, every
- * result zero (original), no template. Once: see ap_module_save().
+ * Fill @p m's per-site arrays from memory: each site's original (none
+ * outside the text), planned the same, every result zero (original), no
+ * template. Once: see ap_module_save().
  */
 AP_HIDDEN void ap_module_save_all(struct ap_module *m);
 
@@ -790,10 +799,23 @@ static inline const uint8_t *ap_region_at(struct ap_region_cursor *c, const stru
     return (const uint8_t *)((uintptr_t)c->data + at);
 }
 
-/** Offset of site @p i's bytes in m->orig and m->planned, or AP_NO_ORIG. */
+/** True when site @p i of @p m lies outside its text (no bytes saved). */
+static inline bool ap_site_outside(const struct ap_module *m, size_t i)
+{
+    return __builtin_expect(m->outside != NULL, 0) && (m->outside[i / 64] >> (i % 64) & 1u);
+}
+
+/** Offset of site @p i's bytes in m->orig and m->planned, or AP_NO_ORIG
+ * (outside the text). A loop over the sites in order keeps its own: each
+ * site's bytes follow the last's. */
 static inline size_t ap_orig_off(const struct ap_module *m, size_t i)
 {
-    return m->st[i].orig_off == AP_NO_ORIG32 ? AP_NO_ORIG : m->st[i].orig_off;
+    if (ap_site_outside(m, i))
+        return AP_NO_ORIG;
+    size_t j = i & ~(size_t)(AP_OFF_GROUP - 1), off = m->off_at[i / AP_OFF_GROUP];
+    for (; j < i; j++)
+        off += m->sites[j].len;
+    return off;
 }
 
 /** Most records of one site decoded on demand (ap_module_site_entries). */

@@ -242,7 +242,8 @@ static void ap_module_free(struct ap_module *m)
     ap_mem_free(m->path);
     ap_mem_free(m->entries);
     ap_mem_free(m->sites);
-    ap_mem_free(m->block); /* st, orig, planned */
+    ap_mem_free(m->block); /* st, off_at, orig, planned */
+    ap_mem_free(m->outside);
     ap_mem_free(m->warned);
     ap_mem_free(m->prepatch_res);
     ap_mem_free(m);
@@ -255,17 +256,15 @@ AP_HOT void ap_module_save_all(struct ap_module *m)
     struct ap_site_state *st = m->st;
     uint8_t *orig = m->orig, *planned = m->planned;
     uint32_t off = 0;
-    struct ap_region_cursor rc = {0};
     for (size_t i = 0, n = m->nsites; i < n; i++) {
         uint8_t len = sites[i].len;
-        const uint8_t *at = ap_region_at(&rc, &m->view, ap_site_addr(m, i), len);
         /* the original (host.h), no template (m->shape_gen: any) */
-        ap_site_state_put(&st[i], at ? off : AP_NO_ORIG32, ap_res_ok(-1), 0);
-        if (!at)
-            continue;
-        /* the original, and the bytes the last apply left: memory's until an
-         * apply writes */
-        ap_copy2_small(orig + off, planned + off, at, len);
+        ap_site_state_put(&st[i], ap_res_ok(-1), 0);
+        if (!ap_site_outside(m, i))
+            /* the original, and the bytes the last apply left: memory's
+             * until an apply writes (a site in the text: its address) */
+            ap_copy2_small(orig + off, planned + off,
+                           (const uint8_t *)(uintptr_t)ap_site_addr(m, i), len);
         off += len;
     }
     m->shape_gen = AP_SHAPE_GEN_ANY;
@@ -277,9 +276,9 @@ void ap_module_fill_planned(struct ap_module *m)
 {
     const struct ap_memo *memo = m->planned_memo;
     m->planned_memo = NULL;
-    for (size_t i = 0, n = m->nsites; i < n; i++) {
-        size_t off = ap_orig_off(m, i);
-        if (off == AP_NO_ORIG)
+    size_t off = 0;
+    for (size_t i = 0, n = m->nsites; i < n; off += m->sites[i].len, i++) {
+        if (ap_site_outside(m, i))
             continue;
         uint8_t len = m->sites[i].len;
         uint8_t *p = m->planned + off;
@@ -304,32 +303,69 @@ void ap_module_fill_planned(struct ap_module *m)
 }
 
 /*
- * The per-site arrays in one allocation (m->block): st (each site's offset,
- * result and template), then the original bytes of every site that lies inside the
- * module's text and, at the same offsets, the bytes the last apply left
- * (planned). Filled by ap_module_save() -- at once for a pre-patched module,
- * else by the module's first decision (apply.c), which reads every site's
- * memory anyway, or by whatever reads them before.
+ * The sites outside the module's text (host.h: m->outside), unless the table
+ * pass proved none is (text_all). 0 or -ENOMEM.
+ */
+static int ap_mark_outside(struct ap_module *m)
+{
+    if (m->text_all)
+        return 0;
+    struct ap_region_cursor rc = {0};
+    for (size_t i = 0, n = m->nsites; i < n; i++) {
+        if (ap_region_at(&rc, &m->view, ap_site_addr(m, i), m->sites[i].len))
+            continue;
+        if (!m->outside) {
+            m->outside = ap_mem_calloc((n + 63) / 64, sizeof(*m->outside));
+            if (!m->outside)
+                return -ENOMEM;
+        }
+        m->outside[i / 64] |= 1ull << (i % 64);
+    }
+    return 0;
+}
+
+/*
+ * The per-site arrays in one allocation (m->block): st (each site's result
+ * and template), off_at (where the sites' bytes are: host.h), then the
+ * original bytes of every site (none saved for one outside the text) and, at
+ * the same offsets, the bytes the last apply left (planned). Filled by
+ * ap_module_save() -- at once for a pre-patched module, else by the module's
+ * first decision (apply.c), which reads every site's memory anyway, or by
+ * whatever reads them before.
  */
 static int ap_save_originals(struct ap_module *m, uint64_t total, const uint8_t *plan,
                              uint32_t plansz)
 {
     size_t n = m->nsites;
-    if (total >= AP_NO_ORIG32)
+    if (total >= AP_SITE_BYTES_MAX)
         return -ENOMEM; /* 32-bit offsets: 16 million sites of 255 bytes */
-    size_t size = n * sizeof(*m->st) + 2 * total;
+    size_t groups = n / AP_OFF_GROUP + 1;
+    size_t head = n * sizeof(*m->st) + groups * sizeof(*m->off_at);
+    size_t size = head + 2 * total;
     /* st and the originals are written by the first decision, whole; planned
      * only where a later apply needs it (host.h: planned_memo): its pages
      * are not made present here */
+    _Static_assert(sizeof(struct ap_site_state) == sizeof(uint32_t), "off_at aligned after st");
     uint8_t *b = ap_malloc_filled_head(size, size - total);
     if (!b)
         return -ENOMEM;
     m->block = b;
     m->site_bytes = total;
     m->st = (struct ap_site_state *)(void *)b;
-    m->orig = b + n * sizeof(*m->st);
+    m->off_at = (uint32_t *)(void *)(b + n * sizeof(*m->st));
+    m->orig = b + head;
     m->planned = m->orig + total;
     m->shape_gen = AP_SHAPE_GEN_ANY;
+    uint32_t off = 0, *at = m->off_at;
+    const struct ap_tsite *sites = m->sites;
+    for (size_t i = 0; i < n; i++) {
+        if (!(i % AP_OFF_GROUP))
+            at[i / AP_OFF_GROUP] = off;
+        off += sites[i].len;
+    }
+    int err = ap_mark_outside(m);
+    if (err)
+        return err;
     /* A pre-patched file (format 2 or 4): memory holds a profile's bytes, the
      * compiler's originals are in the file (prepatch_load.c). */
     if (!ap_note_prepatched(&m->note))
@@ -585,9 +621,9 @@ static bool ap_sites_unchanged(struct ap_module *m)
         return true;
     ap_module_planned(m);
     const struct ap_region *r = NULL; /* the region of the last site: sites come in order */
-    for (size_t i = 0; i < m->nsites; i++) {
-        size_t off = ap_orig_off(m, i);
-        if (off == AP_NO_ORIG)
+    size_t off = 0;
+    for (size_t i = 0; i < m->nsites; off += m->sites[i].len, i++) {
+        if (ap_site_outside(m, i))
             continue;
         uint64_t addr = ap_site_addr(m, i);
         uint8_t len = m->sites[i].len;
