@@ -451,6 +451,10 @@ __attribute__((noinline, used)) long parts_two(void)
 {
     return 2;
 }
+__attribute__((noinline, used)) long parts_three(void)
+{
+    return 3;
+}
 #define C ALTERNATIVE("call parts_one", "call parts_two", X86_FEATURE_ALWAYS) "\n\t"
 #define D ALTERNATIVE("call parts_one", "call parts_two", ALT_NOT(X86_FEATURE_ALWAYS)) "\n\t"
 extern const char parts_calls_begin[], parts_calls_end[];
@@ -625,7 +629,7 @@ struct calls_seq {
     int rc[SEQ_STEPS];
     unsigned n[SEQ_STEPS];
     uint64_t written[SEQ_STEPS];
-    int state[SEQ_STEPS][N_CALLS];
+    int state[SEQ_STEPS][N_CALLS], reason[SEQ_STEPS][N_CALLS];
     uint8_t current[SEQ_STEPS][N_CALLS][5];
     uintptr_t addr[N_CALLS];
 };
@@ -640,6 +644,7 @@ static int seq_cb(const struct altpatch_site_info *si, void *p)
         return 0;
     r->addr[*n] = si->addr;
     r->state[k][*n] = si->state;
+    r->reason[k][*n] = si->reason;
     memcpy(r->current[k][*n], si->current, 5);
     (*n)++;
     return 0;
@@ -647,7 +652,8 @@ static int seq_cb(const struct altpatch_site_info *si, void *p)
 
 /* The steps of a sequence: an apply under {ALWAYS} (A), under no feature
  * (B: another generation of templates, the C sites go back to their
- * originals and the D sites take their calls), a revert (R). */
+ * originals and the D sites take their calls), a revert (R); F: a call to
+ * parts_three put at call site FOREIGN_AT by another writer, then A. */
 struct seq_ctx {
     struct ctx c;
     char steps[SEQ_STEPS + 1];
@@ -669,7 +675,9 @@ static void calls_seq_body(void *out, void *cv)
     for (unsigned k = 0; k < SEQ_STEPS; k++) {
         struct altpatch_stats st;
         char step = sc->steps[k];
-        r->rc[k] = altpatch_apply_opts(step == 'A' ? &o : step == 'B' ? &other : &rev);
+        if (step == 'F' && r->n[k - 1] == N_CALLS)
+            ap_put_call(r->addr[FOREIGN_AT], (void *)parts_three);
+        r->rc[k] = altpatch_apply_opts(step == 'B' ? &other : step == 'R' ? &rev : &o);
         get_stats(&st); /* this apply's */
         r->written[k] = st.bytes_written;
         void *arg[2] = {r, &k};
@@ -681,34 +689,54 @@ static void calls_seq_body(void *out, void *cv)
 
 /* A first decision keeps no plan bytes where a site's template gives them
  * again (the relocated calls' included): the next apply -- under another set
- * (each call site switched from what it left), or a revert -- and the ones
- * after find each site as it was left and write their own bytes; an apply
- * under the same set as the last writes nothing. In parts of any size, the
- * records decoded or kept. */
+ * (each call site switched from what it left), a revert, the same set --
+ * and the ones after find each
+ * site as it was left and write their own bytes; an apply under the same set
+ * as the last writes nothing; a call put at a site by another writer after
+ * the first decision is refused, not taken for what the apply left. In
+ * parts of any size, the records decoded or kept. */
 Test(parts, later_applies_from_a_first_decisions_templates)
 {
     static const unsigned parts[] = {1, 2, 1u << 20};
-    static const char *const seqs[] = {"ABRAA", "ARABA"};
-    for (size_t q = 0; q < 4 * sizeof(parts) / sizeof(parts[0]); q++) {
-        struct seq_ctx sc = {{parts[q / 4], records[q % 2], false, false, false}, ""};
-        const char *seq = seqs[(q / 2) % 2];
+    static const char *const seqs[] = {"ABRAA", "ARABA", "AABRA", "AFAAB"};
+    enum { NSEQ = sizeof(seqs) / sizeof(seqs[0]) };
+    bool foreign = ap_procmem_can_write_text() != 0;
+    for (size_t q = 0; q < 2 * NSEQ * sizeof(parts) / sizeof(parts[0]); q++) {
+        struct seq_ctx sc = {{parts[q / (2 * NSEQ)], records[q % 2], false, false, false}, ""};
+        const char *seq = seqs[(q / 2) % NSEQ];
+        if (strchr(seq, 'F') && !foreign)
+            continue; /* the foreign call is written through /proc/self/mem */
         memcpy(sc.steps, seq, SEQ_STEPS);
         struct calls_seq *r = ap_isolated(sizeof(*r), calls_seq_body, &sc);
+        bool put = false; /* the foreign call is at FOREIGN_AT */
         for (unsigned k = 0; k < SEQ_STEPS; k++) {
             char step = seq[k];
             unsigned part = sc.c.part;
+            put |= step == 'F';
             cr_assert_eq(r->rc[k], 0, "%s, part of %u, step %u: apply %d", seq, part, k, r->rc[k]);
             cr_assert_eq(r->n[k], N_CALLS, "%s, part of %u, step %u: %u sites", seq, part, k,
                          r->n[k]);
             /* the program's other sites change with the set too: the bytes
-             * written are checked where nothing changes */
+             * written are checked where nothing changes (the program has a
+             * refused site: never settled, every apply decides it;
+             * test_parts_settled has the settled module) */
             if (k > 0 && step == seq[k - 1])
                 cr_assert_eq(r->written[k], 0, "%s, part of %u, step %u: %llu bytes written",
                              seq, part, k, (unsigned long long)r->written[k]);
             for (unsigned i = 0; i < N_CALLS; i++) {
                 /* the call to parts_two: C sites under A, D sites under B */
-                bool two = step == 'A' ? CALLS[i] == 'C' : step == 'B' && CALLS[i] == 'D';
+                bool two = step == 'B' ? CALLS[i] == 'D' : step != 'R' && CALLS[i] == 'C';
                 uint8_t want[5];
+                if (put && i == FOREIGN_AT) {
+                    /* neither the original nor the plan: left as found,
+                     * refused while it stays */
+                    ap_call_bytes(want, r->addr[i], (void *)parts_three);
+                    cr_assert_eq(r->state[k][i], ALTPATCH_SITE_REFUSED,
+                                 "%s, part of %u, step %u: the foreign site", seq, part, k);
+                    cr_assert_eq(r->reason[k][i], ALTPATCH_REASON_MEM_MISMATCH);
+                    cr_assert_arr_eq(r->current[k][i], want, 5);
+                    continue;
+                }
                 ap_call_bytes(want, r->addr[i], two ? (void *)parts_two : (void *)parts_one);
                 cr_assert_eq(r->state[k][i], two ? ALTPATCH_SITE_PATCHED : ALTPATCH_SITE_ORIGINAL,
                              "%s, part of %u, step %u: site %u state %d", seq, part, k, i,

@@ -1330,8 +1330,50 @@ static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
  * when every site passes; any other site sends the whole module through
  * ap_decide().
  */
+/*
+ * ap_still_settled() for a module whose first decision left planned to its
+ * templates (host.h: planned_memo): each site's memory against its
+ * original, its template's bytes, or the template instantiated for it in a
+ * buffer -- nothing written, planned's pages stay absent.
+ */
+static __attribute__((noinline)) bool ap_still_settled_templates(const struct ap_module *m)
+{
+    const struct ap_memo *memo = m->planned_memo;
+    const uint8_t *orig = m->orig, *planned = m->planned;
+    const struct ap_tsite *sites = m->sites;
+    const struct ap_site_state *st = m->st;
+    const struct ap_table_ref tab = ap_table_ref(m);
+    size_t off = 0;
+    for (size_t i = 0, n = m->nsites; i < n; off += sites[i].len, i++) {
+        uint64_t addr = ap_table_site_addr(&tab, &sites[i]);
+        int chosen = ap_res_chosen(&st[i].res);
+        uint32_t id = ap_shape_load(st[i].shape);
+        const uint8_t *left = orig + off;
+        uint8_t buf[256];
+        if (chosen < 0 || id == AP_SHAPE_ORIGINAL) {
+            /* the original */
+        } else if (!id) {
+            left = planned + off; /* stored when decided */
+        } else if (!memo->tmpl[id - 1].nfields) {
+            const struct ap_memo_tmpl *t = &memo->tmpl[id - 1];
+            left = t->key + 2 * (size_t)t->keylen;
+        } else {
+            struct ap_site_entries eb;
+            const struct ap_site *s;
+            const struct ap_entry *e = ap_module_site_entries(m, i, &eb, &s);
+            if (ap_memo_inst_fields(memo, id, &m->view, s, e, buf, &left) != chosen)
+                return false;
+        }
+        if (!ap_same_site((const uint8_t *)(uintptr_t)addr, left, sites[i].len))
+            return false;
+    }
+    return true;
+}
+
 AP_HOT static __attribute__((noinline)) bool ap_still_settled(const struct ap_module *m)
 {
+    if (m->planned_memo)
+        return ap_still_settled_templates(m);
     /* every site of a settled module lies in its text: each has its bytes,
      * after the last site's */
     const uint8_t *left = m->left_orig ? m->orig : m->planned;
@@ -1529,8 +1571,10 @@ static bool ap_run_small(size_t total)
 static void ap_run_undecide(struct ap_run *r)
 {
     for (size_t k = 0; k < r->nmods; k++)
-        if (r->mods[k].first)
+        if (r->mods[k].first) {
             r->mods[k].m->saved = false;
+            r->mods[k].m->planned_memo = NULL; /* nothing of it holds */
+        }
 }
 
 /*
@@ -1623,7 +1667,8 @@ AP_HOT static int ap_collect_module(struct ap_run *r, struct ap_module *m, struc
     bool first = ap_first_decision(r, m);
     if (!first) {
         ap_module_save(m);
-        ap_module_planned(m); /* every path below reads what the last apply left */
+        if (r->debug)
+            ap_module_planned(m); /* the log shows what the last apply left */
     }
     ap_cache_check(m, ap_shapes_gen);
     /* a pre-patched module whose file chose what this feature set selects:
@@ -1638,6 +1683,10 @@ AP_HOT static int ap_collect_module(struct ap_run *r, struct ap_module *m, struc
     }
     bool settled = m->settled_gen && m->settled_gen == ap_shapes_gen && !m->reason;
     bool stays = settled && r->revert == m->left_orig && ap_still_settled(m);
+    /* every other path reads what the last apply left (a module that stays
+     * was checked against its templates: planned's pages stay absent) */
+    if (!stays && !first)
+        ap_module_planned(m);
     /* settled from its plan note, not staying: its originals were read by
      * ap_needed_originals() (or could not be: refused), which decides as
      * above; never planned from memory's bytes taken for the originals */

@@ -634,9 +634,10 @@ struct ap_module {
      * site's result chooses none, else its template (st[i].shape)
      * instantiated for the site -- except at sites without a template
      * (shape 0), whose planned bytes were stored when decided. Nothing
-     * reads planned before ap_module_planned() has written them all; the
-     * memo is not freed before (apply.c). Planned's pages stay absent until
-     * then: most programs apply once and never need them. */
+     * reads planned before ap_module_planned() has written them all (a
+     * settled check compares memory with the templates instead: apply.c);
+     * the memo is not freed before (apply.c). Planned's pages stay absent
+     * until then: most programs apply once and never need them. */
     const struct ap_memo *planned_memo;
     /* The memo generation whose template ids the sites' st[i].shape hold
      * (sitecache.c), or AP_SHAPE_GEN_ANY */
