@@ -27,6 +27,7 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_copyfile.h"
+#include "ap_exec_segs.h"
 #include "ap_isolate.h"
 #include "ap_mdwe.h"
 #include "ap_procmem.h"
@@ -1482,30 +1483,6 @@ Test(apply, modules_refresh_finds_this_program)
 }
 
 #ifdef APH_RECORDS
-/* The executable segments of the object whose name ends in /name. */
-struct exec_segs {
-    const char *name;
-    uintptr_t lo[8], hi[8];
-    int n;
-};
-
-static int exec_segs_cb(struct dl_phdr_info *info, size_t size, void *p)
-{
-    struct exec_segs *s = p;
-    (void)size;
-    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
-    if (!slash || strcmp(slash + 1, s->name))
-        return 0;
-    for (int i = 0; i < info->dlpi_phnum && s->n < 8; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
-            s->lo[s->n] = info->dlpi_addr + ph->p_vaddr;
-            s->hi[s->n++] = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
-        }
-    }
-    return 1;
-}
-
 /* Sites outside a module's text (the hostile records' SITE_BOUNDS sites:
  * in the record table, and 2 GiB away) have no bytes saved; every other
  * site's bytes follow the sites' before it, the outside ones' lengths
@@ -1524,17 +1501,14 @@ Test(apply, sites_outside_the_text_have_no_bytes)
         m = m->next;
     cr_assert_not_null(m, "%s listed", name);
     cr_assert_eq(m->reason, ALTPATCH_REASON_NONE);
-    struct exec_segs segs = {.name = name};
-    dl_iterate_phdr(exec_segs_cb, &segs);
-    cr_assert_gt(segs.n, 0);
+    struct ap_exec_segs segs;
+    cr_assert_gt(ap_exec_segs_find(&segs, name), 0);
     ap_module_save(m);
     size_t off = 0, inside = 0, outside = 0;
     for (size_t i = 0; i < m->nsites; off += m->sites[i].len, i++) {
         uintptr_t a = (uintptr_t)ap_site_addr(m, i);
         size_t len = m->sites[i].len;
-        bool in = false;
-        for (int k = 0; k < segs.n; k++)
-            in |= len && a >= segs.lo[k] && a < segs.hi[k] && len <= segs.hi[k] - a;
+        bool in = ap_exec_segs_hold(&segs, a, len);
         cr_assert_eq(ap_site_outside(m, i), !in, "site %zu at %#lx", i, (unsigned long)a);
         if (!in) {
             cr_assert_eq(ap_orig_off(m, i), AP_NO_ORIG, "site %zu", i);

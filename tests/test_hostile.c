@@ -35,6 +35,7 @@
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
+#include "ap_exec_segs.h"
 #include "ap_isolate.h"
 #include "ap_mdwe.h"
 #include "ap_procmem.h"
@@ -79,53 +80,32 @@ static const struct mod_expect mod_expect[] = {
 #define NMOD (sizeof(mod_expect) / sizeof(mod_expect[0]))
 #define NALL (NMOD + 1)
 
-#define MAXSEG 4
+#define MAXSEG AP_EXEC_SEGS_MAX
 
 /* The executable segments of one module and a copy of their bytes. */
 struct segs {
-    char name[512];
-    uintptr_t addr[MAXSEG];
-    size_t size[MAXSEG];
+    struct ap_exec_segs x;
     uint8_t *copy[MAXSEG];
-    int n;
 };
-
-static int segs_cb(struct dl_phdr_info *info, size_t size, void *p)
-{
-    struct segs *s = p;
-    (void)size;
-    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
-    if (!slash || strcmp(slash + 1, s->name))
-        return 0;
-    for (int i = 0; i < info->dlpi_phnum && s->n < MAXSEG; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
-            s->addr[s->n] = info->dlpi_addr + ph->p_vaddr;
-            s->size[s->n++] = ph->p_memsz;
-        }
-    }
-    return 1;
-}
 
 static int segs_take(struct segs *s, const char *file)
 {
     memset(s, 0, sizeof(*s));
-    snprintf(s->name, sizeof(s->name), "%.*s", (int)sizeof(s->name) - 1, file);
-    dl_iterate_phdr(segs_cb, s);
-    for (int i = 0; i < s->n; i++) {
-        s->copy[i] = malloc(s->size[i]);
-        memcpy(s->copy[i], (const void *)s->addr[i], s->size[i]);
+    ap_exec_segs_find(&s->x, file);
+    for (int i = 0; i < s->x.n; i++) {
+        s->copy[i] = malloc(s->x.size[i]);
+        memcpy(s->copy[i], (const void *)s->x.addr[i], s->x.size[i]);
     }
-    return s->n;
+    return s->x.n;
 }
 
 /* Bytes of the segments that changed outside the ranges [lo[k], lo[k]+len). */
 static long segs_changed_outside(const struct segs *s, const uintptr_t *lo, int nr, size_t len)
 {
     long n = 0;
-    for (int i = 0; i < s->n; i++)
-        for (size_t b = 0; b < s->size[i]; b++) {
-            uintptr_t a = s->addr[i] + b;
+    for (int i = 0; i < s->x.n; i++)
+        for (size_t b = 0; b < s->x.size[i]; b++) {
+            uintptr_t a = s->x.addr[i] + b;
             if (*(const uint8_t *)a == s->copy[i][b])
                 continue;
             int in = 0;
