@@ -748,6 +748,88 @@ Test(parts, later_applies_from_a_first_decisions_templates)
     }
 }
 
+/* Two sites of one shape whose replacement jumps to parts_cut_tgt, one byte
+ * into the second: the first site's template has a rel32 field; at the
+ * second the field would point inside the site, so the template does not fit
+ * there and the planner decides it (a jump of its own). Never run. */
+#define CUT_ORIG_A ".byte 0x90, 0x0f, 0x1f, 0x40, 0x00"
+#define CUT_ORIG_B ".byte 0x90\n.globl parts_cut_tgt\nparts_cut_tgt:\n.byte 0x0f, 0x1f, 0x40, 0x00"
+extern const char parts_cut_begin[];
+__attribute__((noinline, used)) static void cut_sites(void)
+{
+    __asm__ __volatile__(".globl parts_cut_begin\nparts_cut_begin:\n\t"
+                         ALTERNATIVE(CUT_ORIG_A, "jmp parts_cut_tgt", X86_FEATURE_ALWAYS) "\n\t"
+                         ALTERNATIVE(CUT_ORIG_B, "jmp parts_cut_tgt", X86_FEATURE_ALWAYS) "\n\t"
+                         ::: "memory");
+}
+
+struct cut_run {
+    int rc[2];
+    uint8_t bytes[2][10];
+    int state[2][2];
+};
+
+static int cut_cb(const struct altpatch_site_info *si, void *p)
+{
+    struct cut_run *r = ((void **)p)[0];
+    unsigned k = *(unsigned *)((void **)p)[1];
+    uintptr_t b = (uintptr_t)parts_cut_begin;
+    if (si->addr == b || si->addr == b + 5)
+        r->state[k][si->addr != b] = si->state;
+    return 0;
+}
+
+/* ctx: 'R' a revert after the first apply, 'B' an apply under no feature */
+static void cut_body(void *out, void *cv)
+{
+    struct cut_run *r = out;
+    char then = *(const char *)cv;
+    struct altpatch_features *f = altpatch_features_new();
+    if (!f || altpatch_features_set(f, X86_FEATURE_ALWAYS))
+        abort();
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = f};
+    altpatch_set_print(NULL); /* the program's refused sites are expected */
+    for (unsigned k = 0; k < 2; k++) {
+        if (k == 1 && then == 'R')
+            o.flags = ALTPATCH_APPLY_REVERT;
+        else if (k == 1)
+            altpatch_features_set_bit(f, X86_FEATURE_ALWAYS, false);
+        r->rc[k] = altpatch_apply_opts(&o);
+        /* read through volatile: the compiler may take an object it knows
+         * as const for unchanged across the call */
+        for (unsigned z = 0; z < 10; z++)
+            r->bytes[k][z] = ((const volatile uint8_t *)parts_cut_begin)[z];
+        void *arg[2] = {r, &k};
+        altpatch_site_foreach(cut_cb, arg);
+    }
+    altpatch_features_free(f);
+}
+
+/* The planner's site after a template that did not fit it keeps the plan
+ * the planner made (not the template's, which gives none there): a revert,
+ * or another set, after the first apply puts both originals back. */
+Test(parts, a_site_the_planner_decided_goes_back)
+{
+    static const uint8_t orig[10] = {0x90, 0x0f, 0x1f, 0x40, 0x00, 0x90, 0x0f, 0x1f, 0x40, 0x00};
+    static const char thens[] = "RB";
+    for (unsigned q = 0; q < 2; q++) {
+        struct cut_run *r = ap_isolated(sizeof(*r), cut_body, (void *)&thens[q]);
+        uintptr_t b = (uintptr_t)parts_cut_begin, tgt = b + 6;
+        cr_assert_eq(r->rc[0], 0);
+        cr_assert_eq(r->rc[1], 0, "then %c: %d", thens[q], r->rc[1]);
+        for (unsigned i = 0; i < 2; i++) {
+            uint8_t jmp[5] = {0xe9};
+            int32_t rel = (int32_t)(tgt - (b + 5 * i + 5));
+            memcpy(jmp + 1, &rel, 4);
+            cr_assert_eq(r->state[0][i], ALTPATCH_SITE_PATCHED, "site %u", i);
+            cr_assert_arr_eq(r->bytes[0] + 5 * i, jmp, 5, "site %u: its own jump", i);
+            cr_assert_eq(r->state[1][i], ALTPATCH_SITE_ORIGINAL, "then %c: site %u state %d",
+                         thens[q], i, r->state[1][i]);
+        }
+        cr_assert_arr_eq(r->bytes[1], orig, 10, "then %c: both originals back", thens[q]);
+    }
+}
+
 #ifdef PARTS_WIDE
 /* wide()'s site after a first apply, and how many sites the module has. */
 struct wide_run {

@@ -346,20 +346,89 @@ __attribute__((constructor)) static void ap_atfork_register(void)
  */
 AP_STATE static struct ap_memo ap_shapes;
 AP_STATE static uint64_t ap_shapes_gen;
+/*
+ * The templates of the generation before, kept while a module whose plan
+ * bytes are still left to them (host.h: planned_memo) could not be read when
+ * the generation changed: it was not pinned (gone: unloaded, or its pin not
+ * taken). It is filled from them once pinned again; they are freed once no
+ * module points at them. NULL: none kept.
+ */
+AP_STATE static struct ap_memo *ap_shapes_prev;
+
+/* Every planned byte of the modules left to @p memo that are pinned
+ * written; true when one that is not still points at it. */
+static bool ap_shapes_fill(const struct ap_memo *memo)
+{
+    bool needed = false;
+    for (struct ap_module *m = ap_mods; m; m = m->next) {
+        if (m->planned_memo != memo)
+            continue;
+        if (m->gone)
+            needed = true;
+        else
+            ap_module_planned(m);
+    }
+    return needed;
+}
+
+/* The modules left to @p memo, whose templates go for good (no room to keep
+ * them): their plan bytes become their originals, so that the next apply
+ * refuses a site memory holds neither of (MEM_MISMATCH) instead of taking
+ * unknown bytes for its plan. */
+static void ap_shapes_lose(const struct ap_memo *memo)
+{
+    for (struct ap_module *m = ap_mods; m; m = m->next) {
+        if (m->planned_memo != memo)
+            continue;
+        for (size_t i = 0, off = 0; i < m->nsites; off += m->sites[i].len, i++)
+            if (!ap_site_outside(m, i))
+                ap_copy_small(m->planned + off, m->orig + off, m->sites[i].len);
+        m->planned_memo = NULL;
+    }
+}
+
+/* The generation before, freed (its modules lost) */
+static void ap_shapes_prev_free(void)
+{
+    ap_shapes_lose(ap_shapes_prev);
+    ap_memo_free(ap_shapes_prev);
+    ap_mem_free(ap_shapes_prev);
+    ap_shapes_prev = NULL;
+}
 
 /** The memo for @p fs: the kept one, or a new generation when the set changed.
  * Its lookups by records are dropped: libraries may have come and gone. */
 static struct ap_memo *ap_shapes_for(const struct altpatch_features *fs)
 {
+    /* the generation before: freed once no module needs it */
+    if (ap_shapes_prev && !ap_shapes_fill(ap_shapes_prev))
+        ap_shapes_prev_free();
     if (ap_shapes_gen && memcmp(&ap_shapes.fs, fs, sizeof(*fs)) == 0) {
         ap_memo_hints_drop(&ap_shapes);
         return &ap_shapes;
     }
     if (ap_shapes_gen) {
-        /* the templates go: every planned left to them is written first */
-        for (struct ap_module *m = ap_mods; m; m = m->next)
-            ap_module_planned(m);
-        ap_memo_free(&ap_shapes);
+        /* the templates go: every planned byte left to them is written
+         * first; a module not pinned now keeps them as the generation
+         * before (one: the one before that is given up) */
+        struct ap_memo *keep = NULL;
+        if (ap_shapes_fill(&ap_shapes)) {
+            if (ap_shapes_prev)
+                ap_shapes_prev_free();
+            keep = ap_mem_alloc(sizeof(*keep));
+            if (!keep)
+                ap_shapes_lose(&ap_shapes);
+        }
+        if (keep) {
+            *keep = ap_shapes; /* its blocks move with it */
+            keep->fs_at = &keep->fs;
+            ap_shapes_prev = keep;
+            for (struct ap_module *m = ap_mods; m; m = m->next)
+                if (m->planned_memo == &ap_shapes)
+                    m->planned_memo = keep;
+        } else {
+            ap_memo_free(&ap_shapes);
+        }
         ap_memo_init(&ap_shapes, fs);
     } else {
         ap_memo_init_zeroed(&ap_shapes, fs); /* the static, never used yet */
@@ -1667,8 +1736,10 @@ AP_HOT static int ap_collect_module(struct ap_run *r, struct ap_module *m, struc
     bool first = ap_first_decision(r, m);
     if (!first) {
         ap_module_save(m);
-        if (r->debug)
-            ap_module_planned(m); /* the log shows what the last apply left */
+        /* the log shows what the last apply left; templates of another
+         * generation are forgotten below, their plan bytes written first */
+        if (r->debug || m->shape_gen != ap_shapes_gen)
+            ap_module_planned(m);
     }
     ap_cache_check(m, ap_shapes_gen);
     /* a pre-patched module whose file chose what this feature set selects:

@@ -727,9 +727,11 @@ static inline void ap_module_save(struct ap_module *m)
  * Write every site's bytes into @p m's planned where its first decision left
  * them to its templates (m->planned_memo: see there), and clear
  * planned_memo. A site whose template no longer gives the result it chose
- * (it cannot happen: the records and replacements lie in read-only memory)
- * is given its original: memory then matches neither, and the next apply
- * refuses the site instead of writing over bytes it cannot name.
+ * (it cannot happen: records and replacements lie in read-only memory, and a
+ * site the planner decided carries only a template the planner stored for
+ * it: sitecache.c) is given its original: memory then matches neither, and
+ * the next apply refuses the site instead of writing over bytes it cannot
+ * name.
  */
 AP_HIDDEN void ap_module_fill_planned(struct ap_module *m);
 

@@ -284,8 +284,7 @@ void ap_module_fill_planned(struct ap_module *m)
         uint8_t *p = m->planned + off;
         int chosen = ap_res_chosen(&m->st[i].res);
         uint32_t id = ap_shape_load(m->st[i].shape);
-        /* a module unloaded since (gone): its records are not read */
-        if (chosen < 0 || id == AP_SHAPE_ORIGINAL || m->gone) {
+        if (chosen < 0 || id == AP_SHAPE_ORIGINAL) {
             ap_copy_small(p, m->orig + off, len);
             continue;
         }

@@ -326,7 +326,8 @@ int ap_prepatch_need(struct ap_module *m, bool refuse)
         size_t pos = 0;
         struct ap_prepatch_site ps;
         for (size_t i = 0; i < m->nsites && ap_prepatch_next(&p, &pos, &ps) == 0; i++)
-            ap_copy_small(m->orig + ap_orig_off(m, i), ps.orig, ps.len);
+            if (!ap_site_outside(m, i)) /* none saved outside the text */
+                ap_copy_small(m->orig + ap_orig_off(m, i), ps.orig, ps.len);
     }
     free(buf);
     return 0;

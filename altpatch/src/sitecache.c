@@ -32,7 +32,10 @@ int ap_plan_slow(struct ap_module *m, size_t i, const uint8_t *orig, struct ap_m
         *detail = plan.detail[0] ? strndup(plan.detail, sizeof(plan.detail)) : NULL;
         return -2;
     }
-    if (orig && id)
+    /* the template the planner stored, or none (0): a template the site
+     * carried from a lookup whose field did not fit here is dropped, so that
+     * nothing takes this site's plan from it (host.h: planned_memo) */
+    if (orig)
         m->st[i].shape = ap_shape_store(id);
     if (plan.chosen >= 0)
         ap_copy_small(final, plan.final, m->sites[i].len);
