@@ -1465,7 +1465,7 @@ Test(apply, modules_refresh_finds_this_program)
     cr_assert_neq(ap_orig_off(m, best), AP_NO_ORIG);
     cr_assert_arr_eq(m->orig + ap_orig_off(m, best), XOR_PAD, 3);
     /* each site's bytes follow the last site's and hold what memory held
-     * (test_parts: over several groups of AP_OFF_GROUP sites) */
+     * (test_parts: over several groups of AP_SITE_GROUP sites) */
     size_t off = 0;
     for (size_t i = 0; i < m->nsites; off += m->sites[i].len, i++) {
         cr_assert_not(ap_site_outside(m, i), "site %zu lies in the text", i);

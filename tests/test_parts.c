@@ -415,8 +415,8 @@ Test(parts, template_ids_in_two_bytes)
     cr_assert_eq(ap_shape_store(70000), 0);
 }
 
-/* Where each site's original is kept (host.h: off_at): after the sites
- * before it, in every group of AP_OFF_GROUP sites, as ap_orig_off() finds
+/* Where each site's original is kept (host.h: ap_orig_off()): after the sites
+ * before it, in every group of AP_SITE_GROUP sites, as ap_orig_off() finds
  * it from the group's offset; each holds what memory held. */
 Test(parts, each_site_s_bytes_follow_the_last_site_s)
 {
@@ -426,7 +426,7 @@ Test(parts, each_site_s_bytes_follow_the_last_site_s)
     while (m && m->path[0])
         m = m->next;
     cr_assert_not_null(m, "the test program's module");
-    cr_assert_geq(m->nsites, 3 * AP_OFF_GROUP, "%zu sites", m->nsites);
+    cr_assert_geq(m->nsites, 3 * AP_SITE_GROUP, "%zu sites", m->nsites);
     ap_module_save(m);
     size_t off = 0;
     for (size_t i = 0; i < m->nsites; off += m->sites[i].len, i++) {

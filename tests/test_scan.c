@@ -99,11 +99,18 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
     uint32_t maxc = 0;
     for (size_t k = 0; k < ns; k++) {
         for (int w = 0; w < 3; w++) {
-            const struct ap_tsite *x = w == 2 ? &c.sites[k] : w ? &b.sites[k] : &a.sites[k];
-            /* its address: its first record's */
-            cr_assert_eq(ap_record_site(t, table_addr, rs, x->first), s[k].addr, "site %zu", k);
-            cr_assert_eq(ap_tsite_site(t, table_addr, rs, x).addr, s[k].addr, "site %zu", k);
-            cr_assert_eq(x->first, s[k].first, "site %zu", k);
+            const struct ap_table_scan *y = w == 2 ? &c : w ? &b : &a;
+            const struct ap_tsite *x = &y->sites[k];
+            /* its first record: the records of the sites before it (every
+             * AP_SITE_GROUP-th site's kept), and its address that record's */
+            uint32_t first = ap_tsite_first(y->sites, y->at, k);
+            cr_assert_eq(first, s[k].first, "site %zu", k);
+            /* a group's first site: where its bytes start, laid end to end */
+            if (k % AP_SITE_GROUP == 0)
+                cr_assert_eq(y->at[k / AP_SITE_GROUP].off, bytes, "site %zu: offset %u, not %llu",
+                             k, y->at[k / AP_SITE_GROUP].off, (unsigned long long)bytes);
+            cr_assert_eq(ap_record_site(t, table_addr, rs, first), s[k].addr, "site %zu", k);
+            cr_assert_eq(ap_tsite_site(t, table_addr, rs, first, x).addr, s[k].addr, "site %zu", k);
             cr_assert_eq(x->count, s[k].count, "site %zu", k);
             cr_assert_eq(x->len, s[k].len, "site %zu", k);
             cr_assert_eq(x->reason, s[k].reason, "site %zu: reason %d, not %d", k, x->reason,
@@ -187,7 +194,8 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
         cr_assert_eq(d.hash, h ? a.hash : 0);
         cr_assert_eq(d.nsites, ns);
         for (size_t k = 0; k < ns; k++) {
-            cr_assert_eq(d.sites[k].first, a.sites[k].first, "site %zu", k);
+            cr_assert_eq(ap_tsite_first(d.sites, d.at, k),
+                         ap_tsite_first(a.sites, a.at, k), "site %zu", k);
             cr_assert_eq(d.sites[k].count, a.sites[k].count, "site %zu", k);
             cr_assert_eq(d.sites[k].len, a.sites[k].len, "site %zu", k);
             cr_assert_eq(d.sites[k].reason, a.sites[k].reason, "site %zu", k);
@@ -203,6 +211,7 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
         cr_assert_eq(d.text_lo, a.text_lo);
         cr_assert_eq(d.text_hi, a.text_hi);
         ap_mem_free(d.sites);
+        ap_mem_free(d.at);
     }
     /* one record decoded inline, as a first decision reads its site's */
     for (size_t i = 0; i < ne; i++) {
@@ -218,7 +227,9 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
         cr_assert_eq(x.index, e[i].index, "entry %zu", i);
     }
     ap_mem_free(b.sites);
+    ap_mem_free(b.at);
     ap_mem_free(c.sites);
+    ap_mem_free(c.at);
     ap_mem_free(c.entries);
     free(e);
     free(s);
@@ -228,6 +239,7 @@ static void compare(const uint8_t *t, size_t size, uint64_t table_addr, unsigned
 static void scan_free(struct ap_table_scan *a)
 {
     ap_mem_free(a->sites);
+    ap_mem_free(a->at);
     ap_mem_free(a->entries);
 }
 
@@ -367,12 +379,12 @@ Test(scan, records_past_a_sites_limit_open_an_overlapping_site)
         struct ap_table_scan a;
         check(r, n + 1, 0x8000, formats[f], &a);
         cr_assert_eq(a.nsites, 3);
-        cr_assert_eq(a.entries[a.sites[0].first].site, 0x4000); /* its first record's */
-        cr_assert_eq(a.sites[0].first, 0);
+        cr_assert_eq(a.entries[ap_tsite_first(a.sites, a.at, 0)].site, 0x4000);
+        cr_assert_eq(ap_tsite_first(a.sites, a.at, 0), 0); /* its first record's */
         cr_assert_eq(a.sites[0].count, AP_SITE_MAX_RECORDS);
         cr_assert_eq(a.sites[0].len, 5);
-        cr_assert_eq(a.entries[a.sites[1].first].site, 0x4000);
-        cr_assert_eq(a.sites[1].first, AP_SITE_MAX_RECORDS);
+        cr_assert_eq(a.entries[ap_tsite_first(a.sites, a.at, 1)].site, 0x4000);
+        cr_assert_eq(ap_tsite_first(a.sites, a.at, 1), AP_SITE_MAX_RECORDS);
         cr_assert_eq(a.sites[1].count, 3);
         cr_assert_eq(a.sites[0].reason, ALTPATCH_REASON_SITE_OVERLAP);
         cr_assert_eq(a.sites[1].reason, ALTPATCH_REASON_SITE_OVERLAP);
@@ -569,7 +581,9 @@ Test(scan, hash_sees_a_uniform_shift)
         cr_assert_eq(sa.hash, ha);
         cr_assert_neq(sb.hash, sa.hash);
         ap_mem_free(sa.sites);
+        ap_mem_free(sa.at);
         ap_mem_free(sb.sites);
+        ap_mem_free(sb.at);
         free(a);
         free(b);
         free(c);

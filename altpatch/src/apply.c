@@ -1002,7 +1002,8 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     uintptr_t wlast = r->wlast;
     bool revert = r->revert, keep = r->keep, unsorted = r->unsorted;
     const size_t nw0 = nw, nunkept0 = r->nunkept;
-    size_t offrun = 0; /* the next site's bytes (host.h: off_at) */
+    size_t offrun = 0;     /* the next site's bytes (host.h: ap_orig_off()) */
+    uint32_t firstrun = 0; /* its first record (host.h: ap_site_first()) */
     if (m->reason || r->debug) {
         for (size_t i = 0; i < nsites; i++) {
             ap_decide(r, mr, i, slot, memo);
@@ -1013,10 +1014,12 @@ static __attribute__((noinline)) void ap_decide_module(struct ap_run *r, struct 
     }
     for (size_t i = 0; i < nsites; i++, n++) {
         /* the site, its address from its first record */
-        const struct ap_site site = ap_tsite_site(tab.p, tab.addr, tab.rs, &sites[i]), *s = &site;
+        const struct ap_site site = ap_tsite_site(tab.p, tab.addr, tab.rs, firstrun, &sites[i]),
+                             *s = &site;
         uint32_t id = ap_shape_load(st[i].shape);
         size_t len = s->len, off = offrun;
         offrun += len;
+        firstrun += sites[i].count;
         const uint8_t *cur = (const uint8_t *)(uintptr_t)s->addr;
         if (ap_site_outside(m, i))
             goto slow; /* outside the text: refused */
@@ -1180,11 +1183,12 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
     struct ap_site_state *sp = st;
     const size_t n0 = n;
     bool hints = ap_memo_hints_in(memo, &repl);
-    for (; s != send; s++, sp++) {
+    /* the site's first record: the records of the sites before it */
+    size_t first = 0;
+    for (; s != send; first += s->count, s++, sp++) {
         size_t len = s->len;
         /* the site's address: its first record's */
-        uint64_t addr = decode ? ap_record_site(table, table_addr, rs, s->first)
-                               : ments[s->first].site;
+        uint64_t addr = decode ? ap_record_site(table, table_addr, rs, first) : ments[first].site;
         /* memory (a module's view of live memory maps every address to itself) */
         const uint8_t *cur = plain ? (const uint8_t *)(uintptr_t)(tbase + addr)
                                    : ap_region_at(&rc, &m->view, addr, (uint8_t)len);
@@ -1211,7 +1215,7 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
              * apply. Its feature times two plus its flags (plain: the
              * feature below AP_SCAN_FEATURES, no flag but ALT_FLAG_NOT):
              * its bit in keep2. */
-            const uint8_t *p = table + (size_t)s->first * rs;
+            const uint8_t *p = table + first * rs;
             unsigned rw = ap_record_feature2(ap_record_tail(p, rs), rs);
             rw &= 64u * AP_NCAPWORDS - 1; /* plain: already below (a bound for the index) */
             uint64_t kw = keep2[rw >> 6] >> (rw & 63u);
@@ -1230,13 +1234,13 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
          * (count, reason, len) in one word, which a load of them gets from
          * the store buffer (a copy field by field stalled that load) */
         _Static_assert(offsetof(struct ap_site, first) == 8 && offsetof(struct ap_site, count) == 12 &&
-                           sizeof(struct ap_site) == 16 && offsetof(struct ap_tsite, count) == 4,
-                       "struct ap_site: addr, first, then bytes 12..15; ap_tsite's at 4..7");
+                           sizeof(struct ap_site) == 16 && offsetof(struct ap_tsite, count) == 0 &&
+                           sizeof(struct ap_tsite) == 4,
+                       "struct ap_site: addr, first, then bytes 12..15; ap_tsite's 0..3");
         eb.site.addr = addr;
-        eb.site.first = decode ? 0 : s->first;
-        memcpy((uint8_t *)&eb.site + 12, (const uint8_t *)s + 4, 4);
+        eb.site.first = decode ? 0 : (uint32_t)first;
+        memcpy((uint8_t *)&eb.site + 12, s, 4);
         if (decode) {
-            size_t first = s->first;
             if (count == 1)
                 ap_record_at(table, table_addr, rs, first, &eb.e[0]);
             else
@@ -1413,8 +1417,9 @@ static __attribute__((noinline)) bool ap_still_settled_templates(const struct ap
     const struct ap_site_state *st = m->st;
     const struct ap_table_ref tab = ap_table_ref(m);
     size_t off = 0;
-    for (size_t i = 0, n = m->nsites; i < n; off += sites[i].len, i++) {
-        uint64_t addr = ap_table_site_addr(&tab, &sites[i]);
+    uint32_t first = 0;
+    for (size_t i = 0, n = m->nsites; i < n; off += sites[i].len, first += sites[i].count, i++) {
+        uint64_t addr = ap_table_site_addr(&tab, first);
         int chosen = ap_res_chosen(&st[i].res);
         uint32_t id = ap_shape_load(st[i].shape);
         const uint8_t *left = orig + off;
@@ -1429,7 +1434,7 @@ static __attribute__((noinline)) bool ap_still_settled_templates(const struct ap
         } else {
             struct ap_site_entries eb;
             const struct ap_site *s;
-            const struct ap_entry *e = ap_module_site_entries(m, i, &eb, &s);
+            const struct ap_entry *e = ap_module_site_entries_at(m, i, first, &eb, &s);
             if (ap_memo_inst_fields(memo, id, &m->view, s, e, buf, &left) != chosen)
                 return false;
         }
@@ -1448,11 +1453,13 @@ AP_HOT static __attribute__((noinline)) bool ap_still_settled(const struct ap_mo
     const uint8_t *left = m->left_orig ? m->orig : m->planned;
     const struct ap_tsite *sites = m->sites;
     const struct ap_table_ref tab = ap_table_ref(m);
+    uint32_t first = 0;
     for (size_t i = 0, n = m->nsites; i < n; i++) {
-        uint64_t addr = ap_table_site_addr(&tab, &sites[i]);
+        uint64_t addr = ap_table_site_addr(&tab, first);
         if (!ap_same_site((const uint8_t *)(uintptr_t)addr, left, sites[i].len))
             return false;
         left += sites[i].len;
+        first += sites[i].count;
     }
     return true;
 }
@@ -1480,10 +1487,12 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     const uint8_t *from = revert ? m->planned : m->orig;
     const uint8_t *to = revert ? m->orig : m->planned;
     size_t offrun = 0;
+    uint32_t first = 0;
     for (size_t i = 0, ns = m->nsites; i < ns; i++, n++) {
-        uintptr_t addr = (uintptr_t)ap_table_site_addr(&tab, &sites[i]);
+        uintptr_t addr = (uintptr_t)ap_table_site_addr(&tab, first);
         size_t off = offrun, len = sites[i].len;
         offrun += len;
+        first += sites[i].count;
         const uint8_t *cur = (const uint8_t *)addr;
         if (ap_same_site(cur, to + off, len))
             continue; /* also a plan that is the original */

@@ -563,9 +563,6 @@ static inline void ap_site_state_put(struct ap_site_state *p, struct ap_site_res
     memcpy(p, &v, sizeof(v));
 }
 
-/** Sites per entry of a module's off_at (ap_orig_off()). */
-#define AP_OFF_GROUP 16u
-
 struct ap_module {
     struct ap_module *next;
     char *path;                 /* dlpi_name, "" for the main program */
@@ -602,24 +599,22 @@ struct ap_module {
     bool parts_apart;
     unsigned leaves;            /* CPUID leaf groups its entries' features need (AP_LEAVES_*) */
     /* the sites, each without its address: its first record's in the
-     * mapped table (ap_site_addr(), ap_site_get()) */
+     * mapped table (ap_site_addr(), ap_site_get()), whose index is the sum of
+     * the counts before it: at holds it for every AP_SITE_GROUP-th site
+     * (ap_site_first()), with the offset of its bytes (ap_orig_off()); the
+     * loops over every site keep their own */
     struct ap_tsite *sites;
+    struct ap_site_at *at;
     size_t nsites;
     uint8_t *orig;              /* original bytes of all sites, concatenated */
     size_t site_bytes;          /* the sum of all sites' lengths */
     struct ap_site_state *st;   /* per site: its result, its template */
-    /* Where each site's bytes are in orig and planned: every site has its
-     * length's bytes there, in site order (one outside the text too, never
-     * written), so a site's offset is the sum of the lengths before it.
-     * off_at[g] is the offset of site AP_OFF_GROUP * g (module.c, with the
-     * block); ap_orig_off() adds the lengths of the sites between. */
-    uint32_t *off_at;
     /* The sites outside the module's text, one bit each (nothing saved for
      * them: the planner refuses them, SITE_BOUNDS); NULL when none is. */
     uint64_t *outside;
     struct ap_warned *warned;   /* sorted by site; malloc'ed, or NULL */
     size_t nwarned;
-    void *block;                /* one allocation: st, off_at, orig, planned */
+    void *block;                /* one allocation: st, orig, planned */
     bool present;               /* scratch for refresh */
     /* Pin (pins.c): a dlopen() reference held for the length of one apply or
      * site walk, so that a concurrent dlclose() cannot unmap bytes being read
@@ -706,7 +701,7 @@ static inline uint32_t ap_shape_load(uint16_t v)
 
 /** ap_orig_off() of a site outside the module's text: no bytes saved (refused by the planner). */
 #define AP_NO_ORIG ((size_t)-1)
-/** A module's site bytes stay below this (32-bit offsets, off_at). */
+/** A module's site bytes stay below this (32-bit offsets: struct ap_site_at). */
 #define AP_SITE_BYTES_MAX UINT32_MAX
 
 /**
@@ -809,13 +804,15 @@ static inline bool ap_site_outside(const struct ap_module *m, size_t i)
 }
 
 /** Offset of site @p i's bytes in m->orig and m->planned, or AP_NO_ORIG
- * (outside the text). A loop over the sites in order keeps its own: each
- * site's bytes follow the last's. */
+ * (outside the text). Every site has its length's bytes there, in site
+ * order (one outside the text too, never written), so the offset is the sum
+ * of the lengths before it: m->at holds it for every AP_SITE_GROUP-th site.
+ * A loop over the sites in order keeps its own. */
 static inline size_t ap_orig_off(const struct ap_module *m, size_t i)
 {
     if (ap_site_outside(m, i))
         return AP_NO_ORIG;
-    size_t j = i & ~(size_t)(AP_OFF_GROUP - 1), off = m->off_at[i / AP_OFF_GROUP];
+    size_t j = i & ~(size_t)(AP_SITE_GROUP - 1), off = m->at[i / AP_SITE_GROUP].off;
     for (; j < i; j++)
         off += m->sites[j].len;
     return off;
@@ -844,10 +841,17 @@ static inline struct ap_table_ref ap_table_ref(const struct ap_module *m)
                                  m->note.table_start, m->note.record_size};
 }
 
-/** The address of site @p s of the table @p t: its first record's. */
-static inline uint64_t ap_table_site_addr(const struct ap_table_ref *t, const struct ap_tsite *s)
+/** The address of the site of table @p t whose first record is record
+ * @p first: that record's. */
+static inline uint64_t ap_table_site_addr(const struct ap_table_ref *t, uint32_t first)
 {
-    return ap_record_site(t->p, t->addr, t->rs, s->first);
+    return ap_record_site(t->p, t->addr, t->rs, first);
+}
+
+/** The index of site @p i of @p m's first record. */
+static inline uint32_t ap_site_first(const struct ap_module *m, size_t i)
+{
+    return ap_tsite_first(m->sites, m->at, i);
 }
 
 /** The address of site @p i of @p m: its first record's, read from the
@@ -855,14 +859,14 @@ static inline uint64_t ap_table_site_addr(const struct ap_table_ref *t, const st
 static inline uint64_t ap_site_addr(const struct ap_module *m, size_t i)
 {
     struct ap_table_ref t = ap_table_ref(m);
-    return ap_table_site_addr(&t, &m->sites[i]);
+    return ap_table_site_addr(&t, ap_site_first(m, i));
 }
 
 /** Site @p i of @p m as the planner and the memo take it (struct ap_site). */
 static inline struct ap_site ap_site_get(const struct ap_module *m, size_t i)
 {
     struct ap_table_ref t = ap_table_ref(m);
-    return ap_tsite_site(t.p, t.addr, t.rs, &m->sites[i]);
+    return ap_tsite_site(t.p, t.addr, t.rs, ap_site_first(m, i), &m->sites[i]);
 }
 
 /**
@@ -876,15 +880,29 @@ static inline const struct ap_entry *ap_module_site_entries(const struct ap_modu
 /** ap_module_site_entries() for a module that does not keep its records:
  * at most AP_SITE_ENTRIES of site @p i's (module.c keeps them all when a
  * site has more). */
+static inline const struct ap_entry *ap_module_decode_entries_at(const struct ap_module *m,
+                                                                 size_t i, uint32_t first,
+                                                                 struct ap_site_entries *buf,
+                                                                 const struct ap_site **sp);
 static inline const struct ap_entry *ap_module_decode_entries(const struct ap_module *m, size_t i,
                                                               struct ap_site_entries *buf,
                                                               const struct ap_site **sp)
 {
+    return ap_module_decode_entries_at(m, i, ap_site_first(m, i), buf, sp);
+}
+
+/** ap_module_decode_entries() for site @p i whose first record is record
+ * @p first (a loop over the sites keeps it). */
+static inline const struct ap_entry *ap_module_decode_entries_at(const struct ap_module *m,
+                                                                 size_t i, uint32_t first,
+                                                                 struct ap_site_entries *buf,
+                                                                 const struct ap_site **sp)
+{
     const struct ap_tsite *s = &m->sites[i];
     const struct ap_table_ref t = ap_table_ref(m);
     for (uint32_t k = 0; k < s->count && k < AP_SITE_ENTRIES; k++)
-        ap_record_at(t.p, t.addr, t.rs, (size_t)s->first + k, &buf->e[k]);
-    buf->site = ap_tsite_site(t.p, t.addr, t.rs, s);
+        ap_record_at(t.p, t.addr, t.rs, (size_t)first + k, &buf->e[k]);
+    buf->site = ap_tsite_site(t.p, t.addr, t.rs, first, s);
     buf->site.first = 0; /* its records in buf->e */
     *sp = &buf->site;
     return buf->e;
@@ -897,6 +915,21 @@ static inline const struct ap_entry *ap_module_site_entries(const struct ap_modu
     if (!m->entries)
         return ap_module_decode_entries(m, i, buf, sp);
     buf->site = ap_site_get(m, i);
+    *sp = &buf->site;
+    return m->entries;
+}
+
+/** ap_module_site_entries() for site @p i whose first record is record
+ * @p first (a loop over the sites keeps it). */
+static inline const struct ap_entry *ap_module_site_entries_at(const struct ap_module *m,
+                                                               size_t i, uint32_t first,
+                                                               struct ap_site_entries *buf,
+                                                               const struct ap_site **sp)
+{
+    if (!m->entries)
+        return ap_module_decode_entries_at(m, i, first, buf, sp);
+    struct ap_table_ref t = ap_table_ref(m);
+    buf->site = ap_tsite_site(t.p, t.addr, t.rs, first, &m->sites[i]);
     *sp = &buf->site;
     return m->entries;
 }

@@ -242,7 +242,8 @@ static void ap_module_free(struct ap_module *m)
     ap_mem_free(m->path);
     ap_mem_free(m->entries);
     ap_mem_free(m->sites);
-    ap_mem_free(m->block); /* st, off_at, orig, planned */
+    ap_mem_free(m->at);
+    ap_mem_free(m->block); /* st, orig, planned */
     ap_mem_free(m->outside);
     ap_mem_free(m->warned);
     ap_mem_free(m->prepatch_res);
@@ -277,7 +278,9 @@ void ap_module_fill_planned(struct ap_module *m)
     const struct ap_memo *memo = m->planned_memo;
     m->planned_memo = NULL;
     size_t off = 0;
-    for (size_t i = 0, n = m->nsites; i < n; off += m->sites[i].len, i++) {
+    uint32_t first = 0;
+    for (size_t i = 0, n = m->nsites; i < n;
+         off += m->sites[i].len, first += m->sites[i].count, i++) {
         if (ap_site_outside(m, i))
             continue;
         uint8_t len = m->sites[i].len;
@@ -292,7 +295,7 @@ void ap_module_fill_planned(struct ap_module *m)
             continue; /* stored when decided */
         struct ap_site_entries eb;
         const struct ap_site *s;
-        const struct ap_entry *e = ap_module_site_entries(m, i, &eb, &s);
+        const struct ap_entry *e = ap_module_site_entries_at(m, i, first, &eb, &s);
         const uint8_t *final;
         if (ap_memo_inst(memo, id, &m->view, s, e, p, &final) != chosen)
             final = m->orig + off;
@@ -325,9 +328,9 @@ static int ap_mark_outside(struct ap_module *m)
 
 /*
  * The per-site arrays in one allocation (m->block): st (each site's result
- * and template), off_at (where the sites' bytes are: host.h), then the
- * original bytes of every site (none saved for one outside the text) and, at
- * the same offsets, the bytes the last apply left (planned). Filled by
+ * and template), then the original bytes of every site (none saved for one
+ * outside the text), at the offsets the table pass gave (m->at: host.h),
+ * and at the same offsets the bytes the last apply left (planned). Filled by
  * ap_module_save() -- at once for a pre-patched module, else by the module's
  * first decision (apply.c), which reads every site's memory anyway, or by
  * whatever reads them before.
@@ -338,30 +341,20 @@ static int ap_save_originals(struct ap_module *m, uint64_t total, const uint8_t 
     size_t n = m->nsites;
     if (total >= AP_SITE_BYTES_MAX)
         return -ENOMEM; /* 32-bit offsets: 16 million sites of 255 bytes */
-    size_t groups = n / AP_OFF_GROUP + 1;
-    size_t head = n * sizeof(*m->st) + groups * sizeof(*m->off_at);
+    size_t head = n * sizeof(*m->st);
     size_t size = head + 2 * total;
     /* st and the originals are written by the first decision, whole; planned
      * only where a later apply needs it (host.h: planned_memo): its pages
      * are not made present here */
-    _Static_assert(sizeof(struct ap_site_state) == sizeof(uint32_t), "off_at aligned after st");
     uint8_t *b = ap_malloc_filled_head(size, size - total);
     if (!b)
         return -ENOMEM;
     m->block = b;
     m->site_bytes = total;
     m->st = (struct ap_site_state *)(void *)b;
-    m->off_at = (uint32_t *)(void *)(b + n * sizeof(*m->st));
     m->orig = b + head;
     m->planned = m->orig + total;
     m->shape_gen = AP_SHAPE_GEN_ANY;
-    uint32_t off = 0, *at = m->off_at;
-    const struct ap_tsite *sites = m->sites;
-    for (size_t i = 0; i < n; i++) {
-        if (!(i % AP_OFF_GROUP))
-            at[i / AP_OFF_GROUP] = off;
-        off += sites[i].len;
-    }
     int err = ap_mark_outside(m);
     if (err)
         return err;
@@ -423,8 +416,9 @@ static void ap_module_apart(struct ap_module *m, const struct ap_table_scan *sc)
         lo = sc->text_lo;
         hi = sc->text_hi;
     } else {
-        for (size_t i = 0; i < sc->nsites; i++) {
-            uint64_t a = ap_site_addr(m, i), e = a + sc->sites[i].len; /* m->sites: sc's */
+        struct ap_table_ref t = ap_table_ref(m);
+        for (size_t i = 0, first = 0; i < sc->nsites; first += sc->sites[i].count, i++) {
+            uint64_t a = ap_table_site_addr(&t, (uint32_t)first), e = a + sc->sites[i].len;
             lo = a < lo ? a : lo;
             hi = e < a ? UINT64_MAX : e > hi ? e : hi;
         }
@@ -503,6 +497,7 @@ AP_HOT static int ap_module_tables(struct ap_module *m, const struct dl_phdr_inf
     }
     if (!keep && sc.max_count > AP_SITE_ENTRIES) {
         ap_mem_free(sc.sites);
+        ap_mem_free(sc.at);
         uint64_t hash = sc.hash;
         r = ap_table_scan(table, m->table_size, n->table_start, n->record_size, AP_SCAN_ENTRIES,
                           &sc);
@@ -513,6 +508,7 @@ AP_HOT static int ap_module_tables(struct ap_module *m, const struct dl_phdr_inf
     m->entries = sc.entries;
     m->nentries = m->table_size / n->record_size; /* the records, kept or not */
     m->sites = sc.sites;
+    m->at = sc.at;
     m->nsites = sc.nsites;
     /* The CPUID leaf groups: once per distinct feature. */
     m->leaves = AP_LEAVES_BASE;

@@ -102,17 +102,44 @@ _Static_assert(ALTPATCH_REASON__COUNT <= INT8_MAX, "a preset reason fits in ap_s
 /**
  * One site of a record table as ap_table_scan() gives it and a module keeps
  * it: struct ap_site without its address, which is its first record's
- * (ap_record_site()). 8 bytes: a module keeps one per site, made present in
- * a fresh process, so its pages are a cold apply's cost.
+ * (ap_record_site()), and without the index of that record: a site's
+ * records follow the sites' before it in the table, so the index is the sum
+ * of their counts, kept for every AP_SITE_GROUP-th site (struct ap_site_at:
+ * ap_tsite_first()). 4 bytes: a module keeps one per site, made present in a
+ * fresh process, so its pages are a cold apply's cost.
  */
 struct ap_tsite {
-    uint32_t first;
     uint16_t count;
     int8_t reason;
     uint8_t len;
 };
 
-_Static_assert(sizeof(struct ap_tsite) == 8, "struct ap_tsite: 8 bytes");
+_Static_assert(sizeof(struct ap_tsite) == 4, "struct ap_tsite: 4 bytes");
+
+/** Sites per struct ap_site_at. */
+#define AP_SITE_GROUP 16u
+
+/**
+ * What is kept of every AP_SITE_GROUP-th site of a table: the index of its
+ * first record (the sum of the counts before it) and where its bytes start
+ * in the sites' bytes laid end to end in site order (the sum of the lengths
+ * before it; a module's saved originals and plans: host.h, ap_orig_off()).
+ */
+struct ap_site_at {
+    uint32_t first;
+    uint32_t off;
+};
+
+/** The index of the first record of site @p i of @p s, whose groups are
+ * @p at (at most AP_SITE_GROUP - 1 counts added). */
+static inline uint32_t ap_tsite_first(const struct ap_tsite *s, const struct ap_site_at *at,
+                                      size_t i)
+{
+    uint32_t first = at[i / AP_SITE_GROUP].first;
+    for (size_t j = i & ~(size_t)(AP_SITE_GROUP - 1); j < i; j++)
+        first += s[j].count;
+    return first;
+}
 
 /**
  * Decode the table of @p size bytes whose first byte is at @p table_addr, of
@@ -196,11 +223,13 @@ static inline uint64_t ap_record_site(const uint8_t *table, uint64_t table_addr,
     return table_addr + (uint64_t)i * record_size + (uint64_t)(int64_t)so;
 }
 
-/** Site @p t of a table as struct ap_site: its address from its first record. */
+/** Site @p t of a table, whose first record is record @p first, as struct
+ * ap_site: its address from that record. */
 static inline struct ap_site ap_tsite_site(const uint8_t *table, uint64_t table_addr,
-                                           uint32_t record_size, const struct ap_tsite *t)
+                                           uint32_t record_size, uint32_t first,
+                                           const struct ap_tsite *t)
 {
-    return (struct ap_site){ap_record_site(table, table_addr, record_size, t->first), t->first,
+    return (struct ap_site){ap_record_site(table, table_addr, record_size, first), first,
                             t->count, t->reason, t->len};
 }
 
@@ -245,6 +274,8 @@ AP_HIDDEN int ap_sites_group(const struct ap_entry *e, size_t n, struct ap_site 
 struct ap_table_scan {
     struct ap_tsite *sites;   /* malloc'ed: the sites of ap_sites_group(), reasons set,
                                * each without its address (its first record's) */
+    struct ap_site_at *at;    /* malloc'ed: every AP_SITE_GROUP-th site's first record
+                               * and bytes' offset (ap_tsite_first()) */
     size_t nsites;
     struct ap_entry *entries; /* malloc'ed: every record as ap_records_parse() decodes
                                * it, when asked for, else NULL */

@@ -206,9 +206,9 @@ static int mark_overlaps_tsites(const uint8_t *table, uint64_t table_addr, uint3
 
     if (!key)
         return -ENOMEM;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0, first = 0; i < n; first += s[i].count, i++)
         if (s[i].len) {
-            struct ap_site t = ap_tsite_site(table, table_addr, rs, &s[i]);
+            struct ap_site t = ap_tsite_site(table, table_addr, rs, (uint32_t)first, &s[i]);
             key[m++] = (struct site_key){t.addr, site_end(&t), i};
         }
     for (size_t k = 0, r = overlapping_keys(key, m); k < r; k++)
@@ -377,7 +377,7 @@ _Static_assert(offsetof(struct ap_entry, feature) == 16 && offsetof(struct ap_en
 
 static inline __attribute__((always_inline)) size_t
 scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, bool want,
-             bool store, bool hash, struct ap_tsite *s, struct ap_entry *e,
+             bool store, bool hash, struct ap_tsite *s, struct ap_site_at *ga, struct ap_entry *e,
              struct ap_table_scan *out, bool *sorted)
 {
     uint64_t h = HASH_SEED0;
@@ -387,6 +387,10 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     uint32_t max_count = count > 0;
     struct ap_tsite *maxsite = s, *o = s; /* o: past the open site (o[-1]) */
     uint64_t cur = 0;                     /* the open site's address */
+    /* the address of the last nonempty site while the sites come in
+     * order (lim below UINT64_MAX), 0 before the first: no address is below */
+    uint64_t ne_addr = 0;
+    unsigned gleft = 0; /* sites until the next group starts */
     /* the facts (want): the flags ORed (with the features below them), the
      * replacements' lowest start (signed) and highest end, a preset
      * reason (an empty site, an overlap) */
@@ -397,14 +401,14 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
     /* Records by their runtime address @at; the buffer's byte at at + back. */
     const uint64_t back = (uint64_t)(uintptr_t)table - table_addr;
     uint64_t at = table_addr;
-    /* The record's index in the low half, 1 in the high one: a new site's
-     * first and count (struct ap_tsite's bytes 0..5); its len (byte 7) ORed
-     * in, its reason (byte 6) 0: the site in one word, its reason set after
-     * where it has one. */
+    /* The record's index in the low half of ic, 1 in the high one. A new
+     * site is one word: count 1 (struct ap_tsite's bytes 0..1), its reason
+     * (byte 2) 0, its len (byte 3); its reason set after where it has one;
+     * every AP_SITE_GROUP-th site's first record and offset kept in ga. */
     const uint64_t one = 1ull << 32;
-    _Static_assert(offsetof(struct ap_tsite, first) == 0 && offsetof(struct ap_tsite, count) == 4 &&
-                       offsetof(struct ap_tsite, reason) == 6 && offsetof(struct ap_tsite, len) == 7,
-                   "struct ap_tsite: first, count, reason, len in bytes 0..7");
+    _Static_assert(offsetof(struct ap_tsite, count) == 0 && offsetof(struct ap_tsite, reason) == 2 &&
+                       offsetof(struct ap_tsite, len) == 3,
+                   "struct ap_tsite: count, reason, len in bytes 0..3");
 
     memset(seen, 0, sizeof(seen));
     for (uint64_t ic = one, end_ic = one + count; ic != end_ic; ic++, at += rs) {
@@ -460,22 +464,29 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
             }
             continue;
         }
-        uint64_t word = ic | (uint64_t)ilen << 56;
-        memcpy(o, &word, 8);
+        uint32_t word = 1u | (uint32_t)ilen << 24;
+        memcpy(o, &word, 4);
+        if (!gleft) {
+            /* the sites before it are closed: their lengths are final (an
+             * offset past 32 bits is never used: module.c refuses such a
+             * table before it reads one) */
+            *ga++ = (struct ap_site_at){(uint32_t)ic, (uint32_t)site_bytes};
+            gleft = AP_SITE_GROUP;
+        }
+        gleft--;
         /* end > addr: not empty, and no wrap past 2^64 */
         if (__builtin_expect(addr >= lim && end > addr, 1)) {
             lim = end;
             maxsite = o;
+            ne_addr = addr;
         } else if (!ilen) {
             o->reason = ALTPATCH_REASON_EMPTY_SITE;
             preset = true;
         } else if (lim != UINT64_MAX) {
-            const struct ap_tsite *q = o; /* the last nonempty site, if any */
-            while (q != s && !q[-1].len)
-                q--;
-            if (q != s && addr < ap_record_site(table, table_addr, rs, q[-1].first)) {
+            if (addr < ne_addr) { /* below the last nonempty site */
                 lim = UINT64_MAX; /* out of order */
             } else {
+                ne_addr = addr;
                 if (addr < lim) {
                     o->reason = ALTPATCH_REASON_SITE_OVERLAP;
                     maxsite->reason = ALTPATCH_REASON_SITE_OVERLAP;
@@ -516,7 +527,7 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
          * starts lowest, lim is the largest end (no end past 2^64: that sets
          * lim to UINT64_MAX, as a site out of order does) */
         out->text_span = lim != UINT64_MAX && !preset;
-        out->text_lo = ap_record_site(table, table_addr, rs, s[0].first);
+        out->text_lo = ap_record_site(table, table_addr, rs, 0); /* the first site's */
         out->text_hi = lim;
     }
     return (size_t)(o - s);
@@ -527,19 +538,21 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
  * what a pass with none of them runs). */
 static inline __attribute__((always_inline)) size_t
 scan_dispatch(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, unsigned what,
-              struct ap_tsite *s, struct ap_entry *e, struct ap_table_scan *out, bool *sorted)
+              struct ap_tsite *s, struct ap_site_at *fa, struct ap_entry *e, struct ap_table_scan *out,
+              bool *sorted)
 {
     bool hash = what & AP_SCAN_HASH;
     if (what & AP_SCAN_ENTRIES)
-        return hash ? scan_records(table, count, table_addr, rs, true, true, true, s, e, out, sorted)
-                    : scan_records(table, count, table_addr, rs, true, true, false, s, e, out,
+        return hash ? scan_records(table, count, table_addr, rs, true, true, true, s, fa, e, out,
+                                   sorted)
+                    : scan_records(table, count, table_addr, rs, true, true, false, s, fa, e, out,
                                    sorted);
     if (what & AP_SCAN_FACTS)
-        return hash ? scan_records(table, count, table_addr, rs, true, false, true, s, e, out,
+        return hash ? scan_records(table, count, table_addr, rs, true, false, true, s, fa, e, out,
                                    sorted)
-                    : scan_records(table, count, table_addr, rs, true, false, false, s, e, out,
-                                   sorted);
-    return scan_records(table, count, table_addr, rs, false, false, true, s, e, out, sorted);
+                    : scan_records(table, count, table_addr, rs, true, false, false, s, fa, e,
+                                   out, sorted);
+    return scan_records(table, count, table_addr, rs, false, false, true, s, fa, e, out, sorted);
 }
 
 AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,
@@ -547,6 +560,7 @@ AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
 {
     size_t count;
     struct ap_tsite *s = NULL;
+    struct ap_site_at *fa = NULL;
     struct ap_entry *e = NULL;
     bool sorted = true;
     bool want_entries = what & AP_SCAN_ENTRIES, want_hash = what & AP_SCAN_HASH;
@@ -566,22 +580,25 @@ AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
         return ALTPATCH_REASON_NONE;
     }
     s = ap_malloc_filled(count * sizeof(*s)); /* both written from end to end */
+    fa = ap_mem_alloc((count / AP_SITE_GROUP + 1) * sizeof(*fa));
     if (want_entries)
         e = ap_malloc_filled(count * sizeof(*e));
-    if (!s || (want_entries && !e)) {
+    if (!s || !fa || (want_entries && !e)) {
         ap_mem_free(s);
+        ap_mem_free(fa);
         ap_mem_free(e);
         return -ENOMEM;
     }
     size_t m = record_size == ALTPATCH_RECORD_SIZE_COMPACT
                    ? scan_dispatch(table, count, table_addr, ALTPATCH_RECORD_SIZE_COMPACT, what, s,
-                                   e, out, &sorted)
-                   : scan_dispatch(table, count, table_addr, ALTPATCH_RECORD_SIZE_KERNEL, what, s, e,
-                                   out, &sorted);
+                                   fa, e, out, &sorted)
+                   : scan_dispatch(table, count, table_addr, ALTPATCH_RECORD_SIZE_KERNEL, what, s,
+                                   fa, e, out, &sorted);
     if (!want_hash)
         out->hash = 0;
     if (!sorted && mark_overlaps_tsites(table, table_addr, record_size, s, m) < 0) {
         ap_mem_free(s);
+        ap_mem_free(fa);
         ap_mem_free(e);
         return -ENOMEM;
     }
@@ -593,6 +610,7 @@ AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
             s = t;
     }
     out->sites = s;
+    out->at = fa;
     out->nsites = m;
     out->entries = e;
     out->nentries = e ? count : 0;
