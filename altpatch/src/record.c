@@ -538,21 +538,21 @@ scan_records(const uint8_t *table, size_t count, uint64_t table_addr, unsigned r
  * what a pass with none of them runs). */
 static inline __attribute__((always_inline)) size_t
 scan_dispatch(const uint8_t *table, size_t count, uint64_t table_addr, unsigned rs, unsigned what,
-              struct ap_tsite *s, struct ap_site_at *fa, struct ap_entry *e, struct ap_table_scan *out,
+              struct ap_tsite *s, struct ap_site_at *ga, struct ap_entry *e, struct ap_table_scan *out,
               bool *sorted)
 {
     bool hash = what & AP_SCAN_HASH;
     if (what & AP_SCAN_ENTRIES)
-        return hash ? scan_records(table, count, table_addr, rs, true, true, true, s, fa, e, out,
+        return hash ? scan_records(table, count, table_addr, rs, true, true, true, s, ga, e, out,
                                    sorted)
-                    : scan_records(table, count, table_addr, rs, true, true, false, s, fa, e, out,
+                    : scan_records(table, count, table_addr, rs, true, true, false, s, ga, e, out,
                                    sorted);
     if (what & AP_SCAN_FACTS)
-        return hash ? scan_records(table, count, table_addr, rs, true, false, true, s, fa, e, out,
+        return hash ? scan_records(table, count, table_addr, rs, true, false, true, s, ga, e, out,
                                    sorted)
-                    : scan_records(table, count, table_addr, rs, true, false, false, s, fa, e,
+                    : scan_records(table, count, table_addr, rs, true, false, false, s, ga, e,
                                    out, sorted);
-    return scan_records(table, count, table_addr, rs, false, false, true, s, fa, e, out, sorted);
+    return scan_records(table, count, table_addr, rs, false, false, true, s, ga, e, out, sorted);
 }
 
 AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr, uint32_t record_size,
@@ -560,7 +560,7 @@ AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
 {
     size_t count;
     struct ap_tsite *s = NULL;
-    struct ap_site_at *fa = NULL;
+    struct ap_site_at *ga = NULL;
     struct ap_entry *e = NULL;
     bool sorted = true;
     bool want_entries = what & AP_SCAN_ENTRIES, want_hash = what & AP_SCAN_HASH;
@@ -580,25 +580,25 @@ AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
         return ALTPATCH_REASON_NONE;
     }
     s = ap_malloc_filled(count * sizeof(*s)); /* both written from end to end */
-    fa = ap_mem_alloc((count / AP_SITE_GROUP + 1) * sizeof(*fa));
+    ga = ap_mem_alloc((count / AP_SITE_GROUP + 1) * sizeof(*ga));
     if (want_entries)
         e = ap_malloc_filled(count * sizeof(*e));
-    if (!s || !fa || (want_entries && !e)) {
+    if (!s || !ga || (want_entries && !e)) {
         ap_mem_free(s);
-        ap_mem_free(fa);
+        ap_mem_free(ga);
         ap_mem_free(e);
         return -ENOMEM;
     }
     size_t m = record_size == ALTPATCH_RECORD_SIZE_COMPACT
                    ? scan_dispatch(table, count, table_addr, ALTPATCH_RECORD_SIZE_COMPACT, what, s,
-                                   fa, e, out, &sorted)
+                                   ga, e, out, &sorted)
                    : scan_dispatch(table, count, table_addr, ALTPATCH_RECORD_SIZE_KERNEL, what, s,
-                                   fa, e, out, &sorted);
+                                   ga, e, out, &sorted);
     if (!want_hash)
         out->hash = 0;
     if (!sorted && mark_overlaps_tsites(table, table_addr, record_size, s, m) < 0) {
         ap_mem_free(s);
-        ap_mem_free(fa);
+        ap_mem_free(ga);
         ap_mem_free(e);
         return -ENOMEM;
     }
@@ -610,7 +610,7 @@ AP_HOT int ap_table_scan(const uint8_t *table, size_t size, uint64_t table_addr,
             s = t;
     }
     out->sites = s;
-    out->at = fa;
+    out->at = ga;
     out->nsites = m;
     out->entries = e;
     out->nentries = e ? count : 0;
