@@ -377,14 +377,9 @@ static bool ap_shapes_fill(const struct ap_memo *memo)
  * unknown bytes for its plan. */
 static void ap_shapes_lose(const struct ap_memo *memo)
 {
-    for (struct ap_module *m = ap_mods; m; m = m->next) {
-        if (m->planned_memo != memo)
-            continue;
-        for (size_t i = 0, off = 0; i < m->nsites; off += m->sites[i].len, i++)
-            if (!ap_site_outside(m, i))
-                ap_copy_small(m->planned + off, m->orig + off, m->sites[i].len);
-        m->planned_memo = NULL;
-    }
+    for (struct ap_module *m = ap_mods; m; m = m->next)
+        if (m->planned_memo == memo)
+            ap_module_plan_originals(m);
 }
 
 /* The generation before, freed (its modules lost) */
@@ -1396,6 +1391,28 @@ static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
 }
 
 /*
+ * ap_still_settled() for a module whose first decision left planned to its
+ * templates (host.h: planned_memo): each site's memory against what its
+ * state gives (ap_module_plan_bytes(), instantiated in a buffer where it
+ * has relative fields) -- nothing written, planned's pages stay absent.
+ */
+static __attribute__((noinline)) bool ap_still_settled_templates(const struct ap_module *m)
+{
+    const struct ap_tsite *sites = m->sites;
+    const struct ap_table_ref tab = ap_table_ref(m);
+    size_t off = 0;
+    uint32_t first = 0;
+    for (size_t i = 0, n = m->nsites; i < n; off += sites[i].len, first += sites[i].count, i++) {
+        uint8_t buf[256];
+        const uint8_t *left = ap_module_plan_bytes(m, m->planned_memo, i, first, off, buf);
+        if (!left || !ap_same_site((const uint8_t *)(uintptr_t)ap_table_site_addr(&tab, first),
+                                   left, sites[i].len))
+            return false;
+    }
+    return true;
+}
+
+/*
  * A settled module (host.h) under the same memo generation: every site's
  * plan is the one the last apply made, and memory held then what that apply
  * left (the plan, or after a quick revert the originals), so a site whose
@@ -1403,47 +1420,6 @@ static inline const uint8_t *ap_left(const struct ap_module *m, size_t i)
  * when every site passes; any other site sends the whole module through
  * ap_decide().
  */
-/*
- * ap_still_settled() for a module whose first decision left planned to its
- * templates (host.h: planned_memo): each site's memory against its
- * original, its template's bytes, or the template instantiated for it in a
- * buffer -- nothing written, planned's pages stay absent.
- */
-static __attribute__((noinline)) bool ap_still_settled_templates(const struct ap_module *m)
-{
-    const struct ap_memo *memo = m->planned_memo;
-    const uint8_t *orig = m->orig, *planned = m->planned;
-    const struct ap_tsite *sites = m->sites;
-    const struct ap_site_state *st = m->st;
-    const struct ap_table_ref tab = ap_table_ref(m);
-    size_t off = 0;
-    uint32_t first = 0;
-    for (size_t i = 0, n = m->nsites; i < n; off += sites[i].len, first += sites[i].count, i++) {
-        uint64_t addr = ap_table_site_addr(&tab, first);
-        int chosen = ap_res_chosen(&st[i].res);
-        uint32_t id = ap_shape_load(st[i].shape);
-        const uint8_t *left = orig + off;
-        uint8_t buf[256];
-        if (chosen < 0 || id == AP_SHAPE_ORIGINAL) {
-            /* the original */
-        } else if (!id) {
-            left = planned + off; /* stored when decided */
-        } else if (!memo->tmpl[id - 1].nfields) {
-            const struct ap_memo_tmpl *t = &memo->tmpl[id - 1];
-            left = t->key + 2 * (size_t)t->keylen;
-        } else {
-            struct ap_site_entries eb;
-            const struct ap_site *s;
-            const struct ap_entry *e = ap_module_site_entries_at(m, i, first, &eb, &s);
-            if (ap_memo_inst_fields(memo, id, &m->view, s, e, buf, &left) != chosen)
-                return false;
-        }
-        if (!ap_same_site((const uint8_t *)(uintptr_t)addr, left, sites[i].len))
-            return false;
-    }
-    return true;
-}
-
 AP_HOT static __attribute__((noinline)) bool ap_still_settled(const struct ap_module *m)
 {
     if (m->planned_memo)
@@ -1804,9 +1780,7 @@ AP_HOT static int ap_collect_module(struct ap_run *r, struct ap_module *m, struc
     } else if (mr->path == AP_PATH_DECIDE) {
         if (m->left_orig) {
             /* what the last apply left is the originals (ap_decide's "planned") */
-            for (size_t i = 0, off = 0; i < m->nsites; off += m->sites[i].len, i++)
-                if (!ap_site_outside(m, i))
-                    ap_copy_small(m->planned + off, m->orig + off, m->sites[i].len);
+            ap_module_plan_originals(m);
             m->left_orig = false;
         }
         size_t w0 = r->nparted + r->nwrites;

@@ -738,6 +738,22 @@ static inline void ap_module_planned(struct ap_module *m)
         ap_module_fill_planned(m);
 }
 
+/**
+ * The plan bytes of site @p i of @p m (inside the text; its first record
+ * @p first, its bytes at offset @p off) as its state gives them while they
+ * are left to @p memo: its original where it chose none, the bytes stored
+ * when it was decided where it has no template, else its template's bytes,
+ * instantiated in @p buf (its length) where they have relative fields. NULL
+ * where the template does not give the result the site chose.
+ */
+AP_HIDDEN const uint8_t *ap_module_plan_bytes(const struct ap_module *m, const struct ap_memo *memo,
+                                              size_t i, uint32_t first, size_t off, uint8_t *buf);
+
+/** Planned made the originals at every site inside the text (and nothing
+ * left to templates): what memory holds after a revert, or all that is
+ * known of a plan whose templates are gone. */
+AP_HIDDEN void ap_module_plan_originals(struct ap_module *m);
+
 /** ap_copy_small() of @p n bytes at @p src to both @p a and @p b (a site's bytes). */
 static inline void ap_copy2_small(uint8_t *a, uint8_t *b, const uint8_t *src, size_t n)
 {

@@ -256,7 +256,8 @@ AP_HOT void ap_module_save_all(struct ap_module *m)
     const struct ap_tsite *sites = m->sites;
     struct ap_site_state *st = m->st;
     uint8_t *orig = m->orig, *planned = m->planned;
-    uint32_t off = 0;
+    const struct ap_table_ref t = ap_table_ref(m);
+    uint32_t off = 0, first = 0;
     for (size_t i = 0, n = m->nsites; i < n; i++) {
         uint8_t len = sites[i].len;
         /* the original (host.h), no template (m->shape_gen: any) */
@@ -265,12 +266,29 @@ AP_HOT void ap_module_save_all(struct ap_module *m)
             /* the original, and the bytes the last apply left: memory's
              * until an apply writes (a site in the text: its address) */
             ap_copy2_small(orig + off, planned + off,
-                           (const uint8_t *)(uintptr_t)ap_site_addr(m, i), len);
+                           (const uint8_t *)(uintptr_t)ap_table_site_addr(&t, first), len);
         off += len;
+        first += sites[i].count;
     }
     m->shape_gen = AP_SHAPE_GEN_ANY;
     m->planned_memo = NULL; /* planned holds every site's bytes */
     m->saved = true;
+}
+
+const uint8_t *ap_module_plan_bytes(const struct ap_module *m, const struct ap_memo *memo,
+                                    size_t i, uint32_t first, size_t off, uint8_t *buf)
+{
+    int chosen = ap_res_chosen(&m->st[i].res);
+    uint32_t id = ap_shape_load(m->st[i].shape);
+    if (chosen < 0 || id == AP_SHAPE_ORIGINAL)
+        return m->orig + off;
+    if (!id)
+        return m->planned + off; /* stored when decided */
+    struct ap_site_entries eb;
+    const struct ap_site *s;
+    const struct ap_entry *e = ap_module_site_entries_at(m, i, first, &eb, &s);
+    const uint8_t *final;
+    return ap_memo_inst(memo, id, &m->view, s, e, buf, &final) == chosen ? final : NULL;
 }
 
 void ap_module_fill_planned(struct ap_module *m)
@@ -283,25 +301,21 @@ void ap_module_fill_planned(struct ap_module *m)
          off += m->sites[i].len, first += m->sites[i].count, i++) {
         if (ap_site_outside(m, i))
             continue;
-        uint8_t len = m->sites[i].len;
         uint8_t *p = m->planned + off;
-        int chosen = ap_res_chosen(&m->st[i].res);
-        uint32_t id = ap_shape_load(m->st[i].shape);
-        if (chosen < 0 || id == AP_SHAPE_ORIGINAL) {
-            ap_copy_small(p, m->orig + off, len);
-            continue;
-        }
-        if (!id)
-            continue; /* stored when decided */
-        struct ap_site_entries eb;
-        const struct ap_site *s;
-        const struct ap_entry *e = ap_module_site_entries_at(m, i, first, &eb, &s);
-        const uint8_t *final;
-        if (ap_memo_inst(memo, id, &m->view, s, e, p, &final) != chosen)
-            final = m->orig + off;
-        if (final != p)
-            ap_copy_small(p, final, len);
+        const uint8_t *plan = ap_module_plan_bytes(m, memo, i, first, off, p);
+        if (!plan)
+            plan = m->orig + off;
+        if (plan != p)
+            ap_copy_small(p, plan, m->sites[i].len);
     }
+}
+
+void ap_module_plan_originals(struct ap_module *m)
+{
+    for (size_t i = 0, off = 0; i < m->nsites; off += m->sites[i].len, i++)
+        if (!ap_site_outside(m, i))
+            ap_copy_small(m->planned + off, m->orig + off, m->sites[i].len);
+    m->planned_memo = NULL;
 }
 
 /*
@@ -313,8 +327,9 @@ static int ap_mark_outside(struct ap_module *m)
     if (m->text_all)
         return 0;
     struct ap_region_cursor rc = {0};
-    for (size_t i = 0, n = m->nsites; i < n; i++) {
-        if (ap_region_at(&rc, &m->view, ap_site_addr(m, i), m->sites[i].len))
+    const struct ap_table_ref t = ap_table_ref(m);
+    for (size_t i = 0, n = m->nsites, first = 0; i < n; first += m->sites[i].count, i++) {
+        if (ap_region_at(&rc, &m->view, ap_table_site_addr(&t, (uint32_t)first), m->sites[i].len))
             continue;
         if (!m->outside) {
             m->outside = ap_mem_calloc((n + 63) / 64, sizeof(*m->outside));

@@ -103,12 +103,14 @@ static const char *mismatch(const struct ap_module *m, const struct ap_prepatch 
         return "its number of sites differs";
     size_t pos = 0;
     struct ap_prepatch_site ps;
-    for (size_t i = 0; i < m->nsites; i++) {
-        if (ap_prepatch_next(p, &pos, &ps) || ps.addr + m->base != ap_site_addr(m, i) ||
+    const struct ap_table_ref t = ap_table_ref(m);
+    size_t off = 0;
+    uint32_t first = 0;
+    for (size_t i = 0; i < m->nsites; off += m->sites[i].len, first += m->sites[i].count, i++) {
+        if (ap_prepatch_next(p, &pos, &ps) || ps.addr + m->base != ap_table_site_addr(&t, first) ||
             ps.len != m->sites[i].len)
             return "its sites are not the ones in memory";
-        if (ap_orig_off(m, i) != AP_NO_ORIG &&
-            !ap_equal_small(m->orig + ap_orig_off(m, i), ps.written, ps.len))
+        if (!ap_site_outside(m, i) && !ap_equal_small(m->orig + off, ps.written, ps.len))
             return "memory does not hold the bytes it says were written";
     }
     return NULL;
