@@ -746,8 +746,9 @@ static inline void ap_module_planned(struct ap_module *m)
  * instantiated in @p buf (its length) where they have relative fields. NULL
  * where the template does not give the result the site chose.
  */
-AP_HIDDEN const uint8_t *ap_module_plan_bytes(const struct ap_module *m, const struct ap_memo *memo,
-                                              size_t i, uint32_t first, size_t off, uint8_t *buf);
+static inline const uint8_t *ap_module_plan_bytes(const struct ap_module *m,
+                                                   const struct ap_memo *memo, size_t i,
+                                                   uint32_t first, size_t off, uint8_t *buf);
 
 /** Planned made the originals at every site inside the text (and nothing
  * left to templates): what memory holds after a revert, or all that is
@@ -948,6 +949,26 @@ static inline const struct ap_entry *ap_module_site_entries_at(const struct ap_m
     buf->site = ap_tsite_site(t.p, t.addr, t.rs, first, &m->sites[i]);
     *sp = &buf->site;
     return m->entries;
+}
+
+static inline const uint8_t *ap_module_plan_bytes(const struct ap_module *m,
+                                                   const struct ap_memo *memo, size_t i,
+                                                   uint32_t first, size_t off, uint8_t *buf)
+{
+    int chosen = ap_res_chosen(&m->st[i].res);
+    uint32_t id = ap_shape_load(m->st[i].shape);
+    if (chosen < 0 || id == AP_SHAPE_ORIGINAL)
+        return m->orig + off;
+    if (!id)
+        return m->planned + off; /* stored when decided */
+    const struct ap_memo_tmpl *t = &memo->tmpl[id - 1];
+    if (!t->nfields) /* the same bytes at every site: no record read */
+        return t->chosen == chosen ? t->key + 2 * (size_t)t->keylen : NULL;
+    struct ap_site_entries eb;
+    const struct ap_site *s;
+    const struct ap_entry *e = ap_module_site_entries_at(m, i, first, &eb, &s);
+    const uint8_t *final;
+    return ap_memo_inst_fields(memo, id, &m->view, s, e, buf, &final) == chosen ? final : NULL;
 }
 
 /** Free m->entries (the first apply is done with them) unless the module must keep them. */

@@ -275,22 +275,6 @@ AP_HOT void ap_module_save_all(struct ap_module *m)
     m->saved = true;
 }
 
-const uint8_t *ap_module_plan_bytes(const struct ap_module *m, const struct ap_memo *memo,
-                                    size_t i, uint32_t first, size_t off, uint8_t *buf)
-{
-    int chosen = ap_res_chosen(&m->st[i].res);
-    uint32_t id = ap_shape_load(m->st[i].shape);
-    if (chosen < 0 || id == AP_SHAPE_ORIGINAL)
-        return m->orig + off;
-    if (!id)
-        return m->planned + off; /* stored when decided */
-    struct ap_site_entries eb;
-    const struct ap_site *s;
-    const struct ap_entry *e = ap_module_site_entries_at(m, i, first, &eb, &s);
-    const uint8_t *final;
-    return ap_memo_inst(memo, id, &m->view, s, e, buf, &final) == chosen ? final : NULL;
-}
-
 void ap_module_fill_planned(struct ap_module *m)
 {
     const struct ap_memo *memo = m->planned_memo;
