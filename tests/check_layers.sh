@@ -22,7 +22,7 @@ declare -A floor_of=(
     [util.h]=0 [pure.h]=1 [plan.h]=2 [host.h]=3 [apply.h]=4
     [util.c]=0 [mem.c]=0 [reason.c]=0 [primitives.c]=0
     [record.c]=1 [prepatch.c]=1 [elfsec.c]=1 [features.c]=1 [features_bits.c]=1 [insn.c]=1 [nop.c]=1 [reloc.c]=1
-    [plan.c]=2 [memo.c]=2
+    [plan.c]=2 [memo.c]=2 [known_plans.c]=2
     [cpu.c]=3 [module.c]=3 [view.c]=3 [prepatch_load.c]=3 [writer.c]=3 [poke.c]=3 [live.c]=3 [flip.c]=3 [frames.c]=3
     [apply.c]=4 [pins.c]=4 [sitecache.c]=4 [debug.c]=4 [image.c]=4 [image_regions.c]=4
 )

@@ -658,6 +658,53 @@ static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_m
     return true;
 }
 
+/*
+ * Template number m->nplans + 1 from its bytes at @at (the arena's next
+ * bytes, room_reserve()d: key, mask, final bytes, @nf fields), for site @s
+ * of signature hash @h: its words, its slot. Returns its id.
+ */
+static uint32_t tmpl_add(struct ap_memo *m, uint64_t h, const struct ap_site *s,
+                         const struct ap_entry *entries, const uint8_t *at, size_t keylen,
+                         unsigned len, unsigned nf, int chosen, bool relative, bool masked)
+{
+    struct ap_memo_tmpl *t = &m->tmpl[m->nplans];
+    size_t fsz = (size_t)nf * sizeof(struct ap_memo_field);
+
+    *t = (struct ap_memo_tmpl){.key = at,
+                               .keylen = (uint16_t)keylen,
+                               .count = (uint16_t)s->count, .len = (uint8_t)len,
+                               .nfields = (uint8_t)nf,
+                               .chosen = (int16_t)chosen,
+                               .relative = relative};
+    if (nf) {
+        ap_copy_small((uint8_t *)&t->f0, at + 2 * keylen + len, sizeof(t->f0));
+        t->rel32 = nf == 1 && t->f0.entry == chosen && t->f0.size == 4;
+    }
+    if (words_entries(s, entries)) {
+        const uint8_t *mkey = at + keylen;
+        const struct ap_entry *e = &entries[s->first];
+        size_t r0 = 1 + (size_t)s->len + 5; /* the first replacement in the key */
+
+        t->one = words_entries(s, entries);
+        t->w[0] = one_header(s, e);
+        ap_memo_words(at + 1, s->len, &t->w[1], &t->w[2]);
+        ap_memo_words(mkey + 1, s->len, &t->wm[0], &t->wm[1]);
+        ap_memo_words(at + r0, e->repllen, &t->w[3], &t->w[4]);
+        ap_memo_words(mkey + r0, e->repllen, &t->wm[2], &t->wm[3]);
+        if (t->one == 2) {
+            size_t r1 = r0 + e->repllen + 5;
+
+            t->w[5] = two_header(&e[1]);
+            ap_memo_words(at + r1, e[1].repllen, &t->w[6], &t->w[7]);
+            ap_memo_words(mkey + r1, e[1].repllen, &t->wm[4], &t->wm[5]);
+        }
+    }
+    m->arena_len += 2 * keylen + len + fsz;
+    m->nmasks += masked;
+    *slot_free(m, h) = (struct ap_memo_slot){.hash = h, .id = (uint32_t)++m->nplans};
+    return (uint32_t)m->nplans;
+}
+
 /* Remember an accepted plan as a template of signature hash @h (best effort:
  * skipped when memory is short). Returns its id, or 0. */
 static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *v,
@@ -690,40 +737,8 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     ap_copy_small(at + 2 * keylen, p->final, p->len);
     if (fsz)
         ap_copy_small(at + 2 * keylen + p->len, (const uint8_t *)f, fsz);
-    m->tmpl[m->nplans] = (struct ap_memo_tmpl){.key = at,
-                                               .keylen = (uint16_t)keylen,
-                                               .count = (uint16_t)s->count, .len = p->len,
-                                               .nfields = (uint8_t)nf,
-                                               .chosen = (int16_t)p->chosen,
-                                               .relative = p->relative};
-    if (nf) {
-        m->tmpl[m->nplans].f0 = f[0];
-        m->tmpl[m->nplans].rel32 = nf == 1 && f[0].entry == p->chosen && f[0].size == 4;
-    }
-    if (words_entries(s, entries)) {
-        struct ap_memo_tmpl *t = &m->tmpl[m->nplans];
-        const uint8_t *mkey = at + keylen;
-        const struct ap_entry *e = &entries[s->first];
-        size_t r0 = 1 + (size_t)s->len + 5; /* the first replacement in the key */
-
-        t->one = words_entries(s, entries);
-        t->w[0] = one_header(s, e);
-        ap_memo_words(at + 1, s->len, &t->w[1], &t->w[2]);
-        ap_memo_words(mkey + 1, s->len, &t->wm[0], &t->wm[1]);
-        ap_memo_words(at + r0, e->repllen, &t->w[3], &t->w[4]);
-        ap_memo_words(mkey + r0, e->repllen, &t->wm[2], &t->wm[3]);
-        if (t->one == 2) {
-            size_t r1 = r0 + e->repllen + 5;
-
-            t->w[5] = two_header(&e[1]);
-            ap_memo_words(at + r1, e[1].repllen, &t->w[6], &t->w[7]);
-            ap_memo_words(mkey + r1, e[1].repllen, &t->wm[4], &t->wm[5]);
-        }
-    }
-    m->arena_len += 2 * keylen + p->len + fsz;
-    m->nmasks += masked;
-    *slot_free(m, h) = (struct ap_memo_slot){.hash = h, .id = (uint32_t)++m->nplans};
-    return (uint32_t)m->nplans;
+    return tmpl_add(m, h, s, entries, at, keylen, p->len, (unsigned)nf, p->chosen, p->relative,
+                    masked);
 }
 
 uint32_t ap_memo_find_hint2(const struct ap_memo *m, const struct ap_site *s,
@@ -924,6 +939,69 @@ int ap_memo_inst_general(const struct ap_memo *m, uint32_t id, const struct ap_v
     return t->chosen;
 }
 
+bool ap_known_plans_off;
+
+/*
+ * A template of this library's own build for site @s (signature hash @h,
+ * original @orig, every replacement checked by sig_hash()), taken into
+ * @m: one of ap_known_plans[] whose key matches the site's bytes under its
+ * mask (the entries' features and flags taken from the site) and whose
+ * entry is the one @fs selects here (ap_plan_pick()). Returns its id, or 0
+ * (none, or memory short): the planner decides.
+ */
+static uint32_t known_take(struct ap_memo *m, uint64_t h, const struct ap_view *v,
+                           const struct ap_site *s, const struct ap_entry *entries,
+                           const uint8_t *orig, const struct altpatch_features *fs)
+{
+    int pick = AP_PICK_REFUSED - 1; /* asked at the first candidate */
+
+    if (ap_known_plans_off || m->nplans >= AP_MEMO_MAX_PLANS)
+        return 0;
+    for (size_t i = 0; i < ap_known_nplans; i++) {
+        const struct ap_known_plan *k = &ap_known_plans[i];
+        size_t fsz = (size_t)k->nfields * sizeof(struct ap_memo_field);
+        size_t n = 2 * (size_t)k->keylen + k->len, at = 1 + (size_t)s->len;
+        struct ap_memo_tmpl t;
+        bool masked = false;
+        uint8_t *key;
+
+        if (k->len != s->len || k->count != s->count)
+            continue;
+        if (pick == AP_PICK_REFUSED - 1)
+            pick = ap_plan_pick(v, s, entries, fs);
+        if (k->chosen != pick)
+            continue;
+        if ((m->nplans + 1) * 2 > m->nslots && !slots_grow(m))
+            return 0;
+        if (!room_reserve(m, n + fsz))
+            return 0;
+        /* into the arena's next bytes, kept only if the site matches */
+        key = m->arena + m->arena_len;
+        ap_copy_small(key, ap_known_bytes + k->at, n);
+        if (fsz)
+            ap_copy_small(key + n, (const uint8_t *)&ap_known_fields[k->fields_at], fsz);
+        for (uint32_t j = 0; j < s->count && at + 5 <= k->keylen; j++) {
+            const struct ap_entry *e = &entries[s->first + j];
+
+            key[at] = (uint8_t)e->feature;
+            key[at + 1] = (uint8_t)(e->feature >> 8);
+            key[at + 2] = (uint8_t)e->flags;
+            key[at + 3] = (uint8_t)(e->flags >> 8);
+            at += 5 + (size_t)key[at + 4];
+        }
+        t = (struct ap_memo_tmpl){.key = key, .keylen = k->keylen, .count = k->count,
+                                  .len = k->len};
+        if (!tmpl_match(&t, v, s, entries, orig))
+            continue;
+        for (size_t j = 0; j < k->keylen; j++)
+            masked |= key[k->keylen + j] != 0xff;
+        m->known++;
+        return tmpl_add(m, h, s, entries, key, k->keylen, k->len, k->nfields, k->chosen,
+                        k->relative, masked);
+    }
+    return 0;
+}
+
 uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                       const struct ap_entry *entries, const uint8_t *orig,
                       const struct altpatch_features *fs, struct ap_plan *out)
@@ -940,7 +1018,10 @@ uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct a
         keyed = sig_hash(v, s, entries, bytes, &h);
     if (keyed) {
         uint32_t id = memo_lookup(m, h, v, s, entries, bytes);
+        bool known = false;
 
+        if (!id)
+            known = (id = known_take(m, h, v, s, entries, bytes, fs)) != 0;
         if (id) {
             const uint8_t *fin;
             int chosen = ap_memo_inst(m, id, v, s, entries, out->final, &fin);
@@ -955,7 +1036,7 @@ uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct a
                 out->relative = m->tmpl[id - 1].relative;
                 out->detail[0] = '\0';
                 memcpy(out->orig, bytes, s->len);
-                m->hits++;
+                m->hits += !known;
                 return id;
             }
             keyed = false; /* stored, but not valid at this address: the planner alone */

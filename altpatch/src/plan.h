@@ -233,6 +233,7 @@ struct ap_memo {
                                   * chained through their first word, never moved) */
     size_t arena_len, arena_cap;
     uint64_t hits, misses;       /* sites answered from the memo / by the planner */
+    uint64_t known;              /* sites answered by a template taken from ap_known_plans[] */
     size_t nmasks;               /* templates keyed without relative field values */
     /* Bit id of keep[f]: an entry of feature id and flags f (0, or
      * ALT_FLAG_NOT) does not apply under fs, and the feature is known. */
@@ -242,6 +243,39 @@ struct ap_memo {
     struct ap_region hint_repl;
     struct ap_memo_hint hint[AP_MEMO_HINTS];
 };
+
+/**
+ * A template this library's planner made when the library was written, for
+ * a shape its own primitives emit (primitives.h, alternative.h): the memo's
+ * bytes of it (key, key mask, final bytes) and its fields, for the entry
+ * @c chosen, each entry's feature and flags zero in the key.
+ * known_plans.c holds them, printed by tests/known_plans_gen.c (which plans
+ * every primitive's sites, tests/ap_every_primitive.h, under a feature set
+ * per entry); tests/test_known.c plans them again and compares. A memo that
+ * misses takes one whose key matches the site's bytes under its mask, the
+ * entries' features and flags aside, and whose entry is the one its set
+ * selects at the site (ap_plan_pick()), instead of planning the site: no
+ * Zydis for the primitives' shapes, whatever feature an ALT_CALL names. The
+ * planner's answer depends on the features only through that selection
+ * (and the refusals ap_plan_pick() makes itself). Everything that depends
+ * on addresses is checked as for any stored template.
+ */
+struct ap_known_plan {
+    uint16_t at;        /* its key, mask (keylen bytes each) and final bytes (len):
+                         * ap_known_bytes[at..] */
+    uint16_t fields_at; /* its fields: ap_known_fields[fields_at..] */
+    uint16_t keylen, count;
+    uint8_t len, nfields;
+    int8_t chosen;
+    bool relative;
+};
+AP_HIDDEN extern const struct ap_known_plan ap_known_plans[];
+AP_HIDDEN extern const size_t ap_known_nplans;
+/* Offsets, not pointers: the table needs no relocation when it is loaded. */
+AP_HIDDEN extern const uint8_t ap_known_bytes[];
+AP_HIDDEN extern const struct ap_memo_field ap_known_fields[];
+/** Tests: plan every shape (the known plans not looked at). */
+AP_HIDDEN extern bool ap_known_plans_off;
 
 /**
  * Forget the lookups by records (ap_memo_hint): for a caller whose views'

@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The templates this library carries for its primitives' shapes
+ * (known_plans.c) against the planner, on the sites of every primitive in
+ * this program (ap_every_primitive.h): each answer the planner can give at
+ * each site (the original, each entry, under a feature set that selects it)
+ * makes a template that is in the table byte for byte, every entry of the
+ * table is one of them, and a memo that takes the table's template answers
+ * exactly as one that plans the site.
+ *
+ * The table was printed from a gcc build (tests/known_plans_gen.c); clang
+ * 14's assembler encodes the primitives the same. Another's may not: its
+ * sites are then planned, never misread, and the tests that need this
+ * build's bytes to be the table's say so when they fail under it.
+ */
+#include <criterion/criterion.h>
+
+#include "ap_every_primitive.h"
+#include "ap_known_walk.h"
+
+static struct ap_module *list, *m;
+
+static void setup(void)
+{
+    cr_assert_eq(ap_modules_refresh(&list), 0);
+    m = apk_main_module(list);
+    cr_assert_not_null(m, "this program's table");
+    cr_assert_geq(m->nsites, 8, "the primitives' sites: %zu", m->nsites);
+}
+
+static void teardown(void)
+{
+    ap_known_plans_off = false;
+    ap_modules_free(list);
+}
+
+/* Calls @p fn(site, entries, c, set) for each answer of each site. */
+static size_t each_answer(void (*fn)(size_t i, const struct ap_site *s,
+                                     const struct ap_entry *e, int c,
+                                     const struct altpatch_features *fs))
+{
+    size_t n = 0;
+    for (size_t i = 0; i < m->nsites; i++) {
+        struct ap_site_entries eb;
+        const struct ap_site *s;
+        const struct ap_entry *e = ap_module_site_entries(m, i, &eb, &s);
+        for (int c = -1; c < (int)s->count; c++) {
+            struct altpatch_features fs;
+            if (!apk_set_for(&m->view, s, e, c, &fs))
+                continue;
+            fn(i, s, e, c, &fs);
+            n++;
+        }
+    }
+    return n;
+}
+
+static bool met[64];
+
+static void planner_template_in_table(size_t i, const struct ap_site *s,
+                                      const struct ap_entry *e, int c,
+                                      const struct altpatch_features *fs)
+{
+    struct ap_memo memo;
+    struct ap_plan out;
+    ap_memo_init(&memo, fs);
+    ap_known_plans_off = true;
+    uint32_t id = ap_memo_plan(&memo, &m->view, s, e, (const uint8_t *)(uintptr_t)s->addr, fs,
+                               &out);
+    ap_known_plans_off = false;
+    cr_assert_eq(out.reason, ALTPATCH_REASON_NONE, "site %zu, entry %d: %s", i, c, out.detail);
+    cr_assert_neq(id, 0, "site %zu, entry %d: the planner's answer stored", i, c);
+    cr_assert_eq(memo.known, 0);
+    struct apk_plan k;
+    apk_normal(&memo.tmpl[id - 1], &k);
+    size_t j = 0;
+    while (j < ap_known_nplans && !apk_same(&k, &ap_known_plans[j]))
+        j++;
+    cr_assert_lt(j, ap_known_nplans,
+                 "site %zu, entry %d: the planner's template is not in known_plans.c "
+                 "(print it again: known_plans_gen > altpatch/src/known_plans.c)%s",
+                 i, c, AP_KNOWN_OTHER_CC);
+    cr_assert_lt(j, sizeof(met) / sizeof(met[0]));
+    met[j] = true;
+    ap_memo_free(&memo);
+}
+
+Test(known, the_table_is_the_planner_s_templates, .init = setup, .fini = teardown)
+{
+    size_t n = each_answer(planner_template_in_table);
+    cr_assert_geq(n, 13, "answers looked at: %zu", n);
+    for (size_t j = 0; j < ap_known_nplans; j++)
+        cr_assert(met[j], "known_plans.c entry %zu is no template of this program's sites%s", j,
+                  AP_KNOWN_OTHER_CC);
+}
+
+static void same_answer(size_t i, const struct ap_site *s, const struct ap_entry *e, int c,
+                        const struct altpatch_features *fs)
+{
+    static struct ap_plan a, b;
+    struct ap_memo ma, mb;
+    const uint8_t *orig = (const uint8_t *)(uintptr_t)s->addr;
+    ap_memo_init(&ma, fs);
+    ap_memo_init(&mb, fs);
+    memset(&a, 0x5a, sizeof(a));
+    memset(&b, 0xa5, sizeof(b));
+    ap_known_plans_off = true;
+    ap_memo_plan(&ma, &m->view, s, e, orig, fs, &a);
+    ap_known_plans_off = false;
+    uint32_t id = ap_memo_plan(&mb, &m->view, s, e, orig, fs, &b);
+    cr_assert_eq(a.reason, ALTPATCH_REASON_NONE, "site %zu, entry %d: %s", i, c, a.detail);
+    cr_assert_eq(b.reason, a.reason, "site %zu, entry %d", i, c);
+    cr_assert_eq(b.chosen, c, "site %zu: entry %d, not %d", i, b.chosen, c);
+    cr_assert_eq(b.chosen, a.chosen);
+    cr_assert_eq(b.len, a.len);
+    cr_assert_eq(b.relative, a.relative);
+    cr_assert_arr_eq(b.final, a.final, a.len, "site %zu, entry %d: final bytes", i, c);
+    cr_assert_arr_eq(b.orig, a.orig, a.len);
+    cr_assert_eq(ma.misses, 1);
+    cr_assert_eq(mb.misses + mb.known, 1);
+    /* the template taken answers the next site of the shape as a stored one */
+    if (mb.known) {
+        cr_assert_neq(id, 0);
+        cr_assert_eq(ap_memo_find(&mb, &m->view, s, e, orig), id, "site %zu, entry %d", i, c);
+    }
+    ap_memo_free(&ma);
+    ap_memo_free(&mb);
+}
+
+static size_t known_taken;
+
+static void counted(size_t i, const struct ap_site *s, const struct ap_entry *e, int c,
+                    const struct altpatch_features *fs)
+{
+    struct ap_memo mb;
+    struct ap_plan b;
+    ap_memo_init(&mb, fs);
+    ap_memo_plan(&mb, &m->view, s, e, (const uint8_t *)(uintptr_t)s->addr, fs, &b);
+    cr_assert_eq(mb.known, 1, "site %zu, entry %d: planned, not from the table%s", i, c,
+                 AP_KNOWN_OTHER_CC);
+    known_taken++;
+    ap_memo_free(&mb);
+}
+
+Test(known, every_answer_the_same_with_the_table, .init = setup, .fini = teardown)
+{
+    cr_assert_geq(each_answer(same_answer), 13);
+}
+
+Test(known, no_primitive_planned, .init = setup, .fini = teardown)
+{
+    size_t n = each_answer(counted);
+    cr_assert_eq(known_taken, n);
+}
+
+/* The table off: the planner answers every primitive again. */
+Test(known, the_switch_turns_it_off, .init = setup, .fini = teardown)
+{
+    struct ap_site_entries eb;
+    const struct ap_site *s;
+    const struct ap_entry *e = ap_module_site_entries(m, 0, &eb, &s);
+    struct altpatch_features fs;
+    int c = s->count ? 0 : -1;
+    cr_assert(apk_set_for(&m->view, s, e, c, &fs));
+    struct ap_memo memo;
+    struct ap_plan out;
+    ap_memo_init(&memo, &fs);
+    ap_known_plans_off = true;
+    ap_memo_plan(&memo, &m->view, s, e, (const uint8_t *)(uintptr_t)s->addr, &fs, &out);
+    cr_assert_eq(memo.known, 0);
+    cr_assert_eq(memo.misses, 1);
+    ap_memo_free(&memo);
+}
