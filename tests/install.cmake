@@ -44,7 +44,7 @@ set_tests_properties(static_clash PROPERTIES LABELS "install" TIMEOUT 60
 # tools). Label "valgrind": tools/dev.sh keeps them out of the ASan run.
 find_program(ALTPATCH_VALGRIND valgrind)
 if(ALTPATCH_VALGRIND)
-  foreach(t test_apply test_badnote test_dialect test_insn test_mem test_memo test_nop test_opts
+  foreach(t test_apply test_badnote test_dialect test_insn test_known test_mem test_memo test_nop test_opts
             test_plan test_poke test_record test_reloc test_seal test_image_regions)
     if(TARGET ${t})
       add_test(NAME valgrind_${t}
