@@ -17,7 +17,8 @@ __attribute__((visibility("hidden"), noinline)) long apx_every_old(long x) { ret
 __attribute__((visibility("hidden"), noinline)) long apx_every_new(long x) { return x + 2; }
 
 /* Every primitive once (each a site of the program's table); the sum keeps
- * each result live. */
+ * each result live. Never called: altpatch_gs_self() needs a GS block
+ * installed (altpatch_gs_install()). */
 __attribute__((noinline, used)) uintptr_t apx_every_primitive(long x)
 {
     uintptr_t r = 0;

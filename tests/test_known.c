@@ -5,8 +5,9 @@
  * this program (ap_every_primitive.h): each answer the planner can give at
  * each site (the original, each entry, under a feature set that selects it)
  * makes a template that is in the table byte for byte, every entry of the
- * table is one of them, and a memo that takes the table's template answers
- * exactly as one that plans the site.
+ * table is one of them, a memo that takes the table's template answers
+ * exactly as one that plans the site, and a first apply of this program
+ * decodes no instruction.
  *
  * The table was printed from a gcc build (tests/known_plans_gen.c); clang
  * 14's assembler encodes the primitives the same. Another's may not: its
@@ -170,4 +171,64 @@ Test(known, the_switch_turns_it_off, .init = setup, .fini = teardown)
     cr_assert_eq(memo.known, 0);
     cr_assert_eq(memo.misses, 1);
     ap_memo_free(&memo);
+}
+
+/*
+ * The apply path: this program's decoder calls counted (the library's calls
+ * to Zydis's decoder bind to this definition, which forwards to Zydis's).
+ * Its sites are all primitives, so a first apply, whatever this CPU
+ * selects, decodes nothing; without the table it decodes (an ALT_CALL under
+ * ALWAYS is replaced on every CPU, and planned).
+ */
+#include <Zydis/Zydis.h>
+#include <dlfcn.h>
+
+#include "ap_isolate.h"
+
+static unsigned decodes;
+
+ZyanStatus ZydisDecoderDecodeInstruction(const ZydisDecoder *d, ZydisDecoderContext *ctx,
+                                         const void *buffer, ZyanUSize length,
+                                         ZydisDecodedInstruction *insn)
+{
+    static ZyanStatus (*real)(const ZydisDecoder *, ZydisDecoderContext *, const void *,
+                              ZyanUSize, ZydisDecodedInstruction *);
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "ZydisDecoderDecodeInstruction");
+    decodes++;
+    return real ? real(d, ctx, buffer, length, insn) : ZYAN_STATUS_FAILED;
+}
+
+struct apply_res {
+    int rc;
+    unsigned decodes;
+    struct altpatch_stats st;
+};
+
+static void apply_body(void *out, void *ctx)
+{
+    struct apply_res *r = out;
+    ap_known_plans_off = ctx != NULL;
+    decodes = 0;
+    r->rc = altpatch_apply();
+    r->decodes = decodes;
+    r->st.sz = sizeof(r->st);
+    if (altpatch_get_stats(&r->st))
+        r->st.sz = 0;
+}
+
+Test(known, a_first_apply_of_primitives_decodes_nothing)
+{
+    struct apply_res *r = ap_isolated(sizeof(*r), apply_body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->st.sz, sizeof(r->st));
+    cr_assert_geq(r->st.sites_seen, 8, "sites %llu", (unsigned long long)r->st.sites_seen);
+    cr_assert_eq(r->st.sites_refused, 0);
+    cr_assert_geq(r->st.sites_patched, 1, "an ALT_CALL under ALWAYS is replaced everywhere");
+    cr_assert_eq(r->decodes, 0, "%u instructions decoded", r->decodes);
+    struct apply_res *off = ap_isolated(sizeof(*off), apply_body, (void *)1);
+    cr_assert_eq(off->rc, 0);
+    cr_assert_gt(off->decodes, 0, "without the table the planner decodes");
+    cr_assert_eq(off->st.sites_patched, r->st.sites_patched);
+    cr_assert_eq(off->st.sites_refused, 0);
 }
