@@ -421,6 +421,15 @@ static bool room_reserve(struct ap_memo *m, size_t n)
     return true;
 }
 
+/* An entry's feature and flags, the first 4 bytes of its header in a key. */
+static inline void key_head(uint8_t *h, const struct ap_entry *e)
+{
+    h[0] = (uint8_t)e->feature;
+    h[1] = (uint8_t)(e->feature >> 8);
+    h[2] = (uint8_t)e->flags;
+    h[3] = (uint8_t)(e->flags >> 8);
+}
+
 /*
  * The content key of site @s (original @orig; replacements checked by
  * sig_hash()): length, original, per entry a 5-byte header and the
@@ -438,10 +447,7 @@ static size_t key_build(const struct ap_view *v, const struct ap_site *s,
 
         if (len + 5 + e->repllen > AP_MEMO_KEY_MAX)
             return 0;
-        key[len] = (uint8_t)e->feature;
-        key[len + 1] = (uint8_t)(e->feature >> 8);
-        key[len + 2] = (uint8_t)e->flags;
-        key[len + 3] = (uint8_t)(e->flags >> 8);
+        key_head(key + len, e);
         key[len + 4] = e->repllen;
         if (e->repllen)
             ap_copy_small(key + len + 5, repl_at(v, e), e->repllen);
@@ -622,16 +628,14 @@ static int fields_collect(const uint8_t *key, const struct ap_site *s,
  * plan reads the original only through its decoding and, when no entry is
  * chosen, as the final bytes, which are then the site's own; and
  * ap_memo_inst() reads each replacement field's value from the site's own
- * replacement. *@p masked: some field was left out. False when the plan is
- * not to be stored.
+ * replacement. False when the plan is not to be stored.
  */
 static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_memo_field *f,
-                     int nf, const struct ap_plan *p, bool *masked)
+                     int nf, const struct ap_plan *p)
 {
     struct ap_insn in;
 
     ap_fill_small(mk, 0xff, keylen); /* no call into the C library */
-    *masked = nf > 0;
     if (!p->fields_over) {
         /* the original's fields as the planner listed them */
         for (size_t j = 0; j < p->nfields; j++) {
@@ -639,7 +643,6 @@ static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_m
                 continue;
             ap_fill_small(mk + 1 + p->fields[j].off + p->fields[j].rel_off, 0,
                           p->fields[j].rel_size);
-            *masked = true;
         }
     } else {
         for (size_t off = 0; off < key[0]; off += in.len) {
@@ -648,7 +651,6 @@ static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_m
             if (!in.has_rel)
                 continue;
             ap_fill_small(mk + 1 + off + in.rel_off, 0, in.rel_size);
-            *masked = true;
         }
     }
     for (int j = 0; j < nf; j++)
@@ -658,17 +660,35 @@ static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_m
     return true;
 }
 
+/* Room for one more template of @n bytes (its slot, its bytes, its entry):
+ * where its bytes go (the arena's next), or NULL when the memo is full or
+ * memory is short. */
+static uint8_t *tmpl_room(struct ap_memo *m, size_t n)
+{
+    if (m->nplans >= AP_MEMO_MAX_PLANS)
+        return NULL;
+    if ((m->nplans + 1) * 2 > m->nslots && !slots_grow(m))
+        return NULL;
+    if (!room_reserve(m, n))
+        return NULL;
+    return m->arena + m->arena_len;
+}
+
 /*
- * Template number m->nplans + 1 from its bytes at @at (the arena's next
- * bytes, room_reserve()d: key, mask, final bytes, @nf fields), for site @s
- * of signature hash @h: its words, its slot. Returns its id.
+ * Template number m->nplans + 1 from its bytes at @at (tmpl_room()'s: key,
+ * mask, final bytes, @nf fields), for site @s of signature hash @h: its
+ * words, its slot. Returns its id.
  */
 static uint32_t tmpl_add(struct ap_memo *m, uint64_t h, const struct ap_site *s,
                          const struct ap_entry *entries, const uint8_t *at, size_t keylen,
-                         unsigned len, unsigned nf, int chosen, bool relative, bool masked)
+                         unsigned len, unsigned nf, int chosen, bool relative)
 {
     struct ap_memo_tmpl *t = &m->tmpl[m->nplans];
     size_t fsz = (size_t)nf * sizeof(struct ap_memo_field);
+    bool masked = false; /* some field left out of the key */
+
+    for (size_t j = 0; j < keylen; j++)
+        masked |= at[keylen + j] != 0xff;
 
     *t = (struct ap_memo_tmpl){.key = at,
                                .keylen = (uint16_t)keylen,
@@ -714,10 +734,10 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     struct ap_memo_field f[AP_MEMO_MAX_FIELDS];
     uint8_t key[AP_MEMO_KEY_MAX], *at;
     size_t keylen, fsz;
-    bool relative = false, masked;
+    bool relative = false;
     int nf;
 
-    if (m->nplans >= AP_MEMO_MAX_PLANS || p->chosen > INT16_MAX)
+    if (p->chosen > INT16_MAX)
         return 0;
     keylen = key_build(v, s, entries, orig, key);
     if (!keylen)
@@ -726,19 +746,14 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
     if (nf < 0 || relative != p->relative)
         return 0;
     fsz = (size_t)nf * sizeof(f[0]);
-    if ((m->nplans + 1) * 2 > m->nslots && !slots_grow(m))
-        return 0;
-    if (!room_reserve(m, 2 * keylen + p->len + fsz))
-        return 0;
-    at = m->arena + m->arena_len;
-    if (!key_mask(key, at + keylen, keylen, f, nf, p, &masked))
+    at = tmpl_room(m, 2 * keylen + p->len + fsz);
+    if (!at || !key_mask(key, at + keylen, keylen, f, nf, p))
         return 0;
     ap_copy_small(at, key, keylen); /* no call into the C library: see util.h */
     ap_copy_small(at + 2 * keylen, p->final, p->len);
     if (fsz)
         ap_copy_small(at + 2 * keylen + p->len, (const uint8_t *)f, fsz);
-    return tmpl_add(m, h, s, entries, at, keylen, p->len, (unsigned)nf, p->chosen, p->relative,
-                    masked);
+    return tmpl_add(m, h, s, entries, at, keylen, p->len, (unsigned)nf, p->chosen, p->relative);
 }
 
 uint32_t ap_memo_find_hint2(const struct ap_memo *m, const struct ap_site *s,
@@ -955,14 +970,13 @@ static uint32_t known_take(struct ap_memo *m, uint64_t h, const struct ap_view *
 {
     int pick = AP_PICK_REFUSED - 1; /* asked at the first candidate */
 
-    if (ap_known_plans_off || m->nplans >= AP_MEMO_MAX_PLANS)
+    if (ap_known_plans_off)
         return 0;
     for (size_t i = 0; i < ap_known_nplans; i++) {
         const struct ap_known_plan *k = &ap_known_plans[i];
         size_t fsz = (size_t)k->nfields * sizeof(struct ap_memo_field);
         size_t n = 2 * (size_t)k->keylen + k->len, at = 1 + (size_t)s->len;
         struct ap_memo_tmpl t;
-        bool masked = false;
         uint8_t *key;
 
         if (k->len != s->len || k->count != s->count)
@@ -971,33 +985,24 @@ static uint32_t known_take(struct ap_memo *m, uint64_t h, const struct ap_view *
             pick = ap_plan_pick(v, s, entries, fs);
         if (k->chosen != pick)
             continue;
-        if ((m->nplans + 1) * 2 > m->nslots && !slots_grow(m))
-            return 0;
-        if (!room_reserve(m, n + fsz))
-            return 0;
         /* into the arena's next bytes, kept only if the site matches */
-        key = m->arena + m->arena_len;
+        key = tmpl_room(m, n + fsz);
+        if (!key)
+            return 0;
         ap_copy_small(key, ap_known_bytes + k->at, n);
         if (fsz)
             ap_copy_small(key + n, (const uint8_t *)&ap_known_fields[k->fields_at], fsz);
         for (uint32_t j = 0; j < s->count && at + 5 <= k->keylen; j++) {
-            const struct ap_entry *e = &entries[s->first + j];
-
-            key[at] = (uint8_t)e->feature;
-            key[at + 1] = (uint8_t)(e->feature >> 8);
-            key[at + 2] = (uint8_t)e->flags;
-            key[at + 3] = (uint8_t)(e->flags >> 8);
+            key_head(key + at, &entries[s->first + j]);
             at += 5 + (size_t)key[at + 4];
         }
         t = (struct ap_memo_tmpl){.key = key, .keylen = k->keylen, .count = k->count,
                                   .len = k->len};
         if (!tmpl_match(&t, v, s, entries, orig))
             continue;
-        for (size_t j = 0; j < k->keylen; j++)
-            masked |= key[k->keylen + j] != 0xff;
         m->known++;
         return tmpl_add(m, h, s, entries, key, k->keylen, k->len, k->nfields, k->chosen,
-                        k->relative, masked);
+                        k->relative);
     }
     return 0;
 }
