@@ -925,17 +925,6 @@ static inline const struct ap_entry *ap_module_decode_entries_at(const struct ap
     return buf->e;
 }
 
-static inline const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
-                                                            struct ap_site_entries *buf,
-                                                            const struct ap_site **sp)
-{
-    if (!m->entries)
-        return ap_module_decode_entries(m, i, buf, sp);
-    buf->site = ap_site_get(m, i);
-    *sp = &buf->site;
-    return m->entries;
-}
-
 /** ap_module_site_entries() for site @p i whose first record is record
  * @p first (a loop over the sites keeps it). */
 static inline const struct ap_entry *ap_module_site_entries_at(const struct ap_module *m,
@@ -949,6 +938,13 @@ static inline const struct ap_entry *ap_module_site_entries_at(const struct ap_m
     buf->site = ap_tsite_site(t.p, t.addr, t.rs, first, &m->sites[i]);
     *sp = &buf->site;
     return m->entries;
+}
+
+static inline const struct ap_entry *ap_module_site_entries(const struct ap_module *m, size_t i,
+                                                            struct ap_site_entries *buf,
+                                                            const struct ap_site **sp)
+{
+    return ap_module_site_entries_at(m, i, ap_site_first(m, i), buf, sp);
 }
 
 static inline const uint8_t *ap_module_plan_bytes(const struct ap_module *m,

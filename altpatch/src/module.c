@@ -614,19 +614,17 @@ static bool ap_sites_unchanged(struct ap_module *m)
     if (!m->saved)
         return true;
     ap_module_planned(m);
-    const struct ap_region *r = NULL; /* the region of the last site: sites come in order */
+    struct ap_region_cursor rc = {0}; /* the last site's region: sites come in order */
+    const struct ap_table_ref t = ap_table_ref(m);
     size_t off = 0;
-    for (size_t i = 0; i < m->nsites; off += m->sites[i].len, i++) {
+    uint32_t first = 0;
+    for (size_t i = 0; i < m->nsites; off += m->sites[i].len, first += m->sites[i].count, i++) {
         if (ap_site_outside(m, i))
             continue;
-        uint64_t addr = ap_site_addr(m, i);
         uint8_t len = m->sites[i].len;
-        if (!r || !(addr >= r->addr && len <= r->size && /* ap_region_holds() */
-                    addr - r->addr <= r->size - len))
-            r = ap_view_find(&m->view, addr, len);
-        if (!r || !r->data)
+        const uint8_t *cur = ap_region_at(&rc, &m->view, ap_table_site_addr(&t, first), len);
+        if (!cur)
             return false;
-        const uint8_t *cur = r->data + (addr - r->addr);
         if (!ap_equal_small(cur, m->orig + off, len) && !ap_equal_small(cur, m->planned + off, len))
             return false;
     }
