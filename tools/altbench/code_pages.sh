@@ -2,10 +2,12 @@
 # SPDX-License-Identifier: MIT
 #
 # Distinct 4 KiB pages of a program's own code that its first
-# altpatch_apply() executes, counted by callgrind:
+# altpatch_apply() executes, counted by callgrind, then those of every
+# object it executes (the program, the C library, the loader, Zydis):
 #
 #   tools/altbench/code_pages.sh ./startup_8_pp
 #   -> pages=13 instructions=16452
+#      objects: startup_8_pp=13 libc.so.6=7 ld-linux-x86-64.so.2=8 ...
 #
 # A fresh process maps each page of code on its first use; on some
 # hypervisors each costs microseconds beyond the fault the guest counts
@@ -29,13 +31,21 @@ fi
 # cost lines are "0xADDR LINE COST" (absolute positions); the page is the
 # address without its last three hex digits; ob= names the object of the
 # lines that follow
+# (the second line: every object's pages, the program's among them)
 awk -v prog="$prog" '
     /^ob=/ { ob = substr($0, 4) }
     /^calls=/ { call = 1; next }
     /^0x/ {
         if (call) { call = 0; next }        # the callee inclusive cost line
         n += $3
-        if (ob == prog) pages[substr($1, 1, length($1) - 3)] = 1
+        p = substr($1, 1, length($1) - 3)
+        if (ob == prog) pages[p] = 1
+        if (!((ob, p) in any)) { any[ob, p] = 1; per[ob]++ }
     }
-    END { c = 0; for (p in pages) c++; printf "pages=%d instructions=%d\n", c, n }
+    END {
+        c = 0; for (p in pages) c++; printf "pages=%d instructions=%d\n", c, n
+        line = "objects:"
+        for (o in per) { b = o; sub(/.*\//, "", b); line = line " " b "=" per[o] }
+        print line
+    }
 ' callgrind.out.*
