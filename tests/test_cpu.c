@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -989,6 +990,91 @@ Test(cpu, pending_blocked_sigill_is_left_alone)
     cr_assert_not_null(h);
     cr_assert_eq(altpatch_features_has(h, X86_FEATURE_RDTSCP), runs);
     altpatch_features_free(h);
+}
+
+/*
+ * RDTSCP faults with SIGSEGV, not SIGILL, where the process asked for
+ * PR_TSC_SIGSEGV. The probe's guard takes that fault too: with the test
+ * switch the RDTSCP probe executes HLT (privileged: #GP, SIGSEGV, on every
+ * x86-64 CPU) whatever CPUID claims, so this runs the guard everywhere. The
+ * process lives, RDTSCP is not claimed, and the program's SIGSEGV action is
+ * exactly what it was and still runs.
+ */
+Test(cpu, probe_guard_takes_a_sigsegv_fault)
+{
+    struct sigaction sa, before, after;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = ill_skip_ud2;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGUSR2);
+    cr_assert_eq(sigaction(SIGSEGV, &sa, NULL), 0);
+    cr_assert_eq(sigaction(SIGSEGV, NULL, &before), 0);
+
+    ap_probe_hlt_test = true;
+    struct altpatch_features f;
+    cr_assert(ap_host_leaves(AP_LEAVES_ALL, &f));
+    ap_probe_hlt_test = false;
+    cr_assert_not(altpatch_features_has(&f, X86_FEATURE_RDTSCP),
+                  "the probe faulted: RDTSCP is not claimed");
+
+    cr_assert_eq(sigaction(SIGSEGV, NULL, &after), 0);
+    cr_assert_eq((void *)after.sa_sigaction, (void *)ill_skip_ud2);
+    cr_assert_eq(after.sa_flags, before.sa_flags);
+    cr_assert(sigismember(&after.sa_mask, SIGUSR2));
+    ill_seen = 0;
+    ill_len = 1; /* hlt: f4 */
+    __asm__ volatile("hlt" ::: "memory");
+    ill_len = 2;
+    cr_assert_eq(ill_seen, 1, "the program's own SIGSEGV action runs after the probe");
+}
+
+/* The same with SIGSEGV blocked by the program: the fault would kill a
+ * process whose signal is blocked, so the probe unblocks it meanwhile and
+ * puts the program's mask back. */
+Test(cpu, probe_guard_unblocks_sigsegv_meanwhile)
+{
+    sigset_t segv, mask;
+    sigemptyset(&segv);
+    sigaddset(&segv, SIGSEGV);
+    cr_assert_eq(sigprocmask(SIG_BLOCK, &segv, NULL), 0);
+    struct sigaction before, now;
+    cr_assert_eq(sigaction(SIGSEGV, NULL, &before), 0);
+    ap_probe_hlt_test = true;
+    struct altpatch_features f;
+    cr_assert(ap_host_leaves(AP_LEAVES_ALL, &f));
+    ap_probe_hlt_test = false;
+    cr_assert_not(altpatch_features_has(&f, X86_FEATURE_RDTSCP));
+    cr_assert_eq(sigprocmask(SIG_BLOCK, NULL, &mask), 0);
+    cr_assert(sigismember(&mask, SIGSEGV), "the program's mask is put back");
+    cr_assert_eq(sigaction(SIGSEGV, NULL, &now), 0);
+    cr_assert_eq((void *)now.sa_handler, (void *)before.sa_handler, "the action is put back");
+    cr_assert_eq(now.sa_flags, before.sa_flags);
+}
+
+/*
+ * A process that asked for PR_TSC_SIGSEGV: the first derivation of the set
+ * (which probes RDTSCP where CPUID claims it) does not end it, and RDTSCP is
+ * not claimed (it faults there). In a child: under that mode the clock of the
+ * vDSO faults too, which the test runner uses.
+ */
+Test(cpu, probe_survives_pr_tsc_sigsegv)
+{
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        if (prctl(PR_SET_TSC, PR_TSC_SIGSEGV, 0, 0, 0) != 0)
+            _exit(3);
+        struct altpatch_features f;
+        if (!ap_host_leaves(AP_LEAVES_ALL, &f))
+            _exit(4);
+        _exit(altpatch_features_has(&f, X86_FEATURE_RDTSCP) ? 5 : 0);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st), "the child was killed by signal %d", WTERMSIG(st));
+    cr_assert_eq(WEXITSTATUS(st), 0, "child status %d (3: prctl refused, 5: RDTSCP claimed)",
+                 WEXITSTATUS(st));
 }
 
 /* The probe's guard set (rt_sigaction for SIGILL), counted by a seccomp trap. */

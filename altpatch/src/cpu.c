@@ -559,14 +559,18 @@ static void ap_apply_os_enablement(struct altpatch_features *f, unsigned asked)
 
 /*
  * Instructions whose CPUID bit is not enough: valgrind's synthetic CPUID
- * claims RDTSCP on machines where its translator raises SIGILL for it, and
- * RDPID is only worth its name where Linux keeps TSC_AUX equal to this CPU's
- * number. Each is executed once under a SIGILL guard, only when a caller
- * wants one of them (AP_LEAVES_PROBE: until then both are left out, clear)
- * and CPUID claims it (no CPUID exit, three system calls).
- * The guard is a process-wide SIGILL action held for the few instructions of
- * the probe; a SIGILL elsewhere meanwhile is handed back to the previous
- * action (the faulting instruction runs again under it).
+ * claims RDTSCP on machines where its translator raises SIGILL for it, a
+ * process that asked for prctl(PR_SET_TSC, PR_TSC_SIGSEGV) (a record-and-
+ * replay tool's tracee, a sandbox hiding the clock) takes a SIGSEGV for every
+ * RDTSC and RDTSCP (CR4.TSD: #GP), and RDPID is only worth its name where
+ * Linux keeps TSC_AUX equal to this CPU's number. Each is executed once
+ * under a guard, only when a caller wants one of them (AP_LEAVES_PROBE: until
+ * then both are left out, clear) and CPUID claims it (no CPUID exit): SIGILL
+ * for both, SIGSEGV too while RDTSCP runs (RDPID is not subject to TSD).
+ * The guard is a process-wide action per signal held for the few
+ * instructions of the probe; such a signal elsewhere meanwhile is handed
+ * back to the previous action (the faulting instruction runs again under
+ * it).
  */
 AP_STATE static const void *volatile ap_probe_at;     /* the probed instruction */
 AP_STATE static const void *volatile ap_probe_resume; /* the instruction after it */
@@ -610,7 +614,17 @@ __asm__(".pushsection .text\n"
         ".size __restore_rt, . - __restore_rt\n"
         ".popsection");
 
-AP_STATE static struct ap_ksigaction ap_probe_prev;
+/* The program's actions while the guard holds: SIGILL's, and SIGSEGV's
+ * while the guard holds that one too (ap_probe_segv_held). */
+AP_STATE static struct ap_ksigaction ap_probe_prev, ap_probe_prev_segv;
+AP_STATE static volatile sig_atomic_t ap_probe_segv_held;
+
+/*
+ * Test switch: the RDTSCP probe runs HLT instead (privileged: #GP, SIGSEGV,
+ * on every x86-64 CPU, as RDTSCP under PR_TSC_SIGSEGV), whatever CPUID
+ * claims, so that the SIGSEGV guard is exercised on any machine.
+ */
+bool ap_probe_hlt_test;
 
 static long ap_ksigaction(int sig, const struct ap_ksigaction *act, struct ap_ksigaction *old)
 {
@@ -626,7 +640,12 @@ static void ap_probe_sigill(int sig, siginfo_t *si, void *ucv)
         uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)ap_probe_resume;
         return;
     }
-    ap_ksigaction(SIGILL, &ap_probe_prev, NULL);
+    if (sig == SIGSEGV) {
+        ap_probe_segv_held = 0;
+        ap_ksigaction(SIGSEGV, &ap_probe_prev_segv, NULL);
+    } else {
+        ap_ksigaction(SIGILL, &ap_probe_prev, NULL);
+    }
     if (si->si_code <= 0)
         raise(sig); /* sent, not raised by an instruction: deliver it after we return */
 }
@@ -651,6 +670,13 @@ static uint64_t ap_exec_rdpid(void)
 static uint32_t ap_exec_rdtscp(void)
 {
     uint32_t a, d, c = ~0u;
+    if (__builtin_expect(ap_probe_hlt_test, 0)) {
+        __asm__ volatile(AP_PROBE_ASM_("hlt")
+                         : [at] "=m"(ap_probe_at), [re] "=m"(ap_probe_resume)
+                         :
+                         : "rsi", "memory");
+        return c;
+    }
     __asm__ volatile(AP_PROBE_ASM_("rdtscp")
                      : [at] "=m"(ap_probe_at), [re] "=m"(ap_probe_resume), "=a"(a), "=d"(d),
                        "+c"(c)
@@ -677,11 +703,13 @@ static bool ap_rdpid_usable(void)
 }
 
 /* Run the probes not run yet for what @p f claims; sets ap_rdtscp_ok /
- * ap_rdpid_ok. false when a pending SIGILL kept them from running: the
- * answers stay unknown (-1), to be asked again by a later derivation. */
+ * ap_rdpid_ok. false when a pending SIGILL (or, for RDTSCP, SIGSEGV) kept
+ * them from running: the answers stay unknown (-1), to be asked again by a
+ * later derivation. */
 static bool ap_run_probes(const struct altpatch_features *f)
 {
-    bool tscp = ap_rdtscp_ok < 0 && ap_features_test(f, X86_FEATURE_RDTSCP);
+    bool tscp = ap_rdtscp_ok < 0 &&
+                (ap_features_test(f, X86_FEATURE_RDTSCP) || ap_probe_hlt_test);
     bool pid = ap_rdpid_ok < 0 && ap_features_test(f, X86_FEATURE_RDPID);
     if (!tscp && !pid)
         return true;
@@ -691,8 +719,8 @@ static bool ap_run_probes(const struct altpatch_features *f)
         .restorer = ap_probe_restorer,
         .mask = 0,
     };
-    /* the kernel's sigset: one bit per signal, SIGILL is bit SIGILL - 1 */
-    uint64_t ill = 1ull << (SIGILL - 1), old = 0;
+    /* the kernel's sigset: one bit per signal, signal s is bit s - 1 */
+    uint64_t ill = 1ull << (SIGILL - 1), segv = 1ull << (SIGSEGV - 1), old = 0;
     if (ap_ksigaction(SIGILL, &sa, &ap_probe_prev) != 0) {
         /* cannot tell: claim neither */
         if (tscp)
@@ -701,37 +729,52 @@ static bool ap_run_probes(const struct altpatch_features *f)
             ap_rdpid_ok = 0;
         return true;
     }
-    /* A blocked SIGILL raised by an instruction would kill the process: the
-     * probe runs with SIGILL unblocked. Where the program does not block it
-     * (the usual case: one system call, which asks for the mask alone) none
-     * can be pending either -- it would have been delivered already. A SIGILL
-     * the program blocked and left pending would be delivered to the probe's
-     * handler the moment it is unblocked, and put back to the program's
-     * action -- the default, often: the process would die. Then nothing is
-     * probed and neither instruction is claimed this time; the answer is
-     * not kept (a later derivation, once the program has taken its SIGILL,
-     * probes). */
+    /* RDTSCP faults with SIGSEGV under PR_TSC_SIGSEGV (PR_GET_TSC would
+     * answer too, but a seccomp filter may kill for a prctl() it does not
+     * expect; rt_sigaction is the guard's call either way). Without that
+     * guard RDTSCP is not executed and not claimed. */
+    bool segv_guard = tscp && ap_ksigaction(SIGSEGV, &sa, &ap_probe_prev_segv) == 0;
+    ap_probe_segv_held = segv_guard;
+    uint64_t guarded = ill | (segv_guard ? segv : 0);
+    /* A blocked SIGILL or SIGSEGV raised by an instruction would kill the
+     * process: the probe runs with both unblocked. Where the program does not
+     * block them (the usual case: one system call, which asks for the mask
+     * alone) none can be pending either -- it would have been delivered
+     * already. A signal the program blocked and left pending would be
+     * delivered to the probe's handler the moment it is unblocked, and put
+     * back to the program's action -- the default, often: the process would
+     * die. Then nothing is probed and neither instruction is claimed this
+     * time; the answer is not kept (a later derivation, once the program has
+     * taken its signal, probes). */
     bool held = ap_sys(SYS_rt_sigprocmask, SIG_BLOCK, 0, (long)&old, sizeof(old), 0) != 0;
-    if (!held && (old & ill)) {
+    if (!held && (old & guarded)) {
         uint64_t pending = 0;
         held = ap_sys(SYS_rt_sigpending, (long)&pending, sizeof(pending), 0, 0, 0) != 0 ||
-               (pending & ill) ||
-               ap_sys(SYS_rt_sigprocmask, SIG_UNBLOCK, (long)&ill, 0, sizeof(ill), 0) != 0;
+               (pending & guarded) ||
+               ap_sys(SYS_rt_sigprocmask, SIG_UNBLOCK, (long)&guarded, 0, sizeof(guarded), 0) !=
+                   0;
     }
     if (!held) {
-        if (tscp) {
+        if (tscp && segv_guard) {
             ap_probe_ill = 0;
             (void)ap_exec_rdtscp();
-            ap_rdtscp_ok = !ap_probe_ill;
+            /* a fault of either kind; or the guard taken down meanwhile by a
+             * SIGSEGV of the program's own (then the answer is not trusted) */
+            ap_rdtscp_ok = !ap_probe_ill && ap_probe_segv_held;
+        } else if (tscp) {
+            ap_rdtscp_ok = 0;
         }
         if (pid) {
             ap_probe_ill = 0;
             ap_rdpid_ok = ap_rdpid_usable();
         }
-        if (old & ill)
+        if (old & guarded)
             ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&old, 0, sizeof(old), 0);
     }
     ap_probe_at = NULL;
+    if (segv_guard && ap_probe_segv_held)
+        ap_ksigaction(SIGSEGV, &ap_probe_prev_segv, NULL);
+    ap_probe_segv_held = 0;
     ap_ksigaction(SIGILL, &ap_probe_prev, NULL);
     return !held;
 }
