@@ -624,7 +624,7 @@ AP_STATE static volatile sig_atomic_t ap_probe_segv_held;
  * on every x86-64 CPU, as RDTSCP under PR_TSC_SIGSEGV), whatever CPUID
  * claims, so that the SIGSEGV guard is exercised on any machine.
  */
-bool ap_probe_hlt_test;
+AP_STATE bool ap_probe_hlt_test;
 
 static long ap_ksigaction(int sig, const struct ap_ksigaction *act, struct ap_ksigaction *old)
 {

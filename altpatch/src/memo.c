@@ -954,7 +954,7 @@ int ap_memo_inst_general(const struct ap_memo *m, uint32_t id, const struct ap_v
     return t->chosen;
 }
 
-bool ap_known_plans_off;
+AP_STATE bool ap_known_plans_off;
 
 /*
  * A template of this library's own build for site @s (signature hash @h,
