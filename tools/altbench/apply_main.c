@@ -19,6 +19,11 @@
  * plus the blocks it took from its own region (region_bytes, in heap_bytes):
  *
  *   altpatch n=N phase=heap heap_bytes=.. heap_per_site=.. region_bytes=..
+ *
+ * ALTBENCH_PROFILE=NAME plans every phase for that feature profile instead of
+ * this CPU (altpatch_features_profile(): amd-zen4, intel-spr, baseline, ...):
+ * the sites another CPU would have written, written here. The generated
+ * functions are never called, so bytes this CPU cannot run are harmless.
  */
 #include "harness.h"
 
@@ -29,12 +34,15 @@ extern const unsigned long ab_gen_sites;
 /* The library's region in use (altpatch/src/mem.c; linked from its plain objects). */
 size_t ap_mem_in_use(void);
 
+/* ALTBENCH_PROFILE's set, made before anything is timed; NULL: this CPU. */
+static struct altpatch_features *profile;
+
 static void timed(struct ab_h_sample *s, unsigned flags)
 {
-    struct altpatch_apply_opts o = {.sz = sizeof(o), .flags = flags};
+    struct altpatch_apply_opts o = {.sz = sizeof(o), .features = profile, .flags = flags};
     struct altpatch_stats st = {.sz = sizeof(st)};
     uint64_t t0 = ab_h_now();
-    int rc = flags ? altpatch_apply_opts(&o) : altpatch_apply();
+    int rc = flags || profile ? altpatch_apply_opts(&o) : altpatch_apply();
     s->ns = ab_h_now() - t0;
     s->rc = rc;
     if (altpatch_get_stats(&st) == 0) {
@@ -66,6 +74,11 @@ int main(int argc, char **argv)
         rev[AB_H_MAX_REPS], warm[AB_H_MAX_REPS];
     unsigned reps = ab_h_setup(argc, argv);
     altpatch_set_print(NULL);
+    const char *pname = getenv("ALTBENCH_PROFILE");
+    if (pname && *pname && !(profile = altpatch_features_profile(pname))) {
+        fprintf(stderr, "%s: unknown ALTBENCH_PROFILE '%s'\n", argv[0], pname);
+        return 2;
+    }
     if (ab_h_cold(reps, cold_one, cold) != 0) {
         fprintf(stderr, "%s: a cold-apply child failed\n", argv[0]);
         return 1;
