@@ -743,7 +743,7 @@ static inline bool ap_same_site(const uint8_t *a, const uint8_t *b, size_t n)
  * A site that needs no write is recorded at once (unless ALTPATCH_DEBUG
  * logs every site in order afterwards).
  */
-static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun *mr, size_t i,
+AP_PLAIN_PATH static __attribute__((noinline)) void ap_decide(struct ap_run *r, struct ap_mrun *mr, size_t i,
                                                 uint8_t *slot, struct ap_memo *memo)
 {
     struct ap_module *m = mr->m;
@@ -1351,8 +1351,8 @@ ap_decide_first_loop(struct ap_run *r, struct ap_mrun *mr, uint8_t *slot, struct
 
 /* Each kind of module in a function of its own: the inline helpers the loop
  * calls (the memo's lookup, the copies) stay inline in each. */
-#define AP_DECIDE_FIRST_KIND(name, plain, decode, rs)                                            \
-    static __attribute__((noinline)) void name(struct ap_run *r, struct ap_mrun *mr,             \
+#define AP_DECIDE_FIRST_KIND(attrs, name, plain, decode, rs)                                     \
+    static attrs __attribute__((noinline)) void name(struct ap_run *r, struct ap_mrun *mr,             \
                                                uint8_t *slot, struct ap_memo *memo)              \
     {                                                                                            \
         ap_decide_first_loop(r, mr, slot, memo, plain, decode, rs);                              \
@@ -1364,13 +1364,13 @@ static __attribute__((noinline)) void ap_decide_first_any(struct ap_run *r, stru
     ap_decide_first_loop(r, mr, slot, memo, false, !mr->m->entries, mr->m->note.record_size);
 }
 /* a small table: its records in the table pass's array */
-AP_DECIDE_FIRST_KIND(ap_decide_first_kept, true, false, ALTPATCH_RECORD_SIZE_KERNEL)
+AP_DECIDE_FIRST_KIND(AP_PLAIN_PATH, ap_decide_first_kept, true, false, ALTPATCH_RECORD_SIZE_KERNEL)
 /* a large table: each site's records decoded, format 3 or format 1 */
-AP_DECIDE_FIRST_KIND(ap_decide_first_compact, true, true, ALTPATCH_RECORD_SIZE_COMPACT)
-AP_DECIDE_FIRST_KIND(ap_decide_first_kernel, true, true, ALTPATCH_RECORD_SIZE_KERNEL)
+AP_DECIDE_FIRST_KIND(, ap_decide_first_compact, true, true, ALTPATCH_RECORD_SIZE_COMPACT)
+AP_DECIDE_FIRST_KIND(, ap_decide_first_kernel, true, true, ALTPATCH_RECORD_SIZE_KERNEL)
 #undef AP_DECIDE_FIRST_KIND
 
-static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct ap_mrun *mr,
+AP_PLAIN_PATH static __attribute__((noinline)) void ap_decide_first(struct ap_run *r, struct ap_mrun *mr,
                                                       uint8_t *slot, struct ap_memo *memo)
 {
     const struct ap_module *m = mr->m;
@@ -1544,7 +1544,7 @@ size_t ap_run_block_max = 32u << 20;
  * its queue in pages the heap has touched already. 0 or -ENOMEM, before any
  * decision: a failure leaves nothing half done.
  */
-static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
+AP_PLAIN_PATH static int ap_run_buffers(struct ap_run *r, size_t n, size_t bytes)
 {
     if (r->dec)
         return 0;
@@ -1665,7 +1665,7 @@ static void ap_run_undo(struct ap_run *r)
  * large block (ap_prove_alone()) is taken as it is. -EBUSY before any
  * write: nothing written (ap_run_undo(), ap_run_undecide()).
  */
-static int ap_run_prove(struct ap_run *r)
+AP_PLAIN_PATH static int ap_run_prove(struct ap_run *r)
 {
     if (r->proved)
         return 0;
@@ -1898,7 +1898,7 @@ static struct ap_mrun *ap_mrun_of(struct ap_run *r, size_t n, size_t *hint)
 }
 
 /* Write @p k of the run, not one that landed with nothing left to do. */
-static __attribute__((noinline)) void ap_write_done(struct ap_run *r, size_t k, size_t *hint)
+AP_PLAIN_PATH static __attribute__((noinline)) void ap_write_done(struct ap_run *r, size_t k, size_t *hint)
 {
     const struct ap_write *w = &r->writes[k];
     uint32_t tag = w->tag;

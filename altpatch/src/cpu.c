@@ -176,7 +176,7 @@ static unsigned ap_feature_cpuid_leaves(unsigned id, unsigned w)
 #endif
 #endif
 
-bool ap_libc_leaf(unsigned leaf, unsigned sub, struct ap_regs *r)
+AP_HOT bool ap_libc_leaf(unsigned leaf, unsigned sub, struct ap_regs *r)
 {
 #ifdef AP_HAVE_LIBC_LEAVES
     unsigned index;
@@ -843,7 +843,7 @@ AP_HOT bool ap_host_leaves(unsigned groups, struct altpatch_features *out)
  * would expect a shadow-stack frame that nobody pushed), which is asked
  * (arch_prctl, this thread) only where CPUID claims shadow stacks.
  */
-void ap_sync_core(void)
+AP_PLAIN_PATH void ap_sync_core(void)
 {
     switch (__atomic_load_n(&ap_sync_kind, __ATOMIC_ACQUIRE)) {
     case AP_SYNC_SERIALIZE:

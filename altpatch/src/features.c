@@ -144,7 +144,7 @@ AP_HOT bool ap_features_test(const struct altpatch_features *f, unsigned id)
     return (f->word[id / 32] >> (id % 32)) & 1u;
 }
 
-void ap_bit_set(struct altpatch_features *f, unsigned id)
+AP_HOT void ap_bit_set(struct altpatch_features *f, unsigned id)
 {
     f->word[id / 32] |= 1u << (id % 32);
 }

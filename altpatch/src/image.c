@@ -208,7 +208,7 @@ static int mem_read(void *ctx, uint64_t off, void *dst, size_t len)
 }
 
 /* ap_plan_note_check()'s reading of the image's sites. */
-static int note_pick(void *ctx, size_t i, const struct altpatch_features *fs)
+AP_HOT static int note_pick(void *ctx, size_t i, const struct altpatch_features *fs)
 {
     const struct altpatch_image *img = ctx;
     if (img->orig_off[i] == AP_NO_ORIG)

@@ -98,7 +98,7 @@ static inline struct ap_mem_head *ap_mem_at(uint32_t off)
     return (struct ap_mem_head *)(void *)(ap_mem_region + off);
 }
 
-bool ap_mem_owns(const void *p)
+AP_HOT bool ap_mem_owns(const void *p)
 {
     uintptr_t a = (uintptr_t)p, b = (uintptr_t)ap_mem_region;
     return a >= b + AP_MEM_HEAD && a < b + AP_MEM_REGION;
@@ -339,7 +339,7 @@ AP_HOT void ap_mem_free(void *p)
     ap_mem_loud(vg);
 }
 
-void *ap_mem_realloc(void *p, size_t size)
+AP_PLAIN_PATH void *ap_mem_realloc(void *p, size_t size)
 {
     if (!p)
         return ap_mem_alloc(size);

@@ -314,7 +314,7 @@ static inline bool words_match(const struct ap_memo_tmpl *t, const struct ap_vie
  * key's mask: length, original, per entry the 5-byte header and the
  * replacement.
  */
-static bool tmpl_match(const struct ap_memo_tmpl *t, const struct ap_view *v,
+AP_PLAIN_PATH static bool tmpl_match(const struct ap_memo_tmpl *t, const struct ap_view *v,
                        const struct ap_site *s, const struct ap_entry *entries,
                        const uint8_t *orig)
 {
@@ -663,7 +663,7 @@ static bool key_mask(uint8_t *key, uint8_t *mk, size_t keylen, const struct ap_m
 /* Room for one more template of @n bytes (its slot, its bytes, its entry):
  * where its bytes go (the arena's next), or NULL when the memo is full or
  * memory is short. */
-static uint8_t *tmpl_room(struct ap_memo *m, size_t n)
+AP_PLAIN_PATH static uint8_t *tmpl_room(struct ap_memo *m, size_t n)
 {
     if (m->nplans >= AP_MEMO_MAX_PLANS)
         return NULL;
@@ -679,7 +679,7 @@ static uint8_t *tmpl_room(struct ap_memo *m, size_t n)
  * mask, final bytes, @nf fields), for site @s of signature hash @h: its
  * words, its slot. Returns its id.
  */
-static uint32_t tmpl_add(struct ap_memo *m, uint64_t h, const struct ap_site *s,
+AP_PLAIN_PATH static uint32_t tmpl_add(struct ap_memo *m, uint64_t h, const struct ap_site *s,
                          const struct ap_entry *entries, const uint8_t *at, size_t keylen,
                          unsigned len, unsigned nf, int chosen, bool relative)
 {
@@ -911,7 +911,7 @@ static __attribute__((noinline)) uint32_t find_long(const struct ap_memo *m,
 }
 
 /* ap_memo_find_text() without the hints: the signature hash and the slots. */
-uint32_t ap_memo_find_full(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+AP_PLAIN_PATH uint32_t ap_memo_find_full(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                            const struct ap_entry *entries, const uint8_t *orig)
 {
     if (!m->nplans || s->reason || !s->len || !s->count)
@@ -1007,7 +1007,7 @@ static uint32_t known_take(struct ap_memo *m, uint64_t h, const struct ap_view *
     return 0;
 }
 
-uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
+AP_PLAIN_PATH uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, const struct ap_site *s,
                       const struct ap_entry *entries, const uint8_t *orig,
                       const struct altpatch_features *fs, struct ap_plan *out)
 {

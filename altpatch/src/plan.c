@@ -73,7 +73,7 @@ AP_HOT int ap_plan_pick(const struct ap_view *v, const struct ap_site *s, const 
     return chosen;
 }
 
-bool ap_region_holds(const struct ap_region *r, uint64_t addr, uint64_t len)
+AP_HOT bool ap_region_holds(const struct ap_region *r, uint64_t addr, uint64_t len)
 {
     return addr >= r->addr && len <= r->size && addr - r->addr <= r->size - len;
 }
@@ -95,7 +95,7 @@ const uint8_t *ap_view_text(const struct ap_view *v, uint64_t addr, uint64_t len
     return r && r->data ? r->data + (addr - r->addr) : NULL;
 }
 
-int ap_site_check(const struct ap_view *v, const struct ap_site *s, const uint8_t *orig,
+AP_HOT int ap_site_check(const struct ap_view *v, const struct ap_site *s, const uint8_t *orig,
                   const uint8_t **bytes)
 {
     const struct ap_region *r;

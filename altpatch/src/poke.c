@@ -304,7 +304,7 @@ static int ap_read_fd(int fd, char **out, size_t *outlen, uint64_t *syscalls)
     return 0;
 }
 
-static int ap_maps_add(struct ap_maps *m, const struct ap_map *e)
+AP_PLAIN_PATH static int ap_maps_add(struct ap_maps *m, const struct ap_map *e)
 {
     if (m->n == m->cap) {
         size_t cap = m->cap > AP_MAPS_INLINE ? m->cap * 2 : 64;
@@ -587,7 +587,7 @@ static const struct ap_map *ap_maps_find(struct ap_maps *m, uintptr_t addr)
  * Protection of every page of [start, end) if they are all mapped privately
  * with one protection, else AP_PROT_MIXED or AP_PROT_SHARED.
  */
-static int ap_maps_prot(struct ap_maps *m, uintptr_t start, uintptr_t end)
+AP_PLAIN_PATH static int ap_maps_prot(struct ap_maps *m, uintptr_t start, uintptr_t end)
 {
     int prot = AP_PROT_MIXED;
     for (uintptr_t a = start; a < end;) {
@@ -672,7 +672,7 @@ static void ap_runs_add(struct ap_poke_stats *st, uintptr_t s, uintptr_t e)
 }
 
 /** Count the pages of [s, e) (page-aligned) not counted yet: writes come in address order. */
-static void ap_count_pages(struct ap_batch *b, uintptr_t s, uintptr_t e)
+AP_PLAIN_PATH static void ap_count_pages(struct ap_batch *b, uintptr_t s, uintptr_t e)
 {
     if (s < b->pg_done)
         s = b->pg_done;
@@ -990,7 +990,7 @@ static bool ap_mdwe_active(struct ap_poke_stats *st, bool unfiltered)
     return r > 0 && (r & PR_MDWE_REFUSE_EXEC_GAIN);
 }
 
-int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *st)
+AP_PLAIN_PATH int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct ap_poke_stats *st)
 {
     struct ap_poke_stats dummy = {0};
     struct ap_batch b = {

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int ap_plan_slow(struct ap_module *m, size_t i, const uint8_t *orig, struct ap_memo *memo,
+AP_PLAIN_PATH int ap_plan_slow(struct ap_module *m, size_t i, const uint8_t *orig, struct ap_memo *memo,
                  uint8_t *final, int *reason, char **detail)
 {
     struct ap_plan plan;

@@ -208,7 +208,7 @@ AP_HOT void ap_fill_ask(bool (*prove)(void))
     ap_fill_prove = prove;
 }
 
-void *ap_malloc_filled_head(size_t size, size_t head)
+AP_HOT void *ap_malloc_filled_head(size_t size, size_t head)
 {
     void *p = ap_mem_alloc(size);
     if (head > size)

@@ -41,13 +41,26 @@
 #define AP_STATE __attribute__((section(".data.altpatch_state")))
 /*
  * A function a small program's first apply runs (the pre-patched or settled
- * path: module walk, notes, features, the region, pins): gcc places these
+ * path: module walk, notes, features, the region, pins, the sites' check
+ * against the note): gcc places these
  * together (.text.hot), so that a fresh process's first apply touches a few
  * contiguous pages of the library's code instead of one or two in each of
  * its files -- each a page to map, and on some hypervisors a page-table
  * fill of their own.
  */
 #define AP_HOT __attribute__((hot))
+/*
+ * A function the first apply of a program that is not pre-patched runs
+ * besides those (the decision, the planner and its memo, the writer): a
+ * section of its own, which the linker places after .text, beside the
+ * writer's window routine (altpatch_poke_text). That path's code is then
+ * contiguous, and the pre-patched path keeps its pages: marked hot
+ * instead, these would join the hot group file by file, between its
+ * functions (a pre-patched program's first apply took ~4 us more on the
+ * guest of docs/benchmarks.md part 3b); grouped right after it
+ * (.text.sorted.*), the program's own code moved away from it (the same).
+ */
+#define AP_PLAIN_PATH __attribute__((section("altpatch_plain_text")))
 
 /** Calls into the user's print callback (altpatch_set_print()) so far: user
  * code that may have started a thread or installed a seccomp filter since

@@ -60,7 +60,7 @@ long ap_seccomp_mode(uint64_t *syscalls)
     return sc;
 }
 
-bool ap_mm_alone(void)
+AP_PLAIN_PATH bool ap_mm_alone(void)
 {
     long sc = ap_seccomp_mode(NULL);
     if (sc != 0)
@@ -99,12 +99,12 @@ uint64_t ap_pages_written(const struct ap_write *w, size_t n, uintptr_t pgsz)
     return pages;
 }
 
-void ap_signals_block(uint64_t set, uint64_t *saved)
+AP_PLAIN_PATH void ap_signals_block(uint64_t set, uint64_t *saved)
 {
     ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&set, (long)saved, sizeof(set), 0);
 }
 
-void ap_signals_restore(const uint64_t *saved)
+AP_PLAIN_PATH void ap_signals_restore(const uint64_t *saved)
 {
     ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)saved, 0, sizeof(*saved), 0);
 }
