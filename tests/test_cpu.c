@@ -888,6 +888,31 @@ Test(cpu, synthetic_bits_need_the_exact_vendor)
     }
 }
 
+/* The program's own action for @sig: ill_skip_ud2 with SIGUSR2 in its mask;
+ * @before receives it as the kernel reports it. */
+static void own_action_install(int sig, struct sigaction *before)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = ill_skip_ud2;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGUSR2);
+    cr_assert_eq(sigaction(sig, &sa, NULL), 0);
+    cr_assert_eq(sigaction(sig, NULL, before), 0);
+}
+
+/* @sig's action is still the one own_action_install() set: handler, flags, mask. */
+static void own_action_expect(int sig, const struct sigaction *before)
+{
+    struct sigaction after;
+    cr_assert_eq(sigaction(sig, NULL, &after), 0);
+    cr_assert_eq((void *)after.sa_sigaction, (void *)ill_skip_ud2, "signal %d", sig);
+    cr_assert_eq(after.sa_flags, before->sa_flags, "signal %d", sig);
+    cr_assert(sigismember(&after.sa_mask, SIGUSR2), "signal %d", sig);
+    cr_assert_not(sigismember(&after.sa_mask, SIGUSR1), "signal %d", sig);
+}
+
 /*
  * The probes' SIGILL guard leaves the program's own SIGILL action exactly as
  * it was (handler, flags, mask), and that action still runs and returns
@@ -895,23 +920,13 @@ Test(cpu, synthetic_bits_need_the_exact_vendor)
  */
 Test(cpu, probe_guard_restores_the_sigill_action)
 {
-    struct sigaction sa, before, after;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_sigaction = ill_skip_ud2;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaddset(&sa.sa_mask, SIGUSR2);
-    cr_assert_eq(sigaction(SIGILL, &sa, NULL), 0);
-    cr_assert_eq(sigaction(SIGILL, NULL, &before), 0);
+    struct sigaction before;
+    own_action_install(SIGILL, &before);
 
     struct altpatch_features f;
     ap_host_leaves(AP_LEAVES_ALL, &f); /* runs the probes where CPUID claims RDTSCP or RDPID */
 
-    cr_assert_eq(sigaction(SIGILL, NULL, &after), 0);
-    cr_assert_eq((void *)after.sa_sigaction, (void *)ill_skip_ud2);
-    cr_assert_eq(after.sa_flags, before.sa_flags);
-    cr_assert(sigismember(&after.sa_mask, SIGUSR2));
-    cr_assert_not(sigismember(&after.sa_mask, SIGUSR1));
+    own_action_expect(SIGILL, &before);
     ill_seen = 0;
     __asm__ volatile("ud2" ::: "memory");
     __asm__ volatile("ud2" ::: "memory");
@@ -1002,14 +1017,8 @@ Test(cpu, pending_blocked_sigill_is_left_alone)
  */
 Test(cpu, probe_guard_takes_a_sigsegv_fault)
 {
-    struct sigaction sa, before, after;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_sigaction = ill_skip_ud2;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaddset(&sa.sa_mask, SIGUSR2);
-    cr_assert_eq(sigaction(SIGSEGV, &sa, NULL), 0);
-    cr_assert_eq(sigaction(SIGSEGV, NULL, &before), 0);
+    struct sigaction before;
+    own_action_install(SIGSEGV, &before);
 
     ap_probe_hlt_test = true;
     struct altpatch_features f;
@@ -1018,10 +1027,7 @@ Test(cpu, probe_guard_takes_a_sigsegv_fault)
     cr_assert_not(altpatch_features_has(&f, X86_FEATURE_RDTSCP),
                   "the probe faulted: RDTSCP is not claimed");
 
-    cr_assert_eq(sigaction(SIGSEGV, NULL, &after), 0);
-    cr_assert_eq((void *)after.sa_sigaction, (void *)ill_skip_ud2);
-    cr_assert_eq(after.sa_flags, before.sa_flags);
-    cr_assert(sigismember(&after.sa_mask, SIGUSR2));
+    own_action_expect(SIGSEGV, &before);
     ill_seen = 0;
     ill_len = 1; /* hlt: f4 */
     __asm__ volatile("hlt" ::: "memory");
