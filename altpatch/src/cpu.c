@@ -568,9 +568,15 @@ static void ap_apply_os_enablement(struct altpatch_features *f, unsigned asked)
  * then both are left out, clear) and CPUID claims it (no CPUID exit): SIGILL
  * for both, SIGSEGV too while RDTSCP runs (RDPID is not subject to TSD).
  * The guard is a process-wide action per signal held for the few
- * instructions of the probe; such a signal elsewhere meanwhile is handed
- * back to the previous action (the faulting instruction runs again under
- * it).
+ * instructions of the probe; such a signal elsewhere meanwhile (another
+ * thread's fault: routine in a runtime that takes SIGSEGV on purpose) takes
+ * the guard down and is handed back to the previous action (the faulting
+ * instruction runs again under it). So the program's action is read before
+ * the guard replaces it (one rt_sigaction call more per signal: one call
+ * that swaps them writes the old action out only after the new one is in
+ * place, and a fault in between would find nothing to hand back to), and an
+ * instruction is probed only while its guards still hold; a probe whose
+ * guard was taken down leaves its answer unknown, to be asked again.
  */
 AP_STATE static const void *volatile ap_probe_at;     /* the probed instruction */
 AP_STATE static const void *volatile ap_probe_resume; /* the instruction after it */
@@ -614,17 +620,21 @@ __asm__(".pushsection .text\n"
         ".size __restore_rt, . - __restore_rt\n"
         ".popsection");
 
-/* The program's actions while the guard holds: SIGILL's, and SIGSEGV's
- * while the guard holds that one too (ap_probe_segv_held). */
+/* The program's actions, read before the guard replaces them: SIGILL's,
+ * and SIGSEGV's where the RDTSCP probe runs. A held flag is set once its
+ * action is read and before the guard goes in, and cleared when the guard
+ * is taken down (by the probe, or by the handler for a signal that is not
+ * the probe's). */
 AP_STATE static struct ap_ksigaction ap_probe_prev, ap_probe_prev_segv;
-AP_STATE static volatile sig_atomic_t ap_probe_segv_held;
+AP_STATE static volatile sig_atomic_t ap_probe_ill_held, ap_probe_segv_held;
 
 /*
  * Test switch: the RDTSCP probe runs HLT instead (privileged: #GP, SIGSEGV,
  * on every x86-64 CPU, as RDTSCP under PR_TSC_SIGSEGV), whatever CPUID
- * claims, so that the SIGSEGV guard is exercised on any machine.
+ * claims, so that the SIGSEGV guard is exercised on any machine; with
+ * AP_PROBE_TEST_FOREIGN a HLT that is not the probe's faults first.
  */
-AP_STATE bool ap_probe_hlt_test;
+AP_STATE int ap_probe_hlt_test;
 
 static long ap_ksigaction(int sig, const struct ap_ksigaction *act, struct ap_ksigaction *old)
 {
@@ -640,10 +650,14 @@ static void ap_probe_sigill(int sig, siginfo_t *si, void *ucv)
         uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)ap_probe_resume;
         return;
     }
+    /* not the probe's: the guard goes down (the action read before it went
+     * in; another thread's handler may have put it back already: the same
+     * action again) */
     if (sig == SIGSEGV) {
         ap_probe_segv_held = 0;
         ap_ksigaction(SIGSEGV, &ap_probe_prev_segv, NULL);
     } else {
+        ap_probe_ill_held = 0;
         ap_ksigaction(SIGILL, &ap_probe_prev, NULL);
     }
     if (si->si_code <= 0)
@@ -686,26 +700,60 @@ static uint32_t ap_exec_rdtscp(void)
 }
 
 /* RDPID counts when it executes and TSC_AUX holds the number the kernel
- * reports (getcpu; a few tries, in case the thread migrates in between). */
-static bool ap_rdpid_usable(void)
+ * reports (getcpu; a few tries, in case the thread migrates in between).
+ * 1 or 0; -1 when the SIGILL guard was taken down before an execution. */
+static int ap_rdpid_usable(void)
 {
     for (int i = 0; i < 4; i++) {
+        if (!ap_probe_ill_held)
+            return -1;
         uint64_t a = ap_exec_rdpid();
         if (ap_probe_ill)
-            return false;
+            return 0;
         unsigned cpu = 0;
         long r = ap_sys(SYS_getcpu, (long)&cpu, 0, 0, 0, 0);
+        if (!ap_probe_ill_held)
+            return -1;
         uint64_t b = ap_exec_rdpid();
+        if (ap_probe_ill)
+            return 0;
         if (r == 0 && a == b && (a & 0xfff) == (uint64_t)cpu)
-            return true;
+            return ap_probe_ill_held ? 1 : -1;
     }
+    return ap_probe_ill_held ? 0 : -1;
+}
+
+/* The program's action for @sig read into @prev, then the guard @sa put in
+ * its place; *@held set in between. false (nothing changed, *@held clear)
+ * when either call fails. */
+static bool ap_guard_set(int sig, const struct ap_ksigaction *sa, struct ap_ksigaction *prev,
+                         volatile sig_atomic_t *held)
+{
+    if (ap_ksigaction(sig, NULL, prev) != 0)
+        return false;
+    *held = 1;
+    if (ap_ksigaction(sig, sa, NULL) == 0)
+        return true;
+    *held = 0;
     return false;
+}
+
+/* The guard for @sig taken down: the program's action put back, unless a
+ * signal that was not the probe's did so already (then the program may have
+ * set another since, which stays). */
+static void ap_guard_drop(int sig, const struct ap_ksigaction *prev, volatile sig_atomic_t *held)
+{
+    if (*held) {
+        *held = 0;
+        ap_ksigaction(sig, prev, NULL);
+    }
 }
 
 /* Run the probes not run yet for what @p f claims; sets ap_rdtscp_ok /
  * ap_rdpid_ok. false when a pending SIGILL (or, for RDTSCP, SIGSEGV) kept
- * them from running: the answers stay unknown (-1), to be asked again by a
- * later derivation. */
+ * them from running, or a signal that was not the probe's took a guard
+ * down: those answers stay unknown (-1), to be asked again by a later
+ * derivation. */
 static bool ap_run_probes(const struct altpatch_features *f)
 {
     bool tscp = ap_rdtscp_ok < 0 &&
@@ -713,15 +761,18 @@ static bool ap_run_probes(const struct altpatch_features *f)
     bool pid = ap_rdpid_ok < 0 && ap_features_test(f, X86_FEATURE_RDPID);
     if (!tscp && !pid)
         return true;
+    /* SA_ONSTACK: a thread that overflows its stack while the guard holds
+     * gets the handler on its alternate stack, where the program's own would
+     * have run (without one, the kernel could not deliver and would kill) */
     struct ap_ksigaction sa = {
         .handler = (void *)ap_probe_sigill,
-        .flags = SA_SIGINFO | AP_SA_RESTORER,
+        .flags = SA_SIGINFO | SA_ONSTACK | AP_SA_RESTORER,
         .restorer = ap_probe_restorer,
         .mask = 0,
     };
     /* the kernel's sigset: one bit per signal, signal s is bit s - 1 */
     uint64_t ill = 1ull << (SIGILL - 1), segv = 1ull << (SIGSEGV - 1), old = 0;
-    if (ap_ksigaction(SIGILL, &sa, &ap_probe_prev) != 0) {
+    if (!ap_guard_set(SIGILL, &sa, &ap_probe_prev, &ap_probe_ill_held)) {
         /* cannot tell: claim neither */
         if (tscp)
             ap_rdtscp_ok = 0;
@@ -733,9 +784,9 @@ static bool ap_run_probes(const struct altpatch_features *f)
      * answer too, but a seccomp filter may kill for a prctl() it does not
      * expect; rt_sigaction is the guard's call either way). Without that
      * guard RDTSCP is not executed and not claimed. */
-    bool segv_guard = tscp && ap_ksigaction(SIGSEGV, &sa, &ap_probe_prev_segv) == 0;
-    ap_probe_segv_held = segv_guard;
+    bool segv_guard = tscp && ap_guard_set(SIGSEGV, &sa, &ap_probe_prev_segv, &ap_probe_segv_held);
     uint64_t guarded = ill | (segv_guard ? segv : 0);
+    bool lost = false; /* a guard taken down before its probe's answer */
     /* A blocked SIGILL or SIGSEGV raised by an instruction would kill the
      * process: the probe runs with both unblocked. Where the program does not
      * block them (the usual case: one system call, which asks for the mask
@@ -756,27 +807,41 @@ static bool ap_run_probes(const struct altpatch_features *f)
     }
     if (!held) {
         if (tscp && segv_guard) {
+            if (__builtin_expect(ap_probe_hlt_test == AP_PROBE_TEST_FOREIGN, 0))
+                __asm__ volatile("hlt" ::: "memory");
             ap_probe_ill = 0;
-            (void)ap_exec_rdtscp();
-            /* a fault of either kind; or the guard taken down meanwhile by a
-             * SIGSEGV of the program's own (then the answer is not trusted) */
-            ap_rdtscp_ok = !ap_probe_ill && ap_probe_segv_held;
+            /* executed only while both guards hold, and trusted only if they
+             * held throughout: a fault of either kind means not usable */
+            if (ap_probe_ill_held && ap_probe_segv_held) {
+                (void)ap_exec_rdtscp();
+                if (ap_probe_ill_held && ap_probe_segv_held)
+                    ap_rdtscp_ok = !ap_probe_ill;
+                else
+                    lost = true;
+            } else {
+                lost = true;
+            }
+            /* RDPID is not subject to TSD: SIGSEGV is the program's again */
+            ap_guard_drop(SIGSEGV, &ap_probe_prev_segv, &ap_probe_segv_held);
         } else if (tscp) {
             ap_rdtscp_ok = 0;
         }
         if (pid) {
             ap_probe_ill = 0;
-            ap_rdpid_ok = ap_rdpid_usable();
+            int ok = ap_rdpid_usable();
+            if (ok < 0)
+                lost = true;
+            else
+                ap_rdpid_ok = ok;
         }
         if (old & guarded)
             ap_sys(SYS_rt_sigprocmask, SIG_SETMASK, (long)&old, 0, sizeof(old), 0);
     }
     ap_probe_at = NULL;
-    if (segv_guard && ap_probe_segv_held)
-        ap_ksigaction(SIGSEGV, &ap_probe_prev_segv, NULL);
-    ap_probe_segv_held = 0;
-    ap_ksigaction(SIGILL, &ap_probe_prev, NULL);
-    return !held;
+    if (segv_guard)
+        ap_guard_drop(SIGSEGV, &ap_probe_prev_segv, &ap_probe_segv_held);
+    ap_guard_drop(SIGILL, &ap_probe_prev, &ap_probe_ill_held);
+    return !held && !lost;
 }
 
 /* false when a probe could not run (ap_run_probes()): @p f claims neither

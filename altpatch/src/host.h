@@ -69,8 +69,11 @@ AP_HIDDEN bool ap_libc_leaf(unsigned leaf, unsigned sub, struct ap_regs *r);
  * interrupted this thread in here.
  */
 AP_HIDDEN bool ap_host_leaves(unsigned groups, struct altpatch_features *out);
-/** Tests: the RDTSCP probe executes HLT (SIGSEGV everywhere), whatever CPUID claims. */
-AP_HIDDEN extern bool ap_probe_hlt_test;
+/** Tests: the RDTSCP probe executes HLT (SIGSEGV everywhere), whatever CPUID
+ * claims (AP_PROBE_TEST_HLT); with AP_PROBE_TEST_FOREIGN a HLT outside the
+ * probe faults first, while the guard holds, as another thread's fault would. */
+enum { AP_PROBE_TEST_HLT = 1, AP_PROBE_TEST_FOREIGN = 2 };
+AP_HIDDEN extern int ap_probe_hlt_test;
 /** Whether this thread holds the leaves' lock (inside ap_host_leaves()). */
 AP_HIDDEN bool ap_leaves_held_here(void);
 /** fork: the leaves' lock taken unless this thread holds it (prepare), and
