@@ -1091,6 +1091,69 @@ Test(cpu, probe_guard_hands_a_foreign_fault_back)
                  altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs);
 }
 
+/* Faults HLT until told to stop; the program's action skips each. */
+static volatile int hammer_stop;
+
+static void *hammer_hlt(void *arg)
+{
+    (void)arg;
+    while (!hammer_stop)
+        __asm__ volatile("hlt" ::: "memory");
+    return NULL;
+}
+
+/*
+ * The same with a real second thread that faults all the time (its SIGSEGVs
+ * handled by the program's action) while the first derives the set with the
+ * RDTSCP probe faulting (HLT under the test switch), in 64 fresh processes:
+ * each lives, never claims RDTSCP (the probe's fault reached its guard, or
+ * the guard went down and the probe did not run), and ends with the
+ * program's action in place.
+ */
+Test(cpu, probe_guard_beside_a_faulting_thread)
+{
+    if (under_valgrind())
+        cr_skip_test("valgrind serialises the threads");
+    for (int round = 0; round < 64; round++) {
+        pid_t pid = fork();
+        cr_assert_neq(pid, -1);
+        if (pid == 0) {
+            struct sigaction sa, now;
+            memset(&sa, 0, sizeof(sa));
+            sa.sa_sigaction = ill_skip_ud2;
+            sa.sa_flags = SA_SIGINFO;
+            sigemptyset(&sa.sa_mask);
+            ill_len = 1;
+            if (sigaction(SIGSEGV, &sa, NULL) != 0)
+                _exit(2);
+            pthread_t t;
+            if (pthread_create(&t, NULL, hammer_hlt, NULL) != 0)
+                _exit(3);
+            while (!ill_seen)
+                sched_yield();
+            ap_probe_hlt_test = AP_PROBE_TEST_HLT;
+            bool claimed = false;
+            for (int i = 0; i < 8; i++) {
+                struct altpatch_features f;
+                ap_host_leaves(AP_LEAVES_ALL, &f);
+                claimed |= altpatch_features_has(&f, X86_FEATURE_RDTSCP);
+            }
+            hammer_stop = 1;
+            pthread_join(t, NULL);
+            if (sigaction(SIGSEGV, NULL, &now) != 0 || now.sa_sigaction != ill_skip_ud2)
+                _exit(4);
+            _exit(claimed ? 5 : 0);
+        }
+        int st = 0;
+        cr_assert_eq(waitpid(pid, &st, 0), pid);
+        cr_assert(WIFEXITED(st), "round %d: the child was killed by signal %d", round,
+                  WTERMSIG(st));
+        cr_assert_eq(WEXITSTATUS(st), 0,
+                     "round %d: child status %d (4: the program's action lost, 5: RDTSCP claimed)",
+                     round, WEXITSTATUS(st));
+    }
+}
+
 /*
  * A SIGSEGV the program blocked and left pending: the RDTSCP probe (HLT
  * under the test switch, so that it runs on any machine) would unblock it
