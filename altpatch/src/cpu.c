@@ -812,15 +812,13 @@ static bool ap_run_probes(const struct altpatch_features *f)
             ap_probe_ill = 0;
             /* executed only while both guards hold, and trusted only if they
              * held throughout: a fault of either kind means not usable */
-            if (ap_probe_ill_held && ap_probe_segv_held) {
+            bool ran = ap_probe_ill_held && ap_probe_segv_held;
+            if (ran)
                 (void)ap_exec_rdtscp();
-                if (ap_probe_ill_held && ap_probe_segv_held)
-                    ap_rdtscp_ok = !ap_probe_ill;
-                else
-                    lost = true;
-            } else {
+            if (ran && ap_probe_ill_held && ap_probe_segv_held)
+                ap_rdtscp_ok = !ap_probe_ill;
+            else
                 lost = true;
-            }
             /* RDPID is not subject to TSD: SIGSEGV is the program's again */
             ap_guard_drop(SIGSEGV, &ap_probe_prev_segv, &ap_probe_segv_held);
         } else if (tscp) {

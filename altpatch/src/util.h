@@ -56,9 +56,9 @@
  * writer's window routine (altpatch_poke_text). That path's code is then
  * contiguous, and the pre-patched path keeps its pages: marked hot
  * instead, these would join the hot group file by file, between its
- * functions (a pre-patched program's first apply took ~4 us more on the
+ * functions (a pre-patched program's first apply took ~10 us more on the
  * guest of docs/benchmarks.md part 3b); grouped right after it
- * (.text.sorted.*), the program's own code moved away from it (the same).
+ * (.text.sorted.*), it took ~4 us more, cause not found.
  */
 #define AP_PLAIN_PATH __attribute__((section("altpatch_plain_text")))
 
