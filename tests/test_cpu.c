@@ -969,6 +969,49 @@ static bool cpuid_claims_rdtscp_or_rdpid(void)
     return tscp || pid;
 }
 
+/* Block @p sig and raise it: pending, as a program that deferred it leaves it. */
+static void leave_pending(int sig)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    cr_assert_eq(sigprocmask(SIG_BLOCK, &set, NULL), 0);
+    cr_assert_eq(raise(sig), 0);
+}
+
+/* @p sig (leave_pending()) is still pending and blocked; then dropped and unblocked. */
+static void expect_pending_then_drop(int sig)
+{
+    sigset_t set, mask, pend;
+    cr_assert_eq(sigpending(&pend), 0);
+    cr_assert(sigismember(&pend, sig), "the program's signal %d is still pending", sig);
+    cr_assert_eq(sigprocmask(SIG_BLOCK, NULL, &mask), 0);
+    cr_assert(sigismember(&mask, sig), "and still blocked");
+    signal(sig, SIG_IGN); /* drop it */
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    cr_assert_eq(sigprocmask(SIG_UNBLOCK, &set, NULL), 0);
+    signal(sig, SIG_DFL);
+}
+
+/*
+ * An answer given while the probe could not run was not kept: asked again
+ * now, RDTSCP is what the oracle says, in the internal set and the public one.
+ */
+static void expect_asked_again(void)
+{
+    struct altpatch_features f;
+    ap_host_leaves(AP_LEAVES_ALL, &f);
+    bool runs = rdtscp_runs_here();
+    cr_assert_eq(altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs,
+                 "asked again: RDTSCP claimed %d, executes %d",
+                 altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs);
+    struct altpatch_features *h = altpatch_features_host();
+    cr_assert_not_null(h);
+    cr_assert_eq(altpatch_features_has(h, X86_FEATURE_RDTSCP), runs);
+    altpatch_features_free(h);
+}
+
 /*
  * A SIGILL the program blocked and left pending: the probe does not unblock
  * it (it would be delivered at once, to the program's action: the default
@@ -980,31 +1023,13 @@ Test(cpu, pending_blocked_sigill_is_left_alone)
 {
     if (!cpuid_claims_rdtscp_or_rdpid())
         cr_skip_test("CPUID claims neither RDTSCP nor RDPID: no probe to keep from running");
-    sigset_t ill, mask, pend;
-    sigemptyset(&ill);
-    sigaddset(&ill, SIGILL);
-    cr_assert_eq(sigprocmask(SIG_BLOCK, &ill, NULL), 0);
-    cr_assert_eq(raise(SIGILL), 0);
+    leave_pending(SIGILL);
     struct altpatch_features f;
     ap_host_leaves(AP_LEAVES_ALL, &f);
     cr_assert_not(altpatch_features_has(&f, X86_FEATURE_RDTSCP));
     cr_assert_not(altpatch_features_has(&f, X86_FEATURE_RDPID));
-    cr_assert_eq(sigpending(&pend), 0);
-    cr_assert(sigismember(&pend, SIGILL), "the program's SIGILL is still pending");
-    cr_assert_eq(sigprocmask(SIG_BLOCK, NULL, &mask), 0);
-    cr_assert(sigismember(&mask, SIGILL), "and still blocked");
-    signal(SIGILL, SIG_IGN); /* drop it */
-    cr_assert_eq(sigprocmask(SIG_UNBLOCK, &ill, NULL), 0);
-    /* that answer was not kept: asked again now, RDTSCP is what the oracle says */
-    ap_host_leaves(AP_LEAVES_ALL, &f);
-    bool runs = rdtscp_runs_here();
-    cr_assert_eq(altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs,
-                 "RDTSCP claimed %d after the pending SIGILL was taken, executes %d",
-                 altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs);
-    struct altpatch_features *h = altpatch_features_host();
-    cr_assert_not_null(h);
-    cr_assert_eq(altpatch_features_has(h, X86_FEATURE_RDTSCP), runs);
-    altpatch_features_free(h);
+    expect_pending_then_drop(SIGILL);
+    expect_asked_again();
 }
 
 /*
@@ -1162,28 +1187,14 @@ Test(cpu, probe_guard_beside_a_faulting_thread)
  */
 Test(cpu, pending_blocked_sigsegv_is_left_alone)
 {
-    sigset_t segv, mask, pend;
-    sigemptyset(&segv);
-    sigaddset(&segv, SIGSEGV);
-    cr_assert_eq(sigprocmask(SIG_BLOCK, &segv, NULL), 0);
-    cr_assert_eq(raise(SIGSEGV), 0);
+    leave_pending(SIGSEGV);
     ap_probe_hlt_test = AP_PROBE_TEST_HLT;
     struct altpatch_features f;
     ap_host_leaves(AP_LEAVES_ALL, &f);
     ap_probe_hlt_test = 0;
     cr_assert_not(altpatch_features_has(&f, X86_FEATURE_RDTSCP));
-    cr_assert_eq(sigpending(&pend), 0);
-    cr_assert(sigismember(&pend, SIGSEGV), "the program's SIGSEGV is still pending");
-    cr_assert_eq(sigprocmask(SIG_BLOCK, NULL, &mask), 0);
-    cr_assert(sigismember(&mask, SIGSEGV), "and still blocked");
-    signal(SIGSEGV, SIG_IGN); /* drop it */
-    cr_assert_eq(sigprocmask(SIG_UNBLOCK, &segv, NULL), 0);
-    signal(SIGSEGV, SIG_DFL);
-    ap_host_leaves(AP_LEAVES_ALL, &f);
-    bool runs = rdtscp_runs_here();
-    cr_assert_eq(altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs,
-                 "asked again: RDTSCP claimed %d, executes %d",
-                 altpatch_features_has(&f, X86_FEATURE_RDTSCP), runs);
+    expect_pending_then_drop(SIGSEGV);
+    expect_asked_again();
 }
 
 /*
