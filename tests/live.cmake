@@ -29,7 +29,7 @@ add_custom_target(stress
 
 set(APH_DIR ${PROJECT_SOURCE_DIR}/testdata/hostile)
 set(APH_MODULES records recsize descsz inverted misaligned table_out repl_out v3recsize v3table
-    wtable)
+    wtable ttable)
 foreach(m ${APH_MODULES})
   add_library(aphost_${m} SHARED ${APH_DIR}/${m}.S)
   set_source_files_properties(${APH_DIR}/${m}.S PROPERTIES

@@ -402,6 +402,154 @@ Test(hostile, one_bad_record_among_valid_ones_records_decoded)
     onebad_check(0);
 }
 
+/* ---- the library's own data in an executable segment ------------------------------ */
+
+/* libaphost_ttable.so (testdata/hostile/ttable.S): the record table in .text,
+ * a second record whose site is the first record's instr_offset. */
+struct ttable_walk {
+    uintptr_t table_site;
+    int found, state, reason, patched;
+};
+
+static int ttable_cb(const struct altpatch_site_info *s, void *p)
+{
+    struct ttable_walk *w = p;
+    const char *slash = strrchr(s->module, '/');
+    if (!slash || strcmp(slash + 1, "libaphost_ttable.so"))
+        return 0;
+    if (s->addr == w->table_site) {
+        w->found++;
+        w->state = s->state;
+        w->reason = s->reason;
+    }
+    w->patched += s->state == ALTPATCH_SITE_PATCHED;
+    return 0;
+}
+
+struct ttable_res {
+    int loaded, segs_ok, rc[4];
+    char msg[256];
+    long fn[5], changed[4];
+    int table_same[4];
+    struct ttable_walk w[2];
+};
+
+static void ttable_body(void *out, void *ctx)
+{
+    struct ttable_res *r = out;
+    (void)ctx;
+    char path[512];
+    snprintf(path, sizeof(path), "%s/libaphost_ttable.so", APH_LIBDIR);
+    void *h = dlopen(path, RTLD_NOW);
+    if (!h) {
+        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
+        return;
+    }
+    r->loaded = 1;
+    static struct segs sg;
+    r->segs_ok = segs_take(&sg, "libaphost_ttable.so") > 0;
+    const uint8_t *table = dlsym(h, "aph_ttable_start");
+    uint8_t copy[24];
+    memcpy(copy, table, sizeof(copy));
+    fn_t fn = (fn_t)dlsym(h, "aph_ttable_fn");
+    r->fn[0] = fn();
+    struct altpatch_apply_opts rev = {.sz = sizeof(rev), .flags = ALTPATCH_APPLY_REVERT};
+    altpatch_set_print(ap_warn_capture);
+    for (int k = 0; k < 4; k++) {
+        /* apply, apply again (the table read again), revert, apply */
+        r->rc[k] = k == 2 ? altpatch_apply_opts(&rev) : altpatch_apply();
+        r->fn[k + 1] = fn();
+        r->table_same[k] = !memcmp(copy, table, sizeof(copy));
+        r->changed[k] = segs_changed_outside(&sg, NULL, 0, 0);
+        if (k < 2) {
+            r->w[k].table_site = (uintptr_t)table + 2;
+            altpatch_site_foreach(ttable_cb, &r->w[k]);
+        }
+    }
+}
+
+Test(hostile, site_over_the_record_table_is_refused)
+{
+    struct ttable_res *r = ap_isolated(sizeof(*r), ttable_body, NULL);
+    cr_assert(r->loaded, "%s", r->msg);
+    cr_assert(r->segs_ok, "executable segments of libaphost_ttable.so not found");
+    static const long fn_want[5] = {1, 2, 2, 1, 2};
+    static const long changed_want[4] = {1, 1, 0, 1};
+    for (int k = 0; k < 4; k++) {
+        cr_expect_eq(r->rc[k], 0, "call %d: %d", k, r->rc[k]);
+        cr_expect(r->table_same[k], "call %d: the record table changed", k);
+        cr_expect_eq(r->changed[k], changed_want[k],
+                     "call %d: %ld byte(s) of text differ from the file's", k, r->changed[k]);
+    }
+    for (int k = 0; k < 5; k++)
+        cr_expect_eq(r->fn[k], fn_want[k], "after call %d: aph_ttable_fn() = %ld", k - 1,
+                     r->fn[k]);
+    for (int k = 0; k < 2; k++) {
+        cr_expect_eq(r->w[k].found, 1, "apply %d: the site over the table listed %d times", k,
+                     r->w[k].found);
+        cr_expect_eq(r->w[k].state, ALTPATCH_SITE_REFUSED);
+        cr_expect_eq(r->w[k].reason, ALTPATCH_REASON_SITE_BOUNDS, "'%s'",
+                     altpatch_strreason(r->w[k].reason));
+        cr_expect_eq(r->w[k].patched, 1, "apply %d: %d sites patched", k, r->w[k].patched);
+    }
+}
+
+/* The most bytes of sites one module may have (host.h), lowered: a module
+ * past it is refused as a whole (BAD_TABLE, said in a warning) and the apply
+ * goes on with the others, instead of failing for every module. */
+extern uint64_t ap_site_bytes_max;
+
+struct sitebytes_res {
+    int loaded, rc, logged;
+    char msg[256];
+    long big_before, big_after, small_before, small_after, big_changed;
+    struct onebad_walk w;
+};
+
+static void sitebytes_body(void *out, void *ctx)
+{
+    struct sitebytes_res *r = out;
+    (void)ctx;
+    char path[512];
+    snprintf(path, sizeof(path), "%s/libaphost_onebad_0.so", APH_LIBDIR);
+    void *big = dlopen(path, RTLD_NOW); /* 33 sites of 3 bytes: 99 */
+    snprintf(path, sizeof(path), "%s/libaphost_ttable.so", APH_LIBDIR);
+    void *small = dlopen(path, RTLD_NOW); /* 5 + 2 */
+    if (!big || !small) {
+        snprintf(r->msg, sizeof(r->msg), "dlopen: %s", dlerror());
+        return;
+    }
+    r->loaded = 1;
+    static struct segs sg;
+    segs_take(&sg, "libaphost_onebad_0.so");
+    fn_t fb = (fn_t)dlsym(big, "aph_onebad_fn"), fs = (fn_t)dlsym(small, "aph_ttable_fn");
+    r->big_before = fb();
+    r->small_before = fs();
+    ap_site_bytes_max = 99;
+    altpatch_set_print(ap_warn_capture);
+    r->rc = altpatch_apply();
+    r->big_after = fb();
+    r->small_after = fs();
+    r->big_changed = segs_changed_outside(&sg, NULL, 0, 0);
+    r->logged = ap_warn_logged("libaphost_onebad_0.so", ALTPATCH_REASON_BAD_TABLE);
+    r->w.module = "libaphost_onebad_0.so";
+    altpatch_site_foreach(onebad_cb, &r->w);
+}
+
+Test(hostile, module_past_the_site_bytes_limit_is_refused_alone)
+{
+    struct sitebytes_res *r = ap_isolated(sizeof(*r), sitebytes_body, NULL);
+    cr_assert(r->loaded, "%s", r->msg);
+    cr_assert_eq(r->rc, 0, "apply: %d", r->rc);
+    cr_expect_eq(r->big_before, 136);
+    cr_expect_eq(r->big_after, 136, "a site of the refused module was patched");
+    cr_expect_eq(r->big_changed, 0);
+    cr_expect_eq(r->w.patched, 0);
+    cr_expect(r->logged, "no warning names the module and 'bad record table'");
+    cr_expect_eq(r->small_before, 1);
+    cr_expect_eq(r->small_after, 2, "the module under the limit was not patched");
+}
+
 /* ---- strict W^X ------------------------------------------------------------------ */
 
 __attribute__((noinline)) static long site_wx(void)

@@ -140,9 +140,9 @@ struct altpatch_image {
     struct altpatch_features pfs;
     bool has_origsec;
     /* the plan note: ALTPATCH_PLAN_NOTE_NONE, _EMPTY or _FILLED (plan_note
-     * decoded), its descriptor at file offset plan_off */
+     * decoded), its descriptor at file offset plan_off, address plan_addr */
     unsigned plan_state;
-    uint64_t plan_off;
+    uint64_t plan_off, plan_addr;
     uint32_t plansz;
     struct ap_plan_note plan_note;
     struct ap_elf_section origsec;

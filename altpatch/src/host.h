@@ -113,6 +113,16 @@ struct ap_segment {
 AP_HIDDEN void ap_view_build(struct ap_view *v, const struct ap_segment *seg, size_t nseg,
                              uint64_t repl_addr, uint64_t repl_size, const uint8_t *repl_data);
 
+/**
+ * Take [@p start, @p end) out of @p v's text: bytes the library reads as its
+ * own data (the record table, the note, the plan note) where a layout puts
+ * them in an executable segment (`ld -z noseparate-code`). A site there
+ * would rewrite what says where the sites are; it is refused as SITE_BOUNDS.
+ * A region split in two where AP_MAX_TEXT are in use loses its upper part
+ * (its sites refused too).
+ */
+AP_HIDDEN void ap_view_cut(struct ap_view *v, uint64_t start, uint64_t end);
+
 /* ------------------------------------------------------------------------- */
 /* Writers (writer.c, poke.c, live.c) -- poke.c knows nothing of x86          */
 /* ------------------------------------------------------------------------- */
@@ -235,6 +245,15 @@ static inline size_t ap_part_size(size_t sites)
  * Tests set 0 to decode every table.
  */
 AP_HIDDEN extern unsigned ap_records_keep_max;
+
+/**
+ * The most bytes of sites one module may have, all sites' lengths added
+ * (module.c): AP_SITE_BYTES_MAX, what the originals' 32-bit offsets reach.
+ * Only a table whose sites overlap over and over reaches it (16 million
+ * sites of 255 bytes); that module is refused (BAD_TABLE), the others are
+ * applied. Tests set less.
+ */
+AP_HIDDEN extern uint64_t ap_site_bytes_max;
 
 /**
  * Modules an apply found settled (memory holding every site's bytes as the

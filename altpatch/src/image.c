@@ -116,6 +116,7 @@ static int read_note(struct altpatch_image *img)
             if (poff < 0 || (uint64_t)poff != p->p_offset + prel)
                 return fail(img, -ENOEXEC, "altpatch plan note not inside a loaded segment");
             img->plan_off = (uint64_t)poff;
+            img->plan_addr = p->p_vaddr + prel;
             img->plansz = plansz;
             /* malformed: not used by a first apply (the file is read), as
              * one that does not hold (read_prepatched()) */
@@ -158,6 +159,11 @@ static int read_tables(struct altpatch_image *img)
             seg[ns++] = (struct ap_segment){p->p_vaddr, size, data, true};
     }
     ap_view_build(&img->view, seg, ns, n->repl_start, rsize, repl);
+    /* what the runtime cuts from a module's text (module.c) */
+    ap_view_cut(&img->view, n->table_start, n->table_end);
+    ap_view_cut(&img->view, n->desc_start, n->desc_end);
+    if (img->plansz)
+        ap_view_cut(&img->view, img->plan_addr, img->plan_addr + img->plansz);
     int r = ap_records_parse(table, tsize, n->table_start, n->record_size, &img->entries,
                              &img->nentries);
     if (r < 0)

@@ -111,6 +111,7 @@ static int build(struct altpatch_image *img, const struct altpatch_image_regions
         off += d->text[i].size;
     }
     ap_view_build(&img->view, seg, ns, d->repl.addr, d->repl.size, repl);
+    ap_view_cut(&img->view, d->table.addr, d->table.addr + d->table.size);
 
     bool compact = d->layout == ALTPATCH_LAYOUT_LINUX_12;
     img->note = (struct ap_note){

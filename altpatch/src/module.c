@@ -339,7 +339,7 @@ static int ap_save_originals(struct ap_module *m, uint64_t total, const uint8_t 
 {
     size_t n = m->nsites;
     if (total >= AP_SITE_BYTES_MAX)
-        return -ENOMEM; /* 32-bit offsets: 16 million sites of 255 bytes */
+        return -ENOMEM; /* 32-bit offsets (ap_module_tables() refused more) */
     size_t head = n * sizeof(*m->st);
     size_t size = head + 2 * total;
     /* st and the originals are written by the first decision, whole; planned
@@ -430,6 +430,7 @@ static void ap_module_apart(struct ap_module *m, const struct ap_table_scan *sc)
 
 /* Records of a table whose first apply reads them kept in an array (host.h). */
 unsigned ap_records_keep_max = 4096;
+uint64_t ap_site_bytes_max = AP_SITE_BYTES_MAX;
 
 /**
  * True when [start, end) lies in memory the loader leaves read-only: a
@@ -466,6 +467,13 @@ AP_HOT static int ap_module_tables(struct ap_module *m, const struct dl_phdr_inf
     struct ap_region repl = {n->repl_start, n->repl_end - n->repl_start,
                              (const uint8_t *)(uintptr_t)n->repl_start};
     ap_text_regions(info, &m->view, &repl);
+    /* No site may rewrite what the library reads as its own (a layout that
+     * makes it executable: ld -z noseparate-code): the table, which every
+     * apply reads its sites' addresses from, the note and the plan note. */
+    ap_view_cut(&m->view, n->table_start, n->table_end);
+    ap_view_cut(&m->view, n->desc_start, n->desc_end);
+    if (plan)
+        ap_view_cut(&m->view, (uint64_t)(uintptr_t)plan, (uint64_t)(uintptr_t)plan + plansz);
     const uint8_t *table = (const uint8_t *)(uintptr_t)n->table_start;
     m->table_size = n->table_end - n->table_start;
     m->table_read = true;
@@ -503,6 +511,15 @@ AP_HOT static int ap_module_tables(struct ap_module *m, const struct dl_phdr_inf
         if (r < 0)
             return r;
         sc.hash = hash;
+    }
+    if (sc.site_bytes >= ap_site_bytes_max) {
+        /* more bytes of sites than the originals' offsets reach (host.h):
+         * this module is refused, the apply of the others goes on */
+        ap_mem_free(sc.sites);
+        ap_mem_free(sc.at);
+        ap_mem_free(sc.entries);
+        m->reason = ALTPATCH_REASON_BAD_TABLE;
+        return 0;
     }
     m->entries = sc.entries;
     m->nentries = m->table_size / n->record_size; /* the records, kept or not */

@@ -54,6 +54,7 @@ struct ap_note {
     uint32_t record_size; /* ALTPATCH_RECORD_SIZE_KERNEL or _COMPACT, as the version says */
     uint64_t table_start, table_end; /* the record table */
     uint64_t repl_start, repl_end;   /* altinstr_replacement */
+    uint64_t desc_start, desc_end;   /* the descriptor itself (0, 0: none read) */
 };
 
 /** Size of the note descriptor in bytes (6 x u32). */

@@ -64,6 +64,8 @@ AP_HOT int ap_note_parse(const uint8_t *desc, size_t descsz, uint64_t desc_addr,
     out->table_end = rd_selfrel(desc + NOTE_OFF_TABLE_END, desc_addr + NOTE_OFF_TABLE_END);
     out->repl_start = rd_selfrel(desc + NOTE_OFF_REPL_START, desc_addr + NOTE_OFF_REPL_START);
     out->repl_end = rd_selfrel(desc + NOTE_OFF_REPL_END, desc_addr + NOTE_OFF_REPL_END);
+    out->desc_start = desc_addr;
+    out->desc_end = desc_addr + descsz;
     if (out->table_end < out->table_start || out->repl_end < out->repl_start)
         return ALTPATCH_REASON_BAD_TABLE;
     return ALTPATCH_REASON_NONE;

@@ -2,7 +2,8 @@
 /*
  * view.c - a module's view for the planner, built one way for live memory and
  * for ELF files: where sites may lie (executable segments, without the
- * replacement range, which is code that never runs in place) and where the
+ * replacement range, which is code that never runs in place, and without the
+ * library's own data where a layout makes it executable) and where the
  * replacements are.
  */
 #include <string.h>
@@ -37,4 +38,27 @@ AP_HOT void ap_view_build(struct ap_view *v, const struct ap_segment *seg, size_
         text_add(v, g, s, rs > s ? rs : s);
         text_add(v, g, re < e ? re : e, e);
     }
+}
+
+AP_HOT void ap_view_cut(struct ap_view *v, uint64_t start, uint64_t end)
+{
+    if (end <= start)
+        return;
+    struct ap_region keep[AP_MAX_TEXT];
+    size_t n = 0;
+    for (size_t i = 0; i < v->ntext; i++) {
+        const struct ap_region *r = &v->text[i];
+        uint64_t s = r->addr, e = r->addr + r->size;
+        if (end <= s || start >= e) {
+            if (n < AP_MAX_TEXT)
+                keep[n++] = *r;
+            continue;
+        }
+        if (start > s && n < AP_MAX_TEXT)
+            keep[n++] = (struct ap_region){s, start - s, r->data};
+        if (end < e && n < AP_MAX_TEXT)
+            keep[n++] = (struct ap_region){end, e - end, r->data ? r->data + (end - s) : NULL};
+    }
+    memcpy(v->text, keep, n * sizeof(keep[0]));
+    v->ntext = n;
 }
