@@ -15,7 +15,9 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -326,6 +328,114 @@ Test(live, other_threads_patch_live_by_default)
     cr_assert_eq(r->one, 2);
     cr_assert_eq(r->pair, 22);
     cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED);
+}
+
+/* ---- tasks the thread list does not show, threads that cannot be listed -------- */
+
+static volatile int g_sibling_run;
+
+static int sibling(void *arg)
+{
+    (void)arg;
+    g_sibling_run = 1;
+    while (g_sibling_run == 1)
+        __asm__ __volatile__("pause");
+    return 0;
+}
+
+struct shared_res {
+    int started, rc, rc_live;
+    long one, pair;
+    char log[1024];
+};
+
+/* A process sharing this memory without being a thread (clone(CLONE_VM)
+ * without CLONE_THREAD): /proc/self/task lists one thread, but the kernel
+ * says another task uses the memory. Neither writer can see where it runs:
+ * nothing is written, live or not, and the warning says why. */
+static void shared_body(void *out, void *ctx)
+{
+    struct shared_res *r = out;
+    (void)ctx;
+    size_t sz = 256 * 1024;
+    char *stack = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (stack == MAP_FAILED)
+        return;
+    pid_t pid = clone(sibling, stack + sz, CLONE_VM | SIGCHLD, NULL);
+    if (pid < 0)
+        return;
+    while (!g_sibling_run)
+        __asm__ __volatile__("pause");
+    r->started = 1;
+    ap_warn_log[0] = '\0';
+    altpatch_set_print(ap_warn_capture);
+    r->rc = altpatch_apply();
+    r->rc_live = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
+    altpatch_set_print(NULL);
+    r->one = site_one(), r->pair = site_pair();
+    snprintf(r->log, sizeof(r->log), "%.*s", (int)sizeof(r->log) - 1, ap_warn_log);
+    g_sibling_run = 2;
+    waitpid(pid, NULL, 0);
+}
+
+Test(live, process_sharing_the_memory_stops_every_writer)
+{
+    struct shared_res *r = ap_isolated(sizeof(*r), shared_body, NULL);
+    cr_assert(r->started, "clone(CLONE_VM) failed");
+    cr_assert_eq(r->rc, -EBUSY);
+    cr_assert_eq(r->rc_live, -EBUSY);
+    cr_assert_eq(r->one, 1, "nothing written");
+    cr_assert_eq(r->pair, 11, "nothing written");
+    cr_assert(strstr(r->log, "another process shares this address space"), "%s", r->log);
+}
+
+struct nofd_res {
+    int rc_first, rc, listed;
+    long one_first, one;
+    char log[1024];
+};
+
+/* Another thread runs and /proc/self/task cannot be opened (every descriptor
+ * in use): the kernel says the memory is shared, the list cannot say by whom.
+ * An earlier apply kept its maps descriptor, so a writer could still work:
+ * it must not be chosen. Nothing written; the warning says why. */
+static void nofd_body(void *out, void *ctx)
+{
+    struct nofd_res *r = out;
+    (void)ctx;
+    altpatch_set_print(NULL);
+    r->rc_first = altpatch_apply(); /* alone: written, the maps descriptor kept */
+    r->one_first = site_one();
+    pthread_t t;
+    if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, NULL))
+        _exit(3);
+    wait_asleep(&g_sleeper_tid);
+    struct rlimit rl = {64, 64};
+    setrlimit(RLIMIT_NOFILE, &rl);
+    int fds[64], nfd = 0;
+    while (nfd < 64 && (fds[nfd] = dup(0)) >= 0)
+        nfd++;
+    ap_warn_log[0] = '\0';
+    altpatch_set_print(ap_warn_capture);
+    r->rc = apply_flags(ALTPATCH_APPLY_REVERT, NULL);
+    altpatch_set_print(NULL);
+    r->one = site_one();
+    while (nfd > 0)
+        close(fds[--nfd]);
+    snprintf(r->log, sizeof(r->log), "%.*s", (int)sizeof(r->log) - 1, ap_warn_log);
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+}
+
+Test(live, threads_that_cannot_be_listed_stop_every_writer)
+{
+    struct nofd_res *r = ap_isolated(sizeof(*r), nofd_body, NULL);
+    cr_assert_eq(r->rc_first, 0);
+    cr_assert_eq(r->one_first, 2);
+    cr_assert_eq(r->rc, -EBUSY);
+    cr_assert_eq(r->one, 2, "the revert wrote nothing");
+    cr_assert(strstr(r->log, "cannot list this process's threads"), "%s", r->log);
 }
 
 Test(live, silent_thread_refuses_multi_instruction_sites)

@@ -2255,13 +2255,28 @@ static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered)
     *unfiltered = false;
     if (flags & ALTPATCH_APPLY_DRY_RUN)
         return 0;
-    if (!(flags & ALTPATCH_APPLY_LIVE) && ap_mm_alone()) {
+    int mm = ap_mm_state();
+    if (!(flags & ALTPATCH_APPLY_LIVE) && mm == AP_MM_ALONE) {
         *unfiltered = true; /* and no seccomp filter: none can come before the call ends */
         return 0; /* the kernel says so: no /proc read */
     }
     long n = ap_count_threads();
-    if (n <= 1 && !(flags & ALTPATCH_APPLY_LIVE))
-        return 0; /* unknown (no /proc): the writer needs /proc too and will refuse */
+    if (n == 1 && mm == AP_MM_UNKNOWN && !(flags & ALTPATCH_APPLY_LIVE))
+        return 0; /* under a seccomp filter the task list is the only answer */
+    if (n < 1) {
+        /* no list (no /proc, no descriptor left): other threads may run, and
+         * neither writer may guess */
+        ap_log(ALTPATCH_WARN, "cannot list this process's threads (/proc/self/task): "
+                              "nothing written\n");
+        return -EBUSY;
+    }
+    if (n == 1 && mm == AP_MM_SHARED) {
+        /* the kernel says another task uses this memory, and it is no
+         * thread of this process: neither writer can see where it runs */
+        ap_log(ALTPATCH_WARN, "another process shares this address space "
+                              "(clone(CLONE_VM) without CLONE_THREAD): nothing written\n");
+        return -EBUSY;
+    }
     const char *why = "ALTPATCH_APPLY_NO_LIVE";
     if (!(flags & (ALTPATCH_APPLY_NO_LIVE | ALTPATCH_APPLY_NO_PROCMEM)) && !ap_live_ready(&why)) {
         *live = true;

@@ -407,6 +407,15 @@ AP_HIDDEN void ap_signals_restore(const uint64_t *saved);
  * True therefore also proves seccomp mode 0 at that moment.
  */
 AP_HIDDEN bool ap_mm_alone(void);
+/** What ap_mm_alone() learnt: */
+enum {
+    AP_MM_ALONE = 1,   /* the kernel proves this thread the only task using the memory */
+    AP_MM_SHARED = 0,  /* the kernel says another task uses it (a thread, or a process
+                        * sharing the memory: clone(CLONE_VM) without CLONE_THREAD, which
+                        * /proc/self/task does not list) */
+    AP_MM_UNKNOWN = -1 /* not asked (a seccomp filter) or not answered */
+};
+AP_HIDDEN int ap_mm_state(void);
 /**
  * prctl(PR_GET_SECCOMP): 0 (no filter), the mode (> 0: kept for the process,
  * a mode is never cleared), or -errno (unknown). *@p syscalls (may be NULL)

@@ -60,12 +60,18 @@ long ap_seccomp_mode(uint64_t *syscalls)
     return sc;
 }
 
-AP_PLAIN_PATH bool ap_mm_alone(void)
+AP_PLAIN_PATH int ap_mm_state(void)
 {
     long sc = ap_seccomp_mode(NULL);
     if (sc != 0)
-        return false; /* filtered (2), or unknown (-errno: no answer means no proof) */
-    return ap_sys(SYS_unshare, CLONE_VM, 0, 0, 0, 0) == 0;
+        return AP_MM_UNKNOWN; /* filtered (2), or unknown (-errno: no answer means no proof) */
+    long r = ap_sys(SYS_unshare, CLONE_VM, 0, 0, 0, 0);
+    return r == 0 ? AP_MM_ALONE : r == -EINVAL ? AP_MM_SHARED : AP_MM_UNKNOWN;
+}
+
+AP_PLAIN_PATH bool ap_mm_alone(void)
+{
+    return ap_mm_state() == AP_MM_ALONE;
 }
 
 long ap_count_threads(void)
