@@ -564,8 +564,8 @@ __attribute__((noinline)) static long site_wx(void)
 }
 
 struct wx_res {
-    int set, rc, rc_live, rc_revert, rc_nomem;
-    long v, v_live, v_revert, v_nomem;
+    int set, rc, rc_live, rc_revert, rc_nomem, rc_refused;
+    long v, v_live, v_revert, v_nomem, v_refused;
     struct altpatch_stats st, st_live, st_nomem;
     char log[2048];
 };
@@ -685,7 +685,9 @@ static void seccomp_body(void *out, void *ctx)
     r->v = site_wx();
     r->rc_revert = apply_flags(ALTPATCH_APPLY_REVERT);
     r->v_revert = site_wx();
-    r->rc_live = apply_flags(ALTPATCH_APPLY_LIVE);
+    r->rc_refused = apply_flags(ALTPATCH_APPLY_LIVE); /* a filter: refused unless vouched */
+    r->v_refused = site_wx();
+    r->rc_live = apply_flags(ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_FILTER_ALLOWS_LIVE);
     get_st(&r->st_live);
     r->v_live = site_wx();
 }
@@ -730,6 +732,8 @@ Test(hostile, no_mapping_is_ever_writable_and_executable)
     cr_assert_eq(r->v, 22);
     cr_assert_eq(r->rc_revert, 0);
     cr_assert_eq(r->v_revert, 11);
+    cr_assert_eq(r->rc_refused, -EBUSY, "live patching under a filter not vouched for");
+    cr_assert_eq(r->v_refused, 11);
     if (!ap_procmem_can_write_text()) {
         /* live patching writes through /proc/self/mem, which the kernel refuses */
         cr_assert_eq(r->rc_live, -EBUSY);

@@ -199,11 +199,13 @@ Test(live, bad_flag_combinations)
 
 /* The flag on a single thread where live patching is impossible (a filter
  * answers ENOSYS to membarrier): refused before any write, and the warning
- * says why -- not that threads run. */
+ * says why -- not that threads run. Without ALTPATCH_APPLY_FILTER_ALLOWS_LIVE
+ * the filter alone refuses it (it might have killed for membarrier); with
+ * it, membarrier's answer does. */
 struct unready_res {
-    int installed, rc;
+    int installed, rc, rc_allowed;
     long one;
-    char log[1024];
+    char log[1024], log_allowed[1024];
 };
 
 static void unready_body(void *out, void *ctx)
@@ -217,9 +219,13 @@ static void unready_body(void *out, void *ctx)
     ap_warn_log[0] = '\0';
     altpatch_set_print(ap_warn_capture);
     r->rc = apply_flags(ALTPATCH_APPLY_LIVE, NULL);
+    snprintf(r->log, sizeof(r->log), "%.*s", (int)sizeof(r->log) - 1, ap_warn_log);
+    ap_warn_log[0] = '\0';
+    r->rc_allowed = apply_flags(ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_FILTER_ALLOWS_LIVE, NULL);
+    snprintf(r->log_allowed, sizeof(r->log_allowed), "%.*s", (int)sizeof(r->log_allowed) - 1,
+             ap_warn_log);
     altpatch_set_print(NULL);
     r->one = site_one();
-    snprintf(r->log, sizeof(r->log), "%.*s", (int)sizeof(r->log) - 1, ap_warn_log);
 }
 
 Test(live, flag_where_live_is_impossible_says_why)
@@ -228,10 +234,16 @@ Test(live, flag_where_live_is_impossible_says_why)
     if (r->installed < 0)
         ap_seccomp_require(r->installed);
     cr_assert_eq(r->rc, -EBUSY);
+    cr_assert_eq(r->rc_allowed, -EBUSY);
     cr_assert_eq(r->one, 1, "nothing written");
     cr_assert(strstr(r->log, "altpatch: ALTPATCH_APPLY_LIVE: live patching is not possible: "
-                             "membarrier(PRIVATE_EXPEDITED_SYNC_CORE) is not available\n"),
+                             "a seccomp filter is active and "
+                             "ALTPATCH_APPLY_FILTER_ALLOWS_LIVE was not given\n"),
               "%s", r->log);
+    cr_assert(strstr(r->log_allowed, "altpatch: ALTPATCH_APPLY_LIVE: live patching is not "
+                                     "possible: membarrier(PRIVATE_EXPEDITED_SYNC_CORE) is not "
+                                     "available\n"),
+              "%s", r->log_allowed);
     cr_assert_null(strstr(r->log, "threads running"), "%s", r->log);
 }
 
@@ -537,8 +549,16 @@ __attribute__((noinline)) static void plain_int3(void)
     __asm__ __volatile__("int3" ::: "memory");
 }
 
+static volatile int app_urgs;
+
+static void app_urg(int sig)
+{
+    (void)sig;
+    app_urgs++;
+}
+
 struct chain_res {
-    int rc, rc2, traps_raise, traps_int3, traps_late, rt, trap_kept, trap_kept2;
+    int rc, rc2, traps_raise, traps_int3, traps_late, rt, trap_kept, trap_kept2, urg;
     long one;
 };
 
@@ -554,6 +574,7 @@ static void chain_body(void *out, void *ctx)
     sigaction(SIGTRAP, &sa, NULL);
     for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
         signal(s, app_rt);
+    signal(SIGURG, app_urg); /* the handshake's signal: the program's go to its action */
     altpatch_set_print(NULL);
     if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, NULL))
         _exit(3);
@@ -568,6 +589,8 @@ static void chain_body(void *out, void *ctx)
     for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
         raise(s);
     r->rt = app_hs;
+    raise(SIGURG);
+    r->urg = app_urgs;
     r->rc2 = apply_flags(ALTPATCH_APPLY_REVERT, NULL);
     sigaction(SIGTRAP, NULL, &cur);
     r->trap_kept2 = cur.sa_sigaction == app_trap;
@@ -590,6 +613,7 @@ Test(live, program_sigtrap_handler_is_left_alone)
     cr_assert_eq(r->traps_raise, 1, "raise(SIGTRAP) reached the program's handler");
     cr_assert_eq(r->traps_int3, 2, "an int3 reached the program's handler");
     cr_assert_eq(r->rt, SIGRTMAX - SIGRTMIN + 1, "every real-time signal reached the application");
+    cr_assert_eq(r->urg, 1, "the program's SIGURG reached its handler");
     cr_assert_eq(r->rc2, 0);
     cr_assert(r->trap_kept2);
     cr_assert_eq(r->traps_late, 3);
@@ -597,6 +621,129 @@ Test(live, program_sigtrap_handler_is_left_alone)
 }
 
 /* ---- fork while live rounds run ------------------------------------------------ */
+
+/* ---- a thread that execs while another applies live ---------------------------- */
+
+static volatile int exec_stop;
+
+static void *exec_site_runner(void *a)
+{
+    (void)a;
+    while (!exec_stop)
+        (void)site_pair();
+    return NULL;
+}
+
+static unsigned exec_delay_us;
+
+static void *execer(void *a)
+{
+    (void)a;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 < exec_delay_us);
+    execl("/bin/true", "true", (char *)NULL);
+    _exit(9);
+}
+
+/*
+ * A thread calls execve() while the applying thread toggles a
+ * multi-instruction site live, another thread running it (each toggle
+ * signals that thread). A handshake signal queued to a thread that is in
+ * execve() reaches the new image, whose actions are all reset: its default
+ * action must not end the process. 200 fresh processes, the exec at a
+ * different moment in each; each must end as /bin/true does.
+ */
+Test(live, exec_during_live_rounds_ends_as_the_new_image)
+{
+    need_live();
+    int killed = 0, other = 0, last_sig = 0;
+    for (int it = 0; it < 200; it++) {
+        fflush(NULL);
+        pid_t c = fork();
+        cr_assert(c >= 0);
+        if (c == 0) {
+            altpatch_set_print(NULL);
+            exec_delay_us = 300 + (unsigned)(it * 37) % 900;
+            pthread_t s, t;
+            if (pthread_create(&s, NULL, exec_site_runner, NULL) ||
+                pthread_create(&t, NULL, execer, NULL))
+                _exit(3);
+            for (int i = 0;; i++)
+                apply_flags(i & 1 ? ALTPATCH_APPLY_REVERT : 0, NULL);
+        }
+        int st = 0;
+        cr_assert_eq(waitpid(c, &st, 0), c);
+        if (WIFSIGNALED(st)) {
+            killed++;
+            last_sig = WTERMSIG(st);
+        } else if (WEXITSTATUS(st) != 0) {
+            other++;
+        }
+    }
+    cr_assert_eq(killed, 0, "%d of 200 processes killed (last by signal %d)", killed, last_sig);
+    cr_assert_eq(other, 0, "%d of 200 processes exited with another status", other);
+}
+
+/*
+ * The signal the live protocol installs its handler on (the one action a
+ * live apply changes) does nothing by default: a handshake that outlives the
+ * handler (a thread in execve(), a program that set SIG_DFL back) cannot end
+ * the process. Checked by raising it under SIG_DFL in a child.
+ */
+struct hs_sig_res {
+    int rc, changed, sig, status;
+};
+
+static void hs_sig_body(void *out, void *ctx)
+{
+    struct hs_sig_res *r = out;
+    (void)ctx;
+    struct sigaction before[SIGRTMAX + 1], after;
+    for (int s = 1; s <= SIGRTMAX; s++)
+        sigaction(s, NULL, &before[s]);
+    altpatch_set_print(NULL);
+    pthread_t t;
+    if (pipe(g_pipe) || pthread_create(&t, NULL, sleeper, NULL))
+        _exit(3);
+    r->rc = altpatch_apply(); /* live: another thread */
+    for (int s = 1; s <= SIGRTMAX; s++) {
+        sigaction(s, NULL, &after);
+        if (after.sa_handler != before[s].sa_handler) {
+            r->changed++;
+            r->sig = s;
+        }
+    }
+    if (r->changed == 1) {
+        fflush(NULL);
+        pid_t c = fork();
+        if (c == 0) {
+            signal(r->sig, SIG_DFL);
+            sigset_t m;
+            sigemptyset(&m);
+            sigaddset(&m, r->sig);
+            sigprocmask(SIG_UNBLOCK, &m, NULL);
+            raise(r->sig);
+            _exit(0);
+        }
+        waitpid(c, &r->status, 0);
+    }
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+}
+
+Test(live, handshake_signal_does_nothing_by_default)
+{
+    need_live();
+    struct hs_sig_res *r = ap_isolated(sizeof(*r), hs_sig_body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->changed, 1, "%d actions changed by a live apply", r->changed);
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0,
+              "signal %d under SIG_DFL ended the process (status 0x%x)", r->sig, r->status);
+}
 
 static volatile int fork_stop;
 

@@ -2206,7 +2206,8 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
 
 #define AP_APPLY_FLAGS                                                                     \
     (ALTPATCH_APPLY_DRY_RUN | ALTPATCH_APPLY_REVERT | ALTPATCH_APPLY_PROCMEM_ONLY |        \
-     ALTPATCH_APPLY_NO_PROCMEM | ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_NO_LIVE)
+     ALTPATCH_APPLY_NO_PROCMEM | ALTPATCH_APPLY_LIVE | ALTPATCH_APPLY_NO_LIVE |            \
+     ALTPATCH_APPLY_FILTER_ALLOWS_LIVE)
 
 /** libbpf-style check: sz covers at least the sz field; unknown tail bytes are zero. */
 static bool ap_opts_valid(const void *opts, size_t sz, size_t known)
@@ -2278,7 +2279,14 @@ static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered)
         return -EBUSY;
     }
     const char *why = "ALTPATCH_APPLY_NO_LIVE";
-    if (!(flags & (ALTPATCH_APPLY_NO_LIVE | ALTPATCH_APPLY_NO_PROCMEM)) && !ap_live_ready(&why)) {
+    bool may_live = !(flags & (ALTPATCH_APPLY_NO_LIVE | ALTPATCH_APPLY_NO_PROCMEM));
+    if (may_live && !(flags & ALTPATCH_APPLY_FILTER_ALLOWS_LIVE) && ap_seccomp_mode(NULL) != 0) {
+        /* the protocol's calls (membarrier, mremap, process_vm_readv,
+         * rt_tgsigqueueinfo, ...) are ones a filter may answer with a kill */
+        why = "a seccomp filter is active and ALTPATCH_APPLY_FILTER_ALLOWS_LIVE was not given";
+        may_live = false;
+    }
+    if (may_live && !ap_live_ready(&why)) {
         *live = true;
         return 0;
     }

@@ -65,8 +65,18 @@ static const uint8_t ap_spin[2] = {0xeb, 0xfe};
 #define AP_HS_PAUSE_NS (1000 * 1000)
 /** How long a running thread is read again through /proc before it is signalled. */
 #define AP_HS_POLL_NS (400 * 1000)
-/** The handshake signal: a real-time one (never merged with a program's standard signal). */
-#define AP_HS_SIG (SIGRTMAX - 3)
+/*
+ * The handshake signal: SIGURG, whose default action is to ignore it. A
+ * queued handshake can outlive its handler -- it reaches a thread that is in
+ * execve() (the new image has every action reset) or a program that set the
+ * action back to SIG_DFL meanwhile -- and must then do nothing; every
+ * real-time signal's default would end the process. Sent to one thread
+ * (rt_tgsigqueueinfo), it is merged only with a SIGURG sent to that same
+ * thread while ours is pending (the process's own, from a socket's owner,
+ * queue apart): ours, recognised by SI_QUEUE, our pid and the cookie, is
+ * answered; any other is handed to the program's action (ap_chain()).
+ */
+#define AP_HS_SIG SIGURG
 /** Attempts in a row that find a never-located thread blocking it before it is given up. */
 #define AP_HS_BLOCKED 2
 

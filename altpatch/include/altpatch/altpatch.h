@@ -139,6 +139,15 @@ enum altpatch_apply_flags {
     ALTPATCH_APPLY_LIVE = 1u << 4,
     /** When other threads run, refuse with -EBUSY instead of patching live. */
     ALTPATCH_APPLY_NO_LIVE = 1u << 5,
+    /**
+     * The program's seccomp filter allows every system call the live
+     * protocol makes (docs/live.md lists them: membarrier, mremap,
+     * process_vm_readv, rt_tgsigqueueinfo, ...): live patching is then not
+     * refused under a filter. Without it, live patching under a seccomp
+     * filter is refused (-EBUSY): a filter may answer an unexpected system
+     * call with a signal that ends the process.
+     */
+    ALTPATCH_APPLY_FILTER_ALLOWS_LIVE = 1u << 6,
 };
 
 struct altpatch_apply_opts {
