@@ -745,6 +745,79 @@ Test(live, handshake_signal_does_nothing_by_default)
               "signal %d under SIG_DFL ended the process (status 0x%x)", r->sig, r->status);
 }
 
+/*
+ * A thread asleep in read() whose syscall is the last instruction of a
+ * multi-instruction site: /proc shows its pc at the site's end, outside. A
+ * signal may make the kernel restart the call, moving RIP back two bytes, to
+ * the syscall: inside the site. It counts as inside, so the site is refused
+ * (LIVE_THREAD_INSIDE) while the thread sleeps there, and written once it
+ * has left.
+ */
+__attribute__((noinline)) static long site_sysread(int fd, void *buf)
+{
+    long ret;
+    __asm__ __volatile__(ALTERNATIVE("movl $0, %%eax\n\tsyscall",
+                                     "movl $0, %%eax\n\txchg %%ax, %%ax", X86_FEATURE_ALWAYS)
+                         : "=a"(ret)
+                         : "D"((long)fd), "S"(buf), "d"(1L)
+                         : "rcx", "r11", "memory");
+    return ret;
+}
+
+static volatile pid_t g_reader_tid;
+
+static void *reader(void *a)
+{
+    (void)a;
+    char c;
+    g_reader_tid = (pid_t)syscall(SYS_gettid);
+    (void)site_sysread(g_pipe[0], &c);
+    return NULL;
+}
+
+struct restart_res {
+    int rc, rc_after;
+    struct site_view asleep, after;
+};
+
+static int sysread_cb(const struct altpatch_site_info *s, void *p)
+{
+    site_view_take(p, s, (uintptr_t)site_sysread);
+    return 0;
+}
+
+static void restart_body(void *out, void *ctx)
+{
+    struct restart_res *r = out;
+    (void)ctx;
+    altpatch_set_print(NULL);
+    pthread_t t;
+    if (pipe(g_pipe) || pthread_create(&t, NULL, reader, NULL))
+        _exit(3);
+    wait_asleep(&g_reader_tid);
+    r->rc = altpatch_apply(); /* live: another thread */
+    altpatch_site_foreach(sysread_cb, &r->asleep);
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+    r->rc_after = altpatch_apply(); /* alone */
+    altpatch_site_foreach(sysread_cb, &r->after);
+}
+
+Test(live, restartable_syscall_ending_a_site_counts_as_inside)
+{
+    need_live();
+    struct restart_res *r = ap_isolated(sizeof(*r), restart_body, NULL);
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->asleep.len, 7, "the site was not found");
+    cr_assert_eq(r->asleep.state, ALTPATCH_SITE_REFUSED, "state %d", r->asleep.state);
+    cr_assert_eq(r->asleep.reason, ALTPATCH_REASON_LIVE_THREAD_INSIDE, "'%s'",
+                 altpatch_strreason(r->asleep.reason));
+    cr_assert_eq(memcmp(r->asleep.cur, r->asleep.orig, 7), 0, "the site keeps its bytes");
+    cr_assert_eq(r->rc_after, 0);
+    cr_assert_eq(r->after.state, ALTPATCH_SITE_PATCHED);
+}
+
 static volatile int fork_stop;
 
 struct fork_res {

@@ -651,6 +651,12 @@ static bool ap_task_pc(pid_t tid, uintptr_t *where)
     *where = ap_frames_where_task(pc, sp, ap_in_round);
     if (*where == AP_WHERE_CUT)
         return false;
+    /* Asleep in a system call, pc is right after its two-byte syscall. A
+     * signal may make the kernel restart the call: it moves RIP back to the
+     * syscall, which is strictly inside a site when the call is the site's
+     * last instruction and pc its end. There it counts as inside. */
+    if (*where == pc && ap_in_round(pc - 2))
+        *where = pc - 2;
     return ap_task_regs(tid, &sp2, &pc2) && sp2 == sp && pc2 == pc;
 }
 
