@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <linux/io_uring.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -816,6 +817,50 @@ Test(live, restartable_syscall_ending_a_site_counts_as_inside)
     cr_assert_eq(memcmp(r->asleep.cur, r->asleep.orig, 7), 0, "the site keeps its bytes");
     cr_assert_eq(r->rc_after, 0);
     cr_assert_eq(r->after.state, ALTPATCH_SITE_PATCHED);
+}
+
+/*
+ * An io_uring SQPOLL ring: its iou-sqp worker is listed in /proc/self/task
+ * and shares the memory, but never runs user code (no user registers, every
+ * signal blocked). It is no silent thread: a multi-instruction site is
+ * written live, not refused for want of an answer.
+ */
+struct iou_res {
+    int ring, rc;
+    long pair;
+    struct site_view v[S_COUNT];
+};
+
+static void iou_body(void *out, void *ctx)
+{
+    struct iou_res *r = out;
+    (void)ctx;
+    altpatch_set_print(NULL);
+    struct io_uring_params p;
+    memset(&p, 0, sizeof(p));
+    p.flags = IORING_SETUP_SQPOLL;
+    p.sq_thread_idle = 10000; /* ms */
+    long fd = syscall(SYS_io_uring_setup, 4, &p);
+    r->ring = fd >= 0 ? 1 : -(int)errno;
+    if (fd < 0)
+        return;
+    usleep(20000); /* the worker starts */
+    r->rc = altpatch_apply();
+    snap(r->v);
+    r->pair = site_pair();
+    close((int)fd);
+}
+
+Test(live, io_uring_worker_is_not_a_silent_thread)
+{
+    need_live();
+    struct iou_res *r = ap_isolated(sizeof(*r), iou_body, NULL);
+    if (r->ring < 0)
+        cr_skip_test("io_uring_setup(SQPOLL) refused here: %s", strerror(-r->ring));
+    cr_assert_eq(r->rc, 0);
+    cr_assert_eq(r->v[S_PAIR].state, ALTPATCH_SITE_PATCHED, "state %d, '%s'",
+                 r->v[S_PAIR].state, altpatch_strreason(r->v[S_PAIR].reason));
+    cr_assert_eq(r->pair, 22);
 }
 
 static volatile int fork_stop;

@@ -153,6 +153,33 @@ static long ap_task_read(pid_t tid, const char *file, char *buf, size_t size)
     return n;
 }
 
+/* PF_IO_WORKER (include/linux/sched.h): an io_uring worker. */
+#define AP_PF_IO_WORKER 0x10u
+
+/**
+ * True when thread @p tid is an io_uring worker (iou-sqp-*, iou-wrk-*:
+ * listed in /proc/self/task, sharing the memory, but kernel threads that
+ * never run user code; /proc shows them with no user registers, every
+ * signal blocked). The flags are the 9th field of its stat line.
+ */
+static bool ap_task_io_worker(pid_t tid)
+{
+    char st[512];
+    long n = ap_task_read(tid, "stat", st, sizeof(st));
+    const char *c = NULL;
+    for (long k = 0; k < n; k++) /* the last ')': the name may hold spaces and parentheses */
+        if (st[k] == ')')
+            c = st + k;
+    if (!c)
+        return false;
+    for (int field = 2; field < 9 && *c; c++)
+        field += *c == ' ';
+    unsigned long flags = 0;
+    while (*c >= '0' && *c <= '9')
+        flags = flags * 10 + (unsigned long)(*c++ - '0');
+    return *c == ' ' && (flags & AP_PF_IO_WORKER);
+}
+
 /** True when thread @p tid blocks the handshake signal (SigBlk of its status). */
 static bool ap_task_blocks_hs(pid_t tid)
 {
@@ -729,6 +756,12 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, uint8
             }
             if (pass < 2) {
                 left++;
+                continue;
+            }
+            /* An io_uring worker never runs user code: outside every site. */
+            r->st->syscalls += 3;
+            if (ap_task_io_worker(ap_hs[i].tid)) {
+                state[i] = 0;
                 continue;
             }
             /* A thread that blocks the signal cannot answer it: not sent
