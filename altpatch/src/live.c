@@ -110,8 +110,19 @@ static void ap_nap(void)
  * run a site of the round (a malloc or opendir wrapper of the program can
  * hold one): it would spin on the entry barrier forever. So the round reads
  * /proc with raw system calls into static buffers, on a /proc/self/task
- * descriptor opened before the round.
+ * descriptor opened before the round, reads the clock and writes
+ * /proc/self/mem with raw system calls too (a program's clock_gettime() or
+ * pwrite() wrapper is theirs), and searches and copies strings with its own
+ * loops.
  */
+
+/** Monotonic nanoseconds by the system call itself, not the C library's wrapper. */
+static uint64_t ap_round_now_ns(void)
+{
+    struct timespec ts = {0, 0};
+    ap_sys(SYS_clock_gettime, CLOCK_MONOTONIC, (long)&ts, 0, 0, 0);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 struct ap_dirent64 {
     uint64_t ino;
     int64_t off;
@@ -137,10 +148,10 @@ static char *ap_put_dec(char *p, unsigned long v)
 static long ap_task_read(pid_t tid, const char *file, char *buf, size_t size)
 {
     char path[64] = "/proc/self/task/";
-    char *p = ap_put_dec(path + strlen(path), (unsigned long)tid);
+    char *p = ap_put_dec(path + sizeof("/proc/self/task/") - 1, (unsigned long)tid);
     *p++ = '/';
-    size_t fl = strlen(file);
-    memcpy(p, file, fl + 1);
+    while ((*p++ = *file++)) /* "status", "stat", "syscall" */
+        ;
     long fd = syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
@@ -186,7 +197,15 @@ static bool ap_task_blocks_hs(pid_t tid)
     static char st[4096];
     if (ap_task_read(tid, "status", st, sizeof(st)) <= 0)
         return false;
-    const char *l = strstr(st, "\nSigBlk:");
+    static const char key[] = "\nSigBlk:";
+    const char *l = NULL;
+    for (const char *c = st; *c && !l; c++) {
+        size_t k = 0;
+        while (key[k] && c[k] == key[k])
+            k++;
+        if (!key[k])
+            l = c;
+    }
     if (!l)
         return false;
     uint64_t v = 0;
@@ -694,7 +713,7 @@ static int ap_hs_send(pid_t pid, pid_t tid)
     si.si_signo = AP_HS_SIG;
     si.si_code = SI_QUEUE;
     si.si_pid = pid;
-    si.si_uid = getuid();
+    si.si_uid = (uid_t)ap_sys(SYS_getuid, 0, 0, 0, 0, 0);
     si.si_value.sival_ptr = (void *)&ap_hs_cookie;
     return syscall(SYS_rt_tgsigqueueinfo, pid, tid, AP_HS_SIG, &si) ? -errno : 0;
 }
@@ -702,13 +721,13 @@ static int ap_hs_send(pid_t pid, pid_t tid)
 /** Wait (bounded) until every pending thread answered attempt @p seq. */
 static void ap_hs_wait(const int8_t *state, const uint8_t *blocked, size_t n, unsigned seq)
 {
-    uint64_t until = ap_now_ns() + AP_HS_WAIT_NS;
+    uint64_t until = ap_round_now_ns() + AP_HS_WAIT_NS;
     for (;;) {
         size_t missing = 0;
         for (size_t i = 0; i < n; i++)
             missing += (state[i] == 1 || state[i] == 2) && !blocked[i] &&
                        __atomic_load_n(&ap_hs[i].seq, __ATOMIC_ACQUIRE) != seq;
-        if (!missing || ap_now_ns() > until)
+        if (!missing || ap_round_now_ns() > until)
             return;
         ap_nap();
     }
@@ -735,8 +754,8 @@ static void ap_hs_attempt(struct ap_round *r, int8_t *state, long *inside, uint8
      * and a signal then would interrupt its wait: a thread that sleeps now
      * and then is caught asleep) and signalled only when it ran all along. */
     static bool need[AP_HS_MAX];
-    uint64_t poll_until = ap_now_ns() + AP_HS_POLL_NS;
-    for (int pass = 0; pass < 3; pass = pass ? pass + 1 : ap_now_ns() > poll_until) {
+    uint64_t poll_until = ap_round_now_ns() + AP_HS_POLL_NS;
+    for (int pass = 0; pass < 3; pass = pass ? pass + 1 : ap_round_now_ns() > poll_until) {
         size_t left = 0;
         for (size_t i = 0; i < n; i++) {
             if (pass ? !need[i] : (need[i] = state[i] == 1 || state[i] == 2, !need[i]))
@@ -804,9 +823,12 @@ static int ap_handshake(struct ap_round *r)
     static uint8_t blocked[AP_HS_MAX]; /* attempts in a row that found the signal blocked */
     bool fits = ap_hs_collect(r->taskfd);
     size_t n = __atomic_load_n(&ap_hs_n, __ATOMIC_RELAXED);
-    memset(state, 1, n);
-    memset(blocked, 0, n);
-    uint64_t until = ap_now_ns() + AP_HS_BUDGET_NS;
+    /* volatile: stores the compiler cannot turn into a memset() call */
+    for (size_t i = 0; i < n; i++) {
+        ((volatile int8_t *)state)[i] = 1;
+        ((volatile uint8_t *)blocked)[i] = 0;
+    }
+    uint64_t until = ap_round_now_ns() + AP_HS_BUDGET_NS;
     for (size_t left = n; left;) {
         ap_hs_attempt(r, state, inside, blocked, n);
         left = 0;
@@ -815,7 +837,7 @@ static int ap_handshake(struct ap_round *r)
          * glibc blocks every signal) is given up: it stays silent. */
         for (size_t i = 0; i < n; i++)
             left += state[i] == 2 || (state[i] == 1 && blocked[i] < AP_HS_BLOCKED);
-        if (!left || ap_now_ns() > until)
+        if (!left || ap_round_now_ns() > until)
             break;
         struct timespec ts = {0, AP_HS_PAUSE_NS};
         syscall(SYS_nanosleep, &ts, NULL);
