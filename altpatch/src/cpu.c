@@ -723,19 +723,34 @@ static int ap_rdpid_usable(void)
     return ap_probe_ill_held ? 0 : -1;
 }
 
-/* The program's action for @sig read into @prev, then the guard @sa put in
- * its place; *@held set in between. false (nothing changed, *@held clear)
- * when either call fails. */
-static bool ap_guard_set(int sig, const struct ap_ksigaction *sa, struct ap_ksigaction *prev,
-                         volatile sig_atomic_t *held)
+/* What ap_guard_set() did. */
+enum { AP_GUARD_FAILED, AP_GUARD_SET, AP_GUARD_BUSY };
+
+/*
+ * The program's action for @sig read into @prev, then the guard @sa put in
+ * its place; *@held set in between. AP_GUARD_FAILED (nothing changed, *@held
+ * clear) when either call fails. AP_GUARD_BUSY (nothing changed) when the
+ * action read is the guard itself: a signal that was not a probe's reached
+ * an earlier guard, in another thread, whose handler has not put the
+ * program's action back yet. Reading the guard as the program's action
+ * would make that handler put the guard back for good: every later SIGSEGV
+ * of the program's would go to a handler that re-runs the faulting
+ * instruction, forever.
+ */
+static int ap_guard_set(int sig, const struct ap_ksigaction *sa, struct ap_ksigaction *prev,
+                        volatile sig_atomic_t *held)
 {
-    if (ap_ksigaction(sig, NULL, prev) != 0)
-        return false;
+    struct ap_ksigaction cur;
+    if (ap_ksigaction(sig, NULL, &cur) != 0)
+        return AP_GUARD_FAILED;
+    if (cur.handler == sa->handler)
+        return AP_GUARD_BUSY;
+    *prev = cur;
     *held = 1;
     if (ap_ksigaction(sig, sa, NULL) == 0)
-        return true;
+        return AP_GUARD_SET;
     *held = 0;
-    return false;
+    return AP_GUARD_FAILED;
 }
 
 /* The guard for @sig taken down: the program's action put back, unless a
@@ -772,7 +787,10 @@ static bool ap_run_probes(const struct altpatch_features *f)
     };
     /* the kernel's sigset: one bit per signal, signal s is bit s - 1 */
     uint64_t ill = 1ull << (SIGILL - 1), segv = 1ull << (SIGSEGV - 1), old = 0;
-    if (!ap_guard_set(SIGILL, &sa, &ap_probe_prev, &ap_probe_ill_held)) {
+    int ill_guard = ap_guard_set(SIGILL, &sa, &ap_probe_prev, &ap_probe_ill_held);
+    if (ill_guard == AP_GUARD_BUSY)
+        return false; /* claim neither now, ask again later */
+    if (ill_guard == AP_GUARD_FAILED) {
         /* cannot tell: claim neither */
         if (tscp)
             ap_rdtscp_ok = 0;
@@ -784,9 +802,13 @@ static bool ap_run_probes(const struct altpatch_features *f)
      * answer too, but a seccomp filter may kill for a prctl() it does not
      * expect; rt_sigaction is the guard's call either way). Without that
      * guard RDTSCP is not executed and not claimed. */
-    bool segv_guard = tscp && ap_guard_set(SIGSEGV, &sa, &ap_probe_prev_segv, &ap_probe_segv_held);
+    int segv_set =
+        tscp ? ap_guard_set(SIGSEGV, &sa, &ap_probe_prev_segv, &ap_probe_segv_held) : 0;
+    bool segv_guard = segv_set == AP_GUARD_SET;
     uint64_t guarded = ill | (segv_guard ? segv : 0);
-    bool lost = false; /* a guard taken down before its probe's answer */
+    /* a guard taken down before its probe's answer, or not set for an
+     * earlier one's (AP_GUARD_BUSY): asked again later */
+    bool lost = segv_set == AP_GUARD_BUSY;
     /* A blocked SIGILL or SIGSEGV raised by an instruction would kill the
      * process: the probe runs with both unblocked. Where the program does not
      * block them (the usual case: one system call, which asks for the mask
@@ -821,7 +843,7 @@ static bool ap_run_probes(const struct altpatch_features *f)
                 lost = true;
             /* RDPID is not subject to TSD: SIGSEGV is the program's again */
             ap_guard_drop(SIGSEGV, &ap_probe_prev_segv, &ap_probe_segv_held);
-        } else if (tscp) {
+        } else if (tscp && segv_set != AP_GUARD_BUSY) {
             ap_rdtscp_ok = 0;
         }
         if (pid) {
