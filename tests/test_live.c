@@ -403,7 +403,7 @@ Test(live, process_sharing_the_memory_stops_every_writer)
 }
 
 struct nofd_res {
-    int rc_first, rc, listed;
+    int rc_first, rc;
     long one_first, one;
     char log[1024];
 };
