@@ -273,6 +273,55 @@ static void each_profile(const char *plain)
 
 TestSuite(prepatch, .init = setup, .fini = teardown, .timeout = 120);
 
+/* A FIFO nobody writes: opened without waiting for a writer, refused by its type. */
+Test(prepatch, image_open_does_not_wait_on_a_fifo)
+{
+    char fifo[128];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", tmpdir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    alarm(10); /* a blocking open() would end the test here */
+    struct altpatch_image *img = NULL;
+    int rc = altpatch_image_open(fifo, NULL, &img);
+    alarm(0);
+    cr_assert_lt(rc, 0, "a FIFO opened as an image: %d", rc);
+    cr_assert_null(img);
+}
+
+/*
+ * A copy whose section header names a byte at or past the end of the
+ * section name table: the pre-patched copy's new section name goes there, so
+ * that header would be read as the new section and the copy could not be
+ * opened again. Refused (-ENOTSUP) before anything is written.
+ */
+Test(prepatch, write_refuses_a_name_past_the_name_table)
+{
+    char bad[128], out[128];
+    snprintf(bad, sizeof(bad), "%s/badname", tmpdir);
+    snprintf(out, sizeof(out), "%s/badname.out", tmpdir);
+    cr_assert_eq(ap_copy_file(PREPATCH_FIXTURE, bad), 0);
+    int fd = open(bad, O_RDWR);
+    cr_assert_geq(fd, 0);
+    Elf64_Ehdr eh;
+    Elf64_Shdr ss, s1;
+    cr_assert_eq(pread(fd, &eh, sizeof(eh), 0), (ssize_t)sizeof(eh));
+    off_t at_ss = (off_t)(eh.e_shoff + eh.e_shstrndx * sizeof(ss));
+    off_t at_s1 = (off_t)(eh.e_shoff + 1 * sizeof(s1));
+    cr_assert_eq(pread(fd, &ss, sizeof(ss), at_ss), (ssize_t)sizeof(ss));
+    cr_assert_eq(pread(fd, &s1, sizeof(s1), at_s1), (ssize_t)sizeof(s1));
+    s1.sh_name = (Elf64_Word)ss.sh_size;
+    cr_assert_eq(pwrite(fd, &s1, sizeof(s1), at_s1), (ssize_t)sizeof(s1));
+    close(fd);
+    struct altpatch_features *fs = altpatch_features_profile("amd-zen4");
+    struct altpatch_image *img;
+    cr_assert_eq(altpatch_image_open(bad, NULL, &img), 0);
+    cr_assert_eq(altpatch_image_plan(img, fs), 0);
+    struct altpatch_image_write_opts wo = {.sz = sizeof(wo), .profile = "amd-zen4"};
+    cr_assert_eq(altpatch_image_write(img, out, &wo), -ENOTSUP);
+    cr_assert_neq(access(out, F_OK), 0, "a copy was written");
+    altpatch_image_close(img);
+    altpatch_features_free(fs);
+}
+
 Test(prepatch, every_profile_converges_pie)
 {
     each_profile(PREPATCH_FIXTURE);

@@ -371,7 +371,9 @@ ALTPATCH_API int altpatch_image_open_mem(const void *buf, size_t len,
 /* Read the whole file at @p path; 0 or -errno. */
 static int slurp(const char *path, uint8_t **buf, size_t *len, unsigned *mode)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO (or a terminal) opens at once and is refused below
+     * by its type, instead of blocking until a writer comes. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
         return -errno;
     struct stat st;
@@ -682,6 +684,18 @@ static uint8_t *with_section(const struct altpatch_image *img, const uint8_t *re
             ss.sh_size > img->len - ss.sh_offset) {
             *err = fail(img, -ENOTSUP, "section name table outside the file");
             return NULL;
+        }
+        /* The name goes right after the table: no header may name a byte
+         * there already (a name outside the table would become the new one,
+         * and the copy would not find its section again). */
+        for (size_t i = 0; i < eh.e_shnum; i++) {
+            Elf64_Shdr h;
+            memcpy(&h, img->buf + eh.e_shoff + i * sizeof(h), sizeof(h));
+            if (h.sh_name >= ss.sh_size && (i || h.sh_name)) {
+                *err = fail(img, -ENOTSUP,
+                            "section %zu's name lies outside the section name table", i);
+                return NULL;
+            }
         }
         str_off = total;
         strlen_new = ss.sh_size + strlen(name) + 1;

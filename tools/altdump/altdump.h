@@ -179,6 +179,8 @@ struct ad_image {
     uint8_t *pp_written;            /* owned */
     size_t pp_nsites;               /* sites of the library's reading of the file */
     size_t *pp_off;                 /* owned; SIZE_MAX: site outside the text */
+    uint64_t *pp_addr;              /* owned: the library's site addresses */
+    uint8_t *pp_len;                /* owned: the library's site lengths */
     struct ad_kernel kernel;   /* a Linux kernel image or module (kernel.c) */
     uint64_t banner_addr;      /* address of linux_banner, or 0 */
 };

@@ -32,12 +32,23 @@
  * "sym+addend" (a field of a structure such as pv_ops) still names sym. */
 #define AD_EXTERN_STRIDE 0x1000ull
 
+/* What resolving the symbols of one RELA section needs. */
+struct symctx {
+    Elf_Data *symd, *xndx;
+    size_t nsyms;
+    size_t strndx;
+    uint64_t *uval; /* undefined symbols' values, once computed (udone) */
+    uint8_t *udone;
+};
+
 struct reader {
     struct ad_image *img;
     Elf *elf;
     char *err;
     size_t errsz;
     uint64_t extern_base; /* .o: fake addresses of undefined symbols */
+    size_t sym_cached;    /* .o: the symbol table whose symctx is cached (0: none) */
+    struct symctx sc;
 };
 
 __attribute__((format(printf, 2, 3))) static int fail(struct reader *r, const char *fmt, ...)
@@ -293,18 +304,14 @@ static bool name_span(const struct ad_image *img, const char *name, uint64_t *lo
     return any;
 }
 
-/* What resolving the symbols of one RELA section needs. */
-struct symctx {
-    Elf_Data *symd, *xndx;
-    size_t nsyms;
-    size_t strndx;
-};
 
 static int symctx_init(struct reader *r, size_t symidx, struct symctx *c)
 {
     struct ad_image *img = r->img;
     Elf_Scn *scn = elf_getscn(r->elf, symidx);
     GElf_Shdr sh;
+    free(c->uval);
+    free(c->udone);
     memset(c, 0, sizeof(*c));
     if (img->secs[symidx].type != SHT_SYMTAB)
         return fail(r, "a relocation section does not link a symbol table (section %zu)", symidx);
@@ -312,6 +319,10 @@ static int symctx_init(struct reader *r, size_t symidx, struct symctx *c)
         return fail(r, "cannot read the symbol table%s", elfmsg());
     c->nsyms = c->symd->d_size / sizeof(Elf64_Sym);
     c->strndx = sh.sh_link;
+    c->uval = calloc(c->nsyms ? c->nsyms : 1, sizeof(*c->uval));
+    c->udone = calloc(c->nsyms ? c->nsyms : 1, 1);
+    if (!c->uval || !c->udone)
+        return oom(r);
     for (size_t i = 1; i < img->nsecs; i++) {
         Elf_Scn *xs = elf_getscn(r->elf, i);
         GElf_Shdr xh;
@@ -327,7 +338,7 @@ static int symctx_init(struct reader *r, size_t symidx, struct symctx *c)
  * defined symbols, the value for SHN_ABS, the bounds of all sections named
  * SEC for __start_SEC / __stop_SEC, and a distinct fake address for any other undefined symbol.
  */
-static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint64_t *out)
+static int sym_value(struct reader *r, struct symctx *c, size_t idx, uint64_t *out)
 {
     struct ad_image *img = r->img;
     GElf_Sym sym;
@@ -347,16 +358,20 @@ static int sym_value(struct reader *r, const struct symctx *c, size_t idx, uint6
         *out = img->secs[shndx].addr + sym.st_value;
         return 0;
     }
+    if (c->udone[idx]) { /* a walk of the sections once per symbol, not per relocation */
+        *out = c->uval[idx];
+        return 0;
+    }
     const char *name = elf_strptr(r->elf, c->strndx, sym.st_name);
     bool start = name && strncmp(name, "__start_", 8) == 0;
-    if (name && (start || strncmp(name, "__stop_", 7) == 0)) {
-        uint64_t lo = 0, hi = 0;
-        if (name_span(img, name + (start ? 8 : 7), &lo, &hi)) {
-            *out = start ? lo : hi;
-            return 0;
-        }
-    }
-    *out = r->extern_base + AD_EXTERN_STRIDE * (uint64_t)idx;
+    uint64_t lo = 0, hi = 0;
+    if (name && (start || strncmp(name, "__stop_", 7) == 0) &&
+        name_span(img, name + (start ? 8 : 7), &lo, &hi))
+        *out = start ? lo : hi;
+    else
+        *out = r->extern_base + AD_EXTERN_STRIDE * (uint64_t)idx;
+    c->uval[idx] = *out;
+    c->udone[idx] = 1;
     return 0;
 }
 
@@ -419,9 +434,16 @@ static int apply_rela(struct reader *r, size_t relidx)
     struct ad_section *t = &img->secs[sh.sh_info];
     if (!rel_applied(img->elf_type, sh.sh_type, t->flags) || !t->data)
         return 0; /* debug info and the like: not needed */
-    struct symctx c;
+    /* One walk of the sections per symbol table, not per relocation section. */
+    struct symctx *c = &r->sc;
     Elf_Data *rd = elf_getdata(scn, NULL);
-    int rc = symctx_init(r, sh.sh_link, &c);
+    int rc = 0;
+    if (r->sym_cached != sh.sh_link) {
+        r->sym_cached = 0;
+        rc = symctx_init(r, sh.sh_link, c);
+        if (!rc)
+            r->sym_cached = sh.sh_link;
+    }
     if (!rc && !rd)
         rc = fail(r, "cannot read relocations of '%s'%s", t->name, elfmsg());
     if (!rc)
@@ -440,7 +462,7 @@ static int apply_rela(struct reader *r, size_t relidx)
             return fail(r, "relocation %zu of '%s' at 0x%llx lies outside the section (size 0x%llx)",
                         i, rs->name, (unsigned long long)ra.r_offset,
                         (unsigned long long)t->size);
-        rc = sym_value(r, &c, GELF_R_SYM(ra.r_info), &s);
+        rc = sym_value(r, c, GELF_R_SYM(ra.r_info), &s);
         uint64_t v = s + (uint64_t)ra.r_addend - (pcrel ? t->addr + ra.r_offset : 0);
         if (!rc)
             put_le(t->copy + ra.r_offset, v, width);
@@ -494,9 +516,15 @@ static int relocate_rel(struct reader *r)
         if (r->img->secs[i].type != SHT_RELA)
             continue;
         int rc = apply_rela(r, i);
-        if (rc)
+        if (rc) {
+            free(r->sc.uval);
+            free(r->sc.udone);
             return rc;
+        }
     }
+    free(r->sc.uval);
+    free(r->sc.udone);
+    memset(&r->sc, 0, sizeof(r->sc));
     int rc = 0;
     for (int k = 0; k < AD_NJOINED && !rc; k++)
         rc = join_sections(r, k);
@@ -670,8 +698,12 @@ static int merge_all(struct reader *r, struct ad_region *reg, size_t *n)
     for (size_t i = 0; i < *n; i++)
         if (reg[i].addr + reg[i].size > hi)
             hi = reg[i].addr + reg[i].size;
-    if (hi - lo > (1ull << 30))
-        return fail(r, "executable sections span more than 1 GiB; cannot inspect");
+    /* The gaps are filled (and copied again by the library): never more
+     * than the file holds, whatever the addresses (or a .o's SHT_NOBITS
+     * code section) say. */
+    if (hi - lo > (1ull << 30) || hi - lo > r->img->len + (uint64_t)*n * AD_REL_ALIGN)
+        return fail(r, "executable sections span 0x%llx bytes, more than the file's %zu; cannot "
+                       "inspect", (unsigned long long)(hi - lo), r->img->len);
     uint8_t *m = malloc(hi - lo ? hi - lo : 1);
     if (!m)
         return oom(r);
@@ -696,8 +728,6 @@ static int build_view(struct reader *r)
         if ((s->flags & (SHF_ALLOC | SHF_EXECINSTR)) != (SHF_ALLOC | SHF_EXECINSTR) || !s->data ||
             s->size == 0 || is_repl_name(s->name))
             continue;
-        if (img->repl.size && img->repl.addr >= s->addr && img->repl.addr < s->addr + s->size)
-            continue;
         reg[n++] = (struct ad_region){s->addr, s->size, s->data};
     }
     qsort(reg, n, sizeof(*reg), cmp_region);
@@ -711,6 +741,16 @@ static int build_view(struct reader *r)
 }
 
 /* --- symbols --------------------------------------------------------------- */
+
+/* A name printed in the one-line messages and the table: no control bytes
+ * (a newline would forge a line, an escape sequence drive the terminal). */
+static bool printable_name(const char *n)
+{
+    for (const unsigned char *p = (const unsigned char *)n; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return false;
+    return true;
+}
 
 static int read_symbols(struct reader *r)
 {
@@ -743,7 +783,7 @@ static int read_symbols(struct reader *r)
         if (s.st_shndx == SHN_UNDEF && img->elf_type == ET_REL && r->extern_base) {
             /* The fake address sym_value() gives it: names call targets such as BUG_func. */
             const char *name = elf_strptr(r->elf, sh.sh_link, s.st_name);
-            if (name && *name && strncmp(name, "__start_", 8) != 0 &&
+            if (name && *name && printable_name(name) && strncmp(name, "__start_", 8) != 0 &&
                 strncmp(name, "__stop_", 7) != 0) {
                 uint64_t a = r->extern_base + AD_EXTERN_STRIDE * (uint64_t)i;
                 img->syms[img->nsyms++] =
@@ -754,7 +794,7 @@ static int read_symbols(struct reader *r)
         if (s.st_shndx == SHN_UNDEF || s.st_shndx >= SHN_LORESERVE || s.st_shndx >= img->nsecs)
             continue;
         const char *name = elf_strptr(r->elf, sh.sh_link, s.st_name);
-        if (!name || !*name || (name[0] == '.' && name[1] == 'L'))
+        if (!name || !*name || (name[0] == '.' && name[1] == 'L') || !printable_name(name))
             continue;
         if (t == STT_OBJECT && strcmp(name, "linux_banner") == 0 && img->elf_type != ET_REL)
             img->banner_addr = s.st_value; /* a kernel's version string (kernel.c) */
@@ -790,6 +830,10 @@ static void strip_msg(char *m, const char *name)
     size_t n = strlen(name), len = strlen(m);
     if (len && m[len - 1] == '\n')
         m[--len] = '\0';
+    if (strncmp(m, "altpatch: ", 10) == 0) { /* the library's prefix on every message */
+        memmove(m, m + 10, len - 9);
+        len -= 10;
+    }
     if (strncmp(m, name, n) == 0 && m[n] == ':' && m[n + 1] == ' ')
         memmove(m, m + n + 2, len - n - 1);
 }
@@ -1006,13 +1050,13 @@ static int read_all(struct reader *r, unsigned flags)
         return rc;
     }
     if (!found) {
-        if (flags & AD_READ_ALLOW_NOALT)
-            return 0;
         const char *t = ad_section_by_name(img, "altinstr_table") ? "altinstr_table"
                         : ad_section_by_name(img, "altinstructions") ? "altinstructions"
                                                                       : NULL;
-        if (t)
+        if (t) /* tables without their note: broken, also where none are needed (--compare) */
             return fail(r, "has %s but no altpatch note (the runtime would ignore it)", t);
+        if (flags & AD_READ_ALLOW_NOALT)
+            return 0;
         return fail(r, "no altpatch tables (no .note.altpatch note, no kernel .altinstructions)");
     }
     if (!rc)
@@ -1123,8 +1167,12 @@ static int read_parts(int fd, uint8_t *buf, uint64_t size)
     memcpy(&eh, buf, sizeof(eh));
     uint64_t phlen = (uint64_t)eh.e_phnum * eh.e_phentsize;
     uint64_t shlen = (uint64_t)eh.e_shnum * eh.e_shentsize;
+    /* Not an ELF64 little-endian file: refused on its header alone (a data
+     * file mapped by a process, --pid), nothing more read. */
     if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
-        eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_shnum == 0 || eh.e_shstrndx == SHN_XINDEX ||
+        eh.e_ident[EI_DATA] != ELFDATA2LSB)
+        return 0;
+    if (eh.e_shnum == 0 || eh.e_shstrndx == SHN_XINDEX ||
         eh.e_shstrndx >= eh.e_shnum || eh.e_shentsize != sizeof(Elf64_Shdr) ||
         (eh.e_phnum && eh.e_phentsize != sizeof(Elf64_Phdr)) ||
         !in_file(eh.e_phoff, phlen, size) || !in_file(eh.e_shoff, shlen, size) ||
@@ -1257,6 +1305,8 @@ void ad_image_free(struct ad_image *img)
     free(img->syms);
     free(img->pp_written);
     free(img->pp_off);
+    free(img->pp_addr);
+    free(img->pp_len);
     altpatch_features_free(img->pp_fs);
     free(img->buf);
     memset(img, 0, sizeof(*img));

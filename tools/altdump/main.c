@@ -173,7 +173,7 @@ static int one_file(const struct args *a, const struct ad_opts *o, const char *f
     size_t mismatched = 0;
     bool other = other_format_records(&img, file);
     if (a->mode == MODE_CHECK && img.prepatched) {
-        mismatched = ad_prepatched_check(stdout, &img);
+        mismatched = ad_prepatched_check(o->json ? stderr : stdout, &img);
         if (mismatched == (size_t)-1) {
             fprintf(stderr, "altdump: %s: out of memory\n", file);
             free(plans);

@@ -34,6 +34,8 @@ static int pp_site(const struct altpatch_image_site *s, void *ctx)
     struct ad_image *img = w->img;
     w->n++;
     img->pp_off[s->index] = SIZE_MAX;
+    img->pp_addr[s->index] = s->addr;
+    img->pp_len[s->index] = (uint8_t)s->len;
     if (!s->original || !s->current || !s->len)
         return 0;
     const uint8_t *at = ad_bytes_at(img, s->addr, s->len);
@@ -94,6 +96,10 @@ int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
         size_t n = strlen(img->file), len = strlen(err);
         if (len && err[len - 1] == '\n')
             err[--len] = '\0';
+        if (strncmp(err, "altpatch: ", 10) == 0) { /* the library's prefix on every message */
+            memmove(err, err + 10, len - 9);
+            len -= 10;
+        }
         if (strncmp(err, img->file, n) == 0 && err[n] == ':' && err[n + 1] == ' ')
             memmove(err, err + n + 2, len - n - 1);
         if (!err[0])
@@ -112,8 +118,10 @@ int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
     altpatch_image_site_foreach(li, pp_count, &total);
     img->pp_written = malloc(total ? total : 1);
     img->pp_off = malloc((info.sites ? info.sites : 1) * sizeof(*img->pp_off));
+    img->pp_addr = malloc((info.sites ? info.sites : 1) * sizeof(*img->pp_addr));
+    img->pp_len = malloc(info.sites ? info.sites : 1);
     img->pp_fs = altpatch_features_dup(fs);
-    if (!img->pp_written || !img->pp_off || !img->pp_fs) {
+    if (!img->pp_written || !img->pp_off || !img->pp_addr || !img->pp_len || !img->pp_fs) {
         altpatch_image_close(li);
         snprintf(err, errsz, "out of memory");
         return AD_EXIT_INTERNAL;
@@ -122,6 +130,9 @@ int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
     altpatch_image_site_foreach(li, pp_site, &w);
     img->pp_nsites = info.sites;
     snprintf(img->pp_profile, sizeof(img->pp_profile), "%s", info.prepatched_profile);
+    for (char *c = img->pp_profile; *c; c++) /* printed on one line */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
     img->pp_planner = info.prepatched_planner;
     img->pp_plan_note = info.plan_note;
     altpatch_image_close(li);
@@ -137,6 +148,17 @@ int ad_prepatched_match(const struct ad_image *img, char *err, size_t errsz)
         snprintf(err, errsz, "%s describes another table", AD_PREPATCH_SECTION);
         return AD_EXIT_BADINPUT;
     }
+    /* The sections' table (altdump) and the segments' (the library, the
+     * runtime) must name the same sites: pp_written is laid out by the latter. */
+    for (size_t i = 0; i < img->nsites; i++)
+        if (img->sites[i].addr != img->pp_addr[i] || img->sites[i].len != img->pp_len[i]) {
+            snprintf(err, errsz,
+                     "site %zu: the sections' table says 0x%llx len %u, the segments' 0x%llx "
+                     "len %u (the sections and the segments disagree)",
+                     i, (unsigned long long)img->sites[i].addr, (unsigned)img->sites[i].len,
+                     (unsigned long long)img->pp_addr[i], (unsigned)img->pp_len[i]);
+            return AD_EXIT_BADINPUT;
+        }
     return 0;
 }
 
