@@ -775,6 +775,71 @@ Test(altdump, bad_input, .init = mktmp, .fini = rmtmp)
     }
 }
 
+/* A file with record tables and a broken note is bad input for --compare
+ * too (where a file without any tables is allowed). */
+Test(altdump, compare_refuses_tables_without_their_note, .init = mktmp, .fini = rmtmp)
+{
+    char *path = variant("notetype.elf", e_note_type);
+    struct result r = RUN("--compare", ALTDUMP_FIXDIR "/plain.elf", path);
+    cr_assert_eq(r.rc, 3, "exit %d, stdout %s, stderr %s", r.rc, r.out, r.err);
+    cr_assert(strstr(r.err, "has altinstructions but no altpatch note"), "%s", r.err);
+    result_free(&r);
+}
+
+/* fs_self's name with a newline in it: a name is never printed with a
+ * control byte (it would forge an output line). */
+static void e_name_newline(uint8_t *b, size_t *len)
+{
+    GElf_Shdr sh = shdr_of(b, *len, ".strtab", NULL);
+    uint8_t *t = b + sh.sh_offset, *hit = NULL;
+    for (size_t i = 0; i + 8 <= sh.sh_size && !hit; i++)
+        if (!memcmp(t + i, "fs_self", 8))
+            hit = t + i;
+    cr_assert_not_null(hit, "no fs_self in .strtab");
+    hit[2] = '\n';
+}
+
+Test(altdump, names_with_control_bytes_are_not_printed, .init = mktmp, .fini = rmtmp)
+{
+    char *path = variant("newline.elf", e_name_newline);
+    const char *modes[] = {"--cpu=all", "--check"};
+    for (size_t m = 0; m < 2; m++) {
+        struct result r = RUN(modes[m], path);
+        cr_assert_eq(r.rc, 0, "%s: exit %d, stderr %s", modes[m], r.rc, r.err);
+        cr_assert_null(strstr(r.out, "fs\nself"), "%s", r.out);
+        cr_assert_null(strstr(r.err, "fs\nself"), "%s", r.err);
+        for (const char *l = r.out; *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : l + strlen(l))
+            cr_assert(l[0] != ':' && strncmp(l, "self", 4), "a forged line: %s", r.out);
+        result_free(&r);
+    }
+}
+
+/* A .o whose code section is SHT_NOBITS of almost 1 GiB: the merged text
+ * span would be filled with int3 to that size; refused as larger than the
+ * file instead. */
+Test(altdump, text_span_larger_than_the_file_is_refused, .init = mktmp, .fini = rmtmp)
+{
+    size_t len;
+    uint8_t *b = (uint8_t *)read_file(ALTDUMP_FIXDIR "/many.o", &len);
+    cr_assert_not_null(b);
+    size_t at;
+    GElf_Shdr sh = shdr_of(b, len, ".text.f10", &at);
+    Elf64_Shdr h;
+    memcpy(&h, b + at, sizeof(h));
+    h.sh_type = SHT_NOBITS;
+    h.sh_size = 0x3ff00000;
+    memcpy(b + at, &h, sizeof(h));
+    (void)sh;
+    char path[256];
+    snprintf(path, sizeof(path), "%s/nobits-text.o", tmpdir);
+    write_file(path, (char *)b, len);
+    free(b);
+    struct result r = RUN("--size", path);
+    cr_assert_eq(r.rc, 3, "exit %d, stderr %s", r.rc, r.err);
+    cr_assert(strstr(r.err, "more than the file's"), "%s", r.err);
+    result_free(&r);
+}
+
 Test(altdump, bad_files, .init = mktmp, .fini = rmtmp)
 {
     char text[256], empty[256];
