@@ -298,6 +298,14 @@ static void *sleeper(void *arg)
     return NULL;
 }
 
+/* Wake the sleeper (a byte on g_pipe) and wait for it to end. */
+static void release_sleeper(pthread_t t)
+{
+    if (write(g_pipe[1], "x", 1) != 1)
+        _exit(4);
+    pthread_join(t, NULL);
+}
+
 struct threads_res {
     int rc_default, rc_nolive, rc_after;
     long one, pair;
@@ -321,9 +329,7 @@ static void threads_body(void *out, void *ctx)
     snap(r->v);
     r->one = site_one(), r->pair = site_pair();
     g_release = 1;
-    if (write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
-    pthread_join(t, NULL);
+    release_sleeper(t);
 }
 
 Test(live, other_threads_patch_live_by_default)
@@ -436,9 +442,7 @@ static void nofd_body(void *out, void *ctx)
     while (nfd > 0)
         close(fds[--nfd]);
     snprintf(r->log, sizeof(r->log), "%.*s", (int)sizeof(r->log) - 1, ap_warn_log);
-    if (write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
-    pthread_join(t, NULL);
+    release_sleeper(t);
 }
 
 Test(live, threads_that_cannot_be_listed_stop_every_writer)
@@ -599,9 +603,7 @@ static void chain_body(void *out, void *ctx)
     r->traps_late = app_traps;
     r->one = site_one();
     g_release = 1;
-    if (write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
-    pthread_join(t, NULL);
+    release_sleeper(t);
 }
 
 /* altpatch installs no SIGTRAP handler: the program's stays and gets every SIGTRAP. */
@@ -735,9 +737,7 @@ static void hs_sig_body(void *out, void *ctx)
         }
         waitpid(c, &r->status, 0);
     }
-    if (write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
-    pthread_join(t, NULL);
+    release_sleeper(t);
 }
 
 Test(live, handshake_signal_does_nothing_by_default)
@@ -803,9 +803,7 @@ static void restart_body(void *out, void *ctx)
     wait_asleep(&g_reader_tid);
     r->rc = altpatch_apply(); /* live: another thread */
     altpatch_site_foreach(sysread_cb, &r->asleep);
-    if (write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
-    pthread_join(t, NULL);
+    release_sleeper(t);
     r->rc_after = altpatch_apply(); /* alone */
     altpatch_site_foreach(sysread_cb, &r->after);
 }
@@ -1290,9 +1288,7 @@ static void maps_body(void *out, void *ctx)
     if (f)
         fclose(f);
     g_release = 1;
-    if (write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
-    pthread_join(t, NULL);
+    release_sleeper(t);
 }
 
 Test(live, flipped_pages_stay_the_files_and_mappings_stay_bounded)
@@ -1444,9 +1440,7 @@ static void selfcall_body(void *out, void *ctx)
     calloc_hook = 0;
     snap(r->v);
     r->pair = site_pair();
-    if (write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
-    pthread_join(t, NULL);
+    release_sleeper(t);
 }
 
 Test(live, site_in_a_function_the_round_calls)
@@ -1500,9 +1494,7 @@ static void ep_body(void *out, void *ctx)
     for (int i = 0; i < 200; i++) /* site_pair: a multi-instruction site in every round */
         r->apply_errors += apply_flags(i % 2 ? ALTPATCH_APPLY_REVERT : 0, NULL) != 0;
     r->pair = site_pair();
-    if (write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
-    pthread_join(t, NULL);
+    release_sleeper(t);
     r->eintr = ep_eintr, r->waits = ep_waits;
 }
 
@@ -1847,9 +1839,7 @@ static void straddle_body(void *out, void *ctx)
     memcpy(r->mem, st_page + 65535, 2);
     r->lines_end = st_lines_in((uintptr_t)st_page, (uintptr_t)st_page + st_len);
     g_release = 1;
-    if (write(g_pipe[1], "x", 1) != 1)
-        _exit(4);
-    pthread_join(t, NULL);
+    release_sleeper(t);
 }
 
 Test(live, site_across_an_earlier_split_is_flipped)
