@@ -2280,7 +2280,9 @@ static int ap_check_threads(unsigned flags, bool *live, bool *unfiltered)
     }
     const char *why = "ALTPATCH_APPLY_NO_LIVE";
     bool may_live = !(flags & (ALTPATCH_APPLY_NO_LIVE | ALTPATCH_APPLY_NO_PROCMEM));
-    if (may_live && !(flags & ALTPATCH_APPLY_FILTER_ALLOWS_LIVE) && ap_seccomp_mode(NULL) != 0) {
+    /* mode 0 is known where the kernel answered unshare() */
+    if (may_live && !(flags & ALTPATCH_APPLY_FILTER_ALLOWS_LIVE) && mm == AP_MM_UNKNOWN &&
+        ap_seccomp_mode(NULL) != 0) {
         /* the protocol's calls (membarrier, mremap, process_vm_readv,
          * rt_tgsigqueueinfo, ...) are ones a filter may answer with a kill */
         why = "a seccomp filter is active and ALTPATCH_APPLY_FILTER_ALLOWS_LIVE was not given";

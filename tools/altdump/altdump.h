@@ -197,6 +197,9 @@ int ad_read_file(const char *path, unsigned flags, struct ad_image *img, char *e
                  size_t errsz);
 /** Release everything @p img owns (safe on a zeroed or already freed image). */
 void ad_image_free(struct ad_image *img);
+/** A library message made one of altdump's: its trailing newline, the
+ * library's "altpatch: " prefix and a leading "NAME: " taken off, in place. */
+void ad_strip_msg(char *m, const char *name);
 /** Bytes of [addr, addr+len) in one allocated section with contents, or NULL. */
 const uint8_t *ad_bytes_at(const struct ad_image *img, uint64_t addr, uint64_t len);
 /** Section by exact name, or NULL. */

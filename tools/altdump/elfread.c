@@ -825,7 +825,7 @@ static int lib_capture(enum altpatch_print_level level, const char *fmt, va_list
 }
 
 /* Make the library's "NAME: what\n" just "what". */
-static void strip_msg(char *m, const char *name)
+void ad_strip_msg(char *m, const char *name)
 {
     size_t n = strlen(name), len = strlen(m);
     if (len && m[len - 1] == '\n')
@@ -916,7 +916,7 @@ static int open_tables(struct reader *r, unsigned layout, const unsigned *known,
     if (rc == -ENOMEM)
         return oom(r);
     if (rc) {
-        strip_msg(r->err, img->file);
+        ad_strip_msg(r->err, img->file);
         if (!r->err[0])
             snprintf(r->err, r->errsz, "cannot decode the records (%s)", strerror(-rc));
         return AD_EXIT_BADINPUT;

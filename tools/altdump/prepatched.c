@@ -93,15 +93,7 @@ int ad_prepatched_read(struct ad_image *img, char *err, size_t errsz)
         return AD_EXIT_INTERNAL;
     }
     if (r) {
-        size_t n = strlen(img->file), len = strlen(err);
-        if (len && err[len - 1] == '\n')
-            err[--len] = '\0';
-        if (strncmp(err, "altpatch: ", 10) == 0) { /* the library's prefix on every message */
-            memmove(err, err + 10, len - 9);
-            len -= 10;
-        }
-        if (strncmp(err, img->file, n) == 0 && err[n] == ':' && err[n + 1] == ' ')
-            memmove(err, err + n + 2, len - n - 1);
+        ad_strip_msg(err, img->file);
         if (!err[0])
             snprintf(err, errsz, "malformed %s section (%s)", AD_PREPATCH_SECTION, strerror(-r));
         return AD_EXIT_BADINPUT;
