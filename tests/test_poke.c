@@ -1723,3 +1723,226 @@ Test(poke, prefault_skipped_for_three_pages)
                  (unsigned long)b.syscalls);
     assert_rx(q);
 }
+
+/* ------------------------------------------------------------------------- */
+/* Spans: a later decision's writes through /proc/self/mem                   */
+/* ------------------------------------------------------------------------- */
+
+/* A later decision's batch, no filter (the caller's proof): AP_POKE_SPANS. */
+#define SPANS (AP_POKE_SECCOMP_OFF | AP_POKE_SPANS)
+
+/** 0xcc pages holding a byte pattern between the sites, so that bytes written back as read can be told. */
+static uint8_t *patterned_pages(size_t pages)
+{
+    uint8_t *p = mmap(NULL, pages * pgsz(), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert(p != MAP_FAILED);
+    for (size_t i = 0; i < pages * pgsz(); i++)
+        p[i] = (uint8_t)(i * 7 + 1);
+    cr_assert_eq(mprotect(p, pages * pgsz(), PROT_READ | PROT_EXEC), 0);
+    return p;
+}
+
+/*
+ * Sixty writes 3 bytes long every 100 bytes over two pages: one span, so one
+ * pwrite and no window; every site holds its new bytes and every byte between
+ * them what it held. Where this kernel refuses such writes (the oracle: the
+ * operation on a page of the test's own), the writes go through a window.
+ */
+Test(poke, spans_write_nearby_sites_in_one_pwrite)
+{
+    const size_t n = 60;
+    uint8_t *p = patterned_pages(2), *before = malloc(2 * pgsz());
+    cr_assert(before);
+    struct ap_write w[60];
+    uint8_t old[60][3];
+    for (size_t i = 0; i < n; i++) {
+        memcpy(old[i], p + 40 + i * 100, 3);
+        w[i] = wr(p + 40 + i * 100, old[i], NEW3, 3);
+    }
+    memcpy(before, p, 2 * pgsz());
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, n, SPANS, &st), 0);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(w[i].result, ALTPATCH_REASON_NONE);
+        cr_assert(w[i].wrote, "write %zu", i);
+        memcpy(before + 40 + i * 100, NEW3, 3);
+    }
+    cr_assert_arr_eq(p, before, 2 * pgsz(), "the sites new, every other byte as it was");
+    cr_assert_eq(st.bytes, 3 * n);
+    cr_assert_eq(st.pages, 2);
+    if (ap_procmem_can_write_text()) {
+        cr_assert_eq(st.procmem_writes, 1, "one span: %u pwrites", st.procmem_writes);
+        cr_assert_eq(st.mprotect_writes, 0);
+    } else {
+        cr_assert_eq(st.procmem_writes, 0);
+        cr_assert_eq(st.mprotect_writes, 1, "refused spans leave the window");
+    }
+    assert_rx(p);
+    assert_rx(p + pgsz());
+    free(before);
+}
+
+/*
+ * In one span: a site already new is skipped, one holding neither old nor new
+ * is MEM_MISMATCH and keeps its bytes, the others land; the batch asks fewer
+ * system calls than the same writes in a window (no PR_GET_MDWE, no signal
+ * mask, no mprotect pair).
+ */
+Test(poke, spans_check_every_site_and_cost_fewer_calls)
+{
+    if (!ap_procmem_can_write_text())
+        cr_skip_test(AP_PROCMEM_DENIED);
+    uint8_t *p = rx_pages(1), *q = rx_pages(1), *r = rx_pages(1);
+    static const uint8_t ODD3[3] = {0x11, 0x22, 0x33};
+    struct ap_write u = wr(r + 8, CC3, NEW3, 3);
+    cr_assert_eq(ap_poke(&u, 1, AP_POKE_SECCOMP_OFF, NULL), 0); /* the first batch's questions */
+    struct ap_write w[4], v[4];
+    for (size_t i = 0; i < 4; i++) {
+        w[i] = wr(p + 16 + i * 32, CC3, NEW3, 3);
+        v[i] = wr(q + 16 + i * 32, CC3, NEW3, 3);
+    }
+    w[1].old = ODD3; /* memory holds 0xcc: neither */
+    w[1].new = ODD3 + 1;
+    w[2] = wr(p + 16 + 2 * 32, NEW3, CC3, 3); /* memory holds new already */
+    struct ap_poke_stats a = {0}, b = {0};
+    cr_assert_eq(ap_poke(w, 4, SPANS, &a), 0);
+    cr_assert_eq(ap_poke(v, 4, AP_POKE_SECCOMP_OFF, &b), 0);
+    cr_assert(w[0].wrote && w[3].wrote);
+    cr_assert_arr_eq(p + 16, NEW3, 3);
+    cr_assert_arr_eq(p + 16 + 3 * 32, NEW3, 3);
+    cr_assert_eq(w[1].result, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_not(w[1].wrote);
+    cr_assert_arr_eq(p + 16 + 32, CC3, 3, "a mismatch keeps its bytes");
+    cr_assert_eq(w[2].result, ALTPATCH_REASON_NONE);
+    cr_assert_not(w[2].wrote);
+    cr_assert_arr_eq(p + 16 + 2 * 32, CC3, 3);
+    cr_assert_eq(a.bytes, 6);
+    cr_assert_eq(a.procmem_writes, 1);
+    cr_assert_eq(a.mprotect_writes, 0);
+    cr_assert_eq(b.mprotect_writes, 1);
+    cr_log_info("system calls: spans %lu, window %lu", (unsigned long)a.syscalls,
+                (unsigned long)b.syscalls);
+    cr_assert_lt(a.syscalls, b.syscalls, "spans %lu, window %lu", (unsigned long)a.syscalls,
+                 (unsigned long)b.syscalls);
+    assert_rx(p);
+}
+
+/*
+ * Writes far apart (more than the spans' gap) need more pwrites than the
+ * window has pages plus two: one window instead. Without the caller's proof
+ * that no filter runs, spans are not taken either (a filter may kill the
+ * process for the pwrite).
+ */
+Test(poke, scattered_writes_and_unproven_batches_open_a_window)
+{
+    uint8_t *p = rx_pages(1), *q = rx_pages(2);
+    struct ap_write w[4], v[2];
+    for (size_t i = 0; i < 4; i++)
+        w[i] = wr(p + i * 1100, CC3, NEW3, 3);
+    v[0] = wr(q + 100, CC3, NEW3, 3);
+    v[1] = wr(q + pgsz() + 100, CC3, NEW3, 3);
+    struct ap_poke_stats a = {0}, b = {0};
+    cr_assert_eq(ap_poke(w, 4, SPANS, &a), 0);
+    cr_assert_eq(ap_poke(v, 2, AP_POKE_SPANS, &b), 0);
+    for (size_t i = 0; i < 4; i++)
+        cr_assert_arr_eq(p + i * 1100, NEW3, 3);
+    cr_assert_arr_eq(q + 100, NEW3, 3);
+    cr_assert_arr_eq(q + pgsz() + 100, NEW3, 3);
+    cr_assert_eq(a.mprotect_writes, 1, "four spans for one page: a window");
+    cr_assert_eq(a.procmem_writes, 0);
+    cr_assert_eq(b.mprotect_writes, 1, "no proof: a window");
+    cr_assert_eq(b.procmem_writes, 0);
+    assert_rx(p);
+    assert_rx(q);
+}
+
+/* Text in a shared mapping is still never written, spans or not. */
+Test(poke, spans_never_write_a_shared_mapping)
+{
+    uint8_t *p = mmap(NULL, pgsz(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(p != MAP_FAILED);
+    memset(p, 0xcc, pgsz());
+    cr_assert_eq(mprotect(p, pgsz(), PROT_READ | PROT_EXEC), 0);
+    struct ap_write w[2] = {wr(p + 8, CC3, NEW3, 3), wr(p + 40, CC3, NEW3, 3)};
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 2, SPANS, &st), 0);
+    for (size_t i = 0; i < 2; i++) {
+        cr_assert_eq(w[i].result, ALTPATCH_REASON_WRITE_DENIED);
+        cr_assert_not(w[i].wrote);
+    }
+    cr_assert_arr_eq(p + 8, CC3, 3);
+    cr_assert_arr_eq(p + 40, CC3, 3);
+    cr_assert_eq(st.procmem_writes + st.mprotect_writes, 0);
+}
+
+/*
+ * A write through /proc/self/mem that the kernel cuts short (the site's
+ * second page cannot be written: a shared mapping, which it refuses to
+ * copy-on-write) has its first bytes put back: the site holds its old bytes
+ * whole, WRITE_DENIED, not a mix of old and new.
+ */
+Test(poke, procmem_write_cut_short_puts_the_site_back)
+{
+    if (!ap_procmem_can_write_text())
+        cr_skip_test(AP_PROCMEM_DENIED);
+    uint8_t *p = rx_pages(2);
+    uint8_t *s = mmap(p + pgsz(), pgsz(), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    cr_assert(s == p + pgsz());
+    memset(s, 0xcc, pgsz());
+    cr_assert_eq(mprotect(s, pgsz(), PROT_READ | PROT_EXEC), 0);
+    static const uint8_t CC8[8] = {0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc};
+    static const uint8_t NEW8[8] = {0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00};
+    struct ap_write w = wr(p + pgsz() - 3, CC8, NEW8, 8); /* 3 bytes private, 5 shared */
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(&w, 1, AP_POKE_PROCMEM_ONLY, &st), 0);
+    cr_assert_eq(w.result, ALTPATCH_REASON_WRITE_DENIED);
+    cr_assert_not(w.wrote);
+    cr_assert_arr_eq(p + pgsz() - 3, CC8, 8, "the site whole as it was");
+    cr_assert_eq(st.bytes, 0);
+}
+
+/*
+ * A write overlapping the one before it is checked against memory with that
+ * one's bytes in it, as the window's copy would (it starts a span of its
+ * own, after the first is written).
+ */
+Test(poke, spans_check_an_overlapping_write_after_the_one_before)
+{
+    uint8_t *p = rx_pages(1);
+    static const uint8_t NEW4[4] = {0x0f, 0x1f, 0x40, 0x00};
+    static const uint8_t OLD2[3] = {0x40, 0x00, 0xcc}; /* memory once NEW4 is in */
+    static const uint8_t NEW2[3] = {0x90, 0x90, 0x90};
+    static const uint8_t CC4[4] = {0xcc, 0xcc, 0xcc, 0xcc};
+    struct ap_write w[2] = {wr(p + 10, CC4, NEW4, 4), wr(p + 12, OLD2, NEW2, 3)};
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 2, SPANS, &st), 0);
+    cr_assert(w[0].wrote && w[1].wrote);
+    static const uint8_t WANT[5] = {0x0f, 0x1f, 0x90, 0x90, 0x90};
+    cr_assert_arr_eq(p + 10, WANT, 5);
+    cr_assert_eq(p[15], 0xcc);
+    if (ap_procmem_can_write_text())
+        cr_assert_eq(st.procmem_writes, 2, "one span each: %u", st.procmem_writes);
+    assert_rx(p);
+}
+
+/* More writes in one window than the spans pay for: the window. */
+Test(poke, a_window_of_very_many_writes_is_opened)
+{
+    const size_t n = 32769, pages = (n * 4 + pgsz() - 1) / pgsz();
+    uint8_t *p = rx_pages(pages);
+    struct ap_write *w = calloc(n, sizeof(*w));
+    cr_assert(w);
+    for (size_t i = 0; i < n; i++)
+        w[i] = wr(p + 4 * i, CC3, NEW3, 3);
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, n, SPANS, &st), 0);
+    for (size_t i = 0; i < n; i += 4096)
+        cr_assert_arr_eq(p + 4 * i, NEW3, 3);
+    cr_assert_arr_eq(p + 4 * (n - 1), NEW3, 3);
+    cr_assert_eq(st.bytes, 3 * n);
+    cr_assert_eq(st.mprotect_writes, 1);
+    cr_assert_eq(st.procmem_writes, 0);
+    free(w);
+}

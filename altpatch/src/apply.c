@@ -2146,7 +2146,7 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         } else {
             r.wrote = true;
             err = ap_poke(r.writes, r.nwrites,
-                          r.pf | (r.first_any ? AP_POKE_PREFAULT : 0) |
+                          r.pf | (r.first_any ? AP_POKE_PREFAULT : AP_POKE_SPANS) |
                               (!r.poked     ? 0
                                : r.unsorted ? AP_POKE_NOT_RUNS
                                             : AP_POKE_CONTINUE),

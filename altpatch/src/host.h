@@ -166,6 +166,12 @@ enum ap_poke_flags {
      * still answers 0 (no filter can kill the process for the call: the
      * flag's proof may be older than a print callback that installed one) */
     AP_POKE_PREFAULT = 1u << 7,
+    /* the text was likely written before (no module's first decision): with
+     * AP_POKE_SECCOMP_OFF, a window's writes go through /proc/self/mem in
+     * spans of nearby writes (a copy of memory with the new bytes in it),
+     * where a window's writes need few spans, instead of an mprotect pair
+     * (poke.c, ap_write_spans()) */
+    AP_POKE_SPANS = 1u << 8,
 };
 
 /** Pages [start, end) counted by earlier batches (AP_POKE_RUNS). */
@@ -346,14 +352,16 @@ static inline uint32_t ap_tlock_owner(const struct ap_tlock *l)
 }
 
 /**
- * The check every writer makes: clears @p w's result and wrote; true when
- * memory holds @c old and not @c new (a write is pending); false when it
- * holds @c new already (or len is 0), or neither
+ * The check every writer makes, of @p w's len bytes at @p mem (memory at
+ * w->addr, or a copy of it about to be written back): clears @p w's result
+ * and wrote; true when they hold @c old and not @c new (a write is pending);
+ * false when they hold @c new already (or len is 0), or neither
  * (result := MEM_MISMATCH). Inline: a site's few bytes, word compares.
  */
-static inline bool ap_write_pending(struct ap_write *w)
+static inline __attribute__((always_inline)) bool ap_write_check_at(struct ap_write *w,
+                                                                    const uint8_t *mem)
 {
-    const uint8_t *mem = (const uint8_t *)w->addr, *o = w->old, *nw = w->new;
+    const uint8_t *o = w->old, *nw = w->new;
     size_t n = w->len;
     uint64_t dnew, dold; /* nonzero: memory differs from new, from old */
     if (n - 8 <= 8) { /* 8..16: memory's two words loaded once for both compares */
@@ -383,6 +391,12 @@ static inline bool ap_write_pending(struct ap_write *w)
     w->result = dnew && dold ? ALTPATCH_REASON_MEM_MISMATCH : ALTPATCH_REASON_NONE;
     w->wrote = false;
     return dnew && !dold;
+}
+
+/** ap_write_check_at() of memory itself. */
+static inline bool ap_write_pending(struct ap_write *w)
+{
+    return ap_write_check_at(w, (const uint8_t *)w->addr);
 }
 
 /** Distinct pages of size @p pgsz touched by the writes of w[0..n) that landed (@c wrote). */
@@ -426,7 +440,13 @@ AP_HIDDEN long ap_seccomp_mode(uint64_t *syscalls);
 AP_HIDDEN long ap_count_threads(void);
 /** open("/proc/self/mem", O_RDWR | O_CLOEXEC): a descriptor or -errno. */
 AP_HIDDEN int ap_procmem_open(void);
-/** pwrite() @p len bytes at @p addr through @p fd, EINTR retried: 0 or -errno (-EIO if short). */
+/**
+ * pwrite() @p len bytes at @p addr through @p fd, EINTR retried: the bytes
+ * written (the kernel copies page by page: fewer than @p len when a later
+ * page could not be written, the first ones written) or -errno.
+ */
+AP_HIDDEN long ap_procmem_pwrite(int fd, uintptr_t addr, const uint8_t *src, size_t len);
+/** ap_procmem_pwrite(): 0 or -errno (-EIO if short). */
 AP_HIDDEN int ap_procmem_write(int fd, uintptr_t addr, const uint8_t *src, size_t len);
 
 /*

@@ -121,12 +121,18 @@ int ap_procmem_open(void)
     return fd < 0 ? -errno : fd;
 }
 
-int ap_procmem_write(int fd, uintptr_t addr, const uint8_t *src, size_t len)
+long ap_procmem_pwrite(int fd, uintptr_t addr, const uint8_t *src, size_t len)
 {
     long r; /* the system call itself: the live round must not enter a wrapper */
     do {
         r = ap_sys(SYS_pwrite64, fd, (long)src, (long)len, (long)addr, 0);
     } while (r == -EINTR);
+    return r;
+}
+
+int ap_procmem_write(int fd, uintptr_t addr, const uint8_t *src, size_t len)
+{
+    long r = ap_procmem_pwrite(fd, addr, src, len);
     if (r < 0)
         return (int)r;
     return r == (long)len ? 0 : -EIO;
