@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@ Test(altdump, not_built)
 struct result {
     int rc;
     char *out, *err;
+    long maxrss_kib; /* the run's peak resident memory (wait4()) */
 };
 
 static char *slurp_fd(int fd)
@@ -90,9 +92,10 @@ static struct result run_exe(const char *exe, const char *const *argv)
         _exit(127);
     }
     int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    struct rusage ru;
+    cr_assert_eq(wait4(pid, &st, 0, &ru), pid);
     cr_assert(WIFEXITED(st), "altdump died (signal %d)", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-    struct result r = {WEXITSTATUS(st), slurp_fd(ofd), slurp_fd(efd)};
+    struct result r = {WEXITSTATUS(st), slurp_fd(ofd), slurp_fd(efd), ru.ru_maxrss};
     close(ofd);
     close(efd);
     return r;
@@ -812,6 +815,30 @@ Test(altdump, names_with_control_bytes_are_not_printed, .init = mktmp, .fini = r
             cr_assert(l[0] != ':' && strncmp(l, "self", 4), "a forged line: %s", r.out);
         result_free(&r);
     }
+}
+
+/*
+ * A file that is not ELF (a data file a process maps, --pid) is refused on
+ * its first bytes: the rest is never read. Given a 256 MiB file (sparse:
+ * zeros after "garbage"), altdump's peak resident memory stays far below
+ * it; reading it whole would make every page of its copy resident.
+ */
+Test(altdump, a_file_that_is_not_elf_is_refused_on_its_header)
+{
+    char path[] = "/tmp/altdump-notelf-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    const long size = 256L << 20;
+    cr_assert_eq(write(fd, "garbage", 7), 7);
+    cr_assert_eq(ftruncate(fd, size), 0);
+    close(fd);
+    struct result r = RUN(path);
+    unlink(path);
+    cr_assert_eq(r.rc, 3, "exit %d, stderr %s", r.rc, r.err);
+    cr_assert_not_null(strstr(r.err, "not an ELF file"), "%s", r.err);
+    cr_assert_lt(r.maxrss_kib, (size >> 10) / 4, "peak resident %ld KiB for a %ld KiB file",
+                 r.maxrss_kib, size >> 10);
+    result_free(&r);
 }
 
 /* A .o whose code section is SHT_NOBITS of almost 1 GiB: the merged text
