@@ -1794,7 +1794,7 @@ Test(poke, spans_check_every_site_and_cost_fewer_calls)
     if (!ap_procmem_can_write_text())
         cr_skip_test(AP_PROCMEM_DENIED);
     uint8_t *p = rx_pages(1), *q = rx_pages(1), *r = rx_pages(1);
-    static const uint8_t ODD3[3] = {0x11, 0x22, 0x33};
+    static const uint8_t ODD3[3] = {0x11, 0x22, 0x33}, ODDNEW3[3] = {0x44, 0x55, 0x66};
     struct ap_write u = wr(r + 8, CC3, NEW3, 3);
     cr_assert_eq(ap_poke(&u, 1, AP_POKE_SECCOMP_OFF, NULL), 0); /* the first batch's questions */
     struct ap_write w[4], v[4];
@@ -1803,7 +1803,7 @@ Test(poke, spans_check_every_site_and_cost_fewer_calls)
         v[i] = wr(q + 16 + i * 32, CC3, NEW3, 3);
     }
     w[1].old = ODD3; /* memory holds 0xcc: neither */
-    w[1].new = ODD3 + 1;
+    w[1].new = ODDNEW3;
     w[2] = wr(p + 16 + 2 * 32, NEW3, CC3, 3); /* memory holds new already */
     struct ap_poke_stats a = {0}, b = {0};
     cr_assert_eq(ap_poke(w, 4, SPANS, &a), 0);
@@ -1945,4 +1945,127 @@ Test(poke, a_window_of_very_many_writes_is_opened)
     cr_assert_eq(st.mprotect_writes, 1);
     cr_assert_eq(st.procmem_writes, 0);
     free(w);
+}
+
+/* Whether the page holding @p a is still a page of the page cache (pagemap bit 61: file page). */
+static bool file_page(const void *a)
+{
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    uint64_t e = 0;
+    cr_assert_eq(pread(fd, &e, 8, (off_t)((uintptr_t)a / pgsz() * 8)), 8);
+    close(fd);
+    return (e >> 61) & 1;
+}
+
+/* @p pages pages of 0xcc in a private PROT_READ|PROT_EXEC mapping of a file, each read in. */
+static uint8_t *file_text_pages(size_t pages)
+{
+    char path[] = "/tmp/poke-text-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    unlink(path);
+    uint8_t *buf = malloc(pages * pgsz());
+    cr_assert(buf);
+    memset(buf, 0xcc, pages * pgsz());
+    cr_assert_eq(write(fd, buf, pages * pgsz()), (ssize_t)(pages * pgsz()));
+    free(buf);
+    uint8_t *p = mmap(NULL, pages * pgsz(), PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+    cr_assert(p != MAP_FAILED);
+    close(fd);
+    for (size_t i = 0; i < pages; i++) {
+        cr_assert_eq(*(volatile uint8_t *)(p + i * pgsz()), 0xcc); /* read in */
+        cr_assert(file_page(p + i * pgsz()), "page %zu is the file's", i);
+    }
+    return p;
+}
+
+/*
+ * Writes on three pages of file text: pending ones at @p first on page 0 and
+ * at 16 on page 2; on page 1, at the @p nskip offsets, writes whose memory
+ * holds new already. Returns the pages counted; *@p copied: whether page 1
+ * stopped being the file's page (someone wrote it).
+ */
+static uint64_t pages_around_skipped(unsigned flags, size_t first, const size_t *skip,
+                                     size_t nskip, bool *copied)
+{
+    uint8_t *p = file_text_pages(3);
+    size_t pg = pgsz(), n = 0;
+    struct ap_write w[8];
+    w[n++] = wr(p + first, CC3, NEW3, 3);
+    for (size_t i = 0; i < nskip; i++)
+        w[n++] = wr(p + pg + skip[i], NEW3, CC3, 3);
+    w[n++] = wr(p + 2 * pg + 16, CC3, NEW3, 3);
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, n, flags, &st), 0);
+    cr_assert(w[0].wrote && w[n - 1].wrote);
+    for (size_t i = 1; i + 1 < n; i++)
+        cr_assert(!w[i].wrote && w[i].result == ALTPATCH_REASON_NONE);
+    cr_assert_arr_eq(p + first, NEW3, 3);
+    cr_assert_arr_eq(p + 2 * pg + 16, NEW3, 3);
+    *copied = !file_page(p + pg);
+    return st.pages;
+}
+
+/*
+ * A page that holds only writes already done is neither written nor
+ * counted, spans or window: a span runs from its first pending write to its
+ * last, and two pending writes of one span lie at most 1 KiB apart. One
+ * write already done near the end of page 1, 109 bytes before the pending
+ * write on page 2; and four, one every 1000 bytes across page 1, between
+ * pending writes at the end of page 0 and the start of page 2.
+ */
+Test(poke, spans_leave_a_page_of_writes_already_done_alone)
+{
+    if (!ap_procmem_can_write_text())
+        cr_skip_test(AP_PROCMEM_DENIED);
+    static const size_t one[] = {4000}, four[] = {500, 1500, 2500, 3500};
+    const struct {
+        size_t first;
+        const size_t *skip;
+        size_t nskip;
+    } cases[] = {{16, one, 1}, {0, four, 4}}; /* 0: 8 bytes before page 0 ends */
+    for (size_t c = 0; c < 2; c++) {
+        bool cw, cs;
+        size_t first = cases[c].first ? cases[c].first : pgsz() - 8;
+        uint64_t pw = pages_around_skipped(AP_POKE_SECCOMP_OFF, first, cases[c].skip,
+                                           cases[c].nskip, &cw);
+        uint64_t ps = pages_around_skipped(SPANS, first, cases[c].skip, cases[c].nskip, &cs);
+        cr_assert_eq(pw, 2, "window, case %zu: %lu pages", c, (unsigned long)pw);
+        cr_assert_not(cw, "the window wrote page 1");
+        cr_assert_eq(ps, 2, "spans, case %zu: %lu pages", c, (unsigned long)ps);
+        cr_assert_not(cs, "spans wrote page 1 (case %zu), which holds no pending write", c);
+    }
+}
+
+/*
+ * Spans refused by the kernel (a seccomp filter answering EIO to pwrite64
+ * stands in for proc_mem.force_override) hand their writes to the window,
+ * which counts only the pages where writes landed: here one window of four
+ * writes on page x, then a group whose first write is done already and whose
+ * pending write lies on its second page.
+ */
+Test(poke, the_window_after_refused_spans_counts_only_its_pages)
+{
+    ap_seccomp_require(ap_seccomp_refuse(SYS_pwrite64, EIO));
+    size_t pg = pgsz();
+    uint64_t pages[2];
+    for (int k = 0; k < 2; k++) {
+        uint8_t *x = rx_pages(4);
+        cr_assert_eq(munmap(x + pg, pg), 0); /* x: page 0, q: pages 2 and 3 */
+        uint8_t *q = x + 2 * pg;
+        struct ap_write w[6];
+        for (size_t i = 0; i < 4; i++) /* four spans on one page: a window */
+            w[i] = wr(x + 1100 * i, CC3, NEW3, 3);
+        w[4] = wr(q + 16, NEW3, CC3, 3);
+        w[5] = wr(q + pg + 2000, CC3, NEW3, 3);
+        struct ap_poke_stats st = {0};
+        cr_assert_eq(ap_poke(w, 6, k ? SPANS : AP_POKE_SECCOMP_OFF, &st), 0);
+        for (int i = 0; i < 6; i++)
+            cr_assert(w[i].wrote == (i != 4), "write %d", i);
+        cr_assert_eq(st.procmem_writes, 0);
+        pages[k] = st.pages;
+    }
+    cr_assert_eq(pages[0], 2);
+    cr_assert_eq(pages[1], 2, "after refused spans: %lu pages", (unsigned long)pages[1]);
 }

@@ -352,16 +352,14 @@ static inline uint32_t ap_tlock_owner(const struct ap_tlock *l)
 }
 
 /**
- * The check every writer makes, of @p w's len bytes at @p mem (memory at
- * w->addr, or a copy of it about to be written back): clears @p w's result
- * and wrote; true when they hold @c old and not @c new (a write is pending);
- * false when they hold @c new already (or len is 0), or neither
+ * The check every writer makes: clears @p w's result and wrote; true when
+ * memory holds @c old and not @c new (a write is pending); false when it
+ * holds @c new already (or len is 0), or neither
  * (result := MEM_MISMATCH). Inline: a site's few bytes, word compares.
  */
-static inline __attribute__((always_inline)) bool ap_write_check_at(struct ap_write *w,
-                                                                    const uint8_t *mem)
+static inline bool ap_write_pending(struct ap_write *w)
 {
-    const uint8_t *o = w->old, *nw = w->new;
+    const uint8_t *mem = (const uint8_t *)w->addr, *o = w->old, *nw = w->new;
     size_t n = w->len;
     uint64_t dnew, dold; /* nonzero: memory differs from new, from old */
     if (n - 8 <= 8) { /* 8..16: memory's two words loaded once for both compares */
@@ -391,12 +389,6 @@ static inline __attribute__((always_inline)) bool ap_write_check_at(struct ap_wr
     w->result = dnew && dold ? ALTPATCH_REASON_MEM_MISMATCH : ALTPATCH_REASON_NONE;
     w->wrote = false;
     return dnew && !dold;
-}
-
-/** ap_write_check_at() of memory itself. */
-static inline bool ap_write_pending(struct ap_write *w)
-{
-    return ap_write_check_at(w, (const uint8_t *)w->addr);
 }
 
 /** Distinct pages of size @p pgsz touched by the writes of w[0..n) that landed (@c wrote). */

@@ -31,9 +31,10 @@
  *             checked right before its pwrite; when that fails too, its
  *             pending writes are WRITE_DENIED and memory is untouched.
  *   4a. spans (AP_POKE_SPANS: no module decided for the first time, no
- *             seccomp filter): a window's writes go through /proc/self/mem
- *             in spans -- a copy of memory over a few nearby writes, each
- *             checked against memory and put in, one pwrite -- when that
+ *             seccomp filter; pages readable, not writable): a window's
+ *             writes go through /proc/self/mem in spans -- each write
+ *             checked against memory, a copy of memory over a few nearby
+ *             pending ones with their new bytes put in, one pwrite -- when that
  *             takes at most two pwrites more than the window has pages and
  *             the window holds at most AP_SPAN_WRITES_MAX writes; else the
  *             window. A pwrite the kernel cuts short has the first bytes of
@@ -761,8 +762,8 @@ static int ap_write_procmem(struct ap_batch *b, struct ap_write *w)
 }
 
 /*
- * Spans (AP_POKE_SPANS): text written before is private and present already,
- * so an mprotect pair costs far more than the stores it allows (on a KVM
+ * Spans (AP_POKE_SPANS): text written before is likely private and present
+ * already, so an mprotect pair costs far more than the stores it allows (on a KVM
  * guest: ~15 us for two pages, ~80 us for sixteen, against ~2 us for a pwrite
  * of 8 KiB, measured); a pwrite through /proc/self/mem of a span -- a copy
  * of memory from the first pending write to the last of a few nearby ones,
@@ -771,7 +772,8 @@ static int ap_write_procmem(struct ap_batch *b, struct ap_write *w)
  * as they were read a moment before, with a single thread running (the
  * caller's proof) and nothing called in between.
  */
-/* nearby: the next write starts at most this far past the span's end */
+/* nearby: the next pending write starts at most this far past the span's
+ * end (less than a page: every page of a span holds a pending write's byte) */
 #define AP_SPAN_GAP 1024u
 /* the most bytes one span (its buffer) holds */
 #define AP_SPAN_MAX (64u * 1024u)
@@ -782,18 +784,17 @@ static int ap_write_procmem(struct ap_batch *b, struct ap_write *w)
  * which is paid back from some 40,000 writes in one window. */
 #define AP_SPAN_WRITES_MAX 32768u
 
-/** A span: writes w[first..) from lo to hi, the pending ones marked (wrote) from wlo to whi. */
+/** A span: the pending writes among w[first..) (marked: wrote), their bytes [wlo, whi). */
 struct ap_span {
     uint8_t *buf;
-    uintptr_t lo, hi;
-    uintptr_t wlo, whi; /* the pending writes' bytes (wlo >= whi: none) */
-    uint64_t bytes;     /* their lengths */
-    size_t first;       /* its first write */
+    uintptr_t wlo, whi; /* whi 0: no span open */
+    uint64_t bytes;     /* the pending writes' lengths */
+    size_t first;       /* its first pending write */
 };
 
 /**
- * Write span @p sp (writes w[sp->first..k)): memory from its first pending
- * byte to its last copied, the pending writes' new bytes put in, one pwrite.
+ * Write span @p sp (its pending writes among w[sp->first..k)): memory
+ * [wlo, whi) copied, the pending writes' new bytes put in, one pwrite.
  * Returns @p k when each landed, else the first write left to the window
  * (the first not written whole: its first bytes put back -- or, where that
  * failed, the one after it, *@p err -ENOTRECOVERABLE).
@@ -801,9 +802,8 @@ struct ap_span {
 static size_t ap_span_flush(struct ap_batch *b, int fd, struct ap_span *sp, size_t k, int *err)
 {
     struct ap_write *w = b->w;
-    if (sp->wlo >= sp->whi)
-        return k; /* nothing pending in it */
     size_t len = sp->whi - sp->wlo;
+    sp->whi = 0;
     memcpy(sp->buf, (const void *)sp->wlo, len);
     for (size_t i = sp->first; i < k; i++)
         if (w[i].wrote)
@@ -811,24 +811,26 @@ static size_t ap_span_flush(struct ap_batch *b, int fd, struct ap_span *sp, size
     long r = ap_procmem_pwrite(fd, sp->wlo, sp->buf, len);
     b->st->syscalls++;
     if (r == (long)len) {
+        /* every page of [wlo, whi) holds a pending write's byte: two of
+         * them are at most AP_SPAN_GAP apart */
         b->st->procmem_writes++;
         b->st->bytes += sp->bytes;
         b->wrote_any = true;
-        ap_count_pages(b, ap_pg_down(b, sp->wlo), ap_pg_up(b, sp->whi)); /* the pages it wrote */
+        ap_count_pages(b, ap_pg_down(b, sp->wlo), ap_pg_up(b, sp->wlo + len));
         return k;
     }
     uintptr_t done = sp->wlo + (uintptr_t)(r > 0 ? r : 0);
-    if (r > 0)
-        b->st->procmem_writes++;
-    else
+    if (r <= 0)
         b->spans_off = true; /* refused (a kernel that forbids it): not asked again */
     size_t resume = k;
+    bool landed = false;
     for (size_t i = sp->first; i < k; i++) {
         if (!w[i].wrote)
             continue;
         w[i].wrote = false;
         if (w[i].addr + w[i].len <= done) {
             ap_landed(b, &w[i]);
+            landed = true;
         } else if (resume == k) {
             resume = i;
             int e = ap_unland(b, fd, &w[i], done);
@@ -838,20 +840,23 @@ static size_t ap_span_flush(struct ap_batch *b, int fd, struct ap_span *sp, size
             }
         }
     }
+    if (landed)
+        b->st->procmem_writes++;
     return resume;
 }
 
 /**
- * Write the writes of w[first..last) (one window's: one private, readable
- * mapping, one protection) in spans, in one pass: a write joins the span
- * when it starts at or past the end of the span's last write (no overlap:
- * each is checked against memory, which holds what the copy will) and at
- * most AP_SPAN_GAP past it, and the span stays within AP_SPAN_MAX. Taken
- * when the writes need at most the window's pages plus two spans (writes
- * spread wider are the window's case), and are at most AP_SPAN_WRITES_MAX.
- * Returns the first write left to the window (@p last: none; @p first:
- * spans not taken), *@p err -ENOTRECOVERABLE when a site was left part
- * written.
+ * Write the writes of w[first..last) (one window's: one private mapping,
+ * readable, not writable, one protection) in spans, in one pass: each write
+ * checked against memory (a write that meets the pending bytes of the open
+ * span after that span is written); a pending one joins the open span when
+ * it starts at or past the span's end, at most AP_SPAN_GAP past it, and the
+ * span stays within AP_SPAN_MAX. Taken when the writes need at most the
+ * window's pages plus two spans (counted first over all the writes; spread
+ * wider, they are the window's case) and are at most AP_SPAN_WRITES_MAX; a
+ * span past that budget and the writes after it go to the window. Returns
+ * the first write left to the window (@p last: none; @p first: spans not
+ * taken), *@p err -ENOTRECOVERABLE when a site was left part written.
  */
 static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uintptr_t start,
                              uintptr_t end, int *err)
@@ -863,8 +868,6 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
         return first;
     size_t room = end - start < AP_SPAN_MAX ? end - start : AP_SPAN_MAX;
     size_t budget = (end - start) / b->pgsz + 2, nspans = 0, k = first;
-    /* the spans counted first, as they are written below: past the budget
-     * the window has them all */
     for (uintptr_t lo = 0, hi = 0; k < last && nspans <= budget; k++) {
         uintptr_t a = w[k].addr, e = a + w[k].len;
         if (a == e)
@@ -881,37 +884,37 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
     struct ap_span sp = {.buf = fd >= 0 ? malloc(room) : NULL};
     if (!sp.buf)
         return first;
-    bool open = false;
+    nspans = 0;
     for (k = first; k < last; k++) {
         uintptr_t a = w[k].addr, e = a + w[k].len;
-        if (a == e) {
-            ap_write_pending(&w[k]);
-            continue;
-        }
-        if (open && (a < sp.hi || a > sp.hi + AP_SPAN_GAP || e - sp.lo > room)) {
+        if (sp.whi && a < sp.whi && e > sp.wlo) {
             size_t resume = ap_span_flush(b, fd, &sp, k, err);
-            open = false;
             if (resume != k) {
                 k = resume;
                 break;
             }
         }
-        if (!open) {
-            sp.lo = sp.whi = a;
-            sp.wlo = e;
+        if (!ap_write_pending(&w[k]))
+            continue;
+        if (sp.whi && (a < sp.whi || a > sp.whi + AP_SPAN_GAP || e - sp.wlo > room)) {
+            size_t resume = ap_span_flush(b, fd, &sp, k, err);
+            if (resume != k) {
+                k = resume;
+                break;
+            }
+        }
+        if (!sp.whi) {
+            if (nspans++ == budget)
+                break; /* w[k] and the rest to the window */
+            sp.wlo = a;
             sp.bytes = 0;
             sp.first = k;
-            open = true;
         }
-        sp.hi = e;
-        if (ap_write_pending(&w[k])) {
-            w[k].wrote = true; /* pending: landed or not, ap_span_flush() */
-            sp.bytes += w[k].len;
-            sp.wlo = a < sp.wlo ? a : sp.wlo;
-            sp.whi = e;
-        }
+        w[k].wrote = true; /* pending: landed or not, ap_span_flush() */
+        sp.bytes += w[k].len;
+        sp.whi = e;
     }
-    if (open && k == last)
+    if (sp.whi && k == last)
         k = ap_span_flush(b, fd, &sp, last, err);
     free(sp.buf);
     return k;
@@ -1131,14 +1134,27 @@ static int ap_write_group(struct ap_batch *b, size_t first, size_t last, uintptr
         return 0;
     }
     int ret = 0;
-    /* a span is read from memory, its gaps too: pages of one known, readable
-     * protection only (not AP_PROT_MIXED: unknown, or partly unmapped) */
+    /* A span is read from memory, its gaps too, and written back a moment
+     * later without signals blocked: pages of one known protection only
+     * (not AP_PROT_MIXED: unknown, or partly unmapped), readable, and not
+     * writable (nothing but a writer of text, the library or a debugger,
+     * stores there: a signal handler's store into a gap cannot be undone). */
     if ((b->flags & (AP_POKE_SPANS | AP_POKE_SECCOMP_OFF | AP_POKE_NO_PROCMEM)) ==
             (AP_POKE_SPANS | AP_POKE_SECCOMP_OFF) &&
-        prot >= 0 && (prot & PROT_READ)) {
-        first = ap_write_spans(b, first, last, start, end, &ret);
-        if (first == last)
+        prot >= 0 && (prot & (PROT_READ | PROT_WRITE)) == PROT_READ) {
+        size_t rest = ap_write_spans(b, first, last, start, end, &ret);
+        if (rest == last)
             return ret;
+        /* the window over the pages from the rest's first write on (each
+         * holds a write of the rest: the group's writes come in address
+         * order, its pages adjacent), so that it counts no page of the
+         * writes before */
+        size_t at = rest;
+        while (at > first && at < last && !b->w[at].len)
+            at++;
+        if (at != first && at < last)
+            start = ap_pg_down(b, b->w[at].addr);
+        first = rest;
     }
     if (!ap_window_needs_procmem(b, start, end, prot)) {
         int err = ap_write_window(b, first, last, start, end, prot);
