@@ -62,4 +62,55 @@ static inline int ap_procmem_can_write_text(void)
     return known = ok;
 }
 
+/** Why a test that wants the writer's spans (text written through /proc/self/mem run) is skipped. */
+#define AP_PROCMEM_NOT_RUN                                                                     \
+    "text written through /proc/self/mem is not what runs here (the kernel refuses the "      \
+    "write, or an emulator keeps its translation of the old bytes)"
+
+/**
+ * 1 when code written through /proc/self/mem into a read-only executable
+ * mapping that has run before is what runs next, else 0: not so under an
+ * emulator that keeps its translation of file-backed code (valgrind without
+ * --smc-check=all, qemu-user). The operation itself, once per process: the
+ * program's first page mapped private and executable gets a function
+ * returning 11, is called, gets one returning 22, is called again.
+ */
+static inline int ap_procmem_written_text_runs(void)
+{
+    static int known = -1;
+    if (known >= 0)
+        return known;
+    if (!ap_procmem_can_write_text())
+        return known = 0;
+    long pg = sysconf(_SC_PAGESIZE);
+    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (exe < 0)
+        return 0;
+    uint8_t *p = mmap(NULL, (size_t)pg, PROT_READ | PROT_EXEC, MAP_PRIVATE, exe, 0);
+    close(exe);
+    if (p == MAP_FAILED)
+        return 0;
+    /* endbr64; mov $11, %eax; ret */
+    uint8_t f[] = {0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 11, 0, 0, 0, 0xc3};
+    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC), ok = 0;
+    if (fd >= 0) {
+        int (*fn)(void) = (int (*)(void))(uintptr_t)p;
+        unsigned a, b, c, d;
+        if (pwrite(fd, f, sizeof(f), (off_t)(uintptr_t)p) == (ssize_t)sizeof(f)) {
+            __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "0"(0u) : "memory");
+            if (fn() == 11) {
+                f[5] = 22;
+                if (pwrite(fd, f, sizeof(f), (off_t)(uintptr_t)p) == (ssize_t)sizeof(f)) {
+                    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "0"(0u)
+                                     : "memory");
+                    ok = fn() == 22;
+                }
+            }
+        }
+        close(fd);
+    }
+    munmap(p, (size_t)pg);
+    return known = ok;
+}
+
 #endif /* AP_TEST_PROCMEM_H */

@@ -1771,7 +1771,7 @@ Test(poke, spans_write_nearby_sites_in_one_pwrite)
     cr_assert_arr_eq(p, before, 2 * pgsz(), "the sites new, every other byte as it was");
     cr_assert_eq(st.bytes, 3 * n);
     cr_assert_eq(st.pages, 2);
-    if (ap_procmem_can_write_text()) {
+    if (ap_procmem_written_text_runs()) {
         cr_assert_eq(st.procmem_writes, 1, "one span: %u pwrites", st.procmem_writes);
         cr_assert_eq(st.mprotect_writes, 0);
     } else {
@@ -1791,12 +1791,12 @@ Test(poke, spans_write_nearby_sites_in_one_pwrite)
  */
 Test(poke, spans_check_every_site_and_cost_fewer_calls)
 {
-    if (!ap_procmem_can_write_text())
-        cr_skip_test(AP_PROCMEM_DENIED);
+    if (!ap_procmem_written_text_runs())
+        cr_skip_test(AP_PROCMEM_NOT_RUN);
     uint8_t *p = rx_pages(1), *q = rx_pages(1), *r = rx_pages(1);
     static const uint8_t ODD3[3] = {0x11, 0x22, 0x33}, ODDNEW3[3] = {0x44, 0x55, 0x66};
     struct ap_write u = wr(r + 8, CC3, NEW3, 3);
-    cr_assert_eq(ap_poke(&u, 1, AP_POKE_SECCOMP_OFF, NULL), 0); /* the first batch's questions */
+    cr_assert_eq(ap_poke(&u, 1, SPANS, NULL), 0); /* the questions asked once, spans' too */
     struct ap_write w[4], v[4];
     for (size_t i = 0; i < 4; i++) {
         w[i] = wr(p + 16 + i * 32, CC3, NEW3, 3);
@@ -1922,7 +1922,7 @@ Test(poke, spans_check_an_overlapping_write_after_the_one_before)
     static const uint8_t WANT[5] = {0x0f, 0x1f, 0x90, 0x90, 0x90};
     cr_assert_arr_eq(p + 10, WANT, 5);
     cr_assert_eq(p[15], 0xcc);
-    if (ap_procmem_can_write_text())
+    if (ap_procmem_written_text_runs())
         cr_assert_eq(st.procmem_writes, 2, "one span each: %u", st.procmem_writes);
     assert_rx(p);
 }
@@ -2017,8 +2017,8 @@ static uint64_t pages_around_skipped(unsigned flags, size_t first, const size_t 
  */
 Test(poke, spans_leave_a_page_of_writes_already_done_alone)
 {
-    if (!ap_procmem_can_write_text())
-        cr_skip_test(AP_PROCMEM_DENIED);
+    if (!ap_procmem_written_text_runs())
+        cr_skip_test(AP_PROCMEM_NOT_RUN);
     static const size_t one[] = {4000}, four[] = {500, 1500, 2500, 3500};
     const struct {
         size_t first;

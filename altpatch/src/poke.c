@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The writer: makes text hold new bytes. Knows nothing of x86 beyond
- * ap_sync_core() and the system call ABI.
+ * ap_sync_core(), the system call ABI and the spans' oracle (ten bytes).
  *
  * A batch of (address, old, new) writes is handled in four steps:
  *
@@ -36,9 +36,11 @@
  *             checked against memory, a copy of memory over a few nearby
  *             pending ones with their new bytes put in, one pwrite -- when that
  *             takes at most two pwrites more than the window has pages and
- *             the window holds at most AP_SPAN_WRITES_MAX writes; else the
- *             window. A pwrite the kernel cuts short has the first bytes of
- *             the write it cut put back (so has a fallback's).
+ *             the window holds at most AP_SPAN_WRITES_MAX writes, and this
+ *             machine runs what such a write puts into text it ran before
+ *             (ap_spans_selftest(), once); else the window. A pwrite the
+ *             kernel cuts short has the first bytes of the write it cut put
+ *             back (so has a fallback's).
  *
  * A page is never writable and executable at once. Signals are blocked while
  * windows are open: a handler could live on a page that is briefly not
@@ -845,6 +847,61 @@ static size_t ap_span_flush(struct ap_batch *b, int fd, struct ap_span *sp, size
     return resume;
 }
 
+/*
+ * Whether this machine runs what a pwrite through /proc/self/mem puts into
+ * text it has run before: 0 not asked yet, 1 it does, -1 not (or not known).
+ * An emulator that translates code may go on running its old translation:
+ * valgrind checks file-backed code for changes only with --smc-check=all
+ * (an mprotect window is seen: it drops its translations when a page loses
+ * PROT_EXEC), qemu-user write-protects the pages it translated and never
+ * sees a kernel write. Asked once per process, where spans are first
+ * wanted; the answer is the machine's.
+ */
+AP_STATE static int ap_spans_run;
+
+/**
+ * The oracle: the first page of the program's own file mapped private and
+ * executable (file-backed, as text is) gets a function returning 1 through
+ * @p fd, is called, gets one returning 2, is called again. True when it
+ * returned 2. Anything that fails says no: the window is used.
+ */
+static bool ap_spans_selftest(struct ap_batch *b, int fd)
+{
+    int known = __atomic_load_n(&ap_spans_run, __ATOMIC_RELAXED);
+    if (known)
+        return known > 0;
+    /* endbr64; mov $V, %eax; ret */
+    static const uint8_t one[] = {0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 1, 0, 0, 0, 0xc3};
+    uint8_t two[sizeof(one)];
+    ap_copy_small(two, one, sizeof(one));
+    two[5] = 2;
+    bool runs = false;
+    long exe = ap_sys(SYS_openat, AT_FDCWD, (long)"/proc/self/exe", O_RDONLY | O_CLOEXEC, 0, 0);
+    b->st->syscalls++;
+    if (exe >= 0) {
+        void *p = mmap(NULL, b->pgsz, PROT_READ | PROT_EXEC, MAP_PRIVATE, (int)exe, 0);
+        ap_sys(SYS_close, exe, 0, 0, 0, 0);
+        b->st->syscalls += 2;
+        if (p != MAP_FAILED) {
+            long (*fn)(void) = (long (*)(void))p;
+            b->st->syscalls++;
+            if (ap_procmem_pwrite(fd, (uintptr_t)p, one, sizeof(one)) == (long)sizeof(one)) {
+                ap_sync_core();
+                b->st->syscalls++;
+                if (fn() == 1 &&
+                    ap_procmem_pwrite(fd, (uintptr_t)p, two, sizeof(two)) == (long)sizeof(two)) {
+                    ap_sync_core();
+                    runs = fn() == 2;
+                }
+            }
+            munmap(p, b->pgsz);
+            b->st->syscalls++;
+        }
+    }
+    __atomic_store_n(&ap_spans_run, runs ? 1 : -1, __ATOMIC_RELAXED);
+    return runs;
+}
+
 /**
  * Write the writes of w[first..last) (one window's: one private mapping,
  * readable, not writable, one protection) in spans, in one pass: each write
@@ -864,7 +921,9 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
     struct ap_write *w = b->w;
     while (first < last && !w[first].len)
         ap_write_pending(&w[first++]); /* nothing to write: the outputs only */
-    if (first == last || b->spans_off || last - first > AP_SPAN_WRITES_MAX)
+    /* refused in this batch, or this machine keeps old translations */
+    if (first == last || b->spans_off || last - first > AP_SPAN_WRITES_MAX ||
+        __atomic_load_n(&ap_spans_run, __ATOMIC_RELAXED) < 0)
         return first;
     size_t room = end - start < AP_SPAN_MAX ? end - start : AP_SPAN_MAX;
     size_t budget = (end - start) / b->pgsz + 2, nspans = 0, k = first;
@@ -881,7 +940,9 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
     if (nspans > budget)
         return first;
     int fd = ap_memfd(b);
-    struct ap_span sp = {.buf = fd >= 0 ? malloc(room) : NULL};
+    if (fd < 0 || !ap_spans_selftest(b, fd))
+        return first;
+    struct ap_span sp = {.buf = malloc(room)};
     if (!sp.buf)
         return first;
     nspans = 0;
