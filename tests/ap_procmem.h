@@ -25,6 +25,7 @@
 
 #include <fcntl.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -93,22 +94,29 @@ static inline int ap_procmem_written_text_runs(void)
     /* endbr64; mov $11, %eax; ret */
     uint8_t f[] = {0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 11, 0, 0, 0, 0xc3};
     int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC), ok = 0;
-    if (fd >= 0) {
+    uint8_t seen[64];
+    /* the descriptor must read at p what p holds (an emulator's guest
+     * addresses may not be the host's): else nothing is written */
+    if (fd >= 0 && pread(fd, seen, sizeof(seen), (off_t)(uintptr_t)p) == (ssize_t)sizeof(seen) &&
+        !memcmp(seen, p, sizeof(seen))) {
         int (*fn)(void) = (int (*)(void))(uintptr_t)p;
         unsigned a, b, c, d;
-        if (pwrite(fd, f, sizeof(f), (off_t)(uintptr_t)p) == (ssize_t)sizeof(f)) {
+        if (pwrite(fd, f, sizeof(f), (off_t)(uintptr_t)p) == (ssize_t)sizeof(f) &&
+            !memcmp(p, f, sizeof(f))) {
             __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "0"(0u) : "memory");
             if (fn() == 11) {
                 f[5] = 22;
-                if (pwrite(fd, f, sizeof(f), (off_t)(uintptr_t)p) == (ssize_t)sizeof(f)) {
+                if (pwrite(fd, f, sizeof(f), (off_t)(uintptr_t)p) == (ssize_t)sizeof(f) &&
+                    !memcmp(p, f, sizeof(f))) {
                     __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "0"(0u)
                                      : "memory");
                     ok = fn() == 22;
                 }
             }
         }
-        close(fd);
     }
+    if (fd >= 0)
+        close(fd);
     munmap(p, (size_t)pg);
     return known = ok;
 }

@@ -116,16 +116,6 @@ if(TARGET altdemo)
         ${QEMU_X86_64_EXECUTABLE} ${cpu} $<TARGET_FILE:altdemo>)
       set_tests_properties(qemu_altdemo_${cpu} PROPERTIES TIMEOUT 120 LABELS qemu)
     endforeach()
-    # The applies that decide again, under an emulator that translates code
-    # once: the sites must run their new bytes (the writer's spans through
-    # /proc/self/mem are not taken where the old ones would keep running).
-    if(TARGET test_apply)
-      add_test(NAME qemu_replans COMMAND ${QEMU_X86_64_EXECUTABLE} -cpu EPYC-Rome-v1
-        $<TARGET_FILE:test_apply> --jobs 1
-        --filter "apply/@(revert_restores_originals|another_feature_set_replans|later_applies_write_without_a_window)")
-      set_tests_properties(qemu_replans PROPERTIES TIMEOUT 120 LABELS qemu
-        FAIL_REGULAR_EXPRESSION "Tested: 0 ")
-    endif()
   else()
     message(STATUS "qemu-x86_64 not found (Debian package qemu-user): qemu_altdemo_* not run")
   endif()

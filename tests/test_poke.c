@@ -2047,9 +2047,17 @@ Test(poke, spans_leave_a_page_of_writes_already_done_alone)
  */
 Test(poke, the_window_after_refused_spans_counts_only_its_pages)
 {
+    if (!ap_procmem_written_text_runs())
+        cr_skip_test(AP_PROCMEM_NOT_RUN);
+    /* the spans' oracle asked (yes) before the filter: the spans below are tried */
+    uint8_t *u = rx_pages(1);
+    struct ap_write uw = wr(u + 8, CC3, NEW3, 3);
+    struct ap_poke_stats ust = {0};
+    cr_assert_eq(ap_poke(&uw, 1, SPANS, &ust), 0);
+    cr_assert_eq(ust.procmem_writes, 1);
     ap_seccomp_require(ap_seccomp_refuse(SYS_pwrite64, EIO));
     size_t pg = pgsz();
-    uint64_t pages[2];
+    uint64_t pages[2], syscalls[2];
     for (int k = 0; k < 2; k++) {
         uint8_t *x = rx_pages(4);
         cr_assert_eq(munmap(x + pg, pg), 0); /* x: page 0, q: pages 2 and 3 */
@@ -2064,8 +2072,14 @@ Test(poke, the_window_after_refused_spans_counts_only_its_pages)
         for (int i = 0; i < 6; i++)
             cr_assert(w[i].wrote == (i != 4), "write %d", i);
         cr_assert_eq(st.procmem_writes, 0);
+        cr_assert_eq(st.mprotect_writes, 2, "the window of four writes, the refused span's");
         pages[k] = st.pages;
+        syscalls[k] = st.syscalls;
     }
     cr_assert_eq(pages[0], 2);
     cr_assert_eq(pages[1], 2, "after refused spans: %lu pages", (unsigned long)pages[1]);
+    /* the spans were tried: the refused pwrite (and the open and close of
+     * /proc/self/mem) on top of the window's calls */
+    cr_assert_gt(syscalls[1], syscalls[0], "%lu, %lu", (unsigned long)syscalls[1],
+                 (unsigned long)syscalls[0]);
 }

@@ -749,17 +749,28 @@ static int ap_write_procmem(struct ap_batch *b, struct ap_write *w)
 {
     int fd = (b->flags & AP_POKE_NO_PROCMEM) ? -EPERM : ap_memfd(b);
     long r = fd;
+    /* a write across a page boundary may be cut there: no handler runs it
+     * half written (as in ap_span_flush()) */
+    bool crosses = w->len && ((w->addr ^ (w->addr + w->len - 1)) & ~(b->pgsz - 1)) != 0;
+    uint64_t saved = 0;
+    if (fd >= 0 && crosses) {
+        ap_signals_block(AP_SIGNALS_ALL, &saved);
+        b->st->syscalls += 2;
+    }
     if (fd >= 0) {
         r = ap_procmem_pwrite(fd, w->addr, w->new, w->len);
         b->st->syscalls++;
     }
+    int err = 0;
     if (r == (long)w->len) {
         ap_landed(b, w);
         b->st->procmem_writes++;
-        return 0;
+    } else {
+        err = r > 0 ? ap_unland(b, fd, w, w->addr + (uintptr_t)r) : 0;
+        w->result = ALTPATCH_REASON_WRITE_DENIED;
     }
-    int err = r > 0 ? ap_unland(b, fd, w, w->addr + (uintptr_t)r) : 0;
-    w->result = ALTPATCH_REASON_WRITE_DENIED;
+    if (fd >= 0 && crosses)
+        ap_signals_restore(&saved);
     return err;
 }
 
@@ -792,6 +803,7 @@ struct ap_span {
     uintptr_t wlo, whi; /* whi 0: no span open */
     uint64_t bytes;     /* the pending writes' lengths */
     size_t first;       /* its first pending write */
+    bool crosses;       /* a pending write crosses a page boundary */
 };
 
 /**
@@ -810,9 +822,20 @@ static size_t ap_span_flush(struct ap_batch *b, int fd, struct ap_span *sp, size
     for (size_t i = sp->first; i < k; i++)
         if (w[i].wrote)
             ap_copy_small(sp->buf + (w[i].addr - sp->wlo), w[i].new, w[i].len);
+    /* The kernel writes page by page and stops at a page it cannot write
+     * (no memory for its copy): only a write across a page boundary can be
+     * cut. Where the span holds one, signals are blocked until it is whole,
+     * written or put back: a handler must not run it half written. */
+    uint64_t saved = 0;
+    if (sp->crosses) {
+        ap_signals_block(AP_SIGNALS_ALL, &saved);
+        b->st->syscalls += 2;
+    }
     long r = ap_procmem_pwrite(fd, sp->wlo, sp->buf, len);
     b->st->syscalls++;
     if (r == (long)len) {
+        if (sp->crosses)
+            ap_signals_restore(&saved);
         /* every page of [wlo, whi) holds a pending write's byte: two of
          * them are at most AP_SPAN_GAP apart */
         b->st->procmem_writes++;
@@ -842,6 +865,8 @@ static size_t ap_span_flush(struct ap_batch *b, int fd, struct ap_span *sp, size
             }
         }
     }
+    if (sp->crosses)
+        ap_signals_restore(&saved);
     if (landed)
         b->st->procmem_writes++;
     return resume;
@@ -863,7 +888,12 @@ AP_STATE static int ap_spans_run;
  * The oracle: the first page of the program's own file mapped private and
  * executable (file-backed, as text is) gets a function returning 1 through
  * @p fd, is called, gets one returning 2, is called again. True when it
- * returned 2. Anything that fails says no: the window is used.
+ * returned 2. First the descriptor must read at that address what the page
+ * holds (under an emulator whose guest addresses are not the host's, as
+ * qemu-user's with a guest base, a write there would land in other memory:
+ * nothing is written), and each function is called only once the page shows
+ * it. Anything that fails says no: the window is used (out of descriptors or
+ * memory for the question, only this time).
  */
 static bool ap_spans_selftest(struct ap_batch *b, int fd)
 {
@@ -872,33 +902,46 @@ static bool ap_spans_selftest(struct ap_batch *b, int fd)
         return known > 0;
     /* endbr64; mov $V, %eax; ret */
     static const uint8_t one[] = {0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 1, 0, 0, 0, 0xc3};
-    uint8_t two[sizeof(one)];
+    uint8_t two[sizeof(one)], seen[256];
     ap_copy_small(two, one, sizeof(one));
     two[5] = 2;
-    bool runs = false;
+    bool runs = false, transient = false;
     long exe = ap_sys(SYS_openat, AT_FDCWD, (long)"/proc/self/exe", O_RDONLY | O_CLOEXEC, 0, 0);
     b->st->syscalls++;
+    transient = exe == -EMFILE || exe == -ENFILE || exe == -ENOMEM;
     if (exe >= 0) {
-        void *p = mmap(NULL, b->pgsz, PROT_READ | PROT_EXEC, MAP_PRIVATE, (int)exe, 0);
+        uint8_t *p = mmap(NULL, b->pgsz, PROT_READ | PROT_EXEC, MAP_PRIVATE, (int)exe, 0);
+        transient = p == MAP_FAILED && (errno == ENOMEM || errno == EAGAIN);
         ap_sys(SYS_close, exe, 0, 0, 0, 0);
         b->st->syscalls += 2;
+        size_t n = b->pgsz < sizeof(seen) ? b->pgsz : sizeof(seen);
         if (p != MAP_FAILED) {
-            long (*fn)(void) = (long (*)(void))p;
+            long (*fn)(void) = (long (*)(void))(uintptr_t)p;
+            long r = ap_sys(SYS_pread64, fd, (long)seen, (long)n, (long)(uintptr_t)p, 0);
             b->st->syscalls++;
-            if (ap_procmem_pwrite(fd, (uintptr_t)p, one, sizeof(one)) == (long)sizeof(one)) {
-                ap_sync_core();
+            bool same = r == (long)n && ap_equal_small(seen, p, n);
+            if (same) {
+                r = ap_procmem_pwrite(fd, (uintptr_t)p, one, sizeof(one));
                 b->st->syscalls++;
-                if (fn() == 1 &&
-                    ap_procmem_pwrite(fd, (uintptr_t)p, two, sizeof(two)) == (long)sizeof(two)) {
-                    ap_sync_core();
-                    runs = fn() == 2;
+            }
+            if (same && r == (long)sizeof(one) && ap_equal_small(p, one, sizeof(one))) {
+                ap_sync_core();
+                if (fn() == 1) {
+                    r = ap_procmem_pwrite(fd, (uintptr_t)p, two, sizeof(two));
+                    b->st->syscalls++;
+                    if (r == (long)sizeof(two) && ap_equal_small(p, two, sizeof(two))) {
+                        ap_sync_core();
+                        runs = fn() == 2;
+                    }
                 }
             }
             munmap(p, b->pgsz);
             b->st->syscalls++;
         }
     }
-    __atomic_store_n(&ap_spans_run, runs ? 1 : -1, __ATOMIC_RELAXED);
+    /* out of descriptors or memory for the question: asked again next time */
+    if (!transient)
+        __atomic_store_n(&ap_spans_run, runs ? 1 : -1, __ATOMIC_RELAXED);
     return runs;
 }
 
@@ -970,10 +1013,12 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
             sp.wlo = a;
             sp.bytes = 0;
             sp.first = k;
+            sp.crosses = false;
         }
         w[k].wrote = true; /* pending: landed or not, ap_span_flush() */
         sp.bytes += w[k].len;
         sp.whi = e;
+        sp.crosses |= ((a ^ (e - 1)) & ~(b->pgsz - 1)) != 0;
     }
     if (sp.whi && k == last)
         k = ap_span_flush(b, fd, &sp, last, err);
@@ -1211,11 +1256,13 @@ static int ap_write_group(struct ap_batch *b, size_t first, size_t last, uintptr
          * order, its pages adjacent), so that it counts no page of the
          * writes before */
         size_t at = rest;
-        while (at > first && at < last && !b->w[at].len)
-            at++;
-        if (at != first && at < last)
+        for (; at < last && !b->w[at].len; at++)
+            ap_write_pending(&b->w[at]); /* nothing to write: the outputs only */
+        if (at == last)
+            return ret;
+        if (rest != first)
             start = ap_pg_down(b, b->w[at].addr);
-        first = rest;
+        first = at;
     }
     if (!ap_window_needs_procmem(b, start, end, prot)) {
         int err = ap_write_window(b, first, last, start, end, prot);
