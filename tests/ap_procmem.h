@@ -35,6 +35,18 @@
     "this kernel refuses writes through /proc/self/mem to read-only mappings "                 \
     "(CONFIG_PROC_MEM_NO_FORCE, CONFIG_PROC_MEM_FORCE_PTRACE or proc_mem.force_override)"
 
+/** The program's first page, mapped private and PROT_READ|PROT_EXEC (file-backed text), or NULL. */
+static inline uint8_t *ap_procmem_exe_page(void)
+{
+    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (exe < 0)
+        return NULL;
+    uint8_t *p = mmap(NULL, (size_t)sysconf(_SC_PAGESIZE), PROT_READ | PROT_EXEC, MAP_PRIVATE,
+                      exe, 0);
+    close(exe);
+    return p == MAP_FAILED ? NULL : p;
+}
+
 /** 1 when a write through /proc/self/mem lands in a read-only executable mapping, else 0. */
 static inline int ap_procmem_can_write_text(void)
 {
@@ -42,13 +54,9 @@ static inline int ap_procmem_can_write_text(void)
     if (known >= 0)
         return known;
     long pg = sysconf(_SC_PAGESIZE);
-    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    if (exe < 0)
+    uint8_t *p = ap_procmem_exe_page();
+    if (!p)
         return 0; /* not known: asked again next time */
-    uint8_t *p = mmap(NULL, (size_t)pg, PROT_READ | PROT_EXEC, MAP_PRIVATE, exe, 0);
-    close(exe);
-    if (p == MAP_FAILED)
-        return 0;
     int ok = 0;
     int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     if (fd >= 0) {
@@ -84,12 +92,8 @@ static inline int ap_procmem_written_text_runs(void)
     if (!ap_procmem_can_write_text())
         return known = 0;
     long pg = sysconf(_SC_PAGESIZE);
-    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    if (exe < 0)
-        return 0;
-    uint8_t *p = mmap(NULL, (size_t)pg, PROT_READ | PROT_EXEC, MAP_PRIVATE, exe, 0);
-    close(exe);
-    if (p == MAP_FAILED)
+    uint8_t *p = ap_procmem_exe_page();
+    if (!p)
         return 0;
     /* endbr64; mov $11, %eax; ret */
     uint8_t f[] = {0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 11, 0, 0, 0, 0xc3};
