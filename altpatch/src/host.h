@@ -430,6 +430,14 @@ AP_HIDDEN int ap_mm_state(void);
 AP_HIDDEN long ap_seccomp_mode(uint64_t *syscalls);
 /** Threads of this process (/proc/self/task entries), or -1 when unknown. */
 AP_HIDDEN long ap_count_threads(void);
+/** Bytes of ap_selftest_fn(). */
+#define AP_SELFTEST_FN_LEN 10
+/**
+ * The writers' self-tests' function, returning @p v: `endbr64; mov $v, %eax;
+ * ret` into @p out. Written into a page, run, replaced by the one returning
+ * another value, run again: does this machine run what was written?
+ */
+AP_HIDDEN void ap_selftest_fn(uint8_t out[AP_SELFTEST_FN_LEN], uint8_t v);
 /** open("/proc/self/mem", O_RDWR | O_CLOEXEC): a descriptor or -errno. */
 AP_HIDDEN int ap_procmem_open(void);
 /**

@@ -1172,11 +1172,9 @@ int ap_live_poke(struct ap_write *w, size_t n, struct ap_poke_stats *st)
  */
 static int ap_flip_selftest(void)
 {
-    /* endbr64; mov $V, %eax; ret */
-    uint8_t one[] = {0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 1, 0, 0, 0, 0xc3};
-    uint8_t two[sizeof(one)];
-    memcpy(two, one, sizeof(one));
-    two[5] = 2;
+    uint8_t one[AP_SELFTEST_FN_LEN], two[AP_SELFTEST_FN_LEN];
+    ap_selftest_fn(one, 1);
+    ap_selftest_fn(two, 2);
     struct ap_poke_stats st = {0};
     struct ap_write self = {.addr = (uintptr_t)ap_flip_selftest, .len = 1};
     bool want = true;

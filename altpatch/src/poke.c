@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The writer: makes text hold new bytes. Knows nothing of x86 beyond
- * ap_sync_core(), the system call ABI and the spans' oracle (ten bytes).
+ * ap_sync_core() and the system call ABI.
  *
  * A batch of (address, old, new) writes is handled in four steps:
  *
@@ -713,6 +713,12 @@ static int ap_memfd(struct ap_batch *b)
     return b->memfd;
 }
 
+/** True when [addr, addr + len) lies on two pages or more (a write the kernel can cut). */
+static bool ap_crosses_page(const struct ap_batch *b, uintptr_t addr, size_t len)
+{
+    return len && ((addr ^ (addr + len - 1)) & ~(b->pgsz - 1)) != 0;
+}
+
 /** @p w (pending, memory held old) landed whole: counted. */
 static void ap_landed(struct ap_batch *b, struct ap_write *w)
 {
@@ -751,7 +757,7 @@ static int ap_write_procmem(struct ap_batch *b, struct ap_write *w)
     long r = fd;
     /* a write across a page boundary may be cut there: no handler runs it
      * half written (as in ap_span_flush()) */
-    bool crosses = w->len && ((w->addr ^ (w->addr + w->len - 1)) & ~(b->pgsz - 1)) != 0;
+    bool crosses = ap_crosses_page(b, w->addr, w->len);
     uint64_t saved = 0;
     if (fd >= 0 && crosses) {
         ap_signals_block(AP_SIGNALS_ALL, &saved);
@@ -900,11 +906,9 @@ static bool ap_spans_selftest(struct ap_batch *b, int fd)
     int known = __atomic_load_n(&ap_spans_run, __ATOMIC_RELAXED);
     if (known)
         return known > 0;
-    /* endbr64; mov $V, %eax; ret */
-    static const uint8_t one[] = {0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 1, 0, 0, 0, 0xc3};
-    uint8_t two[sizeof(one)], seen[256];
-    ap_copy_small(two, one, sizeof(one));
-    two[5] = 2;
+    uint8_t one[AP_SELFTEST_FN_LEN], two[AP_SELFTEST_FN_LEN], seen[256];
+    ap_selftest_fn(one, 1);
+    ap_selftest_fn(two, 2);
     bool runs = false, transient = false;
     long exe = ap_sys(SYS_openat, AT_FDCWD, (long)"/proc/self/exe", O_RDONLY | O_CLOEXEC, 0, 0);
     b->st->syscalls++;
@@ -1018,7 +1022,7 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
         w[k].wrote = true; /* pending: landed or not, ap_span_flush() */
         sp.bytes += w[k].len;
         sp.whi = e;
-        sp.crosses |= ((a ^ (e - 1)) & ~(b->pgsz - 1)) != 0;
+        sp.crosses |= ap_crosses_page(b, a, w[k].len);
     }
     if (sp.whi && k == last)
         k = ap_span_flush(b, fd, &sp, last, err);
