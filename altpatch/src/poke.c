@@ -782,9 +782,9 @@ static int ap_write_procmem(struct ap_batch *b, struct ap_write *w)
 
 /*
  * Spans (AP_POKE_SPANS): text written before is likely private and present
- * already, so an mprotect pair costs far more than the stores it allows (on a KVM
- * guest: ~15 us for two pages, ~80 us for sixteen, against ~2 us for a pwrite
- * of 8 KiB, measured); a pwrite through /proc/self/mem of a span -- a copy
+ * already, so an mprotect pair costs far more than the stores it allows (a
+ * warm apply of 1,000 sites on two pages: 26.7 us in a window, 17.7 us in one
+ * span, docs/benchmarks.md); a pwrite through /proc/self/mem of a span -- a copy
  * of memory from the first pending write to the last of a few nearby ones,
  * the new bytes put in -- writes them all in one system call, nothing made
  * writable or not executable. The bytes between the writes are written back
@@ -798,8 +798,8 @@ static int ap_write_procmem(struct ap_batch *b, struct ap_write *w)
 #define AP_SPAN_MAX (64u * 1024u)
 /* A window of more writes is opened: the span loop's check, mark and copy
  * cost more per write than the window routine's check and store (~1.2 ns
- * on the KVM guest above: 100,000 writes over 162 pages, 523 us in spans
- * against 400 us in the window; 10,000 over 17 pages, 60 against 135 us),
+ * on the KVM guest of docs/benchmarks.md: 100,000 writes over 162 pages,
+ * 523 us in spans with this limit removed against 400 us in the window),
  * which is paid back from some 40,000 writes in one window. */
 #define AP_SPAN_WRITES_MAX 32768u
 
