@@ -250,12 +250,21 @@ AP_HOT static void ap_read_base(struct altpatch_features *f)
 
 /*
  * How ap_sync_core() serializes, learnt from leaf 7.0 when it is read for the
- * features (ap_sync_core() itself never runs a CPUID leaf to decide):
- * AP_SYNC_CPUID until then.
+ * features, or by ap_sync_core() itself from the C library's copy of that
+ * leaf (never a CPUID instruction to decide): AP_SYNC_UNKNOWN until then.
  */
-enum { AP_SYNC_CPUID, AP_SYNC_SERIALIZE, AP_SYNC_IRET, AP_SYNC_IRET_UNLESS_SHSTK };
-AP_STATE static int ap_sync_kind = AP_SYNC_CPUID;
+AP_STATE static int ap_sync_kind = AP_SYNC_UNKNOWN;
 AP_STATE static uint32_t ap_std7_maxsub; /* CPUID.(7,0):EAX (STD7 group) */
+
+/* How to serialize on a CPU whose leaf 7.0 answers @p c in ECX, @p d in EDX. */
+static int ap_sync_kind_of(uint32_t c, uint32_t d)
+{
+    if (d & (1u << (X86_FEATURE_SERIALIZE % 32)))
+        return AP_SYNC_SERIALIZE;
+    if (c & (1u << (X86_FEATURE_SHSTK % 32)))
+        return AP_SYNC_IRET_UNLESS_SHSTK; /* a thread may run on a shadow stack */
+    return AP_SYNC_IRET;
+}
 
 /* Leaf 7.0 into words 9, 16, 18; how to serialize. */
 static void ap_read_std7(struct altpatch_features *f)
@@ -267,12 +276,7 @@ static void ap_read_std7(struct altpatch_features *f)
     f->word[9] = r.b;
     f->word[16] = r.c;
     f->word[18] = r.d;
-    int kind = AP_SYNC_IRET;
-    if (r.d & (1u << (X86_FEATURE_SERIALIZE % 32)))
-        kind = AP_SYNC_SERIALIZE;
-    else if (r.c & (1u << (X86_FEATURE_SHSTK % 32)))
-        kind = AP_SYNC_IRET_UNLESS_SHSTK; /* a thread may run on a shadow stack */
-    __atomic_store_n(&ap_sync_kind, kind, __ATOMIC_RELEASE);
+    __atomic_store_n(&ap_sync_kind, ap_sync_kind_of(r.c, r.d), __ATOMIC_RELEASE);
 }
 
 /* Leaf 7.1 into word 12 (after ap_read_std7()). */
@@ -926,11 +930,26 @@ AP_HOT bool ap_host_leaves(unsigned groups, struct altpatch_features *out)
  * guest (1-6 us there, against well under one for the others). The same
  * choice here; IRET is left out on a thread running with a shadow stack (it
  * would expect a shadow-stack frame that nobody pushed), which is asked
- * (arch_prctl, this thread) only where CPUID claims shadow stacks.
+ * (arch_prctl, this thread) only where CPUID claims shadow stacks. Which one
+ * is known once leaf 7.0 was read for the features; where it was not (an
+ * apply of a given feature set, or of records that name no feature of that
+ * leaf) the C library's copy of the leaf tells, without an exit, and
+ * without that copy the shadow stack is asked each time.
  */
+int ap_sync_how(void)
+{
+    return __atomic_load_n(&ap_sync_kind, __ATOMIC_ACQUIRE);
+}
+
 AP_PLAIN_PATH void ap_sync_core(void)
 {
-    switch (__atomic_load_n(&ap_sync_kind, __ATOMIC_ACQUIRE)) {
+    int kind = __atomic_load_n(&ap_sync_kind, __ATOMIC_ACQUIRE);
+    if (kind == AP_SYNC_UNKNOWN) {
+        struct ap_regs r;
+        kind = ap_libc_leaf(7, 0, &r) ? ap_sync_kind_of(r.c, r.d) : AP_SYNC_IRET_UNLESS_SHSTK;
+        __atomic_store_n(&ap_sync_kind, kind, __ATOMIC_RELEASE);
+    }
+    switch (kind) {
     case AP_SYNC_SERIALIZE:
         ap_serialize_insn();
         return;

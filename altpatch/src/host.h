@@ -86,11 +86,16 @@ AP_HIDDEN void ap_effective_leaves_cleared(unsigned groups, const char *list,
                                            struct altpatch_features *out);
 /**
  * Serialize this CPU after code was written (the kernel's sync_core()):
- * SERIALIZE where CPUID says so, else an IRET to self, else CPUID. Never
- * executes a CPUID leaf to decide (it uses leaf 7 when it was read for the
- * features); async-signal-safe.
+ * SERIALIZE where CPUID says so, else an IRET to self, else (a thread on a
+ * shadow stack) CPUID. Never executes a CPUID leaf to decide: it uses leaf 7
+ * when it was read for the features, else the C library's copy of it (once;
+ * without one, IRET unless this thread's shadow stack is on);
+ * async-signal-safe.
  */
 AP_HIDDEN void ap_sync_core(void);
+/** How ap_sync_core() serializes: 0 not known yet, then one of these. */
+enum { AP_SYNC_UNKNOWN, AP_SYNC_SERIALIZE, AP_SYNC_IRET, AP_SYNC_IRET_UNLESS_SHSTK };
+AP_HIDDEN int ap_sync_how(void);
 
 /* ------------------------------------------------------------------------- */
 /* The view builder (view.c)                                                 */
