@@ -91,6 +91,21 @@ static struct ap_write wr(uint8_t *addr, const uint8_t *old, const uint8_t *new,
     return (struct ap_write){.addr = (uintptr_t)addr, .old = old, .new = new, .len = len};
 }
 
+/*
+ * The writer's once-per-process work done before a count of system calls:
+ * the first batch keeps the maps descriptor, the second maps the page that
+ * tells a child of fork() (both where the kernel answers PROCMAP_QUERY).
+ */
+static void settle_writer(unsigned flags)
+{
+    uint8_t *s = rx_pages(1);
+    struct ap_write a = wr(s + 10, CC3, NEW3, 3), b = wr(s + 10, NEW3, CC3, 3);
+    cr_assert_eq(ap_poke(&a, 1, flags, NULL), 0);
+    cr_assert_eq(ap_poke(&b, 1, flags, NULL), 0);
+    cr_assert_arr_eq(s + 10, CC3, 3);
+    munmap(s, pgsz());
+}
+
 Test(poke, write_lands_and_protection_restored)
 {
     uint8_t *p = rx_pages(2);
@@ -562,14 +577,28 @@ static void kept_body(void *out, void *ctx)
     }
 }
 
+/** True when the kernel takes MADV_WIPEONFORK on a page of anonymous memory (Linux 4.14), asked here. */
+static bool wipeonfork_taken(void)
+{
+    void *p = mmap(NULL, pgsz(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return false;
+    bool ok = madvise(p, pgsz(), 18 /* MADV_WIPEONFORK */) == 0;
+    munmap(p, pgsz());
+    return ok;
+}
+
 Test(poke, answers_kept_cut_system_calls)
 {
     struct kept_result *r = ap_isolated(sizeof(*r), kept_body, NULL);
     if (r->seccomp != 0)
         cr_skip_test("under a seccomp filter (mode %d): the probe runs every time", r->seccomp);
     /* where the maps descriptor is kept, the first batch asks fstat and getpid
-     * instead of close, the next ones both instead of open and close */
+     * instead of close, the second both instead of open and close and maps
+     * the page that tells a child of fork() (the seccomp mode asked first,
+     * mmap, madvise), the third only fstat */
     uint64_t keep = procmap_query_answers() ? 1 : 0;
+    uint64_t token = keep && wipeonfork_taken() ? 3 : 0;
     for (int i = 0; i < 3; i++) {
         cr_assert_eq(r->rc[i], 0, "batch %d", i);
         cr_assert(r->wrote[i], "batch %d", i);
@@ -581,11 +610,11 @@ Test(poke, answers_kept_cut_system_calls)
     }
     cr_log_info("system calls: %lu, %lu, %lu", (unsigned long)r->st[0].syscalls,
                 (unsigned long)r->st[1].syscalls, (unsigned long)r->st[2].syscalls);
-    cr_assert_eq(r->st[1].syscalls, r->st[0].syscalls - 1 - keep,
+    cr_assert_eq(r->st[1].syscalls, r->st[0].syscalls - 1 - keep + token,
                  "the list of security modules is asked once: %lu then %lu",
                  (unsigned long)r->st[0].syscalls, (unsigned long)r->st[1].syscalls);
-    cr_assert_eq(r->st[2].syscalls, r->st[1].syscalls - 1,
-                 "the seccomp mode the caller knows is not asked: %lu then %lu",
+    cr_assert_eq(r->st[2].syscalls, r->st[1].syscalls - 1 - (token ? token + 1 : 0),
+                 "the seccomp mode the caller knows is not asked, nor getpid(): %lu then %lu",
                  (unsigned long)r->st[1].syscalls, (unsigned long)r->st[2].syscalls);
 }
 
@@ -630,8 +659,11 @@ Test(poke, seccomp_mode_asked_once_under_a_filter)
         cr_assert_str_eq(r->perms[i], "r-xp", "batch %d: %s", i, r->perms[i]);
         cr_assert_eq(r->st[i].mprotect_writes, 1, "batch %d: the probe passed", i);
     }
+    /* under a filter the page that tells a child of fork() is not mapped:
+     * getpid() asked each time */
     uint64_t keep = procmap_query_answers() ? 1 : 0;
-    cr_assert_eq(r->st[1].syscalls, r->st[0].syscalls - 1 - keep, "mode asked once: %lu then %lu",
+    cr_assert_eq(r->st[1].syscalls, r->st[0].syscalls - 1 - keep,
+                 "mode asked once: %lu then %lu",
                  (unsigned long)r->st[0].syscalls, (unsigned long)r->st[1].syscalls);
 }
 
@@ -768,6 +800,78 @@ Test(poke, maps_descriptor_kept_checked_and_never_stolen)
     cr_assert(r->child_wrote);
     cr_assert_str_eq(r->child_perms, "rw-p",
                      "the child's page got the parent's protection: %s", r->child_perms);
+}
+
+/*
+ * A child made without the C library's fork handlers (the raw system call,
+ * as a sandbox's or an emulator's clone is) after the parent's batches kept
+ * the maps descriptor and mapped the page that tells a child of fork(): the
+ * child's batch asks about its own mappings (its page RW where the parent's
+ * is RX) and keeps a descriptor of its own; the parent's next batch goes on
+ * with its descriptor, without getpid().
+ */
+struct rawfork_result {
+    int answers, token;
+    int rc[4], child_rc, child_own;
+    bool child_wrote;
+    char child_perms[5], perms[5];
+    struct ap_poke_stats st[4];
+};
+
+static void rawfork_body(void *out, void *ctx)
+{
+    (void)ctx;
+    struct rawfork_result *r = out;
+    r->answers = procmap_query_answers();
+    r->token = r->answers && wipeonfork_taken();
+    uint8_t *p = rx_pages(1);
+    for (int i = 0; i < 3; i++) {
+        struct ap_write w = i % 2 ? wr(p + 400, NEW3, CC3, 3) : wr(p + 400, CC3, NEW3, 3);
+        r->rc[i] = ap_poke(&w, 1, AP_POKE_SECCOMP_OFF, &r->st[i]);
+    }
+    fflush(NULL);
+    long pid = syscall(SYS_fork);
+    if (pid == 0) {
+        int ok = mprotect(p, pgsz(), PROT_READ | PROT_WRITE) == 0;
+        struct ap_write w = wr(p + 400, NEW3, CC3, 3);
+        struct ap_poke_stats st = {0};
+        r->child_rc = ok ? ap_poke(&w, 1, AP_POKE_SECCOMP_OFF, &st) : -1000;
+        r->child_wrote = w.wrote && w.result == ALTPATCH_REASON_NONE;
+        perms_of(p, r->child_perms);
+        r->child_own = maps_fds(NULL);
+        _exit(0);
+    }
+    if (pid > 0)
+        waitpid((pid_t)pid, NULL, 0);
+    struct ap_write w = wr(p + 400, NEW3, CC3, 3);
+    r->rc[3] = ap_poke(&w, 1, AP_POKE_SECCOMP_OFF, &r->st[3]);
+    perms_of(p, r->perms);
+}
+
+Test(poke, child_without_fork_handlers_asks_about_its_own_mappings)
+{
+    struct rawfork_result *r = ap_isolated(sizeof(*r), rawfork_body, NULL);
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(r->rc[i], 0, "batch %d", i);
+        cr_assert_eq(r->st[i].bytes, 3, "batch %d", i);
+    }
+    cr_assert_eq(r->child_rc, 0);
+    cr_assert(r->child_wrote);
+    cr_assert_str_eq(r->child_perms, "rw-p",
+                     "the child's page got the parent's protection: %s", r->child_perms);
+    cr_assert_eq(r->child_own, r->answers ? 1 : 0, "the child keeps %d of its own maps file",
+                 r->child_own);
+    cr_assert_str_eq(r->perms, "r-xp");
+    /* the third batch and the one after the child's: fstat() alone, where
+     * the page is mapped; getpid() too where it is not */
+    cr_log_info("system calls: %lu %lu %lu %lu", (unsigned long)r->st[0].syscalls,
+                (unsigned long)r->st[1].syscalls, (unsigned long)r->st[2].syscalls,
+                (unsigned long)r->st[3].syscalls);
+    cr_assert_eq(r->st[3].syscalls, r->st[2].syscalls);
+    if (r->token) /* getpid(), the seccomp mode, mmap, madvise */
+        cr_assert_eq(r->st[2].syscalls, r->st[1].syscalls - 4,
+                     "getpid() asked after the page was mapped: %lu then %lu",
+                     (unsigned long)r->st[1].syscalls, (unsigned long)r->st[2].syscalls);
 }
 
 /** Descriptors this process has open (by /proc/self/fd, the directory's own not counted). */
@@ -1631,12 +1735,8 @@ static long write_fresh_file_pages(unsigned flags, struct ap_poke_stats *st)
     for (size_t i = 0; i < PAGES; i++)
         w[i] = wr(p + i * pg + 100, CC3, NEW3, 3);
     /* the writer's own first calls (the maps descriptor, its buffers) made
-     * once before the count: the count is the window's */
-    uint8_t *scratch = rx_pages(1);
-    struct ap_write warm = wr(scratch + 10, CC3, NEW3, 3);
-    cr_assert_eq(ap_poke(&warm, 1, flags, NULL), 0);
-    cr_assert_arr_eq(scratch + 10, NEW3, 3);
-    munmap(scratch, pg);
+     * before the count: the count is the window's */
+    settle_writer(flags);
     int pf = fault_counter();
     long before = pf >= 0 ? faults_read(pf) : -1;
     cr_assert_eq(ap_poke(w, PAGES, flags, st), 0);
@@ -1703,16 +1803,15 @@ Test(poke, prefault_breaks_copy_on_write_in_one_call)
 /* A window of 3 pages asks nothing more: its faults cost no more than the call. */
 Test(poke, prefault_skipped_for_three_pages)
 {
-    uint8_t *p = rx_pages(3), *q = rx_pages(3), *r = rx_pages(1);
+    uint8_t *p = rx_pages(3), *q = rx_pages(3);
     struct ap_write w[3], v[3];
     for (size_t i = 0; i < 3; i++) {
         w[i] = wr(p + i * pgsz() + 100, CC3, NEW3, 3);
         v[i] = wr(q + i * pgsz() + 100, CC3, NEW3, 3);
     }
-    struct ap_write u = wr(r + 100, CC3, NEW3, 3);
     struct ap_poke_stats a = {0}, b = {0};
-    /* the process's first batch asks what later ones keep */
-    cr_assert_eq(ap_poke(&u, 1, AP_POKE_SECCOMP_OFF, NULL), 0);
+    /* the process's first batches ask what later ones keep */
+    settle_writer(AP_POKE_SECCOMP_OFF);
     cr_assert_eq(ap_poke(w, 3, AP_POKE_SECCOMP_OFF, &a), 0);
     cr_assert_eq(ap_poke(v, 3, AP_POKE_SECCOMP_OFF | AP_POKE_PREFAULT, &b), 0);
     for (size_t i = 0; i < 3; i++)
@@ -1793,10 +1892,9 @@ Test(poke, spans_check_every_site_and_cost_fewer_calls)
 {
     if (!ap_procmem_written_text_runs())
         cr_skip_test(AP_PROCMEM_NOT_RUN);
-    uint8_t *p = rx_pages(1), *q = rx_pages(1), *r = rx_pages(1);
+    uint8_t *p = rx_pages(1), *q = rx_pages(1);
     static const uint8_t ODD3[3] = {0x11, 0x22, 0x33}, ODDNEW3[3] = {0x44, 0x55, 0x66};
-    struct ap_write u = wr(r + 8, CC3, NEW3, 3);
-    cr_assert_eq(ap_poke(&u, 1, SPANS, NULL), 0); /* the questions asked once, spans' too */
+    settle_writer(SPANS); /* the questions asked once, spans' too */
     struct ap_write w[4], v[4];
     for (size_t i = 0; i < 4; i++) {
         w[i] = wr(p + 16 + i * 32, CC3, NEW3, 3);
@@ -2055,6 +2153,7 @@ Test(poke, the_window_after_refused_spans_counts_only_its_pages)
     struct ap_poke_stats ust = {0};
     cr_assert_eq(ap_poke(&uw, 1, SPANS, &ust), 0);
     cr_assert_eq(ust.procmem_writes, 1);
+    settle_writer(SPANS);
     ap_seccomp_require(ap_seccomp_refuse(SYS_pwrite64, EIO));
     size_t pg = pgsz();
     uint64_t pages[2], syscalls[2];

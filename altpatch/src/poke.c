@@ -401,6 +401,54 @@ AP_STATE static long ap_maps_kept_pid;
 AP_STATE static dev_t ap_maps_kept_dev;
 AP_STATE static ino_t ap_maps_kept_ino;
 
+/*
+ * Instead of getpid(): a page of its own whose first byte the process that
+ * kept the descriptor set to 1, and which every child of fork() however
+ * made (fork(), _Fork(), a raw clone() without CLONE_VM) finds zero-filled
+ * (MADV_WIPEONFORK, Linux 4.14; the kernel keeps the advice for the
+ * child's copy). A clone() that shares the address space shares the page
+ * and the mappings the descriptor describes. It also tells a child in a new
+ * PID namespace, whose pid may equal its parent's. Mapped by the first
+ * batch that uses the kept descriptor again (getpid() said it is this
+ * process's), so that a process that applies once maps nothing; NULL until
+ * then, and for good where the kernel refuses the advice (getpid() then).
+ */
+AP_STATE static volatile uint8_t *ap_maps_token;
+AP_STATE static bool ap_maps_token_refused;
+
+#ifndef MADV_WIPEONFORK
+#define MADV_WIPEONFORK 18
+#endif
+
+/**
+ * Map ap_maps_token, set: where no seccomp filter runs, asked right before
+ * (a filter installed since the caller's proof, by a print callback say,
+ * may kill the process for a call it does not expect; under one getpid()
+ * stays). Three system calls, four where the advice is refused.
+ */
+static void ap_maps_token_make(uint64_t *syscalls, uintptr_t pgsz)
+{
+    if (ap_seccomp_mode(syscalls) != 0)
+        return; /* asked again by the next batch, unless the mode is kept */
+    void *p = mmap(NULL, pgsz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    (*syscalls)++;
+    if (p == MAP_FAILED) {
+        ap_maps_token_refused = true;
+        return;
+    }
+    long r = ap_sys(SYS_madvise, (long)p, (long)pgsz, MADV_WIPEONFORK, 0, 0);
+    (*syscalls)++;
+    if (r != 0) {
+        munmap(p, pgsz);
+        (*syscalls)++;
+        ap_maps_token_refused = true;
+        return;
+    }
+    volatile uint8_t *t = p;
+    *t = 1;
+    ap_maps_token = t;
+}
+
 static void ap_maps_open_file(struct ap_maps *m)
 {
     long fd = ap_sys(SYS_openat, AT_FDCWD, (long)"/proc/self/maps", O_RDONLY | O_CLOEXEC, 0, 0);
@@ -448,7 +496,7 @@ static int ap_maps_read_all(struct ap_maps *m)
 }
 
 /** Open /proc/self/maps for ap_maps_find(). 0 or -errno (then nothing is known). */
-static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls)
+static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls, uintptr_t pgsz)
 {
     m->v = m->inl; /* the fields one by one: the inline array needs no clearing */
     m->n = 0;
@@ -459,11 +507,20 @@ static int ap_maps_open(struct ap_maps *m, uint64_t *syscalls)
     m->err = 0;
     if (ap_maps_kept_fd >= 0) {
         struct stat st;
-        long pid = ap_sys(SYS_getpid, 0, 0, 0, 0, 0);
+        volatile uint8_t *token = ap_maps_token;
+        bool mine;
+        if (token) {
+            mine = *token != 0; /* zero: a child of fork() */
+        } else {
+            mine = ap_sys(SYS_getpid, 0, 0, 0, 0, 0) == ap_maps_kept_pid;
+            (*syscalls)++;
+        }
         long r = ap_sys(SYS_fstat, ap_maps_kept_fd, (long)&st, 0, 0, 0);
-        *syscalls += 2;
+        (*syscalls)++;
         bool same = r == 0 && st.st_dev == ap_maps_kept_dev && st.st_ino == ap_maps_kept_ino;
-        if (same && pid == ap_maps_kept_pid) {
+        if (same && mine) {
+            if (!token && !ap_maps_token_refused)
+                ap_maps_token_make(syscalls, pgsz);
             m->fd = ap_maps_kept_fd;
             m->kept = true;
             return 0;
@@ -496,14 +553,19 @@ static void ap_maps_close(struct ap_maps *m)
     if (m->fd >= 0 && !m->kept) {
         struct stat st;
         if (m->answered && ap_sys(SYS_fstat, m->fd, (long)&st, 0, 0, 0) == 0) {
-            ap_maps_kept_pid = ap_sys(SYS_getpid, 0, 0, 0, 0, 0);
+            if (ap_maps_token) {
+                *ap_maps_token = 1; /* a child of fork() keeping its own */
+            } else {
+                ap_maps_kept_pid = ap_sys(SYS_getpid, 0, 0, 0, 0, 0);
+                (*m->syscalls)++;
+            }
             ap_maps_kept_dev = st.st_dev;
             ap_maps_kept_ino = st.st_ino;
             ap_maps_kept_fd = m->fd; /* asked again next batch */
         } else {
             ap_sys(SYS_close, m->fd, 0, 0, 0, 0);
         }
-        *m->syscalls += m->answered ? 2 : 1;
+        (*m->syscalls)++;
     }
     if (m->v != m->inl)
         free(m->v);
@@ -1358,7 +1420,7 @@ AP_PLAIN_PATH int ap_poke(struct ap_write *w, size_t n, unsigned flags, struct a
     int ret = 0;
     b.maps.fd = -1;
     if (!(flags & AP_POKE_PROCMEM_ONLY)) {
-        b.maps_ok = ap_maps_open(&b.maps, &b.st->syscalls) == 0;
+        b.maps_ok = ap_maps_open(&b.maps, &b.st->syscalls, b.pgsz) == 0;
         if (b.maps_ok && (flags & AP_POKE_MAPS_FILE)) {
             int err = ap_maps_read_all(&b.maps);
             b.maps_ok = err == 0;
