@@ -1883,6 +1883,44 @@ Test(poke, spans_write_nearby_sites_in_one_pwrite)
 }
 
 /*
+ * The spans are counted over the pending writes: ten writes already done,
+ * one every 1200 bytes across three pages (ten spans, were they pending,
+ * more than the window's pages plus two), around two pending ones 50 bytes
+ * apart: one span, one pwrite, no window.
+ */
+Test(poke, spans_count_only_the_pending_writes)
+{
+    if (!ap_procmem_written_text_runs())
+        cr_skip_test(AP_PROCMEM_NOT_RUN);
+    settle_writer(SPANS);
+    uint8_t *p = rx_pages(3);
+    struct ap_write w[12];
+    size_t n = 0;
+    for (size_t i = 0; i < 10; i++) {
+        if (i == 5) {
+            w[n++] = wr(p + 6000, CC3, NEW3, 3);
+            w[n++] = wr(p + 6050, CC3, NEW3, 3);
+        }
+        w[n++] = wr(p + 100 + 1200 * i, NEW3, CC3, 3); /* memory holds new: done */
+    }
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, n, SPANS, &st), 0);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(w[i].result, ALTPATCH_REASON_NONE, "write %zu", i);
+        cr_assert_eq(w[i].wrote, w[i].addr == (uintptr_t)(p + 6000) ||
+                                     w[i].addr == (uintptr_t)(p + 6050), "write %zu", i);
+    }
+    cr_assert_arr_eq(p + 6000, NEW3, 3);
+    cr_assert_arr_eq(p + 6050, NEW3, 3);
+    cr_assert_eq(p[6003], 0xcc);
+    cr_assert_eq(st.bytes, 6);
+    cr_assert_eq(st.procmem_writes, 1, "one span: %u pwrites", st.procmem_writes);
+    cr_assert_eq(st.mprotect_writes, 0, "a window opened");
+    cr_assert_eq(st.pages, 1);
+    assert_rx(p + pgsz());
+}
+
+/*
  * In one span: a site already new is skipped, one holding neither old nor new
  * is MEM_MISMATCH and keeps its bytes, the others land; the batch asks fewer
  * system calls than the same writes in a window (no PR_GET_MDWE, no signal

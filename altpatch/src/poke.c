@@ -865,44 +865,46 @@ static int ap_write_procmem(struct ap_batch *b, struct ap_write *w)
  * which is paid back from some 40,000 writes in one window. */
 #define AP_SPAN_WRITES_MAX 32768u
 
-/** A span: the pending writes among w[first..) (marked: wrote), their bytes [wlo, whi). */
+/** A span: the pending writes among w[first..end) (marked: wrote), their bytes [wlo, whi). */
 struct ap_span {
-    uint8_t *buf;
-    uintptr_t wlo, whi; /* whi 0: no span open */
-    uint64_t bytes;     /* the pending writes' lengths */
-    size_t first;       /* its first pending write */
-    bool crosses;       /* a pending write crosses a page boundary */
+    uintptr_t wlo, whi;
+    uint64_t bytes; /* the pending writes' lengths */
+    size_t first;   /* its first pending write */
+    size_t end;     /* past its last write */
 };
 
 /**
- * Write span @p sp (its pending writes among w[sp->first..k)): memory
- * [wlo, whi) copied, the pending writes' new bytes put in, one pwrite.
- * Returns @p k when each landed, else the first write left to the window
- * (the first not written whole: its first bytes put back -- or, where that
- * failed, the one after it, *@p err -ENOTRECOVERABLE).
+ * Write span @p sp: memory [wlo, whi) copied into @p buf, the pending
+ * writes' new bytes put in, one pwrite. Returns sp->end when each landed,
+ * else the first write left to the window (the first not written whole: its
+ * first bytes put back -- or, where that failed, the one after it, *@p err
+ * -ENOTRECOVERABLE).
  */
-static size_t ap_span_flush(struct ap_batch *b, int fd, struct ap_span *sp, size_t k, int *err)
+static size_t ap_span_flush(struct ap_batch *b, int fd, const struct ap_span *sp, uint8_t *buf,
+                            int *err)
 {
     struct ap_write *w = b->w;
-    size_t len = sp->whi - sp->wlo;
-    sp->whi = 0;
-    memcpy(sp->buf, (const void *)sp->wlo, len);
+    size_t len = sp->whi - sp->wlo, k = sp->end;
+    bool crosses = false; /* a pending write crosses a page boundary */
+    memcpy(buf, (const void *)sp->wlo, len);
     for (size_t i = sp->first; i < k; i++)
-        if (w[i].wrote)
-            ap_copy_small(sp->buf + (w[i].addr - sp->wlo), w[i].new, w[i].len);
+        if (w[i].wrote) {
+            ap_copy_small(buf + (w[i].addr - sp->wlo), w[i].new, w[i].len);
+            crosses |= ap_crosses_page(b, w[i].addr, w[i].len);
+        }
     /* The kernel writes page by page and stops at a page it cannot write
      * (no memory for its copy): only a write across a page boundary can be
      * cut. Where the span holds one, signals are blocked until it is whole,
      * written or put back: a handler must not run it half written. */
     uint64_t saved = 0;
-    if (sp->crosses) {
+    if (crosses) {
         ap_signals_block(AP_SIGNALS_ALL, &saved);
         b->st->syscalls += 2;
     }
-    long r = ap_procmem_pwrite(fd, sp->wlo, sp->buf, len);
+    long r = ap_procmem_pwrite(fd, sp->wlo, buf, len);
     b->st->syscalls++;
     if (r == (long)len) {
-        if (sp->crosses)
+        if (crosses)
             ap_signals_restore(&saved);
         /* every page of [wlo, whi) holds a pending write's byte: two of
          * them are at most AP_SPAN_GAP apart */
@@ -933,11 +935,30 @@ static size_t ap_span_flush(struct ap_batch *b, int fd, struct ap_span *sp, size
             }
         }
     }
-    if (sp->crosses)
+    if (crosses)
         ap_signals_restore(&saved);
     if (landed)
         b->st->procmem_writes++;
     return resume;
+}
+
+/**
+ * Write spans sp[from..to) in order. Returns @p last when each landed, else
+ * the first write left to the window (the writes the spans after it marked
+ * are unmarked: the window checks them again).
+ */
+static size_t ap_spans_flush(struct ap_batch *b, int fd, const struct ap_span *sp, size_t from,
+                             size_t to, uint8_t *buf, size_t last, int *err)
+{
+    for (size_t s = from; s < to; s++) {
+        size_t resume = ap_span_flush(b, fd, &sp[s], buf, err);
+        if (resume != sp[s].end) {
+            for (size_t i = resume; i < last; i++)
+                b->w[i].wrote = false;
+            return resume;
+        }
+    }
+    return last;
 }
 
 /*
@@ -1013,16 +1034,18 @@ static bool ap_spans_selftest(struct ap_batch *b, int fd)
 
 /**
  * Write the writes of w[first..last) (one window's: one private mapping,
- * readable, not writable, one protection) in spans, in one pass: each write
- * checked against memory (a write that meets the pending bytes of the open
- * span after that span is written); a pending one joins the open span when
- * it starts at or past the span's end, at most AP_SPAN_GAP past it, and the
- * span stays within AP_SPAN_MAX. Taken when the writes need at most the
- * window's pages plus two spans (counted first over all the writes; spread
- * wider, they are the window's case) and are at most AP_SPAN_WRITES_MAX; a
- * span past that budget and the writes after it go to the window. Returns
- * the first write left to the window (@p last: none; @p first: spans not
- * taken), *@p err -ENOTRECOVERABLE when a site was left part written.
+ * readable, not writable, one protection) in spans: each write checked
+ * against memory (a write that meets the pending bytes of the open span
+ * after the spans so far are written); a pending one joins the open span
+ * when it starts at or past the span's end, at most AP_SPAN_GAP past it,
+ * and the span stays within AP_SPAN_MAX. The spans are found first and
+ * written after: taken when the pending writes need at most the window's
+ * pages plus two spans (spread wider, they are the window's case, and
+ * nothing was written) and are at most AP_SPAN_WRITES_MAX; where spans were
+ * written already (a write met the open span's bytes), the writes past that
+ * budget go to the window. Returns the first write left to the window
+ * (@p last: none; @p first: spans not taken), *@p err -ENOTRECOVERABLE when
+ * a site was left part written.
  */
 static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uintptr_t start,
                              uintptr_t end, int *err)
@@ -1034,31 +1057,26 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
     if (first == last || b->spans_off || last - first > AP_SPAN_WRITES_MAX ||
         __atomic_load_n(&ap_spans_run, __ATOMIC_RELAXED) < 0)
         return first;
-    size_t room = end - start < AP_SPAN_MAX ? end - start : AP_SPAN_MAX;
-    size_t budget = (end - start) / b->pgsz + 2, nspans = 0, k = first;
-    for (uintptr_t lo = 0, hi = 0; k < last && nspans <= budget; k++) {
-        uintptr_t a = w[k].addr, e = a + w[k].len;
-        if (a == e)
-            continue;
-        if (!nspans || a < hi || a > hi + AP_SPAN_GAP || e - lo > room) {
-            nspans++;
-            lo = a;
-        }
-        hi = e;
-    }
-    if (nspans > budget)
-        return first;
     int fd = ap_memfd(b);
     if (fd < 0 || !ap_spans_selftest(b, fd))
         return first;
-    struct ap_span sp = {.buf = malloc(room)};
-    if (!sp.buf)
+    size_t room = end - start < AP_SPAN_MAX ? end - start : AP_SPAN_MAX;
+    size_t budget = (end - start) / b->pgsz + 2;
+    struct ap_span *sp = malloc((budget + 1) * sizeof(*sp) + room);
+    if (!sp)
         return first;
-    nspans = 0;
+    uint8_t *buf = (uint8_t *)(sp + budget + 1);
+    size_t ns = 0, done = 0, k; /* spans found, spans written */
+    struct ap_span *cur = NULL;
     for (k = first; k < last; k++) {
         uintptr_t a = w[k].addr, e = a + w[k].len;
-        if (sp.whi && a < sp.whi && e > sp.wlo) {
-            size_t resume = ap_span_flush(b, fd, &sp, k, err);
+        if (cur && a < cur->whi && e > cur->wlo) {
+            /* memory there changes with the open span: the spans so far
+             * written first, this write checked after */
+            cur->end = k;
+            cur = NULL;
+            size_t resume = ap_spans_flush(b, fd, sp, done, ns, buf, k, err);
+            done = ns;
             if (resume != k) {
                 k = resume;
                 break;
@@ -1066,29 +1084,39 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
         }
         if (!ap_write_pending(&w[k]))
             continue;
-        if (sp.whi && (a < sp.whi || a > sp.whi + AP_SPAN_GAP || e - sp.wlo > room)) {
-            size_t resume = ap_span_flush(b, fd, &sp, k, err);
-            if (resume != k) {
-                k = resume;
-                break;
-            }
+        if (cur && (a < cur->whi || a > cur->whi + AP_SPAN_GAP || e - cur->wlo > room)) {
+            cur->end = k;
+            cur = NULL;
         }
-        if (!sp.whi) {
-            if (nspans++ == budget)
+        if (!cur) {
+            if (ns == budget) {
+                if (!done) {
+                    /* spread wider than the window's pages: the window's
+                     * case, nothing written */
+                    for (size_t i = first; i < k; i++)
+                        w[i].wrote = false;
+                    free(sp);
+                    return first;
+                }
+                k = ap_spans_flush(b, fd, sp, done, ns, buf, k, err);
+                done = ns;
                 break; /* w[k] and the rest to the window */
-            sp.wlo = a;
-            sp.bytes = 0;
-            sp.first = k;
-            sp.crosses = false;
+            }
+            cur = &sp[ns++];
+            cur->wlo = a;
+            cur->bytes = 0;
+            cur->first = k;
         }
         w[k].wrote = true; /* pending: landed or not, ap_span_flush() */
-        sp.bytes += w[k].len;
-        sp.whi = e;
-        sp.crosses |= ap_crosses_page(b, a, w[k].len);
+        cur->bytes += w[k].len;
+        cur->whi = e;
     }
-    if (sp.whi && k == last)
-        k = ap_span_flush(b, fd, &sp, last, err);
-    free(sp.buf);
+    if (k == last) {
+        if (cur)
+            cur->end = last;
+        k = ap_spans_flush(b, fd, sp, done, ns, buf, last, err);
+    }
+    free(sp);
     return k;
 }
 
