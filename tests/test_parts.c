@@ -97,8 +97,9 @@ __attribute__((noinline, used)) static long wide(void)
     return v;
 }
 
-/* 4100 more sites: the table holds more than ap_records_keep_max (4096)
- * records, so a first apply decodes each site's records from it, and the
+/* 4100 more sites: the table holds more than 4096 records, so a first
+ * apply decodes each site's records from it (unless the body raises
+ * ap_records_keep_max above that), and the
  * pass keeps every record for wide()'s ten (more than AP_SITE_ENTRIES). */
 __attribute__((noinline, used)) static void bulk(void)
 {

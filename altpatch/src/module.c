@@ -429,7 +429,7 @@ static void ap_module_apart(struct ap_module *m, const struct ap_table_scan *sc)
 }
 
 /* Records of a table whose first apply reads them kept in an array (host.h). */
-unsigned ap_records_keep_max = 4096;
+unsigned ap_records_keep_max = 384;
 uint64_t ap_site_bytes_max = AP_SITE_BYTES_MAX;
 
 /**
