@@ -707,7 +707,8 @@ static bool hinted(const struct ap_memo *memo, const struct ap_entry *e, uint32_
 {
     uint64_t key = ap_memo_hint_key(e);
 
-    return memo->hint[ap_memo_hint_at(key)].id == id || memo->hint[ap_memo_hint_at2(key)].id == id;
+    return memo->hint[ap_memo_hint_at(memo, key)].id == id ||
+           memo->hint[ap_memo_hint_at2(memo, key)].id == id;
 }
 
 /*
@@ -743,9 +744,11 @@ Test(memo, shapes_sharing_a_replacement_keep_their_hints)
 
 /*
  * Two keys whose first hint slot is the same, their sites met in turn: each
- * gets a hint (at its second slot if need be) and every later site of either
- * is answered by its hint, not by the full lookup. With one slot per key
- * each miss took the other's turn and neither ever got one.
+ * gets a hint and every later site of either is answered by its hint, not
+ * by the full lookup (with one slot per key each miss took the other's turn
+ * and neither ever got one), and each in a first slot of its own: the fill
+ * chose another multiplier rather than leave one to the second slot, looked
+ * up out of line.
  */
 Test(memo, keys_sharing_a_slot_met_in_turn_keep_their_hints)
 {
@@ -753,6 +756,7 @@ Test(memo, keys_sharing_a_slot_met_in_turn_keep_their_hints)
     static struct ap_plan b;
 
     module_make(&mod, 0);
+    ap_memo_init(&memo, &mod.fs);
     const struct shape *sa = &shapes[1], *sb = &shapes[2]; /* fs self, gs self */
     size_t to = 16, ra = 64, rb = 0;
     /* a replacement address for the second shape whose key shares the
@@ -762,7 +766,7 @@ Test(memo, keys_sharing_a_slot_met_in_turn_keep_their_hints)
     for (size_t r = 256; r < REPL_SIZE - 64 && !rb; r++) {
         struct ap_entry eb = {.repl = REPL + r, .feature = X86_FEATURE_FSGSBASE, .repllen = 5};
         uint64_t kb = ap_memo_hint_key(&eb);
-        if (kb != ka && ap_memo_hint_at(kb) == ap_memo_hint_at(ka))
+        if (kb != ka && ap_memo_hint_at(&memo, kb) == ap_memo_hint_at(&memo, ka))
             rb = r;
     }
     cr_assert_neq(rb, 0, "no replacement address shares the slot");
@@ -772,8 +776,8 @@ Test(memo, keys_sharing_a_slot_met_in_turn_keep_their_hints)
     }
     const struct ap_entry *e0 = &mod.e[mod.s[0].first], *e1 = &mod.e[mod.s[1].first];
     cr_assert_eq(ap_memo_hint_key(e0), ka, "the first shape's key");
-    cr_assert_eq(ap_memo_hint_at(ap_memo_hint_key(e1)), ap_memo_hint_at(ka), "one first slot");
-    ap_memo_init(&memo, &mod.fs);
+    uint64_t kb = ap_memo_hint_key(e1);
+    cr_assert_eq(ap_memo_hint_at(&memo, kb), ap_memo_hint_at(&memo, ka), "one first slot");
     for (size_t i = 0; i < 2; i++) /* the templates */
         ap_memo_plan(&memo, &mod.v, &mod.s[i], mod.e, NULL, &mod.fs, &b);
     for (size_t i = 0; i < mod.ns; i++)
@@ -784,6 +788,10 @@ Test(memo, keys_sharing_a_slot_met_in_turn_keep_their_hints)
         cr_assert_neq(id, 0, "site %zu (shape %s): no hint", i, i % 2 ? "gs" : "fs");
         cr_assert_eq(id, shared_find(&mod, &memo, i), "site %zu: the hint's template", i);
     }
+    size_t at_a = ap_memo_hint_at(&memo, ka), at_b = ap_memo_hint_at(&memo, kb);
+    cr_assert_neq(at_a, at_b, "the two keys still share a first slot");
+    cr_assert_eq(memo.hint[at_a].id, shared_find(&mod, &memo, 0), "the first key's hint");
+    cr_assert_eq(memo.hint[at_b].id, shared_find(&mod, &memo, 1), "the second key's hint");
     ap_memo_free(&memo);
 }
 

@@ -759,7 +759,7 @@ static uint32_t memo_store(struct ap_memo *m, uint64_t h, const struct ap_view *
 uint32_t ap_memo_find_hint2(const struct ap_memo *m, const struct ap_site *s,
                             const struct ap_entry *e, const uint8_t *orig)
 {
-    const struct ap_memo_hint *h = &m->hint[ap_memo_hint_at2(ap_memo_hint_key(e))];
+    const struct ap_memo_hint *h = &m->hint[ap_memo_hint_at2(m, ap_memo_hint_key(e))];
     return ap_memo_hint_holds(h, ap_memo_hint_site(s), e, s, orig) ? h->id : 0;
 }
 
@@ -775,7 +775,8 @@ uint32_t ap_memo_find_hint2(const struct ap_memo *m, const struct ap_site *s,
  */
 static struct ap_memo_hint *hint_slot(struct ap_memo *m, uint64_t key)
 {
-    struct ap_memo_hint *c[2] = {&m->hint[ap_memo_hint_at(key)], &m->hint[ap_memo_hint_at2(key)]};
+    struct ap_memo_hint *c[2] = {&m->hint[ap_memo_hint_at(m, key)],
+                                 &m->hint[ap_memo_hint_at2(m, key)]};
 
     for (int k = 0; k < 2; k++)
         if (!c[k]->id && c[k]->seen == key)
@@ -790,6 +791,57 @@ static struct ap_memo_hint *hint_slot(struct ap_memo *m, uint64_t key)
         if (!c[k]->id)
             return c[k];
     return c[0];
+}
+
+/*
+ * Another multiplier for the hint slots under which key @p key and the key
+ * of every hint held now have first slots of their own (a few odd
+ * constants tried in turn): the hints move there, the keys waiting for a
+ * second sighting are forgotten. False, nothing changed, when none does.
+ */
+_Static_assert(AP_MEMO_HINTS == 32, "a slot is five bits of the product, a mask bit each");
+
+static bool hint_rehash(struct ap_memo *m, uint64_t key)
+{
+    static const uint64_t muls[] = {
+        0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x94d049bb133111ebull,
+        0xd6e8feb86659fd93ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull,
+        0xff51afd7ed558ccdull, 0xc4ceb9fe1a85ec53ull, 0x2545f4914f6cdd1dull,
+    };
+    uint64_t keys[AP_MEMO_HINTS + 1];
+    size_t n = 0;
+    for (size_t i = 0; i < AP_MEMO_HINTS; i++)
+        if (m->hint[i].id)
+            keys[n++] = ap_memo_hint_key_of(m->hint[i].repl[0], m->hint[i].hdr[0]);
+    keys[n++] = key;
+    uint64_t now = m->hint_mul ? m->hint_mul : AP_MEMO_HINT_MUL;
+    for (size_t t = 0; t < sizeof(muls) / sizeof(muls[0]); t++) {
+        if (muls[t] == now)
+            continue;
+        uint32_t used = 0;
+        size_t k = 0;
+        for (; k < n; k++) {
+            uint32_t bit = 1u << ((keys[k] * muls[t]) >> 59);
+            if (used & bit)
+                break;
+            used |= bit;
+        }
+        if (k < n)
+            continue;
+        struct ap_memo_hint old[AP_MEMO_HINTS];
+        memcpy(old, m->hint, sizeof(old));
+        memset(m->hint, 0, sizeof(m->hint));
+        m->hint_mul = muls[t];
+        for (size_t i = 0; i < AP_MEMO_HINTS; i++)
+            if (old[i].id) {
+                struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(
+                    m, ap_memo_hint_key_of(old[i].repl[0], old[i].hdr[0]))];
+                *h = old[i];
+                h->seen = 0;
+            }
+        return true;
+    }
+    return false;
 }
 
 /*
@@ -813,10 +865,18 @@ static void hint_fill(struct ap_memo *m, const struct ap_view *v, const struct a
         h->seen = key;
         return;
     }
+    struct ap_memo_hint *first = &m->hint[ap_memo_hint_at(m, key)];
     if (!ap_memo_hints_in(m, &v->repl)) {
         memset(m->hint, 0, sizeof(m->hint));
         m->hint_repl = v->repl;
+        h = first; /* every slot empty now */
     }
+    /* another key holds the first slot (or both): first slots for all, if
+     * a multiplier gives them; else the second slot, looked up out of line,
+     * or another key's hint taken */
+    if ((h != first || (h->id && ap_memo_hint_key_of(h->repl[0], h->hdr[0]) != key)) &&
+        hint_rehash(m, key))
+        h = &m->hint[ap_memo_hint_at(m, key)];
     *h = (struct ap_memo_hint){
         .site = ap_memo_hint_site(s),
         .repl = {e->repl, s->count == 2 ? e[1].repl : 0},

@@ -219,7 +219,8 @@ struct ap_memo_hint {
 };
 
 /** Hints kept by one memo: a key (the first entry's ap_memo_hint_key()) has
- * two slots (ap_memo_hint_at(), ap_memo_hint_at2()). */
+ * two slots (ap_memo_hint_at(), ap_memo_hint_at2()); a slot is the top five
+ * bits of a product (memo.c's hint_rehash() keeps a 32-bit mask of them). */
 #define AP_MEMO_HINTS 32u
 
 struct ap_memo {
@@ -242,6 +243,7 @@ struct ap_memo {
      * hints are dropped), and the hints. */
     struct ap_region hint_repl;
     struct ap_memo_hint hint[AP_MEMO_HINTS];
+    uint64_t hint_mul; /* the slots' multiplier (odd; 0: AP_MEMO_HINT_MUL) */
 };
 
 /**
@@ -285,7 +287,7 @@ AP_HIDDEN extern bool ap_known_plans_off;
 static inline void ap_memo_hints_drop(struct ap_memo *m)
 {
     memset(&m->hint_repl, 0, sizeof(m->hint_repl));
-    memset(m->hint, 0, sizeof(m->hint));
+    memset(m->hint, 0, sizeof(m->hint)); /* the multiplier stays: the same keys come again */
 }
 
 /** An empty memo for plans made under @p fs. */
@@ -403,10 +405,28 @@ static inline uint64_t ap_memo_hint_key(const struct ap_entry *e)
     return ap_memo_hint_key_of(e->repl, ap_memo_hint_hdr(e));
 }
 
-/* The first hint slot of key @p key (ap_memo_hint_key()). */
-static inline size_t ap_memo_hint_at(uint64_t key)
+/* The hint slots' multiplier of a memo that has not chosen another. */
+#define AP_MEMO_HINT_MUL 0x9e3779b97f4a7c15ull
+
+/* The product of key @p key (ap_memo_hint_key()) whose top bits name its slots. */
+static inline uint64_t ap_memo_hint_x(const struct ap_memo *m, uint64_t key)
 {
-    return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 59) & (AP_MEMO_HINTS - 1);
+    return key * (m->hint_mul ? m->hint_mul : AP_MEMO_HINT_MUL);
+}
+
+/*
+ * The first hint slot of key @p key. The keys are replacement addresses
+ * (plus a header), so whether two of a program's few keys share a first
+ * slot depends on where its replacements were linked and loaded; a key
+ * whose first slot another one holds is looked up out of line
+ * (ap_memo_find_hint2()), some 50 instructions a site. The fill therefore
+ * chooses another multiplier where that would happen and the keys hinted
+ * so far, with the new one, all get first slots of their own under it
+ * (memo.c, hint_fill()).
+ */
+static inline size_t ap_memo_hint_at(const struct ap_memo *m, uint64_t key)
+{
+    return (size_t)(ap_memo_hint_x(m, key) >> 59) & (AP_MEMO_HINTS - 1);
 }
 
 /*
@@ -418,9 +438,9 @@ static inline size_t ap_memo_hint_at(uint64_t key)
  * took the full lookup. With two slots a key loses its hint only where both
  * are held by others.
  */
-static inline size_t ap_memo_hint_at2(uint64_t key)
+static inline size_t ap_memo_hint_at2(const struct ap_memo *m, uint64_t key)
 {
-    uint64_t x = key * 0x9e3779b97f4a7c15ull;
+    uint64_t x = ap_memo_hint_x(m, key);
     size_t a = (size_t)(x >> 59) & (AP_MEMO_HINTS - 1);
     size_t b = (size_t)(x >> 54) & (AP_MEMO_HINTS - 1);
     return b != a ? b : a ^ 1u;
@@ -474,7 +494,7 @@ static inline uint32_t ap_memo_find_hint(const struct ap_memo *m, const struct a
         return 0; /* not one or two entries */
     const struct ap_entry *e = &entries[s->first];
     uint64_t key = ap_memo_hint_key(e);
-    const struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(key)];
+    const struct ap_memo_hint *h = &m->hint[ap_memo_hint_at(m, key)];
     if (ap_memo_hint_holds(h, sw, e, s, orig))
         return h->id;
     return ap_memo_find_hint2(m, s, e, orig); /* out of line: the loops' registers */
