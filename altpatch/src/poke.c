@@ -412,6 +412,10 @@ AP_STATE static ino_t ap_maps_kept_ino;
  * batch that uses the kept descriptor again (getpid() said it is this
  * process's), so that a process that applies once maps nothing; NULL until
  * then, and for good where the kernel refuses the advice (getpid() then).
+ * Only a kept descriptor gets one, so only a kernel that answers
+ * PROCMAP_QUERY (Linux 6.11) and PR_GET_SECCOMP: an emulator that answers
+ * every madvise() with success without doing it (qemu-user 7) answers
+ * neither.
  */
 AP_STATE static volatile uint8_t *ap_maps_token;
 AP_STATE static bool ap_maps_token_refused;
