@@ -250,8 +250,8 @@ AP_HOT static void ap_read_base(struct altpatch_features *f)
 
 /*
  * How ap_sync_core() serializes, learnt from leaf 7.0 when it is read for the
- * features, or by ap_sync_core() itself from the C library's copy of that
- * leaf (never a CPUID instruction to decide): AP_SYNC_UNKNOWN until then.
+ * features, or by ap_sync_core() itself, once, from the C library's copy of
+ * that leaf (else from the leaf): AP_SYNC_UNKNOWN until then.
  */
 AP_STATE static int ap_sync_kind = AP_SYNC_UNKNOWN;
 AP_STATE static uint32_t ap_std7_maxsub; /* CPUID.(7,0):EAX (STD7 group) */
@@ -934,7 +934,8 @@ AP_HOT bool ap_host_leaves(unsigned groups, struct altpatch_features *out)
  * is known once leaf 7.0 was read for the features; where it was not (an
  * apply of a given feature set, or of records that name no feature of that
  * leaf) the C library's copy of the leaf tells, without an exit, and
- * without that copy the shadow stack is asked each time.
+ * without that copy (a C library that keeps none) leaves 0 and 7 are read
+ * once: two exits for the process instead of one at every writing apply.
  */
 int ap_sync_how(void)
 {
@@ -945,8 +946,10 @@ AP_PLAIN_PATH void ap_sync_core(void)
 {
     int kind = __atomic_load_n(&ap_sync_kind, __ATOMIC_ACQUIRE);
     if (kind == AP_SYNC_UNKNOWN) {
-        struct ap_regs r;
-        kind = ap_libc_leaf(7, 0, &r) ? ap_sync_kind_of(r.c, r.d) : AP_SYNC_IRET_UNLESS_SHSTK;
+        struct ap_regs r = {0, 0, 0, 0};
+        if (!ap_libc_leaf(7, 0, &r) && ap_cpuid(0, 0).a >= 7)
+            r = ap_cpuid(7, 0); /* no copy (another C library): the leaf, once */
+        kind = ap_sync_kind_of(r.c, r.d);
         __atomic_store_n(&ap_sync_kind, kind, __ATOMIC_RELEASE);
     }
     switch (kind) {

@@ -87,10 +87,9 @@ AP_HIDDEN void ap_effective_leaves_cleared(unsigned groups, const char *list,
 /**
  * Serialize this CPU after code was written (the kernel's sync_core()):
  * SERIALIZE where CPUID says so, else an IRET to self, else (a thread on a
- * shadow stack) CPUID. Never executes a CPUID leaf to decide: it uses leaf 7
- * when it was read for the features, else the C library's copy of it (once;
- * without one, IRET unless this thread's shadow stack is on);
- * async-signal-safe.
+ * shadow stack) CPUID. Decides by leaf 7 when it was read for the
+ * features, else by the C library's copy of it, else by the leaf itself
+ * (once, two CPUID exits for the process); async-signal-safe.
  */
 AP_HIDDEN void ap_sync_core(void);
 /** How ap_sync_core() serializes: 0 not known yet, then one of these. */

@@ -382,8 +382,9 @@ static bool ap_maps_line(const char *line, struct ap_map *e)
  * The /proc/self/maps descriptor of an earlier batch, kept where the kernel
  * answers PROCMAP_QUERY: opening the file walks /proc and costs more than the
  * rest of a small batch's questions. It is used again only when it is still
- * this process's (getpid(): a child of fork() inherits it, and it describes
- * the parent) and still the file it was (fstat(): the program may have closed
+ * this process's (a child of fork() inherits it, and it describes the
+ * parent: the fork page below tells, getpid() until it is mapped or where it
+ * is refused) and still the file it was (fstat(): the program may have closed
  * it and the number may name another file now). A child of fork() closes the
  * copy it inherited in the library's fork handler (ap_maps_after_fork(), from
  * apply.c), where no batch can be using it (the prepare handler held the
@@ -411,7 +412,8 @@ AP_STATE static ino_t ap_maps_kept_ino;
  * PID namespace, whose pid may equal its parent's. Mapped by the first
  * batch that uses the kept descriptor again (getpid() said it is this
  * process's), so that a process that applies once maps nothing; NULL until
- * then, and for good where the kernel refuses the advice (getpid() then).
+ * then, and for good where the kernel refuses the advice (getpid() then; a
+ * page the kernel could not give now is asked for again next batch).
  * Only a kept descriptor gets one, so only a kernel that answers
  * PROCMAP_QUERY (Linux 6.11) and PR_GET_SECCOMP: an emulator that answers
  * every madvise() with success without doing it (qemu-user 7) answers
@@ -428,7 +430,9 @@ AP_STATE static bool ap_maps_token_refused;
  * Map ap_maps_token, set: where no seccomp filter runs, asked right before
  * (a filter installed since the caller's proof, by a print callback say,
  * may kill the process for a call it does not expect; under one getpid()
- * stays). Three system calls, four where the advice is refused.
+ * stays). Three system calls, four where the advice fails. Only a kernel
+ * that does not know the advice (EINVAL) refuses it for good; out of memory
+ * for the page or the advice, the next batch asks again.
  */
 static void ap_maps_token_make(uint64_t *syscalls, uintptr_t pgsz)
 {
@@ -436,16 +440,14 @@ static void ap_maps_token_make(uint64_t *syscalls, uintptr_t pgsz)
         return; /* asked again by the next batch, unless the mode is kept */
     void *p = mmap(NULL, pgsz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     (*syscalls)++;
-    if (p == MAP_FAILED) {
-        ap_maps_token_refused = true;
+    if (p == MAP_FAILED)
         return;
-    }
     long r = ap_sys(SYS_madvise, (long)p, (long)pgsz, MADV_WIPEONFORK, 0, 0);
     (*syscalls)++;
     if (r != 0) {
         munmap(p, pgsz);
         (*syscalls)++;
-        ap_maps_token_refused = true;
+        ap_maps_token_refused = r == -EINVAL;
         return;
     }
     volatile uint8_t *t = p;
