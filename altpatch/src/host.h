@@ -252,10 +252,9 @@ static inline size_t ap_part_size(size_t sites)
  * queue's meanwhile: apply.c): 384 (12 KiB). A larger table's first
  * decision decodes each site's records from the mapped table as it goes:
  * below this size the decoding costs more than the array's fresh memory
- * (on the KVM guest of docs/benchmarks.md a cold apply of 300 sites was
- * ~6% faster with the array, one of 500 or 1,000 ~3-8% faster decoding,
- * which also executes fewer instructions at every size measured, 300 to
- * 3,000). Tests set 0 to decode every table.
+ * (docs/benchmarks.md, part 3's later applies of 2026-12-03 16:36 UTC: the
+ * 1k program's cold apply 7-10% faster and 11.8 instructions a site fewer
+ * decoding than with 4096). Tests set 0 to decode every table.
  */
 AP_HIDDEN extern unsigned ap_records_keep_max;
 

@@ -793,14 +793,14 @@ static struct ap_memo_hint *hint_slot(struct ap_memo *m, uint64_t key)
     return c[0];
 }
 
+_Static_assert(AP_MEMO_HINTS == 32, "a slot is five bits of the product, a mask bit each");
+
 /*
  * Another multiplier for the hint slots under which key @p key and the key
  * of every hint held now have first slots of their own (a few odd
  * constants tried in turn): the hints move there, the keys waiting for a
  * second sighting are forgotten. False, nothing changed, when none does.
  */
-_Static_assert(AP_MEMO_HINTS == 32, "a slot is five bits of the product, a mask bit each");
-
 static bool hint_rehash(struct ap_memo *m, uint64_t key)
 {
     static const uint64_t muls[] = {
