@@ -2063,6 +2063,95 @@ Test(poke, spans_check_an_overlapping_write_after_the_one_before)
     assert_rx(p);
 }
 
+/* Spans of writes the caller compared with memory (AP_POKE_CHECKED). */
+#define CHECKED (SPANS | AP_POKE_CHECKED)
+
+/*
+ * The caller's word is taken: under AP_POKE_CHECKED a write in a span is
+ * not compared again, so one whose memory holds neither old nor new (which
+ * the caller would never hand over) is written; the same batch without the
+ * flag finds the mismatch. Every other write lands alike.
+ */
+Test(poke, spans_take_the_callers_compared_writes_as_they_come)
+{
+    if (!ap_procmem_written_text_runs())
+        cr_skip_test(AP_PROCMEM_NOT_RUN);
+    settle_writer(SPANS);
+    static const uint8_t ODD3[3] = {0x11, 0x22, 0x33};
+    uint8_t *p = rx_pages(1), *q = rx_pages(1);
+    struct ap_write w[4], v[4];
+    for (size_t i = 0; i < 4; i++) {
+        w[i] = wr(p + 16 + i * 32, CC3, NEW3, 3);
+        v[i] = wr(q + 16 + i * 32, CC3, NEW3, 3);
+    }
+    w[2].old = v[2].old = ODD3; /* memory holds 0xcc: neither */
+    struct ap_poke_stats a = {0}, b = {0};
+    cr_assert_eq(ap_poke(w, 4, CHECKED, &a), 0);
+    cr_assert_eq(ap_poke(v, 4, SPANS, &b), 0);
+    for (size_t i = 0; i < 4; i++) {
+        cr_assert_eq(w[i].result, ALTPATCH_REASON_NONE, "write %zu", i);
+        cr_assert(w[i].wrote, "write %zu", i);
+        cr_assert_arr_eq(p + 16 + i * 32, NEW3, 3, "write %zu", i);
+    }
+    cr_assert_eq(a.bytes, 12);
+    cr_assert_eq(a.procmem_writes, 1);
+    cr_assert_eq(v[2].result, ALTPATCH_REASON_MEM_MISMATCH, "compared without the flag");
+    cr_assert_arr_eq(q + 16 + 2 * 32, CC3, 3);
+    cr_assert_eq(b.bytes, 9);
+    cr_assert_eq(a.syscalls, b.syscalls, "%lu, %lu", (unsigned long)a.syscalls,
+                 (unsigned long)b.syscalls);
+    assert_rx(p);
+}
+
+/*
+ * The caller's comparisons hold only where nothing of the batch was written
+ * since: a write below the end of the one before it (out of order, or
+ * overlapping it) and a window's first write below the end of a window
+ * written before are compared again, as without the flag.
+ */
+Test(poke, spans_compare_again_what_the_batch_may_have_written)
+{
+    if (!ap_procmem_written_text_runs())
+        cr_skip_test(AP_PROCMEM_NOT_RUN);
+    settle_writer(SPANS);
+    static const uint8_t ODD3[3] = {0x11, 0x22, 0x33};
+    /* out of order in one page: the second write compared, a mismatch */
+    uint8_t *p = rx_pages(1);
+    struct ap_write w[2] = {wr(p + 200, CC3, NEW3, 3), wr(p + 100, ODD3, NEW3, 3)};
+    struct ap_poke_stats st = {0};
+    cr_assert_eq(ap_poke(w, 2, CHECKED, &st), 0);
+    cr_assert(w[0].wrote);
+    cr_assert_arr_eq(p + 200, NEW3, 3);
+    cr_assert_eq(w[1].result, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_not(w[1].wrote);
+    cr_assert_arr_eq(p + 100, CC3, 3);
+
+    /* overlapping the write before: checked with that one's bytes in it */
+    uint8_t *o = rx_pages(1);
+    static const uint8_t NEW4[4] = {0x0f, 0x1f, 0x40, 0x00};
+    static const uint8_t STALE2[3] = {0xcc, 0xcc, 0xcc}; /* what the caller saw */
+    static const uint8_t NEW2[3] = {0x90, 0x90, 0x90};
+    static const uint8_t CC4[4] = {0xcc, 0xcc, 0xcc, 0xcc};
+    struct ap_write u[2] = {wr(o + 10, CC4, NEW4, 4), wr(o + 12, STALE2, NEW2, 3)};
+    cr_assert_eq(ap_poke(u, 2, CHECKED, &st), 0);
+    cr_assert(u[0].wrote);
+    cr_assert_eq(u[1].result, ALTPATCH_REASON_MEM_MISMATCH, "the stale comparison not taken");
+    cr_assert_arr_eq(o + 10, NEW4, 4);
+    cr_assert_eq(o[14], 0xcc);
+
+    /* a write before it lies across a change of protection (written on
+     * its own, compared); the next, in the page after, overlaps it: that
+     * window's first write lies below the end of the one before */
+    uint8_t *t = rx_pages(2);
+    cr_assert_eq(mprotect(t + pgsz(), pgsz(), PROT_READ), 0);
+    struct ap_write v[2] = {wr(t + pgsz() - 2, CC4, NEW4, 4), wr(t + pgsz(), STALE2, NEW2, 3)};
+    cr_assert_eq(ap_poke(v, 2, CHECKED, &st), 0);
+    cr_assert(v[0].wrote);
+    cr_assert_arr_eq(t + pgsz() - 2, NEW4, 4);
+    cr_assert_eq(v[1].result, ALTPATCH_REASON_MEM_MISMATCH);
+    cr_assert_eq(t[pgsz() + 2], 0xcc);
+}
+
 /* More writes in one window than the spans pay for: the window. */
 Test(poke, a_window_of_very_many_writes_is_opened)
 {

@@ -552,6 +552,12 @@ struct ap_run {
     uintptr_t wlast;         /* the address of the last write queued; 0 before
                               * the first (no site lies at 0) */
     bool unsorted;           /* some write was queued below one before it */
+    /* Writes queued by quick switches (ap_toggle()), each compared with
+     * memory there after the proof, and ap_user_calls when the first was
+     * compared: when they are the whole queue and no user code ran since,
+     * the writer need not compare them again (AP_POKE_CHECKED). */
+    size_t nchecked;
+    unsigned long checked_calls;
     struct ap_mrun *mods;
     size_t nmods;
     struct ap_detail *details;
@@ -1448,7 +1454,7 @@ AP_HOT static __attribute__((noinline)) bool ap_still_settled(const struct ap_mo
  * the target already is unchanged. False, with nothing queued, when some
  * site holds anything else: the module is then decided site by site.
  */
-static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
+static __attribute__((noinline)) bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
 {
     const struct ap_module *m = mr->m;
     /* copies (stores of bytes could alias them); every site of a settled
@@ -1460,6 +1466,8 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
     uint64_t kept_bytes = 0;
     uintptr_t wlast = r->wlast;
     bool revert = r->revert, unsorted = r->unsorted;
+    if (!r->nchecked)
+        r->checked_calls = ap_user_calls_now();
     const uint8_t *from = revert ? m->planned : m->orig;
     const uint8_t *to = revert ? m->orig : m->planned;
     size_t offrun = 0;
@@ -1481,6 +1489,7 @@ static bool ap_toggle(struct ap_run *r, struct ap_mrun *mr)
         kept_bytes += len;
     }
     r->nkept += nw - w0;
+    r->nchecked += nw - w0;
     r->kept_bytes += kept_bytes;
     r->ndec = n;
     r->nwrites = nw;
@@ -2145,8 +2154,11 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
             ap_writes_deny(r.writes, r.nwrites);
         } else {
             r.wrote = true;
+            /* every write compared by a quick switch, nothing run since */
+            bool checked = r.nchecked == r.nwrites && r.checked_calls == ap_user_calls_now();
             err = ap_poke(r.writes, r.nwrites,
                           r.pf | (r.first_any ? AP_POKE_PREFAULT : AP_POKE_SPANS) |
+                              (checked ? AP_POKE_CHECKED : 0) |
                               (!r.poked     ? 0
                                : r.unsorted ? AP_POKE_NOT_RUNS
                                             : AP_POKE_CONTINUE),

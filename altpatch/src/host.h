@@ -176,6 +176,14 @@ enum ap_poke_flags {
      * where a window's writes need few spans, instead of an mprotect pair
      * (poke.c, ap_write_spans()) */
     AP_POKE_SPANS = 1u << 8,
+    /* the caller compared each write with memory after the proof of
+     * AP_POKE_SECCOMP_OFF (it held old, not new) and has written nothing and
+     * run no user code since: spans take the writes as pending without
+     * comparing again, until one lies below the end of the one before (out
+     * of order, or overlapping it: written since, maybe) or a window's first
+     * below the end of the window before; the window and single writes
+     * still compare */
+    AP_POKE_CHECKED = 1u << 9,
 };
 
 /** Pages [start, end) counted by earlier batches (AP_POKE_RUNS). */

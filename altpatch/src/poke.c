@@ -703,6 +703,7 @@ struct ap_batch {
     bool wrote_any;
     uintptr_t torn_at; /* the first site left part written (ap_unland()), or 0 */
     bool spans_off;    /* a span's pwrite wrote nothing: windows for the rest */
+    uintptr_t group_end; /* the highest end of the windows written so far (ap_write_all()) */
     uintptr_t pg_done; /* end of the last page counted in st->pages (address order) */
     size_t run_at;     /* AP_POKE_NOT_RUNS: the first of st->runs that may still meet a page */
     size_t stop;       /* the walk stopped (-ENOMEM) before w[stop] */
@@ -877,6 +878,7 @@ struct ap_span {
     uint64_t bytes; /* the pending writes' lengths */
     size_t first;   /* its first pending write */
     size_t end;     /* past its last write */
+    bool crosses;   /* a pending write crosses a page boundary */
 };
 
 /**
@@ -890,14 +892,13 @@ static size_t ap_span_flush(struct ap_batch *b, int fd, const struct ap_span *sp
                             int *err)
 {
     struct ap_write *w = b->w;
-    size_t len = sp->whi - sp->wlo, k = sp->end;
-    bool crosses = false; /* a pending write crosses a page boundary */
-    memcpy(buf, (const void *)sp->wlo, len);
+    const uintptr_t wlo = sp->wlo; /* copies: the byte stores below may alias */
+    const size_t len = sp->whi - wlo, k = sp->end;
+    const bool crosses = sp->crosses;
+    memcpy(buf, (const void *)wlo, len);
     for (size_t i = sp->first; i < k; i++)
-        if (w[i].wrote) {
-            ap_copy_small(buf + (w[i].addr - sp->wlo), w[i].new, w[i].len);
-            crosses |= ap_crosses_page(b, w[i].addr, w[i].len);
-        }
+        if (w[i].wrote)
+            ap_copy_small(buf + (w[i].addr - wlo), w[i].new, w[i].len);
     /* The kernel writes page by page and stops at a page it cannot write
      * (no memory for its copy): only a write across a page boundary can be
      * cut. Where the span holds one, signals are blocked until it is whole,
@@ -917,10 +918,10 @@ static size_t ap_span_flush(struct ap_batch *b, int fd, const struct ap_span *sp
         b->st->procmem_writes++;
         b->st->bytes += sp->bytes;
         b->wrote_any = true;
-        ap_count_pages(b, ap_pg_down(b, sp->wlo), ap_pg_up(b, sp->wlo + len));
+        ap_count_pages(b, ap_pg_down(b, wlo), ap_pg_up(b, wlo + len));
         return k;
     }
-    uintptr_t done = sp->wlo + (uintptr_t)(r > 0 ? r : 0);
+    uintptr_t done = wlo + (uintptr_t)(r > 0 ? r : 0);
     if (r <= 0)
         b->spans_off = true; /* refused (a kernel that forbids it): not asked again */
     size_t resume = k;
@@ -1053,8 +1054,9 @@ static bool ap_spans_selftest(struct ap_batch *b, int fd)
  * (@p last: none; @p first: spans not taken), *@p err -ENOTRECOVERABLE when
  * a site was left part written.
  */
-static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uintptr_t start,
-                             uintptr_t end, int *err)
+static __attribute__((noinline)) size_t ap_write_spans(struct ap_batch *b, size_t first,
+                                                       size_t last, uintptr_t start,
+                                                       uintptr_t end, int *err)
 {
     struct ap_write *w = b->w;
     while (first < last && !w[first].len)
@@ -1072,29 +1074,53 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
     if (!sp)
         return first;
     uint8_t *buf = (uint8_t *)(sp + budget + 1);
+    const uintptr_t pgmask = ~(b->pgsz - 1);
     size_t ns = 0, done = 0, k; /* spans found, spans written */
-    struct ap_span *cur = NULL;
+    /* The open span, in locals until it is closed into sp[ns] (a write's
+     * result is a byte store, which could alias a span's fields): its bytes
+     * [wlo, whi), which may not reach past lim. None open: wlo and whi are
+     * AP_SPAN_NONE, so that a write meets no span and starts one. */
+#define AP_SPAN_NONE UINTPTR_MAX
+    uintptr_t wlo = AP_SPAN_NONE, whi = AP_SPAN_NONE, lim = 0;
+    uint64_t bytes = 0;
+    size_t sfirst = 0;
+    bool crosses = false;
+    /* compared by the caller (AP_POKE_CHECKED): pending as they come, until
+     * one lies below the end of the one before (out of order, or overlapping
+     * it: memory the caller saw may have been written since); not where the
+     * first lies below the end of a window before (written already) */
+    bool checked = (b->flags & AP_POKE_CHECKED) && w[first].addr >= b->group_end;
+#define AP_SPAN_CLOSE(at)                                                                  \
+    (sp[ns++] = (struct ap_span){wlo, whi, bytes, sfirst, (at), crosses},                 \
+     wlo = whi = AP_SPAN_NONE)
     for (k = first; k < last; k++) {
-        uintptr_t a = w[k].addr, e = a + w[k].len;
-        if (cur && a < cur->whi && e > cur->wlo) {
-            /* memory there changes with the open span: the spans so far
-             * written first, this write checked after */
-            cur->end = k;
-            cur = NULL;
-            size_t resume = ap_spans_flush(b, fd, sp, done, ns, buf, k, err);
-            done = ns;
-            if (resume != k) {
-                k = resume;
-                break;
+        const uintptr_t a = w[k].addr, len = w[k].len, e = a + len;
+        if (a < whi && whi != AP_SPAN_NONE) {
+            checked = false;
+            if (e > wlo) {
+                /* memory there changes with the open span: the spans so
+                 * far written first, this write checked after */
+                AP_SPAN_CLOSE(k);
+                size_t resume = ap_spans_flush(b, fd, sp, done, ns, buf, k, err);
+                done = ns;
+                if (resume != k) {
+                    k = resume;
+                    break;
+                }
             }
         }
-        if (!ap_write_pending(&w[k]))
+        if (checked) {
+            w[k].result = ALTPATCH_REASON_NONE;
+            if (!len)
+                continue; /* nothing to write: the outputs only */
+        } else if (!ap_write_pending(&w[k])) {
             continue;
-        if (cur && (a < cur->whi || a > cur->whi + AP_SPAN_GAP || e - cur->wlo > room)) {
-            cur->end = k;
-            cur = NULL;
         }
-        if (!cur) {
+        /* none open, or this write below its end, too far past it, or
+         * making it longer than a span may be: a new span */
+        if (a < whi || a > whi + AP_SPAN_GAP || e > lim) {
+            if (whi != AP_SPAN_NONE)
+                AP_SPAN_CLOSE(k);
             if (ns == budget) {
                 if (!done) {
                     /* spread wider than the window's pages: the window's
@@ -1108,20 +1134,24 @@ static size_t ap_write_spans(struct ap_batch *b, size_t first, size_t last, uint
                 done = ns;
                 break; /* w[k] and the rest to the window */
             }
-            cur = &sp[ns++];
-            cur->wlo = a;
-            cur->bytes = 0;
-            cur->first = k;
+            wlo = a;
+            lim = a + room;
+            bytes = 0;
+            sfirst = k;
+            crosses = false;
         }
         w[k].wrote = true; /* pending: landed or not, ap_span_flush() */
-        cur->bytes += w[k].len;
-        cur->whi = e;
+        bytes += len;
+        whi = e;
+        crosses |= ((a ^ (e - 1)) & pgmask) != 0; /* len > 0: it is pending */
     }
     if (k == last) {
-        if (cur)
-            cur->end = last;
+        if (whi != AP_SPAN_NONE)
+            AP_SPAN_CLOSE(last);
         k = ap_spans_flush(b, fd, sp, done, ns, buf, last, err);
     }
+#undef AP_SPAN_CLOSE
+#undef AP_SPAN_NONE
     free(sp);
     return k;
 }
@@ -1429,6 +1459,8 @@ static int ap_write_all(struct ap_batch *b, size_t first)
         int err = ap_write_group(b, i, j, start, end, prot);
         if (err && !ret)
             ret = err;
+        if (end > b->group_end)
+            b->group_end = end;
         i = j;
     }
     return ret;

@@ -1,0 +1,10 @@
+# test_quick_switch loads libquick_switch_lib.so (tests/quick_switch_lib.c)
+# before its first apply.
+add_library(quick_switch_lib SHARED quick_switch_lib.c)
+target_include_directories(quick_switch_lib PRIVATE ${PROJECT_SOURCE_DIR}/altpatch/include)
+set_target_properties(quick_switch_lib PROPERTIES C_VISIBILITY_PRESET hidden)
+if(TARGET test_quick_switch)
+  add_dependencies(test_quick_switch quick_switch_lib)
+  target_link_libraries(test_quick_switch PRIVATE ${CMAKE_DL_LIBS})
+  target_compile_definitions(test_quick_switch PRIVATE QS_LIB="$<TARGET_FILE:quick_switch_lib>")
+endif()
