@@ -2,8 +2,9 @@
 /*
  * A quick switch -- an apply after a revert, or a revert, of a module whose
  * sites all hold what the last apply left -- compares each site with memory
- * once, and the writer takes those comparisons without making them again,
- * but only while no user code ran since. Here a library decided again (its
+ * once, after the proof that the process runs alone, and the writer takes
+ * those comparisons without making them again, but only while no user code
+ * ran since that proof. Here a library decided again (its
  * site holds foreign bytes: refused, with a warning) makes the print
  * callback run after the program's module was compared and before the
  * writer, and the callback puts foreign bytes into one of the program's
@@ -16,7 +17,9 @@
 #include <criterion/criterion.h>
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -51,13 +54,19 @@ static const unsigned char qs_orig[5] = {0xb8, 1, 0, 0, 0};
 static const unsigned char qs_repl[5] = {0xb8, 2, 0, 0, 0};
 static const unsigned char qs_foreign[5] = {0xb8, 3, 0, 0, 0};
 
-/* Put foreign bytes at @p at (5 bytes of text). */
+/* Put foreign bytes at @p a (5 bytes of text): through /proc/self/mem (no
+ * page made writable: one writable and executable may be refused), else,
+ * where the kernel refuses that, in a writable and executable moment. */
 static void qs_scribble(uintptr_t a)
 {
+    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    bool done = fd >= 0 && pwrite(fd, qs_foreign, 5, (off_t)a) == 5;
+    if (fd >= 0)
+        close(fd);
+    if (done)
+        return;
     long pg = sysconf(_SC_PAGESIZE);
-    /* through an address the compiler knows nothing of: the labels name
-     * constant bytes, a store to them it may drop */
-    __asm__("" : "+r"(a));
+    __asm__("" : "+r"(a)); /* the labels name constant bytes: a store the compiler may drop */
     volatile unsigned char *at = (volatile unsigned char *)a;
     uintptr_t lo = a & ~(uintptr_t)(pg - 1);
     size_t span = a + 5 - lo;
@@ -92,22 +101,27 @@ struct qs_result {
     int foreign_at_scribbled;
     int state, reason; /* the listing's word on the scribbled site */
     int lib_reason;
+    int program_first; /* the listing's order, an apply's: the program's module first */
     struct altpatch_stats st;
 };
 
 struct qs_look {
     uintptr_t at, lib;
     int state, reason, lib_reason;
+    int seen, at_seen, lib_seen; /* where each came in the listing */
 };
 
 static int qs_site(const struct altpatch_site_info *s, void *ctx)
 {
     struct qs_look *l = ctx;
+    l->seen++;
     if (s->addr == l->at) {
         l->state = s->state;
         l->reason = s->reason;
+        l->at_seen = l->seen;
     } else if (s->addr == l->lib) {
         l->lib_reason = s->reason;
+        l->lib_seen = l->seen;
     }
     return 0;
 }
@@ -154,9 +168,10 @@ static void switch_body(void *out, void *ctx)
             res->other++;
     }
     res->foreign_at_scribbled = !memcmp(qs_lo + 5 * QS_SCRIBBLED, qs_foreign, 5);
-    struct qs_look l = {(uintptr_t)qs_lo + 5 * QS_SCRIBBLED, (uintptr_t)lib, -1, -1, -1};
+    struct qs_look l = {(uintptr_t)qs_lo + 5 * QS_SCRIBBLED, (uintptr_t)lib, -1, -1, -1, 0, 0, 0};
     if (altpatch_site_foreach(qs_site, &l))
         _exit(6);
+    res->program_first = l.at_seen && l.lib_seen && l.at_seen < l.lib_seen;
     res->state = l.state;
     res->reason = l.reason;
     res->lib_reason = l.lib_reason;
@@ -174,6 +189,9 @@ Test(quick_switch, user_code_between_compare_and_writer_is_seen)
                  r->orig_after_revert);
     cr_assert_eq(r->rc_switch, 0, "apply after the revert: %d", r->rc_switch);
     cr_assert(r->scribbled, "the library's refusal ran the callback");
+    /* modules are decided in the listing's order (the loader's: the
+     * program first), so the callback ran after the program's compares */
+    cr_assert(r->program_first, "the program's module before the library's");
     cr_assert_eq(r->lib_reason, ALTPATCH_REASON_MEM_MISMATCH, "the library's site: %d",
                  r->lib_reason);
     cr_assert(r->foreign_at_scribbled, "the foreign bytes were written over");

@@ -553,9 +553,9 @@ struct ap_run {
                               * the first (no site lies at 0) */
     bool unsorted;           /* some write was queued below one before it */
     /* Writes queued by quick switches (ap_toggle()), each compared with
-     * memory there after the proof, and ap_user_calls when the first was
-     * compared: when they are the whole queue and no user code ran since,
-     * the writer need not compare them again (AP_POKE_CHECKED). */
+     * memory there after the run's proof, and ap_user_calls when that proof
+     * was taken: when they are the whole queue and no user code ran since
+     * the proof, the writer need not compare them again (AP_POKE_CHECKED). */
     size_t nchecked;
     unsigned long checked_calls;
     struct ap_mrun *mods;
@@ -1466,8 +1466,12 @@ static __attribute__((noinline)) bool ap_toggle(struct ap_run *r, struct ap_mrun
     uint64_t kept_bytes = 0;
     uintptr_t wlast = r->wlast;
     bool revert = r->revert, unsorted = r->unsorted;
+    /* the compares below count for the writer only after the run's proof
+     * (asked before a switch: ap_collect_module()) and while no user code
+     * has run since that proof: the first switch's (checked_calls) */
+    const bool vouch = r->proved;
     if (!r->nchecked)
-        r->checked_calls = ap_user_calls_now();
+        r->checked_calls = r->proof_calls;
     const uint8_t *from = revert ? m->planned : m->orig;
     const uint8_t *to = revert ? m->orig : m->planned;
     size_t offrun = 0;
@@ -1489,7 +1493,8 @@ static __attribute__((noinline)) bool ap_toggle(struct ap_run *r, struct ap_mrun
         kept_bytes += len;
     }
     r->nkept += nw - w0;
-    r->nchecked += nw - w0;
+    if (vouch)
+        r->nchecked += nw - w0;
     r->kept_bytes += kept_bytes;
     r->ndec = n;
     r->nwrites = nw;
@@ -2154,7 +2159,8 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
             ap_writes_deny(r.writes, r.nwrites);
         } else {
             r.wrote = true;
-            /* every write compared by a quick switch, nothing run since */
+            /* every write compared by a quick switch after the proof, no
+             * user code run since the proof */
             bool checked = r.nchecked == r.nwrites && r.checked_calls == ap_user_calls_now();
             err = ap_poke(r.writes, r.nwrites,
                           r.pf | (r.first_any ? AP_POKE_PREFAULT : AP_POKE_SPANS) |

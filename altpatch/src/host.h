@@ -178,11 +178,12 @@ enum ap_poke_flags {
     AP_POKE_SPANS = 1u << 8,
     /* the caller compared each write with memory after the proof of
      * AP_POKE_SECCOMP_OFF (it held old, not new) and has written nothing and
-     * run no user code since: spans take the writes as pending without
-     * comparing again, until one lies below the end of the one before (out
-     * of order, or overlapping it: written since, maybe) or a window's first
-     * below the end of the window before; the window and single writes
-     * still compare */
+     * run no user code since that proof: spans take the writes as pending
+     * without comparing again; from a write that lies below the end of the
+     * one before (out of order, or overlapping it: written since, maybe)
+     * each later write of its window is compared, and each write of a
+     * window whose first lies below the end of a window before; the window
+     * and single writes still compare */
     AP_POKE_CHECKED = 1u << 9,
 };
 
