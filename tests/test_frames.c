@@ -63,6 +63,7 @@ static volatile enum fr_mode fr_mode;
 #define FR_DEEP_BYTES (320 * 1024) /* more than the 256 KiB an earlier search read */
 #define FR_ALT_BYTES (1024 * 1024)
 #define FR_TRIES 5
+#define FR_HIT_SECONDS 120 /* a signal between the site's instructions: how long to try */
 #define FR_BEYOND_BYTES ((size_t)72 << 20) /* more than one search reads (64 MiB) */
 #define FR_BEYOND_STACK ((size_t)96 << 20)
 
@@ -208,11 +209,21 @@ static void fr_body(void *out, void *ctx)
         pthread_attr_setstacksize(&attr, FR_BEYOND_STACK);
     if (pthread_create(&t, &attr, fr_worker, NULL))
         _exit(3);
-    for (long i = 0; i < 2000000 && !fr_hit; i++) {
+    /* Signals until one lands between the site's two instructions: a chance
+     * per signal that a slow build (-O0) or a loaded machine makes smaller,
+     * so the tries are bounded by time (FR_HIT_SECONDS), not by count. */
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; !fr_hit; i++) {
         int acks = fr_acks;
         pthread_kill(t, SIGUSR1);
         while (fr_acks == acks && !fr_hit)
             sched_yield();
+        if (!(i & 1023)) {
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (now.tv_sec - t0.tv_sec >= FR_HIT_SECONDS)
+                break;
+        }
     }
     r->hit = fr_hit;
     if (!fr_hit)
