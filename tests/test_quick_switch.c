@@ -17,22 +17,18 @@
 #include <criterion/criterion.h>
 
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <stdarg.h>
-#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <altpatch/alternative.h>
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
+#include "ap_mov_sites.h"
+#include "ap_scribble.h"
 
 #define QS_N 16
-#define QS_STR2(x) #x
-#define QS_STR(x) QS_STR2(x)
 #define QS_SCRIBBLED 5
 
 extern const unsigned char qs_lo[] __asm__("qs_lo");
@@ -42,40 +38,15 @@ extern const unsigned char qs_hi[] __asm__("qs_hi");
 __attribute__((noinline, used)) static int qs_sites(void)
 {
     int r;
-    __asm__ __volatile__("qs_lo:\n"
-                         ".rept " QS_STR(QS_N) "\n" ALTERNATIVE(
-                             "mov $1,%%eax", "mov $2,%%eax", X86_FEATURE_ALWAYS) ".endr\n"
-                                                                                 "qs_hi:\n"
+    __asm__ __volatile__("qs_lo:\n" AP_MOV_SITES(AP_MOV_STR(QS_N)) "qs_hi:\n"
                          : "=a"(r)::"memory");
     return r;
 }
 
-static const unsigned char qs_orig[5] = {0xb8, 1, 0, 0, 0};
-static const unsigned char qs_repl[5] = {0xb8, 2, 0, 0, 0};
-static const unsigned char qs_foreign[5] = {0xb8, 3, 0, 0, 0};
-
-/* Put foreign bytes at @p a (5 bytes of text): through /proc/self/mem (no
- * page made writable: one writable and executable may be refused), else,
- * where the kernel refuses that, in a writable and executable moment. */
+/* Put foreign bytes at @p a (5 bytes of text). */
 static void qs_scribble(uintptr_t a)
 {
-    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
-    bool done = fd >= 0 && pwrite(fd, qs_foreign, 5, (off_t)a) == 5;
-    if (fd >= 0)
-        close(fd);
-    if (done)
-        return;
-    long pg = sysconf(_SC_PAGESIZE);
-    __asm__("" : "+r"(a)); /* the labels name constant bytes: a store the compiler may drop */
-    volatile unsigned char *at = (volatile unsigned char *)a;
-    uintptr_t lo = a & ~(uintptr_t)(pg - 1);
-    size_t span = a + 5 - lo;
-    if (mprotect((void *)lo, span, PROT_READ | PROT_WRITE | PROT_EXEC))
-        _exit(7);
-    for (int i = 0; i < 5; i++)
-        at[i] = qs_foreign[i];
-    if (mprotect((void *)lo, span, PROT_READ | PROT_EXEC))
-        _exit(7);
+    ap_scribble(a, ap_mov_foreign, sizeof(ap_mov_foreign));
 }
 
 static int armed;    /* the next warning scribbles on the program's site */
@@ -147,7 +118,7 @@ static void switch_body(void *out, void *ctx)
     o.flags |= ALTPATCH_APPLY_REVERT;
     res->rc_revert = altpatch_apply_opts(&o);
     for (int i = 0; i < QS_N; i++)
-        res->orig_after_revert += !memcmp(qs_lo + 5 * i, qs_orig, 5);
+        res->orig_after_revert += !memcmp(qs_lo + 5 * i, ap_mov_orig, 5);
     /* the library decided again at the switch: its site refused, a warning */
     qs_scribble((uintptr_t)lib);
     o.flags &= ~(unsigned)ALTPATCH_APPLY_REVERT;
@@ -160,14 +131,14 @@ static void switch_body(void *out, void *ctx)
     res->scribbled = scribbled;
     for (int i = 0; i < QS_N; i++) {
         const unsigned char *s = qs_lo + 5 * i;
-        if (!memcmp(s, qs_repl, 5))
+        if (!memcmp(s, ap_mov_repl, 5))
             res->repl++;
-        else if (!memcmp(s, qs_foreign, 5))
+        else if (!memcmp(s, ap_mov_foreign, 5))
             res->foreign++;
         else
             res->other++;
     }
-    res->foreign_at_scribbled = !memcmp(qs_lo + 5 * QS_SCRIBBLED, qs_foreign, 5);
+    res->foreign_at_scribbled = !memcmp(qs_lo + 5 * QS_SCRIBBLED, ap_mov_foreign, 5);
     struct qs_look l = {(uintptr_t)qs_lo + 5 * QS_SCRIBBLED, (uintptr_t)lib, -1, -1, -1, 0, 0, 0};
     if (altpatch_site_foreach(qs_site, &l))
         _exit(6);

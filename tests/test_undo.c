@@ -24,7 +24,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,10 +31,10 @@
 #include <altpatch/altpatch.h>
 
 #include "ap_isolate.h"
+#include "ap_mov_sites.h"
+#include "ap_scribble.h"
 
 #define UNDO_N 16
-#define UNDO_STR2(x) #x
-#define UNDO_STR(x) UNDO_STR2(x)
 
 extern const unsigned char undo_lo[] __asm__("undo_lo");
 extern const unsigned char undo_hi[] __asm__("undo_hi");
@@ -49,17 +48,10 @@ __attribute__((noinline, used)) static int undo_sites(void)
     __asm__ __volatile__("jmp undo_past_bad\n" ALTERNATIVE(".byte 0xd6", "nop",
                                                            X86_FEATURE_ALWAYS) "undo_past_bad:\n"
                                                                                "undo_lo:\n"
-                         ".rept " UNDO_STR(UNDO_N) "\n" ALTERNATIVE(
-                             "mov $1,%%eax", "mov $2,%%eax",
-                             X86_FEATURE_ALWAYS) ".endr\n"
-                                                 "undo_hi:\n"
+                         AP_MOV_SITES(AP_MOV_STR(UNDO_N)) "undo_hi:\n"
                          : "=a"(r)::"memory");
     return r;
 }
-
-static const unsigned char undo_orig[5] = {0xb8, 1, 0, 0, 0};
-static const unsigned char undo_repl[5] = {0xb8, 2, 0, 0, 0};
-static const unsigned char undo_foreign[5] = {0xb8, 3, 0, 0, 0};
 
 static int park_pipe[2];
 static pthread_t parked_thread;
@@ -130,8 +122,8 @@ static int undo_site(const struct altpatch_site_info *s, void *ctx)
         return 0;
     v->seen++;
     const unsigned char *mem = s->current;
-    bool holds_orig = mem && !memcmp(mem, undo_orig, 5);
-    bool holds_repl = mem && !memcmp(mem, undo_repl, 5);
+    bool holds_orig = mem && !memcmp(mem, ap_mov_orig, 5);
+    bool holds_repl = mem && !memcmp(mem, ap_mov_repl, 5);
     v->mem_orig += holds_orig;
     v->mem_repl += holds_repl;
     if (s->state == ALTPATCH_SITE_PATCHED && s->chosen == 0) {
@@ -253,20 +245,7 @@ Test(undo, first_decision_refused_before_write_is_undone)
  * plan: refused with a warning when it is decided next). */
 static void undo_scribble(int k)
 {
-    long pg = sysconf(_SC_PAGESIZE);
-    /* through an address the compiler knows nothing of: the label names
-     * constant bytes, a store to them it may drop */
-    uintptr_t a = (uintptr_t)undo_lo + 5 * (uintptr_t)k;
-    __asm__("" : "+r"(a));
-    volatile unsigned char *at = (volatile unsigned char *)a;
-    uintptr_t lo = a & ~(uintptr_t)(pg - 1);
-    size_t span = a + 5 - lo;
-    if (mprotect((void *)lo, span, PROT_READ | PROT_WRITE | PROT_EXEC))
-        _exit(7);
-    for (int i = 0; i < 5; i++)
-        at[i] = undo_foreign[i];
-    if (mprotect((void *)lo, span, PROT_READ | PROT_EXEC))
-        _exit(7);
+    ap_scribble((uintptr_t)undo_lo + 5 * (uintptr_t)k, ap_mov_foreign, sizeof(ap_mov_foreign));
 }
 
 #define UNDO_SCRIBBLED 5
