@@ -10,7 +10,8 @@
  * The first tests run a thread in a loop over site_pair (11, 22 once patched,
  * 21 when a thread resumes between its instructions in the new bytes) and
  * signal it until the handler sees that it interrupted the site between its
- * two instructions; the handler then waits while the main thread applies.
+ * two instructions (a signal that misses steps the thread there with the
+ * trap flag); the handler then waits while the main thread applies.
  * The oracle is the value the interrupted call returns after release. The
  * others build frames by hand in mapped memory and ask the search directly.
  */
@@ -94,14 +95,40 @@ static void fr_nested_handler(int sig)
         usleep(1000);
 }
 
+#define FR_EFLAGS_TF 0x100ul /* the trap flag: a SIGTRAP after each instruction */
+
+/*
+ * A signal that missed the site sets the trap flag in the frame it returns
+ * to (fr_handler()): the thread then runs one instruction at a time, each
+ * followed by this handler, up to the instruction between the site's two.
+ * There the flag is cleared and SIGUSR1 sent to the thread, held by this
+ * handler's mask until its frame is gone: it interrupts the site there, as a
+ * signal that landed there by chance would, however slow the build or busy
+ * the machine.
+ */
+static void fr_step(int sig, siginfo_t *si, void *ucv)
+{
+    (void)sig, (void)si;
+    ucontext_t *uc = ucv;
+    uintptr_t rip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    if (rip > pair_lo && rip < pair_hi) {
+        uc->uc_mcontext.gregs[REG_EFL] &= ~(greg_t)FR_EFLAGS_TF;
+        syscall(SYS_tgkill, getpid(), syscall(SYS_gettid), SIGUSR1);
+    }
+}
+
 static void fr_handler(int sig, siginfo_t *si, void *ucv)
 {
     (void)sig, (void)si;
-    const ucontext_t *uc = ucv;
+    ucontext_t *uc = ucv;
     uintptr_t rip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     fr_acks++;
-    if (fr_hit || rip <= pair_lo || rip >= pair_hi)
-        return; /* not between the site's two instructions: the main thread tries again */
+    if (fr_hit || rip <= pair_lo || rip >= pair_hi) {
+        /* not between the site's two instructions: stepped there (fr_step) */
+        if (!fr_hit)
+            uc->uc_mcontext.gregs[REG_EFL] |= (greg_t)FR_EFLAGS_TF;
+        return;
+    }
     fr_hit = 1;
     switch (fr_mode) {
     case FR_RAW_RESTORER:
@@ -202,6 +229,14 @@ static void fr_body(void *out, void *ctx)
         sa.sa_flags = SA_ONSTACK;
         sigaction(SIGUSR2, &sa, NULL);
     }
+    struct sigaction step;
+    memset(&step, 0, sizeof(step));
+    step.sa_sigaction = fr_step;
+    step.sa_flags = SA_SIGINFO;
+    sigemptyset(&step.sa_mask);
+    sigaddset(&step.sa_mask, SIGUSR1);
+    if (sigaction(SIGTRAP, &step, NULL))
+        _exit(4);
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -209,9 +244,9 @@ static void fr_body(void *out, void *ctx)
         pthread_attr_setstacksize(&attr, FR_BEYOND_STACK);
     if (pthread_create(&t, &attr, fr_worker, NULL))
         _exit(3);
-    /* Signals until one lands between the site's two instructions: a chance
-     * per signal that a slow build (-O0) or a loaded machine makes smaller,
-     * so the tries are bounded by time (FR_HIT_SECONDS), not by count. */
+    /* Signals until one lands between the site's two instructions (the
+     * first that misses steps the thread there: fr_step), for at most
+     * FR_HIT_SECONDS. */
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long i = 0; !fr_hit; i++) {
