@@ -32,7 +32,8 @@ enum { N_MANY = 6000 };
  * the table's first (emitted first in this file). */
 __attribute__((noinline, used, aligned(64))) static void refused(void)
 {
-    __asm__ __volatile__(ALTERNATIVE(".byte 0xd6", "nop", X86_FEATURE_ALWAYS) ::: "memory");
+    __asm__ __volatile__("ps_refused_at:\n" ALTERNATIVE(".byte 0xd6", "nop",
+                                                        X86_FEATURE_ALWAYS) ::: "memory");
 }
 
 /* N_MANY sites of 5 bytes, each written under every set: about 8 pages of
@@ -40,12 +41,16 @@ __attribute__((noinline, used, aligned(64))) static void refused(void)
 __attribute__((noinline, used, aligned(4096))) static long many(void)
 {
     long v;
-    __asm__ __volatile__(".rept 6000\n\t" ALTERNATIVE("movl $1, %%eax", "movl $2, %%eax",
-                                                      X86_FEATURE_ALWAYS) "\n\t.endr"
+    __asm__ __volatile__("ps_many_lo:\n\t.rept 6000\n\t" ALTERNATIVE(
+                             "movl $1, %%eax", "movl $2, %%eax", X86_FEATURE_ALWAYS) "\n\t.endr"
                          : "=a"(v));
     return v;
 }
 _Static_assert(N_MANY == 6000, "the .rept count");
+
+/* Where the sites lie: a function's first bytes may be its prologue (-O0). */
+extern const uint8_t ps_refused_at[] __asm__("ps_refused_at");
+extern const uint8_t ps_many_lo[] __asm__("ps_many_lo");
 
 struct result {
     int installed; /* 1: the callback installed its filter, -errno: it failed */
@@ -112,11 +117,11 @@ static void body(void *out, void *ctx)
     res->rc = altpatch_apply_opts(&o);
     altpatch_set_print(NULL);
     res->mode_after = prctl(PR_GET_SECCOMP, 0L, 0L, 0L, 0L);
-    const uint8_t *p = (const uint8_t *)(uintptr_t)many;
+    const uint8_t *p = ps_many_lo;
     static const uint8_t mov2[5] = {0xb8, 2, 0, 0, 0};
     for (unsigned i = 0; i < N_MANY; i++)
         res->bad_bytes += memcmp(p + 5 * i, mov2, 5) != 0;
-    res->refused_byte = *(const uint8_t *)(uintptr_t)refused;
+    res->refused_byte = *(const volatile uint8_t *)ps_refused_at;
     perms_at(p + 5 * N_MANY / 2, res->perms);
     res->st.sz = sizeof(res->st);
     if (altpatch_get_stats(&res->st))
