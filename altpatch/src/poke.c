@@ -1111,8 +1111,10 @@ static __attribute__((noinline)) size_t ap_write_spans(struct ap_batch *b, size_
         }
         if (checked) {
             w[k].result = ALTPATCH_REASON_NONE;
-            if (!len)
-                continue; /* nothing to write: the outputs only */
+            if (!len) {
+                w[k].wrote = false; /* nothing to write: the outputs only */
+                continue;
+            }
         } else if (!ap_write_pending(&w[k])) {
             continue;
         }
