@@ -2063,6 +2063,36 @@ Test(poke, spans_check_an_overlapping_write_after_the_one_before)
     assert_rx(p);
 }
 
+/*
+ * Two spans over a page boundary, one pwrite each: where no write lies
+ * across the boundary, no more; where one does (the kernel could cut it
+ * there), the signal mask around the pwrite, two system calls more.
+ */
+Test(poke, spans_block_signals_only_around_a_write_across_pages)
+{
+    if (!ap_procmem_written_text_runs())
+        cr_skip_test(AP_PROCMEM_NOT_RUN);
+    settle_writer(SPANS);
+    uint8_t *p = rx_pages(2), *q = rx_pages(2);
+    size_t pg = pgsz();
+    struct ap_write w[2] = {wr(p + pg - 50, CC3, NEW3, 3), wr(p + pg + 10, CC3, NEW3, 3)};
+    struct ap_write v[2] = {wr(q + pg - 1, CC3, NEW3, 3), wr(q + pg + 10, CC3, NEW3, 3)};
+    struct ap_poke_stats a = {0}, b = {0};
+    cr_assert_eq(ap_poke(w, 2, SPANS, &a), 0);
+    cr_assert_eq(ap_poke(v, 2, SPANS, &b), 0);
+    for (size_t i = 0; i < 2; i++) {
+        cr_assert(w[i].wrote && v[i].wrote, "write %zu", i);
+        cr_assert_arr_eq((const uint8_t *)w[i].addr, NEW3, 3);
+        cr_assert_arr_eq((const uint8_t *)v[i].addr, NEW3, 3);
+    }
+    cr_assert_eq(a.procmem_writes, 1);
+    cr_assert_eq(b.procmem_writes, 1);
+    cr_assert_eq(b.syscalls, a.syscalls + 2, "no write across: %lu, one across: %lu",
+                 (unsigned long)a.syscalls, (unsigned long)b.syscalls);
+    assert_rx(q);
+    assert_rx(q + pg);
+}
+
 /* Spans of writes the caller compared with memory (AP_POKE_CHECKED). */
 #define CHECKED (SPANS | AP_POKE_CHECKED)
 

@@ -821,7 +821,7 @@ static bool hint_rehash(struct ap_memo *m, uint64_t key)
         uint32_t used = 0;
         size_t k = 0;
         for (; k < n; k++) {
-            uint32_t bit = 1u << ((keys[k] * muls[t]) >> 59);
+            uint32_t bit = 1u << ap_memo_hint_slot(keys[k] * muls[t]);
             if (used & bit)
                 break;
             used |= bit;

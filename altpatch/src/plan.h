@@ -414,6 +414,12 @@ static inline uint64_t ap_memo_hint_x(const struct ap_memo *m, uint64_t key)
     return key * (m->hint_mul ? m->hint_mul : AP_MEMO_HINT_MUL);
 }
 
+/* The first slot a product names: its top five bits. */
+static inline size_t ap_memo_hint_slot(uint64_t x)
+{
+    return (size_t)(x >> 59) & (AP_MEMO_HINTS - 1);
+}
+
 /*
  * The first hint slot of key @p key. The keys are replacement addresses
  * (plus a header), so whether two of a program's few keys share a first
@@ -426,7 +432,7 @@ static inline uint64_t ap_memo_hint_x(const struct ap_memo *m, uint64_t key)
  */
 static inline size_t ap_memo_hint_at(const struct ap_memo *m, uint64_t key)
 {
-    return (size_t)(ap_memo_hint_x(m, key) >> 59) & (AP_MEMO_HINTS - 1);
+    return ap_memo_hint_slot(ap_memo_hint_x(m, key));
 }
 
 /*
@@ -441,7 +447,7 @@ static inline size_t ap_memo_hint_at(const struct ap_memo *m, uint64_t key)
 static inline size_t ap_memo_hint_at2(const struct ap_memo *m, uint64_t key)
 {
     uint64_t x = ap_memo_hint_x(m, key);
-    size_t a = (size_t)(x >> 59) & (AP_MEMO_HINTS - 1);
+    size_t a = ap_memo_hint_slot(x);
     size_t b = (size_t)(x >> 54) & (AP_MEMO_HINTS - 1);
     return b != a ? b : a ^ 1u;
 }

@@ -782,10 +782,11 @@ static int ap_memfd(struct ap_batch *b)
     return b->memfd;
 }
 
-/** True when [addr, addr + len) lies on two pages or more (a write the kernel can cut). */
-static bool ap_crosses_page(const struct ap_batch *b, uintptr_t addr, size_t len)
+/** True when [addr, addr + len), @p len > 0 (a pending write), lies on two
+ * pages or more (a write the kernel can cut). */
+static bool ap_crosses_page(uintptr_t pgsz, uintptr_t addr, size_t len)
 {
-    return len && ((addr ^ (addr + len - 1)) & ~(b->pgsz - 1)) != 0;
+    return ((addr ^ (addr + len - 1)) & ~(pgsz - 1)) != 0;
 }
 
 /** @p w (pending, memory held old) landed whole: counted. */
@@ -826,7 +827,7 @@ static int ap_write_procmem(struct ap_batch *b, struct ap_write *w)
     long r = fd;
     /* a write across a page boundary may be cut there: no handler runs it
      * half written (as in ap_span_flush()) */
-    bool crosses = ap_crosses_page(b, w->addr, w->len);
+    bool crosses = ap_crosses_page(b->pgsz, w->addr, w->len);
     uint64_t saved = 0;
     if (fd >= 0 && crosses) {
         ap_signals_block(AP_SIGNALS_ALL, &saved);
@@ -908,7 +909,7 @@ static size_t ap_span_flush(struct ap_batch *b, int fd, const struct ap_span *sp
         ap_signals_block(AP_SIGNALS_ALL, &saved);
         b->st->syscalls += 2;
     }
-    long r = ap_procmem_pwrite(fd, sp->wlo, buf, len);
+    long r = ap_procmem_pwrite(fd, wlo, buf, len);
     b->st->syscalls++;
     if (r == (long)len) {
         if (crosses)
@@ -1074,7 +1075,7 @@ static __attribute__((noinline)) size_t ap_write_spans(struct ap_batch *b, size_
     if (!sp)
         return first;
     uint8_t *buf = (uint8_t *)(sp + budget + 1);
-    const uintptr_t pgmask = ~(b->pgsz - 1);
+    const uintptr_t pgsz = b->pgsz; /* a copy: the byte stores below may alias */
     size_t ns = 0, done = 0, k; /* spans found, spans written */
     /* The open span, in locals until it is closed into sp[ns] (a write's
      * result is a byte store, which could alias a span's fields): its bytes
@@ -1145,7 +1146,7 @@ static __attribute__((noinline)) size_t ap_write_spans(struct ap_batch *b, size_
         w[k].wrote = true; /* pending: landed or not, ap_span_flush() */
         bytes += len;
         whi = e;
-        crosses |= ((a ^ (e - 1)) & pgmask) != 0; /* len > 0: it is pending */
+        crosses |= ap_crosses_page(pgsz, a, len); /* pending: len > 0 */
     }
     if (k == last) {
         if (whi != AP_SPAN_NONE)
