@@ -5,15 +5,20 @@
 #   valgrind_heap_first_apply  the same under valgrind (no region there: the
 #                           cycles' heap and values)
 #   test_mem                the allocator's own cases (Criterion)
-add_executable(heap_first_apply heap_first_apply.c)
-target_compile_definitions(heap_first_apply PRIVATE _GNU_SOURCE
-  APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>")
-target_link_libraries(heap_first_apply PRIVATE altpatch_internal ${CMAKE_DL_LIBS}
-  "-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap=posix_memalign,--wrap=aligned_alloc")
-add_dependencies(heap_first_apply apfix_dl)
-add_test(NAME heap_first_apply COMMAND heap_first_apply)
-set_tests_properties(heap_first_apply PROPERTIES TIMEOUT 120
-  PASS_REGULAR_EXPRESSION "heap_first_apply: ok" FAIL_REGULAR_EXPRESSION "FAILED")
+#   heap_first_apply_1k     the same with 1,000 more sites, all written: its
+#                           first apply's larger blocks (tens of KiB) too
+foreach(hf heap_first_apply heap_first_apply_1k)
+  add_executable(${hf} heap_first_apply.c)
+  target_compile_definitions(${hf} PRIVATE _GNU_SOURCE
+    APFIX_DL_PATH="$<TARGET_FILE:apfix_dl>")
+  target_link_libraries(${hf} PRIVATE altpatch_internal ${CMAKE_DL_LIBS}
+    "-Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap=posix_memalign,--wrap=aligned_alloc")
+  add_dependencies(${hf} apfix_dl)
+  add_test(NAME ${hf} COMMAND ${hf})
+  set_tests_properties(${hf} PROPERTIES TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "heap_first_apply: ok" FAIL_REGULAR_EXPRESSION "FAILED")
+endforeach()
+target_compile_definitions(heap_first_apply_1k PRIVATE HEAP_FIRST_MANY=1000)
 find_program(VALGRIND_EXECUTABLE valgrind)
 if(VALGRIND_EXECUTABLE AND NOT ALTPATCH_SANITIZE)
   add_test(NAME valgrind_heap_first_apply COMMAND ${VALGRIND_EXECUTABLE} --quiet

@@ -13,6 +13,8 @@
  *   1. the first altpatch_apply() of the process: no heap call, the region
  *      holds its blocks, the sites run their replacements;
  *   2. a fork: the child frees and takes blocks of its copy, applies again;
+ *      (built with HEAP_FIRST_MANY=N: the program has N more sites, whose
+ *      first apply needs blocks of tens of KiB, every one of them written);
  *   3. altpatch_dlopen()/dlclose() of libapfix_dl.so, CYCLES times: the
  *      region in use and the heap in use are the same after the last cycle
  *      as after the warm-up ones (within the loader's own growth), and no
@@ -29,6 +31,7 @@
 #include <sys/ioctl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +39,28 @@
 
 #include "ap_live_sites.h"
 #include "util.h"
+
+#ifdef HEAP_FIRST_MANY
+#include "ap_mov_sites.h"
+
+/* HEAP_FIRST_MANY sites of five bytes, from the label on */
+__attribute__((noinline, used)) static long many_sites(void)
+{
+    long r;
+    __asm__ __volatile__("heap_many_lo:\n\t" AP_MOV_SITES(AP_MOV_STR(HEAP_FIRST_MANY)) : "=a"(r));
+    return r;
+}
+extern const uint8_t heap_many_lo[] __asm__("heap_many_lo");
+
+/* how many of the sites hold @p want */
+static unsigned many_holding(const unsigned char *want)
+{
+    unsigned k = 0;
+    for (unsigned i = 0; i < HEAP_FIRST_MANY; i++)
+        k += memcmp(heap_many_lo + 5 * i, want, 5) == 0;
+    return k;
+}
+#endif
 
 #define WARMUP 20
 #define CYCLES 300
@@ -149,6 +174,9 @@ int main(void)
     int queried = maps_query_answered();
     int region = ap_mem_has_region();
     /* 1. the process's first apply */
+#ifdef HEAP_FIRST_MANY
+    check(many_holding(ap_mov_orig) == HEAP_FIRST_MANY, "the many sites start original");
+#endif
     size_t arena0 = mallinfo2().arena;
     counting = 1;
     int r = altpatch_apply();
@@ -161,6 +189,11 @@ int main(void)
            r, first_calls, arena0, arena1, region1);
     check(r == 0, "the first apply returns 0");
     check(site_one() == 2 && site_pair() == 22, "the sites run their replacements");
+#ifdef HEAP_FIRST_MANY
+    unsigned many = many_holding(ap_mov_repl);
+    printf("heap_first_apply: %u of %u more sites written\n", many, (unsigned)HEAP_FIRST_MANY);
+    check(many == HEAP_FIRST_MANY && many_sites() == 2, "every one of the many sites written");
+#endif
     if (queried && region) {
         check(first_calls == 0, "the first apply called malloc/calloc/realloc/free");
         check(arena1 == arena0, "the C library's main arena grew during the first apply");

@@ -2214,7 +2214,8 @@ static int ap_run_locked(const struct altpatch_features *fs, unsigned flags,
         ap_mem_free(r.writes); /* a block of its own, or the records of r.wmod */
     ap_mem_free(r.buf);
     ap_mem_free(r.mods);
-    free(r.pst.runs);
+    if (r.pst.runs) /* free(NULL) would bind free() for nothing */
+        free(r.pst.runs);
     return err;
 }
 

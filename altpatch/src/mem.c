@@ -9,10 +9,14 @@
  * apply needs a few blocks of a few KiB (the module, its path, its sites and
  * kept state, the shape memo, the run's arrays); they come from a static
  * region here instead, and a program that never used the heap does not set
- * it up for the library.
+ * it up for the library. A program of about a thousand sites still fits:
+ * its per-site block and the run's queue are tens of KiB, and a fresh
+ * process's first malloc() of such blocks (the arena, brk, the heap's
+ * growth) cost its first apply more than the apply's own work there.
  *
  * The region is AP_MEM_REGION bytes of .bss (pages the kernel gives at their
- * first write): blocks one after the other from its start, each after a
+ * first write, so its size costs address space, not memory): blocks one
+ * after the other from its start, each after a
  * 16-byte header (capacity, size asked, state). A block is taken first-fit
  * among the freed ones (neighbours joined as the search meets them; at most
  * AP_MEM_SEARCH blocks looked at, none when the free bytes in all are too
@@ -318,6 +322,8 @@ AP_HOT void *ap_mem_calloc(size_t n, size_t size)
 
 AP_HOT void ap_mem_free(void *p)
 {
+    if (!p)
+        return; /* free(NULL) would bind free() for nothing */
     if (!ap_mem_owns(p)) {
         free(p);
         return;

@@ -1093,14 +1093,18 @@ AP_PLAIN_PATH uint32_t ap_memo_plan(struct ap_memo *m, const struct ap_view *v, 
 
             if (chosen >= -1) {
                 /* none chosen: the site's own original */
-                memmove(out->final, chosen < 0 ? bytes : fin, s->len);
+                /* fin is out->final or a template's bytes, never part of
+                 * it; copies without a library call (nothing to bind) */
+                const uint8_t *src = chosen < 0 ? bytes : fin;
+                if (src != out->final)
+                    ap_copy_small(out->final, src, s->len);
                 out->reason = ALTPATCH_REASON_NONE;
                 out->bad_entry = -1;
                 out->chosen = chosen;
                 out->len = s->len;
                 out->relative = m->tmpl[id - 1].relative;
                 out->detail[0] = '\0';
-                memcpy(out->orig, bytes, s->len);
+                ap_copy_small(out->orig, bytes, s->len);
                 m->hits += !known;
                 return id;
             }

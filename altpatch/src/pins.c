@@ -79,14 +79,16 @@ AP_HOT void ap_pins_take(struct ap_pins *p)
 AP_HOT void ap_pins_release(struct ap_pins *p)
 {
     ap_gate_enter();
-    for (size_t i = 0; i < p->n; i++) {
-        if (p->h && p->h[i])
-            dlclose(p->h[i]);
-        free(p->name[i]);
+    if (p->name) { /* else nothing was taken (free(NULL) would bind free() for nothing) */
+        for (size_t i = 0; i < p->n; i++) {
+            if (p->h && p->h[i])
+                dlclose(p->h[i]);
+            free(p->name[i]);
+        }
+        free(p->h);
+        free(p->base);
+        free(p->name);
     }
-    free(p->h);
-    free(p->base);
-    free(p->name);
     ap_pins_empty(p);
     ap_gate_leave();
 }

@@ -107,10 +107,11 @@ AP_HIDDEN uint64_t ap_now_ns(void);
  * malloc() too. Thread-safe, never waits: a request made while the region
  * is held elsewhere goes to malloc().
  */
-/** Bytes of the region. */
-#define AP_MEM_REGION (32u * 1024)
-/** The largest block taken from the region; larger ones come from malloc(). */
-#define AP_MEM_BLOCK_MAX (8u * 1024)
+/** Bytes of the region: a program of about 1,000 sites applies from it alone. */
+#define AP_MEM_REGION (128u * 1024)
+/** The largest block taken from the region (the run's queue of 1,000 sites
+ * is ~54 KiB); larger ones come from malloc(). */
+#define AP_MEM_BLOCK_MAX (64u * 1024)
 /** malloc(), from the region where it can. NULL when memory is short. */
 AP_HIDDEN void *ap_mem_alloc(size_t size);
 /** calloc(), from the region where it can. NULL when memory is short. */

@@ -59,6 +59,7 @@ AP_HOT void ap_view_cut(struct ap_view *v, uint64_t start, uint64_t end)
         if (end < e && n < AP_MAX_TEXT)
             keep[n++] = (struct ap_region){end, e - end, r->data ? r->data + (end - s) : NULL};
     }
-    memcpy(v->text, keep, n * sizeof(keep[0]));
+    /* no library call: a first apply binds no memcpy() for a few regions */
+    ap_copy_small((uint8_t *)v->text, (const uint8_t *)keep, n * sizeof(keep[0]));
     v->ntext = n;
 }
