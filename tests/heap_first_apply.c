@@ -10,11 +10,12 @@
  * valgrind, the C library's own answer is checked too: a main arena that
  * never grew (mallinfo2().arena == 0) means no heap call from anywhere.
  *
- *   1. the first altpatch_apply() of the process: no heap call, the region
- *      holds its blocks, the sites run their replacements;
+ *   1. the first altpatch_apply() of the process: no heap call (free(NULL)
+ *      counts: it would bind free()), the region holds its blocks, the
+ *      sites run their replacements (built with HEAP_FIRST_MANY=N: the
+ *      program has N more sites, whose first apply needs blocks of tens of
+ *      KiB, every one of them written);
  *   2. a fork: the child frees and takes blocks of its copy, applies again;
- *      (built with HEAP_FIRST_MANY=N: the program has N more sites, whose
- *      first apply needs blocks of tens of KiB, every one of them written);
  *   3. altpatch_dlopen()/dlclose() of libapfix_dl.so, CYCLES times: the
  *      region in use and the heap in use are the same after the last cycle
  *      as after the warm-up ones (within the loader's own growth), and no
@@ -101,8 +102,7 @@ void *__wrap_realloc(void *p, size_t n)
 }
 void __wrap_free(void *p)
 {
-    if (p)
-        count();
+    count(); /* free(NULL) too: a call the loader would bind */
     __real_free(p);
 }
 int __wrap_posix_memalign(void **p, size_t a, size_t n)
@@ -203,6 +203,11 @@ int main(void)
     }
     if (region)
         check(region1 > 0, "the first apply's blocks are in the library's region");
+#ifdef HEAP_FIRST_MANY
+    /* on any kernel: the per-site block (~17 KiB) and more are the region's */
+    if (region)
+        check(region1 >= 16 * 1024, "the many sites' blocks are in the library's region");
+#endif
     else
         printf("heap_first_apply: no region in this build (AddressSanitizer's malloc takes "
                "every block): only the cycles' heap and values checked\n");

@@ -4,8 +4,9 @@
  * the C library's heap.
  *
  * A process's first malloc() sets the heap up (brk, the arena, the thread
- * cache: several microseconds), and each of malloc, calloc, realloc and free
- * is one more symbol for the dynamic linker to bind. A small program's first
+ * cache: tens of microseconds in a fresh process on a KVM guest), and each of
+ * malloc, calloc, realloc and free is one more symbol for the dynamic linker
+ * to bind. A small program's first
  * apply needs a few blocks of a few KiB (the module, its path, its sites and
  * kept state, the shape memo, the run's arrays); they come from a static
  * region here instead, and a program that never used the heap does not set
